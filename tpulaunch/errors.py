@@ -1,0 +1,114 @@
+"""Problems, exit codes and the one exception type the CLI turns into a clean message.
+
+A *problem* is one located finding about a job (schema, partitioning, batch arithmetic, data, model).
+Positions are 1-based, as editors and `file:line:col` consumers expect.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field, replace
+from typing import Optional
+
+
+class ExitCode(enum.IntEnum):
+    """Process exit codes, mapped in one place (cli.run_command)."""
+
+    OK = 0
+    PROBLEMS = 1  # the job (or a run) has errors the user must fix
+    USAGE = 2  # bad command line
+    CLUSTER = 3  # the TPU could not be reached or is not usable
+    INTERRUPTED = 130  # Ctrl-C (SIGINT), checkpoint saved
+    TERMINATED = 143  # SIGTERM, checkpoint saved
+
+
+@dataclass(frozen=True)
+class Location:
+    file: str
+    line: int = 1
+    column: int = 1
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding, in the shape `validate --format json` prints."""
+
+    severity: str  # "error" | "warning"
+    file: str
+    line: int
+    column: int
+    path: str  # dotted path in the job file, e.g. "partition.features.image"
+    code: str  # kebab-case slug, stable: tools match on it
+    message: str
+    hint: Optional[str] = None
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity == "error"
+
+    @property
+    def location(self) -> Location:
+        return Location(self.file, self.line, self.column)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def with_severity(self, severity: str) -> "Problem":
+        return replace(self, severity=severity)
+
+
+class TpuLaunchError(Exception):
+    """An error for the user: printed as a message (plus problems and a hint), never a traceback."""
+
+    exit_code: ExitCode = ExitCode.PROBLEMS
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: Optional[str] = None,
+        problems: Optional[list[Problem]] = None,
+        exit_code: Optional[ExitCode] = None,
+    ):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.problems = list(problems or [])
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class JobFileError(TpuLaunchError):
+    """The job file cannot be read or parsed at all; `problems` says where."""
+
+
+@dataclass
+class ProblemList:
+    """Problems collected while checking a job, kept in the order found."""
+
+    items: list[Problem] = field(default_factory=list)
+
+    def add(self, problem: Problem) -> None:
+        if problem not in self.items:
+            self.items.append(problem)
+
+    def extend(self, problems) -> None:
+        for p in problems:
+            self.add(p)
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.items if p.is_error]
+
+    @property
+    def warnings(self) -> list[Problem]:
+        return [p for p in self.items if not p.is_error]
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
