@@ -9,6 +9,7 @@ fail, so the cross-section checks can still report everything they can.
 from __future__ import annotations
 
 import difflib
+import os
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
@@ -289,6 +290,33 @@ def _field_description(path: tuple) -> Optional[str]:
 
 # ------------------------------------------------------------------------------------------- loading
 
+PATH_KEYS = (("data", "train"), ("data", "eval"), ("run", "model_dir"))
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in path
+
+
+def _anchor_relative_paths(data: dict, marks: Marks, job_dir: str) -> None:
+    """Relative local paths in the file are relative to the file; those from --set, to the current directory."""
+    for section, key in PATH_KEYS:
+        node = data.get(section)
+        if not isinstance(node, dict) or key not in node:
+            continue
+        value = node[key]
+        entries = value if isinstance(value, list) else [value]
+        fixed = []
+        for i, entry in enumerate(entries):
+            path = (section, key, i) if isinstance(value, list) else (section, key)
+            if isinstance(entry, str) and entry.strip() and not _is_remote(entry) and not os.path.isabs(os.path.expanduser(entry)):
+                from_override = marks.locate(path)[0] == "--set"
+                base = os.getcwd() if from_override else job_dir
+                entry = os.path.normpath(os.path.join(base, os.path.expanduser(entry)))
+            elif isinstance(entry, str) and entry.startswith("~"):
+                entry = os.path.expanduser(entry)
+            fixed.append(entry)
+        node[key] = fixed if isinstance(value, list) else fixed[0]
+
 def load_job(filename: str, overrides: Sequence[str] = (), env: Optional[Mapping[str, str]] = None) -> LoadedJob:
     """Read, interpolate, override and validate a job file.
 
@@ -311,6 +339,7 @@ def load_job(filename: str, overrides: Sequence[str] = (), env: Optional[Mapping
         loaded.invalid = set(SECTIONS)
         return loaded
     data, override_problems = apply_overrides(data, marks, parsed)
+    _anchor_relative_paths(data, marks, os.path.dirname(os.path.abspath(filename)))
     loaded.data = data
     problems += override_problems
     try:

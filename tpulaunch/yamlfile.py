@@ -76,6 +76,9 @@ def looks_secret(name: str) -> bool:
     return bool(_SECRET_NAME.search(name))
 
 
+_PLAIN_COLLECTION_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
+
+
 class _TooBig(Exception):
     def __init__(self, mark: "Mark"):
         self.mark = mark
@@ -104,10 +107,16 @@ class _Builder:
         if depth > MAX_DEPTH:
             self.problems.append(
                 _problem(self.marks.file, _mark(node.start_mark), path, "yaml-too-deep",
-                         f"nesting deeper than {MAX_DEPTH} levels", "a job file is a few levels deep; check the indentation")
+                         f"nesting deeper than {MAX_DEPTH} levels (or an alias that contains itself)", "a job file is a few levels deep; check the indentation")
             )
             return None
         self.marks.values.setdefault(path, _mark(node.start_mark))
+        if not isinstance(node, yaml.ScalarNode) and node.tag not in _PLAIN_COLLECTION_TAGS:
+            self.problems.append(
+                _problem(self.marks.file, _mark(node.start_mark), path, "yaml-unsupported-tag",
+                         f"cannot use the value tagged {node.tag!r}: job files hold plain data only",
+                         "remove the tag; tpulaunch never constructs Python objects from YAML"))
+            return None
         if isinstance(node, yaml.MappingNode):
             return self._mapping(node, path, depth)
         if isinstance(node, yaml.SequenceNode):

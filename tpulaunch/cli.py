@@ -1,0 +1,256 @@
+"""The `tpulaunch` command line. Thin: parse, call one function, render.
+
+TensorFlow is never imported here at module level: `--help`, `schema`, `plan` and
+`validate --static` must answer in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Optional
+
+import click
+from rich.console import Console
+
+from tpulaunch import __version__
+from tpulaunch.errors import ExitCode, TpuLaunchError
+from tpulaunch.report import FORMATS, render_text, to_github, to_json
+
+
+@dataclass
+class Context:
+    debug: bool
+    verbose: int
+    out: Console
+    err: Console
+
+
+def _consoles() -> tuple[Console, Console]:
+    plain = bool(os.environ.get("CI")) or os.environ.get("NO_COLOR") is not None
+    kwargs = {"no_color": True} if plain else {}
+    return Console(highlight=False, **kwargs), Console(stderr=True, highlight=False, **kwargs)
+
+
+class TpuLaunchGroup(click.Group):
+    """Maps exceptions to exit codes in one place; tracebacks only with --debug."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except TpuLaunchError as exc:
+            obj: Optional[Context] = ctx.obj
+            err = obj.err if obj else Console(stderr=True)
+            if obj and obj.debug:
+                traceback.print_exc()
+            if exc.problems:
+                render_text(err, exc.problems, file=exc.problems[0].file, snippets=True)
+            else:
+                err.print(f"[bold red]error:[/] {_escape(exc.message)}", highlight=False, soft_wrap=True)
+                if exc.hint:
+                    err.print(f"  [cyan]hint:[/] {_escape(exc.hint)}", highlight=False, soft_wrap=True)
+            ctx.exit(int(exc.exit_code))
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(int(ExitCode.INTERRUPTED))
+        except Exception as exc:  # a bug in tpulaunch or an unexpected library error
+            obj = ctx.obj
+            if obj and obj.debug:
+                raise
+            click.echo(f"error: unexpected {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", err=True)
+            ctx.exit(int(ExitCode.PROBLEMS))
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+set_option = click.option(
+    "--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+    help="Override a job value (parsed as YAML), e.g. --set train.steps=20. Repeatable.",
+)
+format_option = click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
+                             help="text for people, json for tools, github for Actions annotations.")
+job_argument = click.argument("job_file", metavar="JOB.yaml", type=click.Path(dir_okay=True, path_type=str))
+
+
+@click.group(cls=TpuLaunchGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="tpulaunch")
+@click.option("--debug", is_flag=True, help="Show tracebacks for unexpected errors.")
+@click.option("-v", "--verbose", count=True, help="More output (-vv: TensorFlow's own logs too).")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool, verbose: int):
+    """Validate, plan and launch TensorFlow TPUEstimator training from one YAML job file.
+
+    \b
+    tpulaunch init --example quickstart      write a starter job (quickstart.yaml)
+    tpulaunch validate job.yaml              every mistake, with file:line:col, before a TPU is paid for
+    tpulaunch plan job.yaml                  per-core tiles, replicas, batch arithmetic
+    tpulaunch train job.yaml --local         the same job on this machine's CPU/GPU
+    """
+    out, err = _consoles()
+    ctx.obj = Context(debug=debug, verbose=verbose, out=out, err=err)
+
+
+@cli.command()
+@job_argument
+@set_option
+@format_option
+@click.option("--static", is_flag=True, help="Only checks that need neither TensorFlow nor the network (fast; for pre-commit and editors).")
+@click.option("--records", "records_per_file", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Records to sample per data file.")
+@click.option("--all-records", is_flag=True, help="Read every record (counts and corruption across whole files).")
+@click.option("--tf", "use_tf", is_flag=True, help="Also build the TPU graph with TensorFlow's own TPUEstimator for the declared slice (offline).")
+@click.pass_obj
+def validate(obj: Context, job_file, overrides, fmt, static, records_per_file, all_records, use_tf):
+    """Check a job file: schema, partitioning, batch arithmetic, paths, model and data.
+
+    Exit code 0 when there are no errors (warnings allowed), 1 when there are.
+
+    \b
+    Examples:
+      tpulaunch validate configs/unet3d_ct.yaml
+      tpulaunch validate job.yaml --static --format github    # in CI, as annotations
+      tpulaunch validate job.yaml --set train.batch_size=48   # try a change without editing
+    """
+    from tpulaunch.validate import validate_job
+
+    status = None
+    if fmt == "text" and obj.err.is_terminal:
+        status = obj.err.status("validating")
+        status.start()
+
+    def on_stage(name: str):
+        if status is not None:
+            status.update(f"checking {name}")
+
+    try:
+        result = validate_job(job_file, overrides, static=static, records_per_file=records_per_file,
+                              all_records=all_records, use_tf=use_tf, on_stage=on_stage)
+    finally:
+        if status is not None:
+            status.stop()
+    if fmt == "json":
+        extra = {"checked": result.checked}
+        if result.data_reports:
+            extra["data"] = [_as_dict(r) for r in result.data_reports]
+        if result.extra:
+            extra.update(result.extra)
+        click.echo(to_json(result.problems, file=job_file, extra=extra))
+    elif fmt == "github":
+        text = to_github(result.problems)
+        if text:
+            click.echo(text)
+        click.echo(f"tpulaunch validate {job_file}: {'ok' if result.ok else 'errors found'}")
+    else:
+        render_text(obj.out, result.problems, file=job_file, checked=result.checked)
+        for report in result.data_reports:
+            from tpulaunch.plan_report import render_data_report
+
+            render_data_report(obj.out, report)
+        if result.extra.get("tensorflow"):
+            from tpulaunch.plan_report import render_tf_built
+
+            render_tf_built(obj.out, result.extra["tensorflow"])
+    sys.exit(int(ExitCode.OK if result.ok else ExitCode.PROBLEMS))
+
+
+def _as_dict(obj):
+    from dataclasses import asdict, is_dataclass
+
+    return asdict(obj) if is_dataclass(obj) else obj
+
+
+@cli.command()
+@job_argument
+@set_option
+@format_option
+@click.pass_obj
+def plan(obj: Context, job_file, overrides, fmt):
+    """Show how the job lands on the TPU: tiles per core, replicas, batch arithmetic.
+
+    \b
+    Examples:
+      tpulaunch plan configs/unet3d_ct.yaml
+      tpulaunch plan job.yaml --set tpu.type=v3-32 --format json
+    """
+    from tpulaunch.plan import build_plan
+    from tpulaunch.plan_report import render_plan
+    from tpulaunch.validate import validate_job
+
+    result = validate_job(job_file, overrides, static=True)
+    if not result.ok:
+        if fmt == "json":
+            click.echo(to_json(result.problems, file=job_file))
+        else:
+            render_text(obj.err, result.problems, file=job_file)
+            obj.err.print("fix these first: the plan needs a valid job", highlight=False)
+        sys.exit(int(ExitCode.PROBLEMS))
+    the_plan = build_plan(result.loaded, result.problems)
+    if fmt == "json":
+        click.echo(json.dumps(the_plan.to_dict(), indent=2))
+    else:
+        render_plan(obj.out, the_plan)
+
+
+@cli.command()
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write to a file instead of stdout.")
+def schema(output):
+    """Print the job file's JSON Schema (for editor completion and checks).
+
+    \b
+    Point your editor at it with a first line in the job file:
+      # yaml-language-server: $schema=./tpulaunch.schema.json
+    after: tpulaunch schema -o tpulaunch.schema.json
+    """
+    from tpulaunch.job import json_schema
+
+    text = json.dumps(json_schema(), indent=2)
+    if output:
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+    else:
+        click.echo(text)
+
+
+@cli.command()
+@click.argument("path", required=False, type=click.Path(dir_okay=False))
+@click.option("--example", type=click.Choice(["quickstart", "unet3d", "retinanet"]), default="quickstart", show_default=True,
+              help="Which starter job to write.")
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+@click.pass_obj
+def init(obj: Context, path, example, force):
+    """Write a commented starter job file (default: <example>.yaml).
+
+    \b
+    Examples:
+      tpulaunch init                       # quickstart.yaml: runs on this machine's CPU
+      tpulaunch init --example unet3d ct.yaml
+    """
+    from tpulaunch.templates import template_text
+
+    path = path or f"{example}.yaml"
+    if os.path.exists(path) and not force:
+        raise TpuLaunchError(f"{path} exists", hint="pass --force to overwrite, or name another file")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(template_text(example))
+    obj.out.print(f"wrote {path}; next: tpulaunch validate {path}", highlight=False)
+
+
+def main(argv=None):
+    """Console-script entry point."""
+    try:
+        cli.main(args=argv, prog_name="tpulaunch", standalone_mode=True)
+    except SystemExit:
+        raise
+
+
+if __name__ == "__main__":
+    main()

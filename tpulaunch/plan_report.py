@@ -1,0 +1,99 @@
+"""Rich rendering of a Plan, a data dry-run report and TensorFlow's own build report."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from tpulaunch.plan import Plan
+from tpulaunch.report import problem_line
+
+
+def human_bytes(n) -> str:
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+def shape_text(shape) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def render_plan(console: Console, plan: Plan) -> None:
+    console.print(f"[bold]{escape(plan.job)}[/]", highlight=False)
+    s = plan.slice
+    if s is None:
+        console.print("runs locally (no tpu: section): CPU/GPU, one replica, no partitioning", highlight=False)
+    else:
+        table = Table(title="slice", box=box.SIMPLE_HEAD, title_justify="left", show_header=True)
+        for col in ("type", "devices", "chips", "hosts", "devices/host", "cores/replica", "replicas", "replicas/host",
+                    "input_fn calls/host", "usable HBM/device"):
+            table.add_column(col, justify="right")
+        table.add_row(s.tpu_type, str(s.devices), str(s.chips), str(s.hosts), str(s.devices_per_host), str(s.cores_per_replica),
+                      str(s.replicas), str(s.replicas_per_host), str(s.input_fn_calls_per_host), human_bytes(s.usable_bytes_per_device))
+        console.print(table)
+    if plan.batches:
+        table = Table(title="batch", box=box.SIMPLE_HEAD, title_justify="left")
+        for col in ("split", "global", "per replica", "per host", "params['batch_size']"):
+            table.add_column(col, justify="right")
+        for b in plan.batches:
+            table.add_row(b.split, str(b.global_batch), str(b.per_replica), str(b.per_host), str(b.params_batch_size))
+        console.print(table)
+    if plan.tensors:
+        table = Table(title="inputs, per replica -> per core", box=box.SIMPLE_HEAD, title_justify="left")
+        for col, just in (("tensor", "left"), ("shape", "left"), ("dims", "left"), ("per-core piece", "left"),
+                          ("even", "center"), ("piece", "right"), ("padded (8,128)", "right")):
+            table.add_column(col, justify=just)
+        for t in plan.tensors:
+            dims = shape_text(t.dims) if t.dims else "replicated"
+            if t.sharding == "core0":
+                dims += " (core 0 only)"
+            piece = shape_text(t.piece) if t.sharding == "tiled" else ("whole, on every core" if t.sharding == "replicated" else "whole, core 0")
+            table.add_row(f"{t.group}.{t.name}", shape_text(t.shape), dims, piece, "yes" if t.even else "[yellow]no[/]",
+                          human_bytes(t.piece_bytes), human_bytes(t.piece_bytes_padded))
+        console.print(table)
+    if plan.memory is not None:
+        from tpulaunch.memory_report import render_memory  # noqa: F401  (memory planner, when installed)
+
+        render_memory(console, plan.memory)
+    for w in plan.warnings:
+        console.print(f"[yellow]{escape(problem_line(w))}[/]", highlight=False, soft_wrap=True)
+        if w.hint:
+            console.print(f"    [cyan]hint:[/] {escape(w.hint)}", highlight=False, soft_wrap=True)
+
+
+def render_data_report(console: Console, report) -> None:
+    r = report if isinstance(report, dict) else report.__dict__
+    parts = [f"{r.get('files', 0)} files"]
+    if r.get("records_counted") is not None:
+        parts.append(f"{r['records_counted']} records")
+    elif r.get("records_estimated") is not None:
+        parts.append(f"~{r['records_estimated']} records (estimated)")
+    if r.get("steps_per_epoch") is not None:
+        parts.append(f"{r['steps_per_epoch']} steps/epoch")
+    console.print(f"data.{r.get('split')}: " + ", ".join(parts), highlight=False)
+
+
+def render_tf_built(console: Console, built: dict) -> None:
+    """What TensorFlow's own TPUEstimator built for the declared slice (validate --tf)."""
+    for mode, info in built.items():
+        verdict = "[green]accepted[/]" if info.get("accepted") else "[red]rejected[/]"
+        console.print(f"TensorFlow {mode}: {verdict}  replicas={info.get('replicas')} "
+                      f"params['batch_size']={info.get('params_batch_size')} input_fn calls={info.get('input_fn_calls')}",
+                      highlight=False)
+        pieces = info.get("piece_shapes") or {}
+        if pieces:
+            table = Table(box=box.SIMPLE_HEAD)
+            table.add_column("tensor")
+            table.add_column("sharding")
+            table.add_column("pieces per core")
+            for name, shapes in pieces.items():
+                table.add_row(name, info.get("sharding", {}).get(name, "?"), ", ".join(shape_text(s) for s in shapes))
+            console.print(table)
