@@ -100,7 +100,7 @@ def cli(ctx: click.Context, debug: bool, verbose: int):
 
 
 @cli.command()
-@job_argument
+@click.argument("job_files", metavar="JOB.yaml...", nargs=-1, required=True, type=click.Path(path_type=str))
 @set_option
 @format_option
 @click.option("--static", is_flag=True, help="Only checks that need neither TensorFlow nor the network (fast; for pre-commit and editors).")
@@ -109,57 +109,70 @@ def cli(ctx: click.Context, debug: bool, verbose: int):
 @click.option("--all-records", is_flag=True, help="Read every record (counts and corruption across whole files).")
 @click.option("--tf", "use_tf", is_flag=True, help="Also build the TPU graph with TensorFlow's own TPUEstimator for the declared slice (offline).")
 @click.pass_obj
-def validate(obj: Context, job_file, overrides, fmt, static, records_per_file, all_records, use_tf):
-    """Check a job file: schema, partitioning, batch arithmetic, paths, model and data.
+def validate(obj: Context, job_files, overrides, fmt, static, records_per_file, all_records, use_tf):
+    """Check job files: schema, partitioning, batch arithmetic, paths, model and data.
 
+    Every problem is reported at once as FILE:LINE:COL: path: message, with a hint.
     Exit code 0 when there are no errors (warnings allowed), 1 when there are.
 
     \b
     Examples:
       tpulaunch validate configs/unet3d_ct.yaml
-      tpulaunch validate job.yaml --static --format github    # in CI, as annotations
-      tpulaunch validate job.yaml --set train.batch_size=48   # try a change without editing
+      tpulaunch validate jobs/*.yaml --static --format github   # in CI, as annotations
+      tpulaunch validate job.yaml --set train.batch_size=48      # try a change without editing
     """
     from tpulaunch.validate import validate_job
 
-    status = None
-    if fmt == "text" and obj.err.is_terminal:
-        status = obj.err.status("validating")
-        status.start()
+    results = []
+    for job_file in job_files:
+        status = None
+        if fmt == "text" and obj.err.is_terminal:
+            status = obj.err.status(f"validating {job_file}")
+            status.start()
 
-    def on_stage(name: str):
-        if status is not None:
-            status.update(f"checking {name}")
+        def on_stage(name: str, status=status, job_file=job_file):
+            if status is not None:
+                status.update(f"{job_file}: checking {name}")
 
-    try:
-        result = validate_job(job_file, overrides, static=static, records_per_file=records_per_file,
-                              all_records=all_records, use_tf=use_tf, on_stage=on_stage)
-    finally:
-        if status is not None:
-            status.stop()
+        try:
+            result = validate_job(job_file, overrides, static=static, records_per_file=records_per_file,
+                                  all_records=all_records, use_tf=use_tf, on_stage=on_stage)
+        finally:
+            if status is not None:
+                status.stop()
+        results.append(result)
+        if fmt == "text":
+            _render_validation(obj, result)
     if fmt == "json":
-        extra = {"checked": result.checked}
-        if result.data_reports:
-            extra["data"] = [_as_dict(r) for r in result.data_reports]
-        if result.extra:
-            extra.update(result.extra)
-        click.echo(to_json(result.problems, file=job_file, extra=extra))
+        docs = [json.loads(to_json(r.problems, file=r.file, extra=_json_extra(r))) for r in results]
+        click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
     elif fmt == "github":
-        text = to_github(result.problems)
-        if text:
-            click.echo(text)
-        click.echo(f"tpulaunch validate {job_file}: {'ok' if result.ok else 'errors found'}")
-    else:
-        render_text(obj.out, result.problems, file=job_file, checked=result.checked)
-        for report in result.data_reports:
-            from tpulaunch.plan_report import render_data_report
+        for r in results:
+            text = to_github(r.problems)
+            if text:
+                click.echo(text)
+            click.echo(f"tpulaunch validate {r.file}: {'ok' if r.ok else 'errors found'}")
+    ok = all(r.ok for r in results)
+    sys.exit(int(ExitCode.OK if ok else ExitCode.PROBLEMS))
 
+
+def _json_extra(result) -> dict:
+    extra = {"checked": result.checked}
+    if result.data_reports:
+        extra["data"] = [_as_dict(r) for r in result.data_reports]
+    extra.update(result.extra)
+    return extra
+
+
+def _render_validation(obj: Context, result) -> None:
+    render_text(obj.out, result.problems, file=result.file, checked=result.checked)
+    if result.data_reports or result.extra.get("tensorflow"):
+        from tpulaunch.plan_report import render_data_report, render_tf_built
+
+        for report in result.data_reports:
             render_data_report(obj.out, report)
         if result.extra.get("tensorflow"):
-            from tpulaunch.plan_report import render_tf_built
-
             render_tf_built(obj.out, result.extra["tensorflow"])
-    sys.exit(int(ExitCode.OK if result.ok else ExitCode.PROBLEMS))
 
 
 def _as_dict(obj):

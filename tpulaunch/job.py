@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from typing_extensions import Annotated
 
 IMPORT_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -34,18 +35,11 @@ def check_import_path(value: Optional[str]) -> Optional[str]:
 class TensorSpec(Strict):
     """One input tensor as stored in the TFRecords. `shape` excludes the batch dimension."""
 
-    shape: List[Optional[int]] = Field(description="per-example shape, without the batch dim; null = unknown (not allowed on TPU)")
+    shape: List[Optional[Annotated[int, Field(ge=1)]]] = Field(
+        description="per-example shape, without the batch dim; null = unknown (not allowed on TPU)")
     dtype: DType = "float32"
     encoding: Optional[Encoding] = Field(None, description="how it is stored in tf.train.Example; default float_list for floats, int64_list otherwise")
     key: Optional[str] = Field(None, description="feature key in the record, if it differs from the tensor name")
-
-    @field_validator("shape")
-    @classmethod
-    def _positive_dims(cls, shape):
-        for i, dim in enumerate(shape):
-            if dim is not None and dim < 1:
-                raise ValueError(f"dimension {i} is {dim}; dimensions are >= 1 (or null when unknown)")
-        return shape
 
     @model_validator(mode="after")
     def _encoding_fits_dtype(self):
@@ -92,12 +86,20 @@ LOSSES = ("sparse_categorical_crossentropy", "categorical_crossentropy", "binary
 METRICS = ("accuracy", "mean_iou", "auc", "precision", "recall", "mean_squared_error", "mean_absolute_error")
 
 
+def _check_metric(value: str) -> str:
+    if ":" in value:
+        return check_import_path(value)
+    if value not in METRICS:
+        raise ValueError(f"unknown metric {value!r}")
+    return value
+
+
 class Model(Strict):
     builder: Optional[str] = Field(None, description="module:function returning an inference-only tf.keras.Model")
     params: Dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the builder")
     loss: str = Field("sparse_categorical_crossentropy", description=f"one of {', '.join(LOSSES)}, or 'pkg.mod:fn(labels, outputs) -> scalar'")
     optimizer: Optimizer = Field(default_factory=Optimizer)
-    metrics: List[str] = Field(default_factory=list, description=f"any of {', '.join(METRICS)}, or import paths")
+    metrics: List[Annotated[str, AfterValidator(_check_metric)]] = Field(default_factory=list, description=f"any of {', '.join(METRICS)}, or import paths")
     precision: Literal["float32", "bfloat16", "mixed_float16"] = "float32"
     model_fn: Optional[str] = Field(None, description="escape hatch: an existing TPUEstimator model_fn, 'pkg.mod:fn'")
 
@@ -116,16 +118,6 @@ class Model(Strict):
         if value not in LOSSES:
             raise ValueError(f"unknown loss {value!r}")
         return value
-
-    @field_validator("metrics")
-    @classmethod
-    def _known_metrics(cls, values: list):
-        for value in values:
-            if ":" in value:
-                check_import_path(value)
-            elif value not in METRICS:
-                raise ValueError(f"unknown metric {value!r}")
-        return values
 
     @model_validator(mode="after")
     def _builder_or_model_fn(self):

@@ -266,11 +266,13 @@ def schema_problems(exc: ValidationError, loaded: LoadedJob, prefix: tuple = ())
                 if isinstance(err.get("input"), list):
                     word = next((m for m in err["input"] if m not in options and ":" not in str(m)), "")
                 hint = _did_you_mean(str(word), options) or f"one of {', '.join(options)}, or an import path 'pkg.mod:fn'"
-            problems.append(loaded.problem(path, "invalid-value", message, hint))
+            problems.append(loaded.problem(path, "invalid-value", message, hint, at_key=isinstance(err.get("input"), dict)))
     return problems
 
 
 def _field_description(path: tuple) -> Optional[str]:
+    while path and isinstance(path[-1], int):  # a list item: describe the list
+        path = path[:-1]
     if not path:
         return None
     annotation: Any = Job
@@ -345,8 +347,8 @@ def load_job(filename: str, overrides: Sequence[str] = (), env: Optional[Mapping
     try:
         loaded.job = Job.model_validate(data)
     except ValidationError as exc:
-        # A value emptied by an unset ${VAR} was reported already; its type error would only repeat it.
-        env_paths = {p.path for p in problems if p.code == "env-var-unset"}
+        # A value emptied by an unset ${VAR} or a refused tag was reported already; a type error would repeat it.
+        env_paths = {p.path for p in problems if p.code in ("env-var-unset", "yaml-unsupported-tag")}
         problems += [p for p in schema_problems(exc, loaded) if p.path not in env_paths]
     if problems:
         loaded.job = None if any(p.is_error for p in problems) else loaded.job
