@@ -210,7 +210,7 @@ STATIC_RULES = (check_slice, check_batches, check_partition, check_static_shapes
 
 def static_problems(loaded: LoadedJob) -> list:
     """Every rule that needs neither TensorFlow nor the network."""
-    from tpulaunch.data_check import path_form_problems
+    from tpulaunch.data_paths import path_form_problems
 
     problems = []
     for rule in STATIC_RULES:

@@ -35,8 +35,40 @@ def _consoles() -> tuple[Console, Console]:
     return Console(highlight=False, **kwargs), Console(stderr=True, highlight=False, **kwargs)
 
 
+# Commands that live in their own modules, imported only when named (keeps `--help` fast).
+LAZY_COMMANDS = {
+    "train": "tpulaunch.cli_run:train",
+    "evaluate": "tpulaunch.cli_run:evaluate",
+    "export": "tpulaunch.cli_run:export",
+    "status": "tpulaunch.cli_status:status",
+    "data": "tpulaunch.cli_data:data",
+    "explain": "tpulaunch.cli_explain:explain",
+}
+
+
 class TpuLaunchGroup(click.Group):
     """Maps exceptions to exit codes in one place; tracebacks only with --debug."""
+
+    def list_commands(self, ctx: click.Context):
+        import importlib.util
+
+        present = [name for name, target in LAZY_COMMANDS.items()
+                   if importlib.util.find_spec(target.split(":")[0]) is not None]
+        return sorted(set(super().list_commands(ctx)) | set(present))
+
+    def get_command(self, ctx: click.Context, name: str):
+        if name in LAZY_COMMANDS and name not in self.commands:
+            import importlib
+
+            module_name, attr = LAZY_COMMANDS[name].split(":")
+            try:
+                module = importlib.import_module(module_name)
+            except ModuleNotFoundError as exc:
+                if exc.name != module_name:
+                    raise
+                return None
+            return getattr(module, attr)
+        return super().get_command(ctx, name)
 
     def invoke(self, ctx: click.Context):
         try:

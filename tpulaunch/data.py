@@ -1,0 +1,236 @@
+"""TFRecord input pipelines built from the job's `data` section.
+
+One record is a `tf.train.Example`; each declared tensor is read from the key `spec.key` (default: the
+tensor's name) according to `spec.stored_as`:
+
+- ``float_list`` / ``int64_list``: a fixed-length list, reshaped to `spec.shape`.
+- ``raw``: one bytes value holding the tensor's little-endian bytes in its own dtype (bfloat16 as
+  2-byte bfloat16, float16 as 2-byte half, bool and uint8 as one byte each).
+- ``png`` / ``jpeg``: one encoded image, decoded to uint8 [height, width, channels].
+
+Every tensor comes out shaped `spec.shape` with dtype `spec.dtype`, so batches have static shapes, as XLA
+on a TPU needs. TensorFlow is imported inside the functions: the CLI's fast path never loads it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Tuple
+
+from tpulaunch.data_paths import as_list
+from tpulaunch.errors import TpuLaunchError
+from tpulaunch.job import Job, TensorSpec
+
+MODES = ("train", "eval")
+
+# How many bytes TFRecordDataset reads ahead per file: large reads keep gs:// throughput up.
+READ_BUFFER_BYTES = 8 * 1024 * 1024
+
+
+def expand_files(files, *, what: str = "data") -> List[str]:
+    """Every file matched by a path, glob or list of them (local or gs://), sorted, without repeats.
+
+    Raises:
+        TpuLaunchError: a pattern that matches nothing (named in the message).
+    """
+    import tensorflow as tf
+
+    found: List[str] = []
+    for pattern in as_list(files):
+        try:
+            matches = tf.io.gfile.glob(pattern)
+        except tf.errors.OpError as exc:
+            raise TpuLaunchError(f"{what}: cannot list {pattern!r}: {exc.message}",
+                                 hint="check the path and that this machine may read it") from None
+        if not matches:
+            raise TpuLaunchError(f"{what}: no files match {pattern!r}",
+                                 hint="check the spelling; `tpulaunch data synth` writes example TFRecords")
+        found.extend(m for m in sorted(matches) if m not in found)
+    return found
+
+
+def _tf_dtype(name: str):
+    import tensorflow as tf
+
+    return tf.as_dtype(name)
+
+
+def _unknown_dims_error(name: str, spec: TensorSpec) -> TpuLaunchError:
+    return TpuLaunchError(f"data: {name} has shape {spec.shape} with more than one unknown dim; "
+                          f"its stored form {spec.stored_as} cannot be reshaped",
+                          hint="declare the full shape (a TPU needs static shapes anyway)")
+
+
+def _reshape_shape(name: str, spec: TensorSpec) -> List[int]:
+    """The shape for tf.reshape: one unknown dim becomes -1."""
+    unknown = [d for d in spec.shape if d is None]
+    if len(unknown) > 1:
+        raise _unknown_dims_error(name, spec)
+    return [-1 if d is None else d for d in spec.shape]
+
+
+def _feature_config(name: str, spec: TensorSpec):
+    """The tf.io feature parsing one tensor's stored value."""
+    import tensorflow as tf
+
+    stored = spec.stored_as
+    if stored in ("float_list", "int64_list"):
+        kind = tf.float32 if stored == "float_list" else tf.int64
+        if spec.is_static:
+            return tf.io.FixedLenFeature(spec.shape, kind)
+        _reshape_shape(name, spec)  # raises for several unknown dims
+        return tf.io.VarLenFeature(kind)
+    return tf.io.FixedLenFeature([], tf.string)
+
+
+def _decode(name: str, spec: TensorSpec, value):
+    """The parsed value of one tensor -> a tensor of spec.shape and spec.dtype."""
+    import tensorflow as tf
+
+    stored = spec.stored_as
+    dtype = _tf_dtype(spec.dtype)
+    if stored in ("float_list", "int64_list"):
+        if isinstance(value, tf.SparseTensor):
+            value = tf.reshape(tf.sparse.to_dense(value), _reshape_shape(name, spec))
+        # float_list holds float32: bfloat16/float16 specs are read as float32 and cast; likewise int64.
+        return tf.cast(value, dtype) if value.dtype != dtype else value
+    if stored == "raw":
+        return tf.reshape(tf.io.decode_raw(value, dtype), _reshape_shape(name, spec))
+    channels = spec.shape[-1] or 0  # 0: as stored
+    image = tf.io.decode_image(value, channels=channels, dtype=tf.uint8, expand_animations=False)
+    return tf.ensure_shape(image, spec.shape)
+
+
+def _structure(tensors: Dict[str, object]):
+    """The structure rule: one entry -> that tensor; several -> dict; none -> None."""
+    if not tensors:
+        return None
+    if len(tensors) == 1:
+        return next(iter(tensors.values()))
+    return dict(tensors)
+
+
+def parse_example_fn(job: Job) -> Callable:
+    """A function parsing one serialized tf.train.Example into (features, labels).
+
+    Features are the single tensor when `data.features` has one entry, else a dict; labels likewise, or
+    None when `data.labels` is empty. Each tensor has shape `spec.shape` and dtype `spec.dtype`.
+
+    Raises:
+        TpuLaunchError: a list-stored tensor with more than one unknown dim.
+    """
+    specs = {**job.data.features, **job.data.labels}
+    keys = {name: spec.key or name for name, spec in specs.items()}
+    config = {}
+    for name, spec in specs.items():
+        config[keys[name]] = _feature_config(name, spec)  # one record key may feed two tensors
+
+    def parse(serialized):
+        import tensorflow as tf
+
+        parsed = tf.io.parse_single_example(serialized, config)
+        tensors = {name: _decode(name, spec, parsed[keys[name]]) for name, spec in specs.items()}
+        features = _structure({n: tensors[n] for n in job.data.features})
+        labels = _structure({n: tensors[n] for n in job.data.labels})
+        return features, labels
+
+    return parse
+
+
+def host_shard(context) -> Tuple[int, int]:
+    """(this input pipeline's index, number of input pipelines) from what params["context"] holds.
+
+    TPUEstimator passes a TPUContext whose `current_input_fn_deployment()` is (host device, invocation
+    index, invocation count, replicas fed); under PER_HOST_V2 that is one invocation per host.
+    tf.distribute passes an InputContext (input_pipeline_id, num_input_pipelines). Anything else, or
+    None, means a single pipeline.
+    """
+    if context is None:
+        return 0, 1
+    if hasattr(context, "current_input_fn_deployment"):
+        _, index, count, _ = context.current_input_fn_deployment()
+        return int(index), int(count)
+    if hasattr(context, "input_pipeline_id") and hasattr(context, "num_input_pipelines"):
+        return int(context.input_pipeline_id), int(context.num_input_pipelines)
+    return 0, 1
+
+
+def _files_for(job: Job, mode: str):
+    files = job.data.train if mode == "train" else job.data.eval
+    if files is None:
+        raise TpuLaunchError(f"data.{mode}: no {mode} files in the job",
+                             hint=f"set data.{mode} to a TFRecord file or glob")
+    return expand_files(files, what=f"data.{mode}")
+
+
+def _check_static(job: Job) -> None:
+    for section in ("features", "labels"):
+        for name, spec in getattr(job.data, section).items():
+            if not spec.is_static:
+                raise TpuLaunchError(f"data.{section}.{name}: shape {spec.shape} has unknown dims; a TPU needs static shapes",
+                                     hint="declare every dim")
+
+
+def make_input_fn(job: Job, mode: str, *, use_tpu: bool) -> Callable:
+    """An `input_fn(params)` for TPUEstimator (or Estimator) reading the job's TFRecords.
+
+    `params["batch_size"]` is the batch this pipeline produces: per host under TPUEstimator
+    PER_HOST_V2, global on CPU. With `params["context"]` (a TPUContext or tf.distribute.InputContext)
+    each host reads its own share: whole files when there are at least as many files as hosts, else
+    every n-th record. Training shuffles files and records and repeats forever; evaluation reads in a
+    fixed order, and repeats only on a TPU, where running out of data mid-loop is an error rather than
+    the end of evaluation. `data.skip_corrupt` drops records that fail to read or parse (the count of
+    skipped records is not reported). Batches always drop the remainder, so shapes are static.
+
+    With `data.input_fn` set, that function is imported and returned unchanged.
+
+    Raises:
+        TpuLaunchError: unknown mode, no files for the mode, a glob that matches nothing, unknown dims
+            on a TPU, or an input_fn that cannot be imported.
+    """
+    if mode not in MODES:
+        raise TpuLaunchError(f"unknown input mode {mode!r}; use one of {', '.join(MODES)}")
+    if job.data.input_fn:
+        from tpulaunch.imports import resolve
+
+        return resolve(job.data.input_fn, what="data.input_fn")
+    if use_tpu:
+        _check_static(job)
+    files = _files_for(job, mode)
+    parse = parse_example_fn(job)
+    training = mode == "train"
+    data = job.data
+
+    def input_fn(params):
+        import tensorflow as tf
+
+        autotune = tf.data.AUTOTUNE
+        index, count = host_shard(params.get("context"))
+        dataset = tf.data.Dataset.from_tensor_slices(files)
+        shard_files = count > 1 and len(files) >= count
+        if shard_files:
+            dataset = dataset.shard(count, index)
+        if training:
+            dataset = dataset.shuffle(len(files), reshuffle_each_iteration=True)
+            if not data.cache:
+                dataset = dataset.repeat()
+        dataset = dataset.interleave(
+            lambda f: tf.data.TFRecordDataset(f, compression_type=data.compression or "",
+                                              buffer_size=READ_BUFFER_BYTES),
+            cycle_length=min(len(files), 16), num_parallel_calls=autotune, deterministic=not training)
+        if count > 1 and not shard_files:
+            dataset = dataset.shard(count, index)
+        dataset = dataset.map(parse, num_parallel_calls=autotune, deterministic=not training)
+        if data.skip_corrupt:
+            dataset = dataset.apply(tf.data.experimental.ignore_errors())
+        if data.cache:
+            dataset = dataset.cache()
+            if training:
+                dataset = dataset.repeat()
+        if training and data.shuffle_buffer > 0:
+            dataset = dataset.shuffle(data.shuffle_buffer)
+        if not training and use_tpu:
+            dataset = dataset.repeat()
+        dataset = dataset.batch(params["batch_size"], drop_remainder=True)
+        return dataset.prefetch(autotune)
+
+    return input_fn
