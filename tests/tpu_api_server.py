@@ -17,7 +17,7 @@ What a test can script:
 The discovery document is never answered with 404: googleapiclient would then fall back to Google's
 real host. It has no `auth` block, so credentials never try to reach Google's token endpoint.
 
-Use the `tpu_api` fixture (add `pytest_plugins = ["tests.tpu_api_server"]` to a conftest, or import the
+Use the `tpu_api` fixture (add `pytest_plugins = ["tpu_api_server"]` to tests/conftest.py, or import the
 fixture into a test module).
 """
 
@@ -141,7 +141,8 @@ class TpuApiServer:
     def start(self) -> "TpuApiServer":
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="tpu-api-server", daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="tpu-api-server", daemon=True)
         self._thread.start()
         return self
 

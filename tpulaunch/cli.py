@@ -127,6 +127,9 @@ def cli(ctx: click.Context, debug: bool, verbose: int):
     tpulaunch plan job.yaml                  per-core tiles, replicas, batch arithmetic
     tpulaunch train job.yaml --local         the same job on this machine's CPU/GPU
     """
+    from tpulaunch.tf_env import quiet_tensorflow
+
+    quiet_tensorflow(verbose)
     out, err = _consoles()
     ctx.obj = Context(debug=debug, verbose=verbose, out=out, err=err)
 

@@ -7,7 +7,6 @@ been set), so a broken job is refused in a fraction of a second.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 from typing import Optional, Sequence
@@ -16,6 +15,7 @@ import click
 from rich.console import Console
 
 from tpulaunch.errors import ExitCode
+from tpulaunch.tf_env import quiet_tensorflow
 
 _set_option = click.option(
     "--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
@@ -49,23 +49,6 @@ def _streams():
     return obj
 
 
-def quiet_tensorflow(verbose: int) -> None:
-    """TensorFlow's C++ and Python logs: errors only by default, warnings with -v, everything with -vv.
-
-    Must run before TensorFlow is imported (the C++ level is read once, at import).
-    """
-    if verbose >= 2:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")
-        level = logging.INFO
-    else:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        level = logging.WARNING if verbose == 1 else logging.ERROR
-    for name in ("tensorflow", "absl"):
-        logging.getLogger(name).setLevel(level)
-    if "tensorflow" in sys.modules:
-        sys.modules["tensorflow"].get_logger().setLevel(level)
-
-
 def _load(job_file: str, overrides: Sequence[str], extra: Sequence[str] = ()):
     """The validated job (static checks), or exit 1 after printing every located problem."""
     from tpulaunch.report import render_text
@@ -77,9 +60,9 @@ def _load(job_file: str, overrides: Sequence[str], extra: Sequence[str] = ()):
         render_text(obj.err, result.problems, file=job_file)
     if not result.ok or result.loaded is None or result.loaded.job is None:
         obj.err.print(f"not running {job_file}: fix the problems above (tpulaunch validate {job_file})",
-                      highlight=False, markup=False)
+                      highlight=False, markup=False, soft_wrap=True)
         sys.exit(int(ExitCode.PROBLEMS))
-    quiet_tensorflow(obj.verbose)
+    quiet_tensorflow(obj.verbose)  # again: the command may run outside the `tpulaunch` group
     return result.loaded.job
 
 
@@ -139,7 +122,7 @@ def train(job_file: str, local: bool, overrides, model_dir: Optional[str], force
         runner.train(job, local=local, progress=progress, cluster_resolver=resolver,
                      search_path=_search_path(job_file), force=force)
     except TrainingStopped as stopped:
-        obj.err.print(stopped.message, highlight=False, markup=False)
+        obj.err.print(stopped.message, highlight=False, markup=False, soft_wrap=True)
         sys.exit(int(stopped.exit_code))
 
 
@@ -190,5 +173,5 @@ def export(job_file: str, out_dir: str, overrides, checkpoint: Optional[str]):
     from tpulaunch import runner
 
     path = runner.export(job, out_dir, checkpoint=checkpoint, search_path=_search_path(job_file))
-    obj.out.print(f"exported {path}", highlight=False, markup=False)
+    obj.out.print(f"exported {path}", highlight=False, markup=False, soft_wrap=True)
 

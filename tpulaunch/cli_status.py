@@ -107,7 +107,7 @@ def render_status(console, node) -> None:
     else:
         type_text = escape(type_text)
     table.add_row("type", type_text)
-    table.add_row("cores / hosts", escape(f"{node.cores if node.cores is not None else '?'} / {node.hosts}"))
+    table.add_row("devices / hosts", escape(f"{node.devices if node.devices is not None else '?'} / {node.hosts}"))
     versions = f"{node.runtime_version or 'unknown'} (installed TensorFlow: {node.installed_tf or 'none'})"
     table.add_row("runtime", escape(versions))
     table.add_row("endpoints", escape(", ".join(node.endpoints) or "none"))

@@ -103,7 +103,7 @@ class NodeStatus:
     health: Optional[str]
     accelerator_type: Optional[str]
     expected_type: Optional[str]  # the job's tpu.type
-    cores: Optional[int]  # TensorCores in the slice, from the accelerator type
+    devices: Optional[int]  # TPU devices TensorFlow sees (what cores_per_replica counts), from the type
     hosts: int  # one network endpoint per host
     runtime_version: Optional[str]  # the node's tensorflowVersion
     installed_tf: Optional[str]
@@ -412,7 +412,7 @@ def _status_from(ref: NodeRef, node: dict, expected: Optional[str]) -> NodeStatu
         name=ref.name, zone=ref.zone, project=ref.project,
         state=node.get("state"), health=node.get("health"),
         accelerator_type=accelerator, expected_type=expected,
-        cores=cores_in(accelerator), hosts=len(endpoints),
+        devices=devices_in(accelerator), hosts=len(endpoints),
         runtime_version=node.get("tensorflowVersion"), installed_tf=installed_tensorflow_version(),
         endpoints=endpoints, api_version=node.get("apiVersion"),
     )
@@ -424,7 +424,7 @@ def _status_without_api(ref: NodeRef, expected: Optional[str]) -> NodeStatus:
     note = ("this TPU VM's own chips: no TPU API check" if ref.local
             else "a direct gRPC address: state, health and type are not checked")
     return NodeStatus(name=ref.name, zone=None, project=None, state=None, health=None, accelerator_type=None,
-                      expected_type=expected, cores=cores_in(expected), hosts=len(endpoints) or 1, runtime_version=None,
+                      expected_type=expected, devices=devices_in(expected), hosts=len(endpoints) or 1, runtime_version=None,
                       installed_tf=installed_tensorflow_version(), endpoints=endpoints,
                       findings=[Finding("warning", "no-api-check", note)])
 
@@ -471,16 +471,16 @@ def _findings(ref: NodeRef, status: NodeStatus, wait: float) -> list:
     return findings
 
 
-_TYPE = re.compile(r"^(v\d+[a-z]*|v5litepod)-(\d+)$")
+def devices_in(accelerator_type: Optional[str]) -> Optional[int]:
+    """TPU devices TensorFlow sees in a slice (cores on v2/v3, chips on v4/v5p/v5e/v6e); None if unknown."""
+    from tpulaunch.tpu_types import UnknownTpuType, parse_tpu_type
 
-
-def cores_in(accelerator_type: Optional[str]) -> Optional[int]:
-    """TensorCores in a slice, from its type name; None when the name is not understood.
-
-    The number in the name counts TensorCores for v2/v3/v4/v5p and chips for v5e/v6e (one core each).
-    """
-    match = _TYPE.match(accelerator_type or "")
-    return int(match.group(2)) if match else None
+    if not accelerator_type:
+        return None
+    try:
+        return parse_tpu_type(accelerator_type).devices
+    except UnknownTpuType:
+        return None
 
 
 def _major_minor(version: Optional[str]) -> Optional[tuple]:

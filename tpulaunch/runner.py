@@ -143,20 +143,28 @@ def checkpoint_step(model_dir: str) -> Optional[int]:
     return int(tf.train.load_variable(path, "global_step"))
 
 
+# Where a job holds mappings of the user's own keys: the only places a secret-looking name can be
+# (everywhere else the schema fixes the key names, and `key` there is a TFRecord feature key).
+_FREE_FORM = (("model", "params"), ("model", "optimizer", "args"))
+
+
 def job_document(job: Job) -> dict:
-    """The resolved job as plain data, with values under secret-looking keys masked."""
+    """The resolved job as plain data, with values under secret-looking keys in free-form mappings masked."""
     from tpulaunch.yamlfile import looks_secret
 
-    def mask(value, key: str = ""):
-        if key and looks_secret(key) and value is not None:
-            return MASK
+    def mask(value):
         if isinstance(value, dict):
-            return {k: mask(v, str(k)) for k, v in value.items()}
+            return {k: MASK if looks_secret(str(k)) else mask(v) for k, v in value.items()}
         if isinstance(value, list):
             return [mask(v) for v in value]
         return value
 
-    return mask(job.model_dump(mode="json", exclude_none=True))
+    document = job.model_dump(mode="json", exclude_none=True)
+    for keys in _FREE_FORM:
+        parent = _get(document, keys[:-1])
+        if isinstance(parent, dict) and keys[-1] in parent:
+            parent[keys[-1]] = mask(parent[keys[-1]])
+    return document
 
 
 def write_job_copy(job: Job, model_dir: str, *, force: bool = False) -> str:

@@ -88,6 +88,16 @@ class _Loader(yaml.SafeLoader):
     """SafeLoader whose constructors we call per scalar; composition is PyYAML's own."""
 
 
+def _syntax_hint(text: str, line: int) -> str:
+    lines = text.splitlines()
+    source = lines[line - 1] if 0 < line <= len(lines) else ""
+    if "\t" in source:
+        return "YAML indents with spaces, never tabs"
+    if "${" in source and "{" in source.split("${")[0]:
+        return "inside {...} a value with ${VAR} must be quoted: key: \"gs://${BUCKET}/path\" (or use block style)"
+    return "check the indentation and quoting around this place"
+
+
 def _problem(file: str, mark: Mark, path: Path, code: str, message: str, hint=None) -> Problem:
     return Problem("error", file, mark.line, mark.column, dotted(path), code, message, hint)
 
@@ -241,8 +251,7 @@ def parse_yaml(text: str, filename: str, env: Optional[Mapping[str, str]] = None
             mark = exc.problem_mark or exc.context_mark
             line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
             reason = (exc.problem or "invalid YAML").strip()
-            hint = "YAML indents with spaces, never tabs" if "\t" in (text.splitlines()[line - 1] if 0 < line <= len(text.splitlines()) else "") else \
-                "check the indentation and quoting around this place"
+            hint = _syntax_hint(text, line)
             message = f"YAML syntax: {reason}"
             if exc.context:
                 message += f" ({exc.context.strip()})"

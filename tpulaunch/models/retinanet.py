@@ -275,10 +275,12 @@ def _head(pyramid: dict, outputs_per_anchor: int, anchors_per_cell: int, feature
     import tensorflow as tf
 
     layers = tf.keras.layers
-    init = tf.keras.initializers.RandomNormal(stddev=0.01)
-    shared = [layers.Conv2D(features, 3, padding="same", kernel_initializer=init, name=f"{name}_conv{i}")
+    def init():
+        return tf.keras.initializers.RandomNormal(stddev=0.01)
+
+    shared = [layers.Conv2D(features, 3, padding="same", kernel_initializer=init(), name=f"{name}_conv{i}")
               for i in range(convs)]
-    predict = layers.Conv2D(outputs_per_anchor * anchors_per_cell, 3, padding="same", kernel_initializer=init,
+    predict = layers.Conv2D(outputs_per_anchor * anchors_per_cell, 3, padding="same", kernel_initializer=init(),
                             bias_initializer=tf.keras.initializers.Constant(bias_init), name=f"{name}_predict")
     per_level = []
     for level, x in pyramid.items():

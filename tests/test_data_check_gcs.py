@@ -1,0 +1,61 @@
+"""The data dry run against gs:// through TensorFlow's own GCS filesystem (a local emulator behind it)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from gcs_fake import gcs  # noqa: F401  (the fixture)
+from test_data_check import example
+from tpulaunch.validate import validate_job
+
+pytestmark = pytest.mark.tf
+
+JOB = """\
+name: gcs-dry-run
+model: {{builder: tpulaunch.models.cnn:build}}
+data:
+  train: {train}
+  features:
+    image: {{shape: [8], dtype: float32}}
+  labels:
+    label: {{shape: [], dtype: int64}}
+train: {{batch_size: 4, steps: 10}}
+run: {{model_dir: gs://ct-runs/x}}
+"""
+
+
+@pytest.fixture(scope="module")
+def bucket(gcs):  # noqa: F811
+    gcs.make_bucket("ct-data")
+    for shard in range(2):
+        with tf.io.TFRecordWriter(gcs.url("ct-data", f"train/train-{shard}.tfrecord")) as writer:
+            for i in range(6):
+                writer.write(example(image=np.full(8, i, np.float32), label=np.int64(i % 2)))
+    return gcs
+
+
+def run(tmp_path, train, **kwargs):
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB.format(train=train))
+    result = validate_job(str(path), **kwargs)
+    return [(p.severity, p.code, p.path, p.line) for p in result.problems if p.code.startswith(("no-", "data-", "record-"))], result
+
+
+def test_reads_and_counts_gs_records(bucket, tmp_path):
+    found, result = run(tmp_path, "gs://ct-data/train/train-*.tfrecord", all_records=True)
+    assert found == []
+    [report] = result.data_reports
+    assert (report.files, report.records_counted, report.steps_per_epoch) == (2, 12, 3)
+
+
+def test_empty_gs_glob_is_located(bucket, tmp_path):
+    found, _ = run(tmp_path, "gs://ct-data/trian/*.tfrecord")
+    assert found == [("error", "no-files", "data.train", 4)]
+
+
+def test_missing_bucket_is_named(bucket, tmp_path):
+    found, result = run(tmp_path, "gs://no-such-bucket/train/*.tfrecord")
+    assert found == [("error", "data-unreachable", "data.train", 4)]
+    [problem] = [p for p in result.problems if p.code == "data-unreachable"]
+    assert problem.message.startswith("cannot list 'gs://no-such-bucket/train/*.tfrecord'")
+    assert "gcloud storage ls gs://no-such-bucket" in problem.hint

@@ -1,0 +1,244 @@
+"""`train`, `evaluate` and `export` end to end: real TPUEstimator on CPU, real TFRecords, real signals."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import yaml
+from click.testing import CliRunner
+
+from tpulaunch import cli_run, runner
+from tpulaunch.errors import ExitCode, TpuLaunchError
+from tpulaunch.jobfile import load_job
+from tpulaunch.signals import TrainingStopped
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN_COMMAND = [sys.executable, "-m", "tpulaunch", "train"]
+
+MODELS = textwrap.dedent('''
+    import tensorflow as tf
+
+    def classifier(num_classes=2, input_shape=(8, 8, 1), **unused):
+        image = tf.keras.Input(shape=tuple(input_shape), name="image")
+        x = tf.keras.layers.Conv2D(4, 3, padding="same", activation="relu")(image)
+        x = tf.keras.layers.GlobalAveragePooling2D()(x)
+        return tf.keras.Model(image, tf.keras.layers.Dense(num_classes)(x))
+''')
+
+JOB = textwrap.dedent('''
+    name: tiny-cnn
+    model:
+      builder: train_models:classifier
+      params: {num_classes: 2, service_api_key: hunter2}
+      optimizer: {name: adam, learning_rate: 0.05}
+      metrics: [accuracy]
+    data:
+      train: data/train.tfrecord
+      eval: data/eval.tfrecord
+      features: {image: {shape: [8, 8, 1]}}
+      labels: {label: {shape: [], dtype: int64}}
+      shuffle_buffer: 32
+    train: {batch_size: 8, steps: 6}
+    eval: {batch_size: 8, steps: 2, every_steps: 3}
+    run: {model_dir: runs/cnn, save_checkpoints_steps: 100, log_every_steps: 2, seed: 1}
+''')
+
+
+def write_records(path: Path, count: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for _ in range(count):
+            label = int(rng.integers(2))
+            image = rng.normal(size=64).astype(np.float32) * 0.5 + (2 * label - 1)
+            example = tf.train.Example(features=tf.train.Features(feature={
+                "image": tf.train.Feature(float_list=tf.train.FloatList(value=image.tolist())),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+            }))
+            writer.write(example.SerializeToString())
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("train")
+    (root / "train_models.py").write_text(MODELS)
+    (root / "job.yaml").write_text(JOB)
+    write_records(root / "data" / "train.tfrecord", 64, seed=1)
+    write_records(root / "data" / "eval.tfrecord", 32, seed=2)
+    return root
+
+
+def invoke(command, *args: str):
+    result = CliRunner().invoke(command, list(args), catch_exceptions=False)
+    return result
+
+
+def lines(text: str, prefix: str) -> list:
+    return [line for line in text.splitlines() if line.startswith(prefix)]
+
+
+def eval_steps(text: str) -> list:
+    return [int(re.match(r"eval \| step (\d+) \|", line).group(1)) for line in lines(text, "eval | step")]
+
+
+@pytest.fixture(scope="module")
+def runs(project):
+    """One model_dir, three `train --local` runs: to step 6, the same again, then on to step 8."""
+    job = str(project / "job.yaml")
+    first = invoke(cli_run.train, job, "--local")
+    again = invoke(cli_run.train, job, "--local")
+    further = invoke(cli_run.train, job, "--local", "--set", "train.steps=8")
+    return first, again, further
+
+
+def model_dir(project: Path) -> str:
+    return str(project / "runs" / "cnn")
+
+
+def test_train_reaches_the_step_evaluating_on_the_way(runs):
+    first = runs[0]
+    assert first.exit_code == 0, first.output
+    assert eval_steps(first.output) == [3, 6]
+    assert [line.split(" | ")[:2] for line in lines(first.output, "done")] == [["done", "step 6/6"]]
+    assert lines(first.output, "train | start") == [f"train | start | step 0/6 | batch 8 | model_dir {runs_dir(runs)}"]
+
+
+def runs_dir(runs) -> str:
+    # The start line names the absolute model_dir (relative paths are anchored at the job file).
+    return re.search(r"model_dir (\S+)", runs[0].output).group(1)
+
+
+def test_rerun_resumes_and_adds_no_steps(project, runs):
+    _, again, further = runs
+    assert runs_dir(runs) == model_dir(project)
+
+    assert again.exit_code == 0, again.output
+    assert f"already at step 6 of 6 in {model_dir(project)}; nothing to train" in again.output.splitlines()
+    assert lines(again.output, "train | start") == []
+
+    assert further.exit_code == 0, further.output
+    assert f"resumed from step 6 ({model_dir(project)})" in further.output.splitlines()
+    (done,) = lines(further.output, "done")
+    assert done.startswith("done | step 8/8 | 2 steps in "), done
+    assert eval_steps(further.output) == [8]
+    assert runner.checkpoint_step(model_dir(project)) == 8
+
+
+def test_model_dir_keeps_the_resolved_job_with_secrets_masked(project, runs):
+    with open(os.path.join(model_dir(project), runner.JOB_COPY)) as handle:
+        copy = yaml.safe_load(handle)
+    assert copy["model"]["params"] == {"num_classes": 2, "service_api_key": runner.MASK}
+    assert copy["train"] == {"batch_size": 8, "steps": 8}
+    assert copy["run"]["model_dir"] == model_dir(project)
+    assert copy["data"]["train"] == str(project / "data" / "train.tfrecord")
+
+
+def test_resuming_with_another_model_is_refused(project, runs):
+    loaded = load_job(str(project / "job.yaml"), ["model.params.num_classes=3"])
+    with pytest.raises(TpuLaunchError, match=r"holds checkpoints of a job with a different model$"):
+        runner.train(loaded.job, local=True, search_path=[str(project)])
+    assert runner.checkpoint_step(model_dir(project)) == 8
+
+
+def test_evaluate_scores_the_latest_checkpoint(project, runs):
+    result = invoke(cli_run.evaluate, str(project / "job.yaml"), "--local")
+    assert result.exit_code == 0, result.output
+    (line,) = lines(result.output, "eval")
+    match = re.fullmatch(r"eval \| step 8 \| accuracy ([0-9.]+) \| loss ([0-9.e-]+)", line)
+    assert match, line
+    assert float(match.group(1)) >= 0.75
+
+
+def test_export_writes_a_servable_saved_model(project, runs, tmp_path):
+    result = invoke(cli_run.export, str(project / "job.yaml"), str(tmp_path / "exported"))
+    assert result.exit_code == 0, result.output
+    (line,) = lines(result.output, "exported ")
+    path = line[len("exported "):]
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+
+    assert {k: v.shape.as_list() for k, v in serve.structured_input_signature[1].items()} == {"image": [None, 8, 8, 1]}
+    outputs = serve(image=tf.ones([3, 8, 8, 1]))
+    assert {k: v.shape.as_list() for k, v in outputs.items()} == {"outputs": [3, 2]}
+    # Bright images were class 1 in training: the exported model has the trained weights.
+    assert np.argmax(outputs["outputs"].numpy(), axis=-1).tolist() == [1, 1, 1]
+
+
+def test_invalid_job_is_refused_with_its_location(project, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(JOB.replace("train: {batch_size: 8, steps: 6}", "train: {batch_size: 8, steps: -6}")
+                      .replace("runs/cnn", str(tmp_path / "never")))
+    result = CliRunner().invoke(cli_run.train, [str(bad), "--local"])
+
+    assert result.exit_code == 1
+    located = [line for line in result.output.splitlines() if line.startswith(f"{bad}:")]
+    line = bad.read_text().splitlines().index("train: {batch_size: 8, steps: -6}") + 1
+    assert located and re.match(rf"{re.escape(str(bad))}:{line}:\d+: train\.steps: ", located[0]), result.output
+    assert not (tmp_path / "never").exists()
+
+
+def test_sigint_saves_a_checkpoint_and_the_rerun_finishes_exactly(project, tmp_path):
+    target = 400
+    command = [*TRAIN_COMMAND, str(project / "job.yaml"), "--local",
+               "--model-dir", str(tmp_path / "run"), "--set", f"train.steps={target}",
+               "--set", "eval.every_steps=null", "--set", "run.log_every_steps=1000"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", CI="1", PYTHONPATH=str(ROOT))
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    started = child.stdout.readline()
+    while started and not started.startswith("train | start"):
+        started = child.stdout.readline()
+    assert started.startswith("train | start | step 0/400"), child.stderr.read()
+    time.sleep(0.5)
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=120)
+
+    assert child.returncode == 130, err
+    stopped = re.search(r"stopped at step (\d+), checkpoint saved; rerun the same command to resume", err)
+    assert stopped, err
+    step = int(stopped.group(1))
+    assert 0 < step < target
+    assert runner.checkpoint_step(str(tmp_path / "run")) == step
+
+    rerun = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"resumed from step {step} ({tmp_path / 'run'})" in rerun.stdout.splitlines()
+    (done,) = lines(rerun.stdout, "done")
+    assert done.startswith(f"done | step {target}/{target} | {target - step} steps in "), done
+    assert runner.checkpoint_step(str(tmp_path / "run")) == target
+
+
+def test_sigterm_stops_training_with_exit_code_143_and_a_checkpoint(project, tmp_path):
+    run_dir = tmp_path / "term"
+    loaded = load_job(str(project / "job.yaml"), [f"run.model_dir={run_dir}", "train.steps=100000",
+                                                  "eval.every_steps=null"])
+
+    def terminate_once_training():
+        deadline = time.monotonic() + 120
+        while not (run_dir / "checkpoint").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    killer = threading.Thread(target=terminate_once_training, daemon=True)
+    killer.start()
+    with pytest.raises(TrainingStopped) as stopped:
+        runner.train(loaded.job, local=True, search_path=[str(project)])
+    killer.join()
+
+    assert stopped.value.exit_code == ExitCode.TERMINATED == 143
+    assert 0 < stopped.value.step < 100000
+    assert runner.checkpoint_step(str(run_dir)) == stopped.value.step
+    assert stopped.value.summary.final_step == stopped.value.step
+    assert stopped.value.summary.stopped_by == "SIGTERM"
+    # The handler is gone again: SIGTERM has its previous meaning after training.
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL

@@ -1,0 +1,36 @@
+"""TensorFlow's log noise, set once per process before TensorFlow is imported.
+
+TensorFlow prints C++ start-up lines and Python deprecation warnings that bury tpulaunch's own output:
+errors only by default, warnings with -v, everything with -vv.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+_level = logging.ERROR
+
+
+def quiet_tensorflow(verbose: int = 0) -> None:
+    """Must run before TensorFlow is imported: the C++ level is read once, at import."""
+    global _level
+    if verbose >= 2:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")
+        _level = logging.INFO
+    else:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        _level = logging.WARNING if verbose == 1 else logging.ERROR
+    for name in ("tensorflow", "absl"):
+        logging.getLogger(name).setLevel(_level)
+    if "tensorflow" in sys.modules:
+        sys.modules["tensorflow"].get_logger().setLevel(_level)
+
+
+def import_tensorflow():
+    """`import tensorflow`, keeping the chosen log level (TensorFlow resets its logger on import)."""
+    import tensorflow as tf
+
+    tf.get_logger().setLevel(_level)
+    return tf
