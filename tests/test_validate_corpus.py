@@ -23,7 +23,7 @@ ENV = {"BUCKET": "ct-bucket"}  # no GCP_PROJECT_FOR_TESTS: one job relies on it 
 def expected(path):
     with open(path, encoding="utf-8", errors="replace") as handle:
         lines = [line[len("# expect: "):].split() for line in handle if line.startswith("# expect: ")]
-    return [(sev, code, "" if where == "-" else where, tuple(map(int, at.split(":")))) for sev, code, where, at in lines]
+    return [(sev, code, where, tuple(map(int, at.split(":")))) for sev, code, where, at in lines]
 
 
 def test_corpus_is_substantial():

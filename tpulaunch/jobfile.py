@@ -19,7 +19,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from tpulaunch.errors import JobFileError, Problem
 from tpulaunch.job import SECTIONS, Job
-from tpulaunch.yamlfile import Mark, Marks, dotted, parse_yaml, read_job_text
+from tpulaunch.yamlfile import DOCUMENT_PATH, Mark, Marks, dotted, parse_yaml, read_job_text
 
 
 @dataclass
@@ -78,7 +78,7 @@ def parse_override(text: str, index: int) -> Override:
 
 
 def _override_error(file, index, key, code, message, hint) -> JobFileError:
-    return JobFileError(message, hint=hint, problems=[Problem("error", "--set", index, 1, key, code, message, hint)])
+    return JobFileError(message, hint=hint, problems=[Problem("error", "--set", index, 1, key or DOCUMENT_PATH, code, message, hint)])
 
 
 def _free_form(path: tuple) -> bool:
@@ -330,7 +330,7 @@ def load_job(filename: str, overrides: Sequence[str] = (), env: Optional[Mapping
     data, marks, problems = parse_yaml(text, filename, env)
     loaded = LoadedJob(filename, data, marks, None)
     if data is None:
-        loaded.problems.append(Problem("error", filename, 1, 1, "", "file-empty", "the job file is empty",
+        loaded.problems.append(Problem("error", filename, 1, 1, DOCUMENT_PATH, "file-empty", "the job file is empty",
                                        "start from `tpulaunch init`"))
         if not parsed:
             return loaded
@@ -366,6 +366,6 @@ def load_job(filename: str, overrides: Sequence[str] = (), env: Optional[Mapping
             loaded.sections[name] = None
             loaded.invalid.add(name)
     failed_paths = {p.path.split(".")[0].split("[")[0] for p in problems
-                    if p.is_error and p.path and p.code != "duplicate-key"}
+                    if p.is_error and p.path != DOCUMENT_PATH and p.code != "duplicate-key"}
     loaded.invalid |= failed_paths & set(SECTIONS)
     return loaded

@@ -14,12 +14,12 @@ follows the one pattern that is known to work for Keras inside TPUEstimator (see
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence
 
 import tensorflow as tf
 
+from tpulaunch.builder_args import builder_kwargs
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.imports import resolve
 from tpulaunch.job import METRICS, OPTIMIZERS, Job
@@ -161,8 +161,14 @@ def _single_loss(head: Head, labels, outputs, custom: Optional[Callable]):
 
 
 def compute_loss(head: Head, labels, outputs, custom: Optional[Callable] = None):
-    """The scalar float32 loss. Dict labels need dict outputs with the same keys (losses are summed)."""
-    if custom is not None and not (isinstance(labels, dict) and isinstance(outputs, dict)):
+    """The scalar float32 loss.
+
+    A custom loss (an import path) is called once with the whole labels and outputs, dicts included:
+    it defines how its heads pair up (RetinaNet's {cls_targets, box_targets} against
+    {cls_logits, box_regression}). A named loss needs dict outputs keyed like dict labels, and the
+    per-key losses are summed.
+    """
+    if custom is not None:
         return _single_loss(head, labels, outputs, custom)
     if isinstance(labels, dict) != isinstance(outputs, dict):
         raise TpuLaunchError(
@@ -282,21 +288,6 @@ def _unflatten(tensors: dict, prefix: str):
 
 # ------------------------------------------------------------------------------------------- model_fn
 
-def _builder_kwargs(builder: Callable, params: dict, features: dict) -> dict:
-    """The builder's keyword arguments: the job's params plus input shapes when the builder takes them."""
-    kwargs = dict(params)
-    try:
-        accepted = inspect.signature(builder).parameters
-    except (TypeError, ValueError):
-        accepted = {}
-    if len(features) == 1:
-        if "input_shape" in accepted and "input_shape" not in kwargs:
-            kwargs["input_shape"] = tuple(next(iter(features.values())).shape)
-    elif "input_shapes" in accepted and "input_shapes" not in kwargs:
-        kwargs["input_shapes"] = {name: tuple(spec.shape) for name, spec in features.items()}
-    return kwargs
-
-
 def _head(job: Job, model) -> Head:
     loss = job.model.loss
     if loss in _CROSSENTROPY:
@@ -330,7 +321,7 @@ def make_model_fn(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -
     custom_metrics = {name: resolve(name, search_path=search_path, what="metric") for name in spec.metrics if ":" in name}
     make_optimizer = make_optimizer_factory(job, search_path=search_path)
     policy = apply_precision(spec.precision, use_tpu=use_tpu)
-    kwargs = _builder_kwargs(builder, spec.params, job.data.features)
+    kwargs = builder_kwargs(builder, spec.params, job.data.features)
     learning_rate = spec.optimizer.learning_rate
     summary_steps = job.run.log_every_steps or DEFAULT_SUMMARY_STEPS
 

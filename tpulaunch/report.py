@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from tpulaunch.errors import Problem
+from tpulaunch.yamlfile import DOCUMENT_PATH
 
 FORMATS = ("text", "json", "github")
 
@@ -29,7 +30,7 @@ def problem_line(p: Problem) -> str:
     """`FILE:LINE:COL: path: message`, with `warning:` before the message for warnings."""
     where = f"{p.file}:{p.line}:{p.column}"
     level = "" if p.is_error else "warning: "
-    path = f"{p.path}: " if p.path else ""
+    path = f"{p.path}: " if p.path and p.path != DOCUMENT_PATH else ""  # FILE:LINE:COL already names the file
     return f"{where}: {path}{level}{p.message}"
 
 
@@ -80,7 +81,7 @@ def to_github(problems: Sequence[Problem]) -> str:
     lines = []
     for p in problems:
         level = "error" if p.is_error else "warning"
-        message = f"{p.path}: {p.message}" if p.path else p.message
+        message = f"{p.path}: {p.message}" if p.path and p.path != DOCUMENT_PATH else p.message
         if p.hint:
             message += f"\nhint: {p.hint}"
         lines.append(

@@ -64,6 +64,11 @@ class TfCase:
     (`labels=()` gives labels None). `feature_dims`/`label_dims` are `input_partition_dims[0]`/`[1]`
     exactly as TF takes them. `model_fn` must be picklable (module level) for
     `run_cases_in_subprocess`; the default's loss touches every input.
+
+    `run_config`, when given, is a picklable callable `run_config(model_dir) -> tpu.RunConfig` (a
+    job's real configuration); its TPUConfig is used as is and only the master is replaced by
+    `FAKE_MASTER`. `cores_per_replica`, `feature_dims`, `label_dims` and `iterations_per_loop` are
+    then ignored (they describe the case for reports only).
     """
 
     devices: int
@@ -78,6 +83,7 @@ class TfCase:
     mode: str = "train"
     iterations_per_loop: int = 1
     model_fn: Optional[Callable] = None
+    run_config: Optional[Callable[[str], Any]] = None
 
 
 @dataclass(frozen=True)
@@ -89,7 +95,8 @@ class TfVerdict:
     before knowing them. `piece_shapes` holds, per tensor name, the host-side pieces for each logical
     core of replica 0 on host 0 (one piece for a product-1 dim: core 0 only). `sharding` is the XLA
     sharding TF put on each dequeued tensor: "tiled", "replicated" or "core0". Both stay empty
-    without spatial partitioning.
+    without spatial partitioning. `blamed` names the tensor whose partition dims TF was checking
+    when it raised (TF's own messages do not name it), else None.
     """
 
     accepted: bool
@@ -100,6 +107,7 @@ class TfVerdict:
     input_fn_calls: Optional[int]
     piece_shapes: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
     sharding: dict[str, str] = field(default_factory=dict)
+    blamed: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -179,6 +187,7 @@ class _Recorder:
 
     pieces: list = field(default_factory=list)  # (queue, host_id, [piece shapes]) in call order
     graph_def: Any = None
+    failed_index: Optional[int] = None  # tuple position of the tensor whose partition check raised
 
 
 @contextlib.contextmanager
@@ -222,7 +231,13 @@ def _tf_patched(devices: int, hosts: int) -> Iterator[_Recorder]:
     original_partition = queue_cls._check_dims_and_partition_or_replicate_on_host
 
     def recording_partition(self, tensor, dims):  # tpu_feed.py:943
-        result = original_partition(self, tensor, dims)
+        try:
+            result = original_partition(self, tensor, dims)
+        except Exception:
+            # Calls go in tuple order, once per tensor of each replica the queue feeds.
+            done = sum(1 for queue, _, _ in recorder.pieces if queue is self)
+            recorder.failed_index = done % max(1, len(self._input_partition_dims))
+            raise
         if dims is None:  # itertools.repeat: the whole tensor goes to every core of the replica
             shapes = [tensor.shape] * self._device_assignment.num_cores_per_replica
         else:
@@ -365,12 +380,15 @@ def run_case(case: TfCase) -> TfVerdict:
             _tf_patched(case.devices, case.hosts) as recorder:
         try:
             tpu = tf.compat.v1.estimator.tpu
-            tpu_config = tpu.TPUConfig(
-                iterations_per_loop=case.iterations_per_loop,
-                num_cores_per_replica=case.cores_per_replica,
-                per_host_input_for_training=_PER_HOST_V2,
-                input_partition_dims=_input_partition_dims(case))
-            run_config = tpu.RunConfig(master=FAKE_MASTER, model_dir=model_dir, tpu_config=tpu_config)
+            if case.run_config is not None:
+                run_config = _on_fake_master(case.run_config(model_dir), model_dir, tf)
+            else:
+                tpu_config = tpu.TPUConfig(
+                    iterations_per_loop=case.iterations_per_loop,
+                    num_cores_per_replica=case.cores_per_replica,
+                    per_host_input_for_training=_PER_HOST_V2,
+                    input_partition_dims=_input_partition_dims(case))
+                run_config = tpu.RunConfig(master=FAKE_MASTER, model_dir=model_dir, tpu_config=tpu_config)
             estimator = tpu.TPUEstimator(
                 model_fn=case.model_fn or _default_model_fn, config=run_config, use_tpu=True,
                 train_batch_size=case.train_batch_size, eval_batch_size=case.eval_batch_size)
@@ -396,7 +414,18 @@ def run_case(case: TfCase) -> TfVerdict:
         input_fn_calls=len(calls) or None,
         piece_shapes=dict(zip(names, pieces)),
         sharding=dict(zip(names, kinds)),
+        blamed=names[recorder.failed_index] if recorder.failed_index is not None
+        and recorder.failed_index < len(names) else None,
     )
+
+
+def _on_fake_master(config: Any, model_dir: str, tf: Any) -> Any:
+    """`config` as given, but pointed at `FAKE_MASTER` (a real run gets its master from a cluster resolver)."""
+    return tf.compat.v1.estimator.tpu.RunConfig(
+        master=FAKE_MASTER, model_dir=model_dir, tpu_config=config.tpu_config,
+        save_checkpoints_steps=config.save_checkpoints_steps, keep_checkpoint_max=config.keep_checkpoint_max,
+        tf_random_seed=config.tf_random_seed, log_step_count_steps=config.log_step_count_steps,
+        save_summary_steps=config.save_summary_steps)
 
 
 def _replicas(estimator: Any, mode: str, tf: Any) -> Optional[int]:

@@ -20,6 +20,9 @@ from tpulaunch.errors import JobFileError, Problem
 
 Path = tuple  # of str keys and int list indices
 
+DOCUMENT_PATH = "(file)"
+"""The path of a problem about the whole file (unreadable, not YAML, empty) rather than one key."""
+
 MAX_FILE_BYTES = 5 * 1024 * 1024  # a job file is a few KiB; anything this big is a mistake
 MAX_DEPTH = 64
 MAX_NODES = 200_000  # aliases can make a tiny file expand exponentially ("billion laughs")
@@ -62,7 +65,12 @@ def _mark(node_mark) -> Mark:
 
 
 def dotted(path: Path) -> str:
-    """('partition', 'features', 'image') -> 'partition.features.image'; list indices as [i]."""
+    """('partition', 'features', 'image') -> 'partition.features.image'; list indices as [i].
+
+    The empty path (the document itself) is DOCUMENT_PATH, so every problem names a path.
+    """
+    if not path:
+        return DOCUMENT_PATH
     out = ""
     for part in path:
         if isinstance(part, int):
@@ -207,7 +215,7 @@ class _Builder:
 def read_job_text(filename: str) -> str:
     """Read a job file, turning every way reading can fail into a located JobFileError."""
     def fail(code: str, message: str, hint: str) -> JobFileError:
-        return JobFileError(message, hint=hint, problems=[Problem("error", filename, 1, 1, "", code, message, hint)])
+        return JobFileError(message, hint=hint, problems=[Problem("error", filename, 1, 1, DOCUMENT_PATH, code, message, hint)])
 
     if not os.path.exists(filename):
         raise fail("file-not-found", f"no such file: {filename}", "check the path (relative paths are taken from the current directory)")
@@ -232,7 +240,7 @@ def read_job_text(filename: str) -> str:
         line = raw[: exc.start].count(b"\n") + 1
         column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
         message = f"byte 0x{raw[exc.start]:02x} is not valid UTF-8"
-        raise JobFileError(message, problems=[Problem("error", filename, line, column, "", "file-not-utf8", message,
+        raise JobFileError(message, problems=[Problem("error", filename, line, column, DOCUMENT_PATH, "file-not-utf8", message,
                                                       "save the file as UTF-8")]) from None
 
 
@@ -255,13 +263,13 @@ def parse_yaml(text: str, filename: str, env: Optional[Mapping[str, str]] = None
             message = f"YAML syntax: {reason}"
             if exc.context:
                 message += f" ({exc.context.strip()})"
-            raise JobFileError(message, problems=[Problem("error", filename, line, column, "", "yaml-syntax", message, hint)]) from None
+            raise JobFileError(message, problems=[Problem("error", filename, line, column, DOCUMENT_PATH, "yaml-syntax", message, hint)]) from None
         except yaml.YAMLError as exc:
             message = f"YAML syntax: {exc}"
-            raise JobFileError(message, problems=[Problem("error", filename, 1, 1, "", "yaml-syntax", message, None)]) from None
+            raise JobFileError(message, problems=[Problem("error", filename, 1, 1, DOCUMENT_PATH, "yaml-syntax", message, None)]) from None
         except RecursionError:
             message = "YAML nesting is too deep to read"
-            raise JobFileError(message, problems=[Problem("error", filename, 1, 1, "", "yaml-too-deep", message,
+            raise JobFileError(message, problems=[Problem("error", filename, 1, 1, DOCUMENT_PATH, "yaml-too-deep", message,
                                                           "a job file is a few levels deep")]) from None
         if node is None:
             return None, Marks(filename), []
@@ -270,11 +278,11 @@ def parse_yaml(text: str, filename: str, env: Optional[Mapping[str, str]] = None
             data = builder.build(node)
         except _TooBig as exc:
             message = f"the document expands to more than {MAX_NODES} values (aliases referring to aliases?)"
-            raise JobFileError(message, problems=[Problem("error", filename, exc.mark.line, exc.mark.column, "",
+            raise JobFileError(message, problems=[Problem("error", filename, exc.mark.line, exc.mark.column, DOCUMENT_PATH,
                                                           "yaml-too-large", message, "a job file holds a few dozen values")]) from None
         except RecursionError:
             message = "YAML nesting (or alias expansion) is too deep to read"
-            raise JobFileError(message, problems=[Problem("error", filename, 1, 1, "", "yaml-too-deep", message,
+            raise JobFileError(message, problems=[Problem("error", filename, 1, 1, DOCUMENT_PATH, "yaml-too-deep", message,
                                                           "a job file is a few levels deep")]) from None
         return data, builder.marks, builder.problems
     finally:
