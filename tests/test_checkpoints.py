@@ -1,0 +1,124 @@
+"""Finding the newest complete checkpoint and pointing the state file at it.
+
+Checkpoints are written by TensorFlow's own v1 Saver (what the Estimator uses), then damaged the way a
+preemption leaves them: a truncated or empty data shard, a missing shard, a missing index.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from tpulaunch.checkpoints import (
+    CheckpointRepair, Dropped, checkpoint_problem, describe_repair, latest_complete_checkpoint,
+    repair_checkpoint_state,
+)
+
+WEIGHTS = 2048  # floats: 8 KiB of data per checkpoint, so a cut is visible
+
+
+def save_checkpoints(model_dir: Path, steps) -> list:
+    """Checkpoints model.ckpt-STEP for each step, with a global_step and one weight variable."""
+    paths = []
+    with tf.Graph().as_default():
+        step = tf.compat.v1.train.get_or_create_global_step()
+        weights = tf.compat.v1.get_variable("w", initializer=np.arange(WEIGHTS, dtype=np.float32))
+        saver = tf.compat.v1.train.Saver(max_to_keep=10, sharded=True)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            for value in steps:
+                session.run([step.assign(value), weights.assign_add(tf.ones([WEIGHTS]))])
+                paths.append(saver.save(session, str(model_dir / "model.ckpt"), global_step=value))
+    return paths
+
+
+def data_file(prefix: str) -> Path:
+    return Path(prefix + ".data-00000-of-00001")
+
+
+def state_paths(model_dir: Path):
+    state = tf.train.get_checkpoint_state(str(model_dir))
+    return state.model_checkpoint_path, list(state.all_model_checkpoint_paths)
+
+
+def test_complete_checkpoints_are_left_alone(tmp_path):
+    paths = save_checkpoints(tmp_path, [10, 20, 30])
+    before = (tmp_path / "checkpoint").read_text()
+
+    assert latest_complete_checkpoint(str(tmp_path)) == (paths[2], 30)
+    assert repair_checkpoint_state(str(tmp_path)) == CheckpointRepair(paths[2], 30, [], rewritten=False)
+    assert (tmp_path / "checkpoint").read_text() == before
+
+
+def test_truncated_data_shard_falls_back_to_the_previous_checkpoint(tmp_path):
+    paths = save_checkpoints(tmp_path, [10, 20, 30])
+    data = data_file(paths[2])
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+
+    assert checkpoint_problem(paths[2]) == (
+        f"data shards hold {WEIGHTS * 4 // 2 + 4} bytes, the index lists {WEIGHTS * 4 + 8}: truncated")
+    repair = repair_checkpoint_state(str(tmp_path))
+
+    assert repair == CheckpointRepair(paths[1], 20, [Dropped(paths[2], checkpoint_problem(paths[2]))], rewritten=True)
+    assert state_paths(tmp_path) == (paths[1], paths[:2])
+    assert tf.train.latest_checkpoint(str(tmp_path)) == paths[1]
+    # What a resume restores: the weights of step 20 (two increments).
+    assert tf.train.load_variable(paths[1], "w")[:3].tolist() == [2.0, 3.0, 4.0]
+    assert describe_repair(repair) == [
+        f"skipping incomplete checkpoint {paths[2]}: {checkpoint_problem(paths[2])}",
+        f"resuming from {paths[1]} (step 20)",
+    ]
+
+
+def test_empty_or_missing_files_are_each_reported(tmp_path):
+    paths = save_checkpoints(tmp_path, [10, 20, 30, 40])
+    data_file(paths[3]).write_bytes(b"")
+    data_file(paths[2]).unlink()
+    os.remove(paths[1] + ".index")
+
+    assert latest_complete_checkpoint(str(tmp_path)) == (paths[0], 10)
+    assert repair_checkpoint_state(str(tmp_path)).dropped == [
+        Dropped(paths[3], "data shard 0 of 1 is empty"),
+        Dropped(paths[2], "no .data shard"),
+        Dropped(paths[1], "no .index file"),
+    ]
+    assert state_paths(tmp_path) == (paths[0], [paths[0]])
+
+
+def test_corrupted_bytes_of_the_same_length_are_caught_by_reading_back(tmp_path):
+    paths = save_checkpoints(tmp_path, [10, 20])
+    data = data_file(paths[1])
+    raw = bytearray(data.read_bytes())
+    raw[100:200] = bytes(100)
+    data.write_bytes(bytes(raw))
+
+    problem = checkpoint_problem(paths[1])
+    assert problem is not None and problem.startswith("variable 'w' unreadable: "), problem
+    assert latest_complete_checkpoint(str(tmp_path)) == (paths[0], 10)
+
+
+def test_no_complete_checkpoint_removes_the_state_file_so_training_starts_afresh(tmp_path):
+    (path,) = save_checkpoints(tmp_path, [10])
+    data_file(path).write_bytes(b"x")
+
+    repair = repair_checkpoint_state(str(tmp_path))
+    assert (repair.path, repair.step, repair.rewritten) == (None, None, True)
+    assert not (tmp_path / "checkpoint").exists()
+    assert tf.train.latest_checkpoint(str(tmp_path)) is None
+    assert describe_repair(repair)[-1] == "no complete checkpoint left: training starts from step 0"
+
+
+def test_empty_or_missing_model_dir(tmp_path):
+    assert latest_complete_checkpoint(str(tmp_path / "absent")) is None
+    assert repair_checkpoint_state(str(tmp_path)) == CheckpointRepair(None, None, [], rewritten=False)
+
+
+def test_missing_state_file_is_rebuilt_from_the_checkpoints_on_disk(tmp_path):
+    paths = save_checkpoints(tmp_path, [10, 20])
+    (tmp_path / "checkpoint").unlink()
+
+    assert repair_checkpoint_state(str(tmp_path)) == CheckpointRepair(paths[1], 20, [], rewritten=True)
+    assert tf.train.latest_checkpoint(str(tmp_path)) == paths[1]
