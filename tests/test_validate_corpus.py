@@ -77,3 +77,10 @@ def test_cli_github_annotations():
                           capture_output=True, text=True)
     assert proc.returncode == 1
     assert proc.stdout.splitlines()[0].startswith(f"::error file={path},line=6,col=3,")
+
+
+def test_local_runs_skip_tpu_only_rules():
+    """`train --local` checks the same file as a run on this machine: local paths and odd batches are fine."""
+    path = os.path.join(HERE, "jobs", "bad", "46_several_mistakes.yaml")
+    result = validate_job(path, static=True, env=ENV, local=True)
+    assert [(p.code, p.path) for p in result.problems] == [("unknown-key", "model.optimiser")]

@@ -76,11 +76,18 @@ def synth(obj: Context, name: str, out_dir: str, records, size, shards, seed: in
     _print_next_step(obj, name, out_dir, size)
 
 
+# The job in configs/ that each example's data is made for.
+_EXAMPLE_JOBS = {"quickstart": "configs/quickstart.yaml", "unet3d": "configs/unet3d_ct.yaml",
+                 "retinanet": "configs/retinanet_2560.yaml"}
+
+
 def _print_next_step(obj: Context, name: str, out_dir: str, size) -> None:
     from tpulaunch.synth import template_overrides
 
     sets = " ".join(f"--set '{s}'" for s in template_overrides(name, out_dir, size))
-    obj.err.print(f"next: tpulaunch init --example {name}   then   tpulaunch train {name}.yaml --local {sets}",
+    job = _EXAMPLE_JOBS[name]
+    obj.err.print(f"next: point a job's data.train/data.eval at these files, e.g. (job from `tpulaunch init --example {name}` "
+                  f"or {job}):\n  tpulaunch train JOB.yaml --local {sets} --set run.model_dir=runs/{name}",
                   highlight=False, soft_wrap=True, markup=False)
 
 

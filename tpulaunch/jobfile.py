@@ -33,9 +33,12 @@ class LoadedJob:
     sections: dict = field(default_factory=dict)  # section name -> validated object (or None when absent)
     invalid: set = field(default_factory=set)  # sections that failed validation
     problems: list = field(default_factory=list)
+    local: bool = False  # checked for a run on this machine (`--local`): tpu: and partition: do not apply
 
     def section(self, name: str):
-        """The validated section, or None (absent or invalid: see `usable`)."""
+        """The validated section, or None (absent or invalid: see `usable`; tpu/partition when local)."""
+        if self.local and name in ("tpu", "partition"):
+            return None
         return self.sections.get(name)
 
     def usable(self, *names: str) -> bool:

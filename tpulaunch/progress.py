@@ -10,6 +10,9 @@ Plain lines (when stdout is not a terminal, or CI is set) look like::
     train | step 200/1000 | 41.2 steps/s | 2637 examples/s | loss 0.734 | eta 0:00:19
     checkpoint | step 200 | runs/quickstart/model.ckpt-200
     eval | step 200 | accuracy 0.912 | loss 0.301
+    tpu | PREEMPTED | step 437 | checkpoint step 437 | 0 steps lost
+    tpu | waiting for READY/HEALTHY | PREEMPTED | 3597 s left
+    tpu | READY/HEALTHY | resuming from step 437 (resume 1 of 3)
     done | step 1000/1000 | 24.3 s | 41.2 steps/s | 2637 examples/s | loss 0.1234
 """
 
@@ -34,6 +37,32 @@ class EvalResult:
     metrics: Dict[str, float]
 
 
+@dataclass
+class NodeEvent:
+    """The TPU was lost during training (the API reported it, or TensorFlow raised a lost-TPU error).
+
+    Attributes:
+        kind: "node" (the TPU API's state/health) or "error" (a TensorFlow error).
+        detail: "PREEMPTED", "READY/UNHEALTHY_TENSORFLOW", "UnavailableError: Socket closed", ...
+        step: the global step training had reached when it stopped.
+        checkpoint_step: the step of the last complete checkpoint after the stop (0: none).
+        resumed: whether training resumed after it.
+    """
+
+    kind: str
+    detail: str
+    step: Optional[int] = None
+    checkpoint_step: Optional[int] = None
+    resumed: bool = False
+
+    @property
+    def steps_lost(self) -> int:
+        """Steps trained after the last complete checkpoint: they are run again after a resume."""
+        if self.step is None or self.checkpoint_step is None:
+            return 0
+        return max(0, self.step - self.checkpoint_step)
+
+
 @dataclass(frozen=True)
 class TrainSummary:
     """What a training run did. Rates count only time spent in training sessions (not evaluation)."""
@@ -48,7 +77,13 @@ class TrainSummary:
     loss: Optional[float]
     last_checkpoint: Optional[str]
     evals: List[EvalResult] = field(default_factory=list)
-    stopped_by: Optional[str] = None  # "SIGINT" / "SIGTERM" when training was interrupted
+    stopped_by: Optional[str] = None  # "SIGINT" / "SIGTERM" / "TPU PREEMPTED" when training was interrupted
+    events: List[NodeEvent] = field(default_factory=list)  # TPU losses, in order
+    resumes: int = 0  # automatic resumes after them
+
+    @property
+    def steps_lost(self) -> int:
+        return sum(event.steps_lost for event in self.events)
 
 
 def render_eval(console: Console, result: EvalResult, *, plain: bool) -> None:
@@ -122,6 +157,9 @@ class TrainProgress:
         self._last_update: Optional[tuple] = None
         self._line: Optional[tuple] = None  # (step, time) of the last line, for the interval rate
         self._next_line = 0
+        self.events: List[NodeEvent] = []
+        self.resumes = 0
+        self._waiting: Optional[tuple] = None  # what the last waiting line said
 
     # ---------------------------------------------------------------------------------- events
 
@@ -206,6 +244,46 @@ class TrainProgress:
             render_eval(self._live.console if self._live is not None else self.console, result, plain=self.plain)
         return result
 
+    def node_event(self, event: NodeEvent) -> None:
+        """Training stopped because the TPU was lost; `event` has the step and the checkpoint step."""
+        self.events.append(event)
+        self._segment = None
+        self._waiting = None
+        if self.disable:
+            return
+        checkpoint = f"checkpoint step {event.checkpoint_step}" if event.checkpoint_step else "no checkpoint"
+        self._out(f"tpu | {event.detail} | step {event.step} | {checkpoint} | {event.steps_lost} steps lost",
+                  style=None if self.plain else "bold yellow")
+        if self._live is not None:
+            self._live.update(self._task, node=f"TPU {event.detail}")
+
+    def node_waiting(self, state: str, seconds_left: float) -> None:
+        """Waiting for the TPU to be usable again; `state` is what it is now ("PREEMPTED", an API error...).
+
+        A line is written when `state` changes (the live display shows the countdown).
+        """
+        if self.disable:
+            return
+        if self._live is not None:
+            self._live.update(self._task, node=f"waiting for TPU: {state} ({seconds_left:.0f} s left)")
+        if self._waiting != (state,):
+            self._waiting = (state,)
+            self._out(f"tpu | waiting for READY/HEALTHY | {state} | {seconds_left:.0f} s left",
+                      style=None if self.plain else "yellow")
+
+    def node_ready(self, state: str, step: int, allowed: int) -> None:
+        """The TPU is usable again; training resumes from the checkpoint at `step`."""
+        self.resumes += 1
+        if self.events:
+            self.events[-1].resumed = True
+        self._waiting = None
+        if self.disable:
+            return
+        if self._live is not None:
+            self._live.update(self._task, node="")
+        self._out(f"tpu | {state} | resuming from step {step} (resume {self.resumes} of {allowed})",
+                  style=None if self.plain else "green")
+
     def finish(self, stopped_by: Optional[str] = None) -> TrainSummary:
         """Training ended (or stopped on a signal): close the display, print and return the summary."""
         self._segment = None
@@ -225,7 +303,7 @@ class TrainProgress:
             seconds=self._seconds, steps_per_sec=rate,
             examples_per_sec=rate * self.batch_size if rate is not None else None,
             loss=self.smoothed_loss, last_checkpoint=self.last_checkpoint, evals=list(self.evals),
-            stopped_by=stopped_by)
+            stopped_by=stopped_by, events=list(self.events), resumes=self.resumes)
 
     @property
     def smoothed_loss(self) -> Optional[float]:
@@ -252,6 +330,11 @@ class TrainProgress:
                  f"{rate} steps/s", f"{examples} examples/s", f"loss {format_value(s.loss)}"]
         if s.last_checkpoint:
             parts.append(f"checkpoint {s.last_checkpoint}")
+        if s.events:
+            lost = "; ".join(f"{e.detail} at step {e.step}" for e in s.events)
+            parts.append(f"{len(s.events)} TPU event{'s' if len(s.events) != 1 else ''} ({lost})")
+            parts.append(f"{s.resumes} resume{'s' if s.resumes != 1 else ''}")
+            parts.append(f"{s.steps_lost} steps lost")
         return " | ".join(parts)
 
     @staticmethod
@@ -287,10 +370,10 @@ class TrainProgress:
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[examples]}"),
             TextColumn("loss {task.fields[loss]}"), TextColumn("eta {task.fields[eta]}"),
-            TextColumn("{task.fields[ckpt]}"),
+            TextColumn("{task.fields[ckpt]}"), TextColumn("[yellow]{task.fields[node]}"),
             console=self.console, get_time=self.get_time, auto_refresh=self._auto_refresh)
         self._task = self._live.add_task("train", total=self.total_steps, completed=min(step, self.total_steps),
-                                         ckpt="", **self._fields(step, None))
+                                         ckpt="", node="", **self._fields(step, None))
         self._live.start()
 
 

@@ -8,12 +8,15 @@ differ. TensorFlow is imported inside the functions that need it.
 from __future__ import annotations
 
 import os
-from typing import Any, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job import Job
 from tpulaunch.progress import EvalResult, TrainProgress, TrainSummary
 from tpulaunch.signals import StopSignal, TrainingStopped
+
+if TYPE_CHECKING:
+    from tpulaunch.watchdog import WatchPlan
 
 JOB_COPY = "tpulaunch-job.yaml"
 """The resolved job, written into model_dir by `train` (secrets masked)."""
@@ -213,10 +216,13 @@ def _boundaries(start: int, steps: int, every: Optional[int]) -> List[int]:
 
 
 def train(job: Job, *, local: bool, progress: Optional[TrainProgress] = None, stop: Optional[StopSignal] = None,
-          cluster_resolver: Any = None, search_path: Sequence[str] = (), force: bool = False) -> TrainSummary:
-    """Train to `job.train.steps`, resuming from model_dir's latest checkpoint, evaluating as the job says.
+          cluster_resolver: Any = None, search_path: Sequence[str] = (), force: bool = False,
+          watch: Optional["WatchPlan"] = None) -> TrainSummary:
+    """Train to `job.train.steps`, resuming from model_dir's latest complete checkpoint, evaluating as the job says.
 
-    Without `eval.every_steps` and with eval data, one evaluation runs at the end.
+    Without `eval.every_steps` and with eval data, one evaluation runs at the end. Before every
+    (re)start the checkpoint state is repaired: a checkpoint a preemption cut in half is skipped and
+    training resumes from the one before it.
 
     Args:
         job: the validated job (needs `train` and `data.train`).
@@ -226,13 +232,19 @@ def train(job: Job, *, local: bool, progress: Optional[TrainProgress] = None, st
         cluster_resolver: the TPU's cluster resolver (TPU runs only).
         search_path: directories for the job's import paths (the job file's directory).
         force: resume even when model_dir was written by a job with another model or data spec.
+        watch: watch the TPU node while training (`watchdog.WatchPlan`): stop cleanly when it is
+            lost and, `watch.auto_resume` times at most, wait for it and resume. A TPU run gets a
+            fresh cluster resolver for each resume. None: no watching.
 
     Returns:
-        The summary (also printed by `progress`).
+        The summary (also printed by `progress`), with the TPU events and resumes.
 
     Raises:
-        TrainingStopped: a signal arrived; a checkpoint was saved at the step where training stopped.
-        TpuLaunchError: the job cannot train (no train section or data, a model_dir of another job).
+        TrainingStopped: a signal arrived; a checkpoint was saved at the step where training stopped
+            (or, while waiting for the TPU, the last complete checkpoint is kept).
+        watchdog.NodeLost: the TPU was lost and no automatic resume was left (exit code 3).
+        TpuLaunchError: the job cannot train (no train section or data, a model_dir of another job),
+            or the TPU did not come back in time.
     """
     if job.train is None or (job.data.train is None and not job.data.input_fn):
         raise TpuLaunchError("the job has nothing to train on", hint="add a train: section and data.train")
@@ -245,6 +257,7 @@ def train(job: Job, *, local: bool, progress: Optional[TrainProgress] = None, st
                                  disable=True, model_dir=model_dir)
     stop = stop or StopSignal()
 
+    _repair_checkpoints(model_dir, progress)
     write_job_copy(job, model_dir, force=force)
     start = checkpoint_step(model_dir) or 0
     if start >= job.train.steps:
@@ -252,32 +265,128 @@ def train(job: Job, *, local: bool, progress: Optional[TrainProgress] = None, st
         progress.note(f"already at step {start} of {job.train.steps} in {model_dir}; nothing to train")
     elif start:
         progress.note(f"resumed from step {start} ({model_dir})")
-    estimator = make_estimator(job, use_tpu=use_tpu, cluster_resolver=cluster_resolver, search_path=search_path)
     train_input = _input_fn(job, "train", use_tpu, search_path)
-    evaluates = job.eval is not None and (job.data.eval is not None or bool(job.data.input_fn))
-    every = job.eval.every_steps if evaluates else None
 
     from tpulaunch.progress import progress_hooks
     from tpulaunch.signals import stop_hook
 
     steps_per_run = job.tpu.iterations_per_loop if use_tpu else 1
     hook, listener = progress_hooks(progress, steps_per_run=steps_per_run)
-    step = start
+    hooks = [hook, stop_hook(stop)]
+    dog = None
+    if watch is not None:
+        from tpulaunch.watchdog import Watchdog
+
+        dog = Watchdog(watch)
+        hooks.append(dog.hook())
     with stop:
-        for boundary in _boundaries(start, job.train.steps, every):
-            if step >= boundary:
-                continue
-            estimator.train(train_input, max_steps=boundary, hooks=[hook, stop_hook(stop)],
-                            saving_listeners=[listener])
+        while True:
+            estimator = make_estimator(job, use_tpu=use_tpu, cluster_resolver=cluster_resolver, search_path=search_path)
+            event = _train_segments(estimator, job, train_input, hooks, listener, progress, stop, dog,
+                                    use_tpu, search_path)
+            if event is None:
+                return progress.finish()
+            cluster_resolver = _recover(event, job, watch, progress, stop, use_tpu)
+            dog.reset()
+
+
+def _repair_checkpoints(model_dir: str, progress: TrainProgress):
+    """Point the checkpoint state at the newest complete checkpoint, saying what was skipped."""
+    from tpulaunch.checkpoints import describe_repair, repair_checkpoint_state
+
+    repair = repair_checkpoint_state(model_dir)
+    for line in describe_repair(repair):
+        progress.note(line)
+    return repair
+
+
+def _train_segments(estimator, job: Job, train_input, hooks: list, listener, progress: TrainProgress,
+                    stop: StopSignal, dog, use_tpu: bool, search_path: Sequence[str]):
+    """Train (and evaluate) from the latest checkpoint to the end; the NodeEvent if the TPU was lost, else None."""
+    model_dir = job.run.model_dir
+    evaluates = job.eval is not None and (job.data.eval is not None or bool(job.data.input_fn))
+    every = job.eval.every_steps if evaluates else None
+    step = checkpoint_step(model_dir) or 0
+    for boundary in _boundaries(step, job.train.steps, every):
+        if step >= boundary:
+            continue
+        try:
+            if dog is not None:
+                dog.start()
+            estimator.train(train_input, max_steps=boundary, hooks=hooks, saving_listeners=[listener])
+        except Exception as exc:  # only a lost TPU is handled here; anything else propagates unchanged
+            if dog is None or not dog.record_error(exc):
+                raise
+        finally:
+            if dog is not None:
+                dog.stop()
+        tripped = dog.tripped if dog is not None else None
+        if stop.received is not None:
+            if tripped is not None:  # the TPU went too: the save at the stop may be incomplete
+                _repair_checkpoints(model_dir, progress)
             step = checkpoint_step(model_dir) or step
-            if stop.received is not None:
-                summary = progress.finish(stopped_by=stop.name)
-                raise TrainingStopped(
-                    f"stopped at step {step}, checkpoint saved; rerun the same command to resume",
-                    signum=stop.received, step=step, summary=summary)
-            if every or (boundary == job.train.steps and evaluates):
+            summary = progress.finish(stopped_by=stop.name)
+            raise TrainingStopped(
+                f"stopped at step {step}, checkpoint saved; rerun the same command to resume",
+                signum=stop.received, step=step, summary=summary)
+        if tripped is not None:
+            return tripped
+        step = checkpoint_step(model_dir) or step
+        if every or (boundary == job.train.steps and evaluates):
+            try:
                 _evaluate_into(estimator, job, use_tpu, search_path, progress)
-    return progress.finish()
+            except Exception as exc:
+                if dog is None or not dog.record_error(exc):
+                    raise
+                return dog.tripped
+    return None
+
+
+def _recover(event, job: Job, watch, progress: TrainProgress, stop: StopSignal, use_tpu: bool):
+    """After a lost TPU: keep the last complete checkpoint, then stop (NodeLost) or wait and return a resolver."""
+    from tpulaunch.watchdog import NodeLost, wait_until_ready
+
+    model_dir = job.run.model_dir
+    event.step = progress.step
+    repair = _repair_checkpoints(model_dir, progress)
+    event.checkpoint_step = repair.step or 0
+    progress.node_event(event)
+    name = watch.ref.name
+    if progress.resumes >= watch.auto_resume:
+        summary = progress.finish(stopped_by=f"TPU {event.detail}")
+        tried = f" after {progress.resumes} automatic resume{'s' if progress.resumes != 1 else ''}" \
+            if progress.resumes else ""
+        raise NodeLost(
+            f"TPU node '{name}' lost ({event.detail}) at step {event.step}{tried}; the last complete checkpoint is "
+            f"at step {event.checkpoint_step} ({event.steps_lost} steps lost)",
+            hint="once the node is READY again (`gcloud compute tpus describe` / recreate a preempted node), rerun "
+                 "the same command to resume from that checkpoint; add --auto-resume N to wait and resume "
+                 "automatically",
+            event=event, summary=summary)
+
+    def waiting(status, problem, left):
+        progress.node_waiting(problem or (lost_state(status) if status else "no answer"), left)
+
+    status = wait_until_ready(watch, should_stop=lambda: stop.received is not None, on_wait=waiting)
+    if status is None:
+        summary = progress.finish(stopped_by=stop.name)
+        raise TrainingStopped(
+            f"stopped while waiting for TPU node '{name}'; the checkpoint at step {event.checkpoint_step} is kept: "
+            "rerun the same command to resume",
+            signum=stop.received, step=event.checkpoint_step, summary=summary)
+    progress.node_ready(f"{status.state}/{status.health}", event.checkpoint_step, watch.auto_resume)
+    if not use_tpu:
+        return None
+    from tpulaunch import cluster
+
+    return cluster.cluster_resolver(watch.ref, watch.discovery_url)
+
+
+def lost_state(status) -> str:
+    """The node's state for a waiting line: 'PREEMPTED', 'READY/UNHEALTHY_TENSORFLOW', 'CREATING'."""
+    if status.state == "READY" and status.health:
+        return f"{status.state}/{status.health}"
+    return str(status.state)
 
 
 def _evaluate_into(estimator, job: Job, use_tpu: bool, search_path: Sequence[str], progress: Optional[TrainProgress],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from tpulaunch.errors import ExitCode, TpuLaunchError
 
@@ -63,7 +63,16 @@ class StopSignal:
 
 def stop_hook(stop: StopSignal):
     """A SessionRunHook that requests a stop after the step during which a signal arrived."""
-    return _stop_hook_class()(stop)
+    return request_stop_hook(lambda: stop.received is not None)
+
+
+def request_stop_hook(should_stop: Callable[[], bool]):
+    """A SessionRunHook that asks the session to stop after any run where `should_stop()` is true.
+
+    The session then ends as after its last step: the Estimator's CheckpointSaverHook saves at
+    the current step. The TPU watchdog uses it too.
+    """
+    return _stop_hook_class()(should_stop)
 
 
 _CLASS = None
@@ -74,13 +83,13 @@ def _stop_hook_class():
     if _CLASS is None:
         import tensorflow as tf
 
-        class StopOnSignalHook(tf.compat.v1.train.SessionRunHook):
-            def __init__(self, stop: StopSignal):
-                self._stop = stop
+        class RequestStopHook(tf.compat.v1.train.SessionRunHook):
+            def __init__(self, should_stop: Callable[[], bool]):
+                self._should_stop = should_stop
 
             def after_run(self, run_context, run_values):
-                if self._stop.received is not None:
+                if self._should_stop():
                     run_context.request_stop()
 
-        _CLASS = StopOnSignalHook
+        _CLASS = RequestStopHook
     return _CLASS

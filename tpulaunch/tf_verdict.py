@@ -108,8 +108,11 @@ class JobModelFn:
             raise ModelFnFailed(f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}") from exc
 
 
-def cases_for_job(job, search_path: Sequence[str] = ()) -> list:
+def cases_for_job(job, search_path: Sequence[str] = (), *, job_model: bool = True) -> list:
     """Per mode the job runs, two `TfCase`s: the job's own model_fn, then the stand-in model_fn.
+
+    With `job_model=False`, only the stand-in case per mode (the partition and batch checks do not
+    depend on the model).
 
     Raises:
         tpulaunch.tpu_types.UnknownTpuType: the job's TPU type does not exist.
@@ -124,7 +127,7 @@ def cases_for_job(job, search_path: Sequence[str] = ()) -> list:
     train_batch = job.train.batch_size if job.train else (eval_batch or 1)
     cases = []
     for mode in modes_of(job):
-        for model_fn in (JobModelFn(job, search_path), None):
+        for model_fn in ((JobModelFn(job, search_path), None) if job_model else (None,)):
             cases.append(TfCase(
                 devices=tpu_type.devices, hosts=tpu_type.hosts, cores_per_replica=job.tpu.cores_per_replica,
                 features=features, labels=labels, feature_dims=None, train_batch_size=train_batch,

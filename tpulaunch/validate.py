@@ -37,16 +37,22 @@ def validate_job(
     records_per_file: int = 2,
     all_records: bool = False,
     use_tf: bool = False,
+    local: bool = False,
     env: Optional[Mapping[str, str]] = None,
     on_stage: Optional[Callable[[str], None]] = None,
 ) -> Validation:
-    """Run the checks. `static` keeps to those needing neither TensorFlow nor the network."""
+    """Run the checks. `static` keeps to those needing neither TensorFlow nor the network.
+
+    `local` checks the job for a run on this machine (`train --local`): its tpu: and partition:
+    sections are kept in the file but not applied, so TPU-only rules (gs:// paths, replicas) are off.
+    """
     stage = on_stage or (lambda name: None)
     stage("schema")
     try:
         loaded = load_job(filename, overrides, env=env)
     except JobFileError as exc:
         return Validation(filename, None, exc.problems, ["file"])
+    loaded.local = local
     result = Validation(filename, loaded, list(loaded.problems), ["schema"])
     if not isinstance(loaded.data, dict):
         return result

@@ -244,6 +244,17 @@ def read_job_text(filename: str) -> str:
                                                       "save the file as UTF-8")]) from None
 
 
+def _reader_error(text: str, filename: str, exc: "yaml.reader.ReaderError") -> JobFileError:
+    """A character YAML does not allow (a control character, say), located at its line and column."""
+    position = max(0, min(exc.position, len(text)))
+    line = text.count("\n", 0, position) + 1
+    column = position - (text.rfind("\n", 0, position) + 1) + 1
+    character = exc.character if isinstance(exc.character, str) else chr(exc.character)
+    message = f"character {character!r} (U+{ord(character):04X}) is not allowed in YAML"
+    return JobFileError(message, problems=[Problem("error", filename, line, column, DOCUMENT_PATH, "yaml-syntax", message,
+                                                   "remove it (a stray control character from a copy-paste?)")])
+
+
 def parse_yaml(text: str, filename: str, env: Optional[Mapping[str, str]] = None) -> tuple[Any, Marks, list[Problem]]:
     """Parse YAML text into plain data and marks.
 
@@ -251,10 +262,15 @@ def parse_yaml(text: str, filename: str, env: Optional[Mapping[str, str]] = None
     environment variables, unsupported tags). Raises JobFileError when the text is not YAML at all.
     """
     env = os.environ if env is None else env
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)  # the reader refuses control characters here, before any parsing
+    except yaml.reader.ReaderError as exc:
+        raise _reader_error(text, filename, exc) from None
     try:
         try:
             node = loader.get_single_node()
+        except yaml.reader.ReaderError as exc:
+            raise _reader_error(text, filename, exc) from None
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
             line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
