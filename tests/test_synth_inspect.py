@@ -181,7 +181,7 @@ def test_cli_synth_then_inspect_json(tmp_path):
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [str(out / "train-00000-of-00001.tfrecord"), str(out / "eval-00000-of-00001.tfrecord"),
                                           "wrote 9 records in 2 files"]
-    assert "next: tpulaunch init --example quickstart" in result.stderr
+    assert "tpulaunch train JOB.yaml --local --set 'data.train=" in result.stderr
     result = runner.invoke(data, ["inspect", str(out / "train-*.tfrecord"), "--records", "2", "--format", "json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == inspect(str(out / "train-*.tfrecord"), records=2).to_dict()
