@@ -1,0 +1,120 @@
+"""`validate --tf`: TensorFlow's own TPUEstimator verdict on a job, located in the job file."""
+
+from __future__ import annotations
+
+import textwrap
+
+from tpulaunch.jobfile import load_job
+from tpulaunch.tf_verdict import tf_problems
+
+MODELS = textwrap.dedent('''
+    import tensorflow as tf
+
+    def segmenter(input_shape, num_classes=2):
+        image = tf.keras.Input(shape=tuple(input_shape), name="image")
+        x = tf.keras.layers.Conv2D(4, 3, padding="same", activation="relu")(image)
+        return tf.keras.Model(image, tf.keras.layers.Conv2D(num_classes, 1)(x))
+
+    def needs_rgb(input_shape):
+        if input_shape[-1] != 3:
+            raise ValueError(f"needs 3 channels, got {input_shape[-1]}")
+        return segmenter(input_shape)
+''')
+
+
+def _job(tmp_path, *, builder="segmenter", image="[8, 8, 1]", mask="[8, 8]", image_dims="[1, 2, 2, 1]",
+         mask_dims="[1, 2, 2]", tpu_type="v3-8", batch=4):
+    (tmp_path / "seg_models.py").write_text(MODELS)
+    path = tmp_path / "job.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        name: seg
+        model:
+          builder: seg_models:{builder}
+          loss: sparse_categorical_crossentropy
+        data:
+          train: gs://bucket/train-*.tfrecord
+          eval: gs://bucket/eval-*.tfrecord
+          features:
+            image: {{shape: {image}}}
+          labels:
+            mask: {{shape: {mask}, dtype: int64}}
+        tpu:
+          name: my-tpu
+          type: {tpu_type}
+          cores_per_replica: 4
+          iterations_per_loop: 10
+        partition:
+          features: {{image: {image_dims}}}
+          labels: {{mask: {mask_dims}}}
+        train: {{batch_size: {batch}, steps: 100}}
+        eval: {{batch_size: {batch}, steps: 2}}
+        run: {{model_dir: gs://bucket/run, save_checkpoints_steps: 100}}
+        """))
+    return load_job(str(path))
+
+
+def _summary(problems):
+    return [(p.severity, p.path, p.line, p.code, p.message) for p in problems]
+
+
+def test_accepted_job_reports_what_tensorflow_built(tmp_path):
+    problems, built = tf_problems(_job(tmp_path), search_path=[str(tmp_path)])
+    assert problems == []
+    expected = {
+        "accepted": True, "replicas": 2, "params_batch_size": 2, "input_fn_calls": 1,
+        "piece_shapes": {"image": [[2, 4, 4, 1]] * 4, "mask": [[2, 4, 4]] * 4},
+        "sharding": {"image": "tiled", "mask": "tiled"}, "model": "job", "message": None,
+    }
+    assert built == {"train": expected, "eval": expected}
+
+
+def test_rejection_is_located_at_the_tensor_with_tensorflows_message(tmp_path):
+    loaded = _job(tmp_path, image_dims="[1, 2, 1, 1]", tpu_type="v3-32", batch=8)
+    problems, built = tf_problems(loaded, search_path=[str(tmp_path)])
+    tf_message = ("ValueError: The product of each input partition dim should equal to num_cores_per_replica. "
+                  "(dim = [1 2 1 1], num_cores_per_replica = 4)")
+    assert _summary(problems) == [
+        ("error", "partition.features.image", 18, "tensorflow-rejected",
+         f"TensorFlow's TPUEstimator rejected the {mode} graph for v3-32: {tf_message}")
+        for mode in ("train", "eval")]
+    assert {mode: (info["accepted"], info["replicas"], info["message"]) for mode, info in built.items()} == {
+        mode: (False, 8, tf_message.split(": ", 1)[1]) for mode in ("train", "eval")}
+
+
+def test_unbuildable_model_falls_back_and_uneven_pieces_are_warned(tmp_path):
+    # needs_rgb refuses one channel; image rows 6 split 4 ways give 2,2,2,0; mask columns 7 split 2 give 4,3.
+    loaded = _job(tmp_path, builder="needs_rgb", image="[6, 8, 1]", image_dims="[1, 4, 1, 1]",
+                  mask="[8, 7]", mask_dims="[1, 1, 4]", batch=2)
+    problems, built = tf_problems(loaded, search_path=[str(tmp_path)])
+    stand_in = ("the model could not be built at the declared shapes (ValueError: needs 3 channels, got 1); "
+                "TensorFlow checked the {} graph with a one-variable stand-in model_fn instead")
+    empty = ("TensorFlow split 'image' ({}) into per-core pieces [1, 2, 8, 1], [1, 2, 8, 1], [1, 2, 8, 1], "
+             "[1, 0, 8, 1]: 1 of 4 cores get an empty piece")
+    uneven = ("TensorFlow split 'mask' ({}) unevenly into per-core pieces [1, 8, 2], [1, 8, 2], [1, 8, 2], "
+              "[1, 8, 1]; XLA pads each to the largest")
+    assert _summary(problems) == [
+        row for mode in ("train", "eval") for row in (
+            ("warning", "model.builder", 3, "tensorflow-stand-in-model", stand_in.format(mode)),
+            ("warning", "partition.features.image", 18, "tensorflow-empty-pieces", empty.format(mode)),
+            ("warning", "partition.labels.mask", 19, "tensorflow-uneven-pieces", uneven.format(mode)))]
+    assert [(mode, info["accepted"], info["model"]) for mode, info in built.items()] == [
+        ("train", True, "stand-in"), ("eval", True, "stand-in")]
+
+
+def test_local_job_gets_one_note_and_no_tensorflow_run(tmp_path):
+    path = tmp_path / "local.yaml"
+    path.write_text(textwrap.dedent("""\
+        name: local
+        model: {builder: tpulaunch.models.cnn:build}
+        data:
+          train: train.tfrecord
+          features: {image: {shape: [8, 8, 3]}}
+          labels: {label: {shape: [], dtype: int64}}
+        train: {batch_size: 4, steps: 2}
+        run: {model_dir: run}
+        """))
+    problems, built = tf_problems(load_job(str(path)))
+    assert built == {}
+    assert _summary(problems) == [
+        ("info", "name", 1, "tensorflow-not-on-tpu",
+         "no tpu: section, so there is no TPUEstimator TPU path to check; the job runs locally")]
