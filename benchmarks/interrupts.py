@@ -132,6 +132,7 @@ class _Reader(threading.Thread):
         self.step = 0
         self.checkpoint: Optional[int] = None
         self.started = threading.Event()
+        self.done = threading.Event()  # the "done | step N/N" line: training has ended
         self.lock = threading.Lock()
 
     def run(self):
@@ -144,6 +145,8 @@ class _Reader(threading.Thread):
                 match = _STEP.match(line)
                 if match:
                     self.step = max(self.step, int(match.group(1)))
+                if _DONE.match(line):
+                    self.done.set()
                 match = _CKPT.match(line)
                 if match:
                     self.checkpoint = int(match.group(1))
@@ -171,10 +174,13 @@ def interrupt_once(job: str, model_dir: str, signum: int, delay_s: float, *, ste
         return outcome
     time.sleep(delay_s)
     outcome.last_step_seen, outcome.last_checkpoint_seen = reader.snapshot()
-    if child.poll() is None:
+    if child.poll() is None and not reader.done.is_set():
         child.send_signal(signum)
     else:
+        # Training already ended: the process is only shutting down (or gone); nothing is left to lose.
         outcome.finished_before_signal = True
+        if child.poll() is None:
+            child.send_signal(signum)
     try:
         child.wait(timeout_s)
     except subprocess.TimeoutExpired:
@@ -184,9 +190,14 @@ def interrupt_once(job: str, model_dir: str, signum: int, delay_s: float, *, ste
     err_thread.join(10)
     stderr = "".join(errors)
     outcome.interrupted_exit = child.returncode
+    if reader.done.is_set() and child.returncode in (0, -signum):
+        outcome.finished_before_signal = True  # training ended between the check above and the signal
     if "Traceback" in stderr or "error: unexpected" in stderr:
         outcome.failures.append(f"traceback after {outcome.signal}:\n{stderr[-2000:]}")
-    if not outcome.finished_before_signal and child.returncode != EXPECTED_EXIT[signum]:
+    if outcome.finished_before_signal:
+        if child.returncode not in (0, EXPECTED_EXIT[signum], -signum):
+            outcome.failures.append(f"{outcome.signal} after training: exit {child.returncode}\n{stderr[-1500:]}")
+    elif child.returncode != EXPECTED_EXIT[signum]:
         outcome.failures.append(f"{outcome.signal}: exit {child.returncode}, expected {EXPECTED_EXIT[signum]}\n{stderr[-1500:]}")
     stopped = _STOPPED.search(stderr)
     if stopped:
@@ -254,8 +265,10 @@ def measure_training_seconds(job: str, model_dir: str) -> float:
     reader.start()
     reader.started.wait(300)
     began = time.monotonic()
+    reader.done.wait(300)
+    ended = time.monotonic()
     child.wait(300)
-    return time.monotonic() - began
+    return ended - began
 
 
 def main(argv=None) -> int:
@@ -274,6 +287,15 @@ def main(argv=None) -> int:
           f"signals at uniform random times in [0, {window:.2f}] s (seed {args.seed})")
     outcomes: List[Outcome] = []
     started = time.monotonic()
+    try:
+        _run_all(args, rng, job, root, window, outcomes)
+    except KeyboardInterrupt:  # cut short: report the runs that completed
+        print(f"stopped after {len(outcomes)} runs")
+    print_table(outcomes, time.monotonic() - started)
+    return 0 if outcomes and all(o.ok for o in outcomes) else 1
+
+
+def _run_all(args, rng, job: str, root: str, window: float, outcomes: List[Outcome]) -> None:
     for i in range(args.runs):
         signum = SIGNALS[i % 3]
         delay = rng.uniform(0.0, window)
@@ -287,8 +309,6 @@ def main(argv=None) -> int:
               f"{'' if outcome.ok else '  FAIL'}", flush=True)
         for failure in outcome.failures:
             print("    " + failure.replace("\n", "\n    "))
-    print_table(outcomes, time.monotonic() - started)
-    return 0 if all(o.ok for o in outcomes) else 1
 
 
 def print_table(outcomes: List[Outcome], seconds: float) -> None:

@@ -63,7 +63,7 @@ def test_accepted_job_reports_what_tensorflow_built(tmp_path):
     expected = {
         "accepted": True, "replicas": 2, "params_batch_size": 2, "input_fn_calls": 1,
         "piece_shapes": {"image": [[2, 4, 4, 1]] * 4, "mask": [[2, 4, 4]] * 4},
-        "sharding": {"image": "tiled", "mask": "tiled"}, "model": "job", "message": None,
+        "sharding": {"image": "tiled", "mask": "tiled"}, "model": "job", "message": None, "traceback": None,
     }
     assert built == {"train": expected, "eval": expected}
 
@@ -79,6 +79,9 @@ def test_rejection_is_located_at_the_tensor_with_tensorflows_message(tmp_path):
         for mode in ("train", "eval")]
     assert {mode: (info["accepted"], info["replicas"], info["message"]) for mode, info in built.items()} == {
         mode: (False, 8, tf_message.split(": ", 1)[1]) for mode in ("train", "eval")}
+    # For --debug: TF's own traceback, ending in TF's partition check.
+    last_lines = built["train"]["traceback"].rstrip().splitlines()[-3:]
+    assert "_check_input_partition_dims" in last_lines[0] and last_lines[-1] == tf_message
 
 
 def test_unbuildable_model_falls_back_and_uneven_pieces_are_warned(tmp_path):
@@ -118,3 +121,45 @@ def test_local_job_gets_one_note_and_no_tensorflow_run(tmp_path):
     assert _summary(problems) == [
         ("info", "name", 1, "tensorflow-not-on-tpu",
          "no tpu: section, so there is no TPUEstimator TPU path to check; the job runs locally")]
+
+
+HAND_WRITTEN_MODEL_FN = textwrap.dedent('''
+    import tensorflow as tf
+
+    def model_fn(features, labels, mode, params):
+        # Two silent mistakes: the Keras Input is built inside the TPU loop (no tf.init_scope()),
+        # and the optimizer is not wrapped in CrossShardOptimizer.
+        image = tf.keras.Input(shape=(8, 8, 1), name="image")
+        model = tf.keras.Model(image, tf.keras.layers.Dense(2)(tf.keras.layers.Flatten()(image)))
+        logits = model(features, training=True)
+        loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+        optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+        train_op = optimizer.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
+        return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(mode, loss=loss, train_op=train_op)
+''')
+
+
+def test_silent_mistakes_in_the_built_graph_are_warned(tmp_path):
+    (tmp_path / "hand_written.py").write_text(HAND_WRITTEN_MODEL_FN)
+    path = tmp_path / "job.yaml"
+    path.write_text(textwrap.dedent("""\
+        name: hand-written
+        model: {model_fn: hand_written:model_fn}
+        data:
+          train: gs://bucket/train-*.tfrecord
+          features: {image: {shape: [8, 8, 1]}}
+          labels: {label: {shape: [], dtype: int64}}
+        tpu: {name: my-tpu, type: v3-8, iterations_per_loop: 10}
+        train: {batch_size: 8, steps: 100}
+        run: {model_dir: gs://bucket/run, save_checkpoints_steps: 100}
+        """))
+    problems, built = tf_problems(load_job(str(path)), search_path=[str(tmp_path)])
+    assert _summary(problems) == [
+        ("warning", "model.model_fn", 2, "tensorflow-no-cross-replica-sum",
+         "the train graph has 8 replicas but no cross-replica gradient sum: each replica would train its own "
+         "copy of the weights, and TF does not check this"),
+        ("warning", "model.model_fn", 2, "tensorflow-placeholder-in-tpu-loop",
+         "the train graph has placeholders inside the TPU loop (image), typically a Keras Input built in "
+         "model_fn; XLA cannot compile a placeholder, so the TPU run would fail"),
+    ]
+    assert (built["train"]["accepted"], built["train"]["replicas"], built["train"]["model"]) == (True, 8, "job")

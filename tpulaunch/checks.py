@@ -110,6 +110,8 @@ def check_partition(loaded: LoadedJob) -> list:
                                "add a tpu: section, or remove partition:", severity="warning")]
     cpr = tpu.cores_per_replica if tpu.cores_per_replica in rules.VALID_CORES_PER_REPLICA else None
     batch = per_replica_batch(loaded, "train") or 1
+    if part == "auto":
+        return _check_auto_partition(loaded, data, cpr, batch)
     any_partitioned = False
     for group in ("features", "labels"):
         declared = getattr(data, group)
@@ -137,6 +139,36 @@ def check_partition(loaded: LoadedJob) -> list:
                                        f"{cpr - 1} of every {cpr} cores get no input",
                                        "give the big input (image, volume) dims whose product is cores_per_replica",
                                        severity="warning"))
+    return problems
+
+
+def _check_auto_partition(loaded: LoadedJob, data, cpr: Optional[int], batch: int) -> list:
+    """`partition: auto`: the dims it resolves to exist and meet TF's rules."""
+    from tpulaunch.memory import auto_partition
+
+    if cpr is None:
+        return []
+    if cpr == 1:
+        return [loaded.problem(("partition",), "partition-auto-one-core",
+                               "partition: auto with cores_per_replica 1 splits nothing",
+                               "set tpu.cores_per_replica (`tpulaunch plan` recommends one when the job does not fit), "
+                               "or remove partition:", severity="warning")]
+    if not all(spec.is_static for spec in data.features.values()):
+        return []  # reported once by the static-shape rule
+    chosen = auto_partition(data.features, data.labels, cpr, batch)
+    if chosen is None:
+        return [loaded.problem(("partition",), "partition-auto-impossible",
+                               f"partition: auto cannot split the features over {cpr} cores: no spatial axis is large enough",
+                               "use fewer cores_per_replica, or give partition dims per tensor")]
+    problems = []
+    for group in ("features", "labels"):
+        for name, dims in getattr(chosen, group).items():
+            if dims is None:
+                continue
+            shape = [batch] + list(getattr(data, group)[name].shape)
+            for f in rules.check_tensor_dims(name, shape, dims, cpr):
+                problems.append(loaded.problem(("partition",), f.code, f"partition: auto chose {dims} for '{name}': {f.message}",
+                                               f.hint, severity=f.severity))
     return problems
 
 

@@ -220,16 +220,20 @@ def _as_dict(obj):
 @job_argument
 @set_option
 @format_option
+@click.option("--memory/--no-memory", "memory", default=True, show_default=True,
+              help="Estimate per-core memory (builds the model's layer shapes with TensorFlow; "
+                   "--no-memory keeps plan static and TensorFlow-free).")
 @click.pass_obj
-def plan(obj: Context, job_file, overrides, fmt):
-    """Show how the job lands on the TPU: tiles per core, replicas, batch arithmetic.
+def plan(obj: Context, job_file, overrides, fmt, memory):
+    """Show how the job lands on the TPU: tiles per core, replicas, batch arithmetic, memory per core.
 
     \b
     Examples:
       tpulaunch plan configs/unet3d_ct.yaml
       tpulaunch plan job.yaml --set tpu.type=v3-32 --format json
+      tpulaunch plan job.yaml --no-memory        # static only, no TensorFlow
     """
-    from tpulaunch.plan import build_plan
+    from tpulaunch.plan import add_memory, build_plan
     from tpulaunch.plan_report import render_plan
     from tpulaunch.validate import validate_job
 
@@ -242,6 +246,8 @@ def plan(obj: Context, job_file, overrides, fmt):
             obj.err.print("fix these first: the plan needs a valid job", highlight=False)
         sys.exit(int(ExitCode.PROBLEMS))
     the_plan = build_plan(result.loaded, result.problems)
+    if memory:
+        add_memory(the_plan, result.loaded.job)
     if fmt == "json":
         click.echo(json.dumps(the_plan.to_dict(), indent=2))
     else:

@@ -14,6 +14,9 @@ on a TPU needs. TensorFlow is imported inside the functions: the CLI's fast path
 
 from __future__ import annotations
 
+import contextlib
+import re
+import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 from tpulaunch.data_paths import as_list
@@ -178,8 +181,11 @@ def make_input_fn(job: Job, mode: str, *, use_tpu: bool) -> Callable:
     each host reads its own share: whole files when there are at least as many files as hosts, else
     every n-th record. Training shuffles files and records and repeats forever; evaluation reads in a
     fixed order, and repeats only on a TPU, where running out of data mid-loop is an error rather than
-    the end of evaluation. `data.skip_corrupt` drops records that fail to read or parse (the count of
-    skipped records is not reported). Batches always drop the remainder, so shapes are static.
+    the end of evaluation. `data.skip_corrupt` drops records that fail to read or parse: a record
+    that fails its CRC or is cut short ends the read of its file (TFRecord framing cannot be trusted
+    past it); each skip is logged as a TensorFlow warning "Ignoring error: ..." (shown with -vv). Without
+    it the first bad record stops the run: wrap the training call in `naming_read_errors` so the
+    message names the file. Batches always drop the remainder, so shapes are static.
 
     With `data.input_fn` set, that function is imported and returned unchanged.
 
@@ -221,7 +227,7 @@ def make_input_fn(job: Job, mode: str, *, use_tpu: bool) -> Callable:
             dataset = dataset.shard(count, index)
         dataset = dataset.map(parse, num_parallel_calls=autotune, deterministic=not training)
         if data.skip_corrupt:
-            dataset = dataset.apply(tf.data.experimental.ignore_errors())
+            dataset = dataset.ignore_errors(log_warning=True)
         if data.cache:
             dataset = dataset.cache()
             if training:
@@ -234,3 +240,92 @@ def make_input_fn(job: Job, mode: str, *, use_tpu: bool) -> Callable:
         return dataset.prefetch(autotune)
 
     return input_fn
+
+
+# ------------------------------------------------------------------------------------ read errors
+
+# How long `read_error` may spend looking for the bad file before saying it could not tell which.
+FIND_BAD_FILE_SECONDS = 120.0
+
+_OFFSET = re.compile(r"(corrupted|truncated) record at (\d+)")
+
+
+def find_bad_record(job: Job, mode: str, *, offset: Optional[int] = None,
+                    budget_s: float = FIND_BAD_FILE_SECONDS) -> Optional[Tuple[str, int, str]]:
+    """(file, record index, what is wrong) for the first record of the split that cannot be read or parsed.
+
+    `offset` (from TensorFlow's "corrupted record at N") narrows the search to files longer than N.
+    None when no bad record is found within `budget_s` seconds.
+    """
+    import tensorflow as tf
+
+    parse = parse_example_fn(job)
+    options = tf.io.TFRecordOptions(compression_type=job.data.compression or "")
+    started = time.monotonic()
+    for path in expand_files(job.data.train if mode == "train" else job.data.eval, what=f"data.{mode}"):
+        if time.monotonic() - started > budget_s:
+            return None
+        try:
+            if offset is not None and not job.data.compression and tf.io.gfile.stat(path).length <= offset:
+                continue
+            index = -1
+            for index, record in enumerate(tf.compat.v1.io.tf_record_iterator(path, options)):
+                if not _is_example(record):
+                    return path, index, "not a tf.train.Example"
+                try:
+                    parse(tf.constant(record))
+                except (tf.errors.InvalidArgumentError, ValueError) as exc:
+                    return path, index, _first_line(exc)
+        except tf.errors.OpError as exc:
+            return path, index + 1, _first_line(exc)
+    return None
+
+
+def _is_example(record: bytes) -> bool:
+    from google.protobuf.message import DecodeError
+    from tensorflow.core.example import example_pb2
+
+    try:
+        example_pb2.Example().ParseFromString(record)
+    except DecodeError:
+        return False
+    return True
+
+
+def _first_line(exc) -> str:
+    text = (getattr(exc, "message", None) or str(exc)).strip()
+    return re.sub(r"\s*\[\[.*|\s*\[Op:.*", "", text.splitlines()[0] if text else type(exc).__name__)
+
+
+def read_error(job: Job, mode: str, exc) -> Optional[TpuLaunchError]:
+    """A TpuLaunchError naming the file and record behind an input pipeline error, or None when no data file is at fault."""
+    message = getattr(exc, "message", None) or str(exc)
+    match = _OFFSET.search(message)
+    found = find_bad_record(job, mode, offset=int(match.group(2)) if match else None)
+    if found is None:
+        return None
+    path, index, what = found
+    return TpuLaunchError(
+        f"data.{mode}: {path}: record {index} cannot be read: {what}",
+        hint="tpulaunch validate --all-records lists every bad record; set data.skip_corrupt: true to skip them")
+
+
+@contextlib.contextmanager
+def naming_read_errors(job: Job, mode: str):
+    """Turn an input pipeline's DataLossError (or a record that does not parse) into a TpuLaunchError naming the file.
+
+    Errors that no data file explains (a model bug, say) pass through unchanged. A record that is not
+    an Example at all surfaces from TensorFlow as a UnicodeDecodeError (its error message quotes the
+    record's bytes, which Python cannot decode), so that is caught too.
+    """
+    import tensorflow as tf
+
+    try:
+        yield
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, UnicodeDecodeError) as exc:
+        if job.data.input_fn:
+            raise
+        error = read_error(job, mode, exc)
+        if error is None:
+            raise
+        raise error from exc

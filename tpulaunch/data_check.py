@@ -56,16 +56,18 @@ class _Findings:
         self.first: dict = {}
         self.counts: dict = {}
 
-    def add(self, path: tuple, code: str, message: str, hint: Optional[str] = None, severity: str = "error"):
-        key = (path, code)
+    def add(self, path: tuple, code: str, message: str, hint: Optional[str] = None, severity: str = "error",
+            distinct: Optional[str] = None):
+        """Record one finding; those with another `distinct` (e.g. another damaged file) are listed apart."""
+        key = (path, code, distinct)
         self.counts[key] = self.counts.get(key, 0) + 1
         if key not in self.first:
             self.first[key] = (message, hint, severity)
 
     def problems(self) -> list:
         out = []
-        for (path, code), (message, hint, severity) in self.first.items():
-            more = self.counts[(path, code)] - 1
+        for (path, code, distinct), (message, hint, severity) in self.first.items():
+            more = self.counts[(path, code, distinct)] - 1
             if more:
                 message += f" (and {more} more record{'s' if more > 1 else ''} like it)"
             out.append(self.loaded.problem(path, code, message, hint, severity=severity))
@@ -163,11 +165,12 @@ def _read_split(loaded, split, files, data, report, findings, records_per_file, 
         try:
             sizes[path] = tf.io.gfile.stat(path).length
         except tf.errors.OpError as exc:
-            findings.add(("data", split), "data-unreadable", f"cannot read {path}: {_tf_message(exc)}", _access_hint(path))
+            findings.add(("data", split), "data-unreadable", f"cannot read {path}: {_tf_message(exc)}", _access_hint(path),
+                         distinct=path)
             continue
         if sizes[path] == 0:
             findings.add(("data", split), "empty-file", f"{path} is empty (0 bytes)", "remove it or rewrite it",
-                         severity="warning")
+                         severity="warning", distinct=path)
             continue
         report.files_read += 1
         limit = None if all_records else records_per_file
@@ -183,7 +186,8 @@ def _read_split(loaded, split, files, data, report, findings, records_per_file, 
                 report.corrupt_records += 1
                 break
             except tf.errors.OpError as exc:
-                findings.add(("data", split), "data-unreadable", f"cannot read {path}: {_tf_message(exc)}", _access_hint(path))
+                findings.add(("data", split), "data-unreadable", f"cannot read {path}: {_tf_message(exc)}",
+                             _access_hint(path), distinct=path)
                 break
             index += 1
             sampled_bytes += len(record)
@@ -216,8 +220,9 @@ def _corrupt(findings: _Findings, split: str, path: str, index: int, exc, skip: 
     severity = "warning" if skip else "error"
     if skip:
         hint = "data.skip_corrupt is on: training skips the rest of this file"
+    # One problem per damaged file: each must be rewritten (or is skipped from this record on).
     findings.add(("data", split), f"record-{what}", f"{path}: record {index} is {what} {where}".rstrip(), hint,
-                 severity=severity)
+                 severity=severity, distinct=path)
 
 
 def _looks_gzipped(path: str) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 from typing_extensions import Annotated
 
 IMPORT_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -178,6 +178,17 @@ class Partition(Strict):
     labels: Dict[str, PartitionDims] = Field(default_factory=dict, description="dims per label; null = replicate; [1] = core 0 only")
 
 
+def _partition_form(value) -> str:
+    return "partition-auto" if isinstance(value, str) else "partition-dims"
+
+
+# One branch per form, so a mistake is reported once, against the form the user wrote (the tags
+# contain '-' so that error locations skip them).
+PartitionOrAuto = Annotated[
+    Union[Annotated[Literal["auto"], Tag("partition-auto")], Annotated[Partition, Tag("partition-dims")]],
+    Discriminator(_partition_form)]
+
+
 class Train(Strict):
     batch_size: int = Field(ge=1, description="global batch size, over all replicas")
     steps: int = Field(ge=1, description="train until this global step")
@@ -202,7 +213,9 @@ class Job(Strict):
     model: Model
     data: Data
     tpu: Optional[Tpu] = Field(None, description="absent: run locally on CPU/GPU")
-    partition: Optional[Partition] = None
+    partition: Optional[PartitionOrAuto] = Field(
+        None, description="input partition dims per tensor, or 'auto': tpulaunch splits the largest spatial axes "
+                          "of the main feature over tpu.cores_per_replica (see `tpulaunch plan`)")
     train: Optional[Train] = None
     eval: Optional[Eval] = None
     run: Run

@@ -351,7 +351,7 @@ def load_job(filename: str, overrides: Sequence[str] = (), env: Optional[Mapping
         loaded.job = Job.model_validate(data)
     except ValidationError as exc:
         # A value emptied by an unset ${VAR} or a refused tag was reported already; a type error would repeat it.
-        env_paths = {p.path for p in problems if p.code in ("env-var-unset", "yaml-unsupported-tag")}
+        env_paths = {p.path for p in problems if p.code in ("env-var-unset", "yaml-unsupported-tag", "yaml-bad-tagged-value")}
         problems += [p for p in schema_problems(exc, loaded) if p.path not in env_paths]
     if problems:
         loaded.job = None if any(p.is_error for p in problems) else loaded.job

@@ -9,8 +9,11 @@ What the backward pass keeps (checked against the published Cloud TPU runs, see 
 model"): the inputs of convolutions and dense layers, batch-norm inputs, ReLU (activation) outputs,
 pooling inputs and outputs, and the model's outputs (the loss reads them, in float32). Add, concat,
 up-sampling, padding and reshapes keep nothing. Activations are bfloat16 when the job trains in
-bfloat16. A lower bound (XLA rematerialises everything but convolution/dense inputs and the outputs)
-separates "may-fit" (only with rematerialisation, slower) from "does-not-fit".
+bfloat16. A lower bound separates "may-fit" (only with XLA rematerialisation: slower) from
+"does-not-fit": no layout padding, and activation/pooling outputs recomputed from their inputs.
+It is deliberately tight rather than "keep only convolution inputs": XLA's own out-of-memory report
+for UNet3D 256^3 on one v3 core ("Used 27.90G") shows its rematerialisation recovers little of a
+conv-BN-ReLU network's memory.
 
 Layout padding: a TPU buffer's two minor dims are padded to (8, 128) tiles. XLA's layout assignment
 chooses the dim order of intermediate buffers, so each kept tensor is charged the least-padded order;
@@ -100,7 +103,7 @@ class KeptTensor:
 
     shape: tuple
     output: bool  # a model output: float32, read by the loss
-    required: bool  # kept even with full rematerialisation (convolution/dense input, output)
+    required: bool  # kept even with rematerialisation (convolution/dense/normalization input, output)
 
 
 @dataclass(frozen=True)
@@ -132,21 +135,24 @@ def model_shapes(builder: str, kwargs: Mapping) -> ModelShapes:
 
 
 def _build_shapes(builder: str, kwargs: dict) -> ModelShapes:
-    import tensorflow as tf
-
     from tpulaunch.imports import resolve
+    from tpulaunch.tf_env import import_tensorflow
+
+    tf = import_tensorflow()
 
     make = resolve(builder, what="model builder")
-    # A throw-away graph: variables are created but never initialised, so no weights are computed.
-    with tf.Graph().as_default():
-        model = make(**kwargs)
-        kept: dict = {}
-        _collect(model, kept)
-        for tensor in tf.nest.flatten(model.outputs):
-            kept[id(tensor)] = KeptTensor(_per_example(tensor), output=True, required=True)
-        params = int(sum(math.prod(w.shape) for w in model.weights))
-        trainable = int(sum(math.prod(w.shape) for w in model.trainable_weights))
-        input_shape = _per_example(tf.nest.flatten(model.inputs)[0])
+    # Keras' functional API traces symbolic tensors only: no step runs, whatever the input size.
+    # (A v1 graph would avoid initialising the weights but builds several times slower.)
+    model = make(**kwargs)
+    kept: dict = {}
+    _collect(model, kept)
+    for tensor in tf.nest.flatten(model.outputs):
+        kept[id(tensor)] = KeptTensor(_per_example(tensor), output=True, required=True)
+    params = int(sum(math.prod(w.shape) for w in model.weights))
+    trainable = int(sum(math.prod(w.shape) for w in model.trainable_weights))
+    input_shape = _per_example(tf.nest.flatten(model.inputs)[0])
+    del model
+    tf.keras.backend.clear_session()
     return ModelShapes(input_shape, params, trainable, tuple(kept.values()))
 
 
@@ -176,7 +182,7 @@ def _collect(model, kept: dict) -> None:
                 if getattr(layer, "activation", None) is not None and _activation_name(layer) not in _LINEAR:
                     optional += outputs  # a fused activation keeps its output
             elif kinds & _NORMALIZATION:
-                optional += inputs
+                required += inputs
             elif kinds & _ACTIVATION_OUTPUT or ("Activation" in kinds and _activation_name(layer) not in _LINEAR):
                 optional += outputs
             elif any("Pool" in k for k in kinds):
@@ -214,7 +220,7 @@ class MemoryEstimate:
     bf16_weights: int
     activations: int  # unpadded
     padding: int  # what (8, 128) layout tiles add to the activations
-    lower_bound: int  # with everything but convolution inputs and outputs rematerialised
+    lower_bound: int  # unpadded, with activation and pooling outputs rematerialised
     method: str  # "built at tile" | "scaled from <shape>"
 
     @property
@@ -236,7 +242,10 @@ def verdict(total: int, lower_bound: int, usable: int) -> str:
 
 def main_feature(job: Job) -> str:
     """The feature whose shape drives the model: the only one, else the largest."""
-    features = job.data.features
+    return _largest(job.data.features)
+
+
+def _largest(features: Mapping) -> str:
     if len(features) == 1:
         return next(iter(features))
     return max(features, key=lambda n: features[n].num_elements or 0)
@@ -331,7 +340,7 @@ def estimate(job: Job, tile: Tile, shapes: Optional[ModelShapes] = None, method:
         activations += math.prod(shape) * size
         padded += padded_elements(shape) * size
         if kept.required:
-            required += padded_elements(shape) * size
+            required += math.prod(shape) * size
     slots = optimizer_slots(job.model.optimizer.name, job.model.optimizer.args)
     weights = shapes.params * 4
     gradients = shapes.trainable_params * 4
@@ -375,7 +384,8 @@ def smallest_fitting_partition(job: Job, devices: int, usable: int, per_replica_
         quick = estimate(job, tile, shapes) if shapes is not None else estimate(job, tile)
         if quick.total > usable * 1.05:
             continue
-        exact = estimate(job, tile)
+        # Scaling is close (a few %); build the model for the tile only when it is close to the line.
+        exact = quick if quick.total < usable * 0.9 else estimate(job, tile)
         if exact.total <= usable:
             return {"cores_per_replica": cores, "dims": {main_feature(job): list(dims) if dims else None},
                     "per_core_bytes": exact.total, "tile": [tile.batch, *tile.shape]}
@@ -437,20 +447,39 @@ def _devices(job: Job):
 def resolve_auto_partition(job: Job) -> Partition:
     """The partition `partition: auto` stands for, on the job's cores_per_replica.
 
-    The main feature is split over its largest spatial axes first (TF's row-major core order);
-    labels of the same shape prefix follow the feature's spatial split, other tensors are replicated.
+    Raises:
+        ValueError: the main feature has no spatial axes large enough to split that many ways.
     """
     cores = job.tpu.cores_per_replica if job.tpu else 1
-    if cores <= 1:
-        return Partition()
     tpu_type = _devices(job)
     batch = _per_replica_batch(job, cores, tpu_type.devices if tpu_type else None)
-    name = main_feature(job)
-    dims = suggest_dims(job, cores, batch)
-    features = {n: None for n in job.data.features}
-    features[name] = list(dims) if dims else None
-    labels = {n: _follow(dims, job.data.features[name].shape, spec.shape) for n, spec in job.data.labels.items()}
-    return Partition(features=features, labels=labels)
+    chosen = auto_partition(job.data.features, job.data.labels, cores, batch)
+    if chosen is None:
+        name = main_feature(job)
+        raise ValueError(f"partition: auto cannot split '{name}' {list(job.data.features[name].shape)} "
+                         f"over {cores} cores")
+    return chosen
+
+
+def auto_partition(features: Mapping, labels: Mapping, cores: int, per_replica_batch: int) -> Optional[Partition]:
+    """`partition: auto` from the data specs: the main feature split over its largest spatial axes
+    first (the dims `suggest_dims` gives), labels sharing its spatial axes split alike, others replicated.
+
+    None when the feature cannot be split `cores` ways; an empty Partition for one core per replica.
+    """
+    if cores <= 1:
+        return Partition()
+    name = _largest(features)
+    spec = features[name]
+    if not spec.is_static:
+        return None
+    dims = rules._suggest([per_replica_batch] + list(spec.shape), cores)  # noqa: SLF001 (shared rule)
+    if dims is None:
+        return None
+    chosen = {n: None for n in features}
+    chosen[name] = list(dims)
+    return Partition(features=chosen,
+                     labels={n: _follow(dims, spec.shape, label.shape) for n, label in labels.items()})
 
 
 def _follow(dims: Optional[Sequence[int]], feature_shape, label_shape) -> Optional[list]:
@@ -478,11 +507,14 @@ def plan_memory(job: Job) -> MemoryPlan:
     if job.partition == "auto":
         chosen = resolve_auto_partition(job)
         auto = {"features": chosen.features, "labels": chosen.labels}
-        dims = tuple(chosen.features[main_feature(job)] or ()) or None
+        dims = tuple(chosen.features.get(main_feature(job)) or ()) or None
     else:
         dims = _declared_dims(job, main_feature(job))
     tile = tile_for(job, batch, dims, cores)
-    shapes, method = shapes_for_tile(job, tile)
+    try:
+        shapes, method = shapes_for_tile(job, tile)
+    except Exception as exc:  # noqa: BLE001 (a user's builder can fail any way; plan reports it, not crash)
+        return MemoryPlan("unknown", None, None, reason=f"building the model failed: {type(exc).__name__}: {exc}")
     est = estimate(job, tile, shapes, method)
     common = dict(breakdown=est.breakdown, lower_bound_bytes=est.lower_bound, tile=[tile.batch, *tile.shape],
                   feature=main_feature(job), params=est.params, optimizer_slots=est.optimizer_slots,

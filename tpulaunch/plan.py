@@ -2,8 +2,9 @@
 
 Job -> Plan: the slice (devices, hosts, replicas), the batch arithmetic, and for every input tensor
 its partition dims and the piece each core receives (TF's own uneven split), with bytes per piece
-unpadded and padded to the TPU's (8, 128) layout tiles. The memory estimate joins later as
-`Plan.memory`.
+unpadded and padded to the TPU's (8, 128) layout tiles. `partition: auto` is shown as the dims it
+resolves to. The per-core memory estimate (`tpulaunch.memory`, which needs TensorFlow to build the
+model's shapes) is added by `add_memory`.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ class Plan:
     batches: list
     tensors: list
     warnings: list = field(default_factory=list)  # Problems (validate's warnings + plan's own)
-    memory: Optional[dict] = None  # filled by the memory planner when available
+    memory: Optional[dict] = None  # the memory section (MemoryPlan.to_dict()), when asked for
+    partition: Optional[dict] = None  # the dims `partition: auto` chose, {"features": ..., "labels": ...}
 
     def to_dict(self) -> dict:
         return {
@@ -81,6 +83,7 @@ class Plan:
             "batches": [asdict(b) for b in self.batches],
             "tensors": [dict(asdict(t), padding_factor=round(t.padding_factor, 2)) for t in self.tensors],
             "warnings": [w.to_dict() for w in self.warnings],
+            "partition": self.partition,
             "memory": self.memory,
         }
 
@@ -101,10 +104,20 @@ def _nbytes(shape, dtype: str) -> int:
     return n
 
 
+def resolved_partition(job: Job, per_replica: int):
+    """The job's Partition, with `partition: auto` replaced by the dims it chooses (None if it cannot)."""
+    if job.partition != "auto":
+        return job.partition
+    from tpulaunch.memory import auto_partition
+
+    cores = job.tpu.cores_per_replica if job.tpu else 1
+    return auto_partition(job.data.features, job.data.labels, cores, per_replica)
+
+
 def tensor_plans(job: Job, per_replica: int) -> list:
     """Per-tensor pieces for one replica (every replica gets the same)."""
     out = []
-    part = job.partition
+    part = resolved_partition(job, per_replica)
     for group in ("features", "labels"):
         dims_by_name = getattr(part, group) if part else {}
         for name, spec in getattr(job.data, group).items():
@@ -162,7 +175,19 @@ def build_plan(loaded: LoadedJob, problems=()) -> Plan:
                     "the two minor dimensions are padded to (8, 128) layout tiles",
                     "keep the last dims large (e.g. fold small channel counts into the spatial dims, or partition a major axis instead)",
                     severity="warning"))
-    return Plan(job.name, job.on_tpu, slice_plan, batches, tensors, warnings)
+    chosen = None
+    if job.partition == "auto":
+        resolved = resolved_partition(job, per_replica)
+        chosen = {"features": resolved.features, "labels": resolved.labels} if resolved else None
+    return Plan(job.name, job.on_tpu, slice_plan, batches, tensors, warnings, partition=chosen)
+
+
+def add_memory(plan: Plan, job: Job) -> Plan:
+    """Add the per-core memory section (builds the model's layer shapes with TensorFlow)."""
+    from tpulaunch.memory import plan_memory
+
+    plan.memory = plan_memory(job).to_dict()
+    return plan
 
 
 def _fmt_shape(shape) -> str:

@@ -59,8 +59,12 @@ def render_plan(console: Console, plan: Plan) -> None:
             table.add_row(f"{t.group}.{t.name}", shape_text(t.shape), dims, piece, "yes" if t.even else "[yellow]no[/]",
                           human_bytes(t.piece_bytes), human_bytes(t.piece_bytes_padded))
         console.print(table)
+    if plan.partition is not None:
+        chosen = ", ".join(f"{group}.{name}: {shape_text(dims) if dims else 'replicated'}"
+                           for group in ("features", "labels") for name, dims in plan.partition[group].items())
+        console.print(f"partition: auto chose {escape(chosen)}", highlight=False)
     if plan.memory is not None:
-        from tpulaunch.memory_report import render_memory  # noqa: F401  (memory planner, when installed)
+        from tpulaunch.memory_report import render_memory
 
         render_memory(console, plan.memory)
     for w in plan.warnings:

@@ -6,15 +6,30 @@ answers both locally, lets TF 2.15 build the whole training or evaluation graph 
 input_fn, infeed queues, partitioned infeed, TPU rewrite of model_fn), and stops just before a session
 would be created. Whatever TF raised on the way is its verdict, with its exact message.
 
-Every TF patch lives in `_tf_patched` and is active only inside it. Paths below are relative to
-site-packages (tensorflow 2.15.1, tensorflow-estimator 2.15.0, the final estimator release):
+Every TF patch lives in `_tf_patched`, is active only inside it, and is undone on exit; callers that
+also train for real use `run_cases_in_subprocess`, so the patches never exist in their process. Paths
+below are relative to site-packages (tensorflow 2.15.1, tensorflow-estimator 2.15.0, the final
+estimator release), and each patch stands in for exactly these lines:
 
-* `tensorflow/python/tpu/tpu_system_metadata.py:90-95` (device list) and `:176-178` (topology from
-  `tpu.initialize_system()`) both go through the module attribute `session_lib`; a fake stands in.
-* `tensorflow_estimator/python/estimator/estimator.py:1398` `_train_with_estimator_spec` and `:1657`
-  `_evaluate_run` are the first steps that open a session; they are replaced by a stop.
+* `tensorflow/python/tpu/tpu_system_metadata.py:90-95` (`session_lib.Session(master)` and
+  `sess.list_devices()`: the device list TF counts cores and hosts from) and `:176-178`
+  (`sess.run(tpu.initialize_system())`: the serialized TopologyProto, asked only with model
+  parallelism). Both go through the module attribute `session_lib` (imported at `:20`); a fake module
+  whose `Session` answers both stands in for it. `_DeviceAttributes` is the real class
+  (`tensorflow/python/client/session.py:596`).
+* `tensorflow_estimator/python/estimator/estimator.py:1398` `Estimator._train_with_estimator_spec`
+  and `:1657` `Estimator._evaluate_run`: the first steps after the graph is built, where a session
+  would be created; they are replaced by a stop that keeps the GraphDef.
 * `tensorflow/python/tpu/tpu_feed.py:943` `_PartitionedInfeedQueue._check_dims_and_partition_or_replicate_on_host`
-  is wrapped (not replaced) to record the host-side pieces.
+  (which runs `_check_input_partition_dims`, `:905-941`, then `partition_or_replicate_on_host`,
+  `:35-78`) is wrapped, not replaced: it records the host-side pieces, and which tensor of the tuple
+  was being checked when TF raised (TF's messages do not name it).
+* Not a patch: a job's RunConfig (`TfCase.run_config`) is rebuilt with `master=FAKE_MASTER` where a
+  real run gets its master from a TPUClusterResolver (`tensorflow_estimator/python/estimator/tpu/tpu_config.py:241-307`);
+  its TPUConfig is used unchanged.
+
+Read-only: the XLA sharding of each dequeued tensor comes from the `_XlaSharding` attribute that
+`tpu_feed.py:81-102` (`_tag_sharding_attribute_for_dequeued_tensor`) puts on `InfeedDequeueTuple`.
 
 Importing this module does not import TensorFlow.
 """
@@ -28,6 +43,7 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import traceback as traceback_lib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -96,7 +112,11 @@ class TfVerdict:
     core of replica 0 on host 0 (one piece for a product-1 dim: core 0 only). `sharding` is the XLA
     sharding TF put on each dequeued tensor: "tiled", "replicated" or "core0". Both stay empty
     without spatial partitioning. `blamed` names the tensor whose partition dims TF was checking
-    when it raised (TF's own messages do not name it), else None.
+    when it raised (TF's own messages do not name it), else None. `graph_facts` describes the built
+    graph (empty when TF stopped before building it): "cross_replica_sum" (a CrossReplicaSum op exists,
+    as CrossShardOptimizer makes) and "placeholders_in_tpu" (names of Placeholder ops inside the TPU
+    computation, e.g. a Keras Input built inside the loop, which XLA cannot compile). `traceback` is
+    the formatted traceback of TF's exception (for `--debug`), None when accepted.
     """
 
     accepted: bool
@@ -108,6 +128,8 @@ class TfVerdict:
     piece_shapes: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
     sharding: dict[str, str] = field(default_factory=dict)
     blamed: Optional[str] = None
+    graph_facts: dict = field(default_factory=dict)
+    traceback: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -323,6 +345,18 @@ def _sharding_kinds(graph_def: Any) -> list[str]:
     return []
 
 
+def _graph_facts(graph_def: Any) -> dict:
+    """What the built graph shows about the model_fn (see `TfVerdict.graph_facts`)."""
+    functions = [(f.signature.name, list(f.node_def)) for f in graph_def.library.function]
+    ops = {node.op for node in graph_def.node} | {node.op for _, nodes in functions for node in nodes}
+    # Under control-flow v2 the TPU loop body is a function; nodes rewritten in the main graph carry
+    # `_tpu_replicate`. A Placeholder in either is inside the TPU computation.
+    placeholders = [node.name for node in graph_def.node
+                    if node.op == "Placeholder" and "_tpu_replicate" in node.attr]
+    placeholders += [node.name for _, nodes in functions for node in nodes if node.op == "Placeholder"]
+    return {"cross_replica_sum": "CrossReplicaSum" in ops, "placeholders_in_tpu": sorted(set(placeholders))}
+
+
 def _host0_pieces(recorder: _Recorder) -> list[list[tuple[int, ...]]]:
     """Pieces of the first replica fed by host 0's first partitioned queue, in tuple order."""
     host0 = [(queue, shapes) for queue, host, shapes in recorder.pieces if host == 0]
@@ -414,6 +448,9 @@ def run_case(case: TfCase) -> TfVerdict:
         input_fn_calls=len(calls) or None,
         piece_shapes=dict(zip(names, pieces)),
         sharding=dict(zip(names, kinds)),
+        graph_facts=_graph_facts(recorder.graph_def) if recorder.graph_def is not None else {},
+        traceback=None if error is None else "".join(
+            traceback_lib.format_exception(type(error), error, error.__traceback__)),
         blamed=names[recorder.failed_index] if recorder.failed_index is not None
         and recorder.failed_index < len(names) else None,
     )

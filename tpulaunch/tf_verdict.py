@@ -19,6 +19,7 @@ Importing this module does not import TensorFlow.
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 from typing import Any, Optional, Sequence
 
@@ -31,6 +32,8 @@ CHECK_FAILED = "tensorflow-check-failed"
 EMPTY_PIECES = "tensorflow-empty-pieces"
 UNEVEN_PIECES = "tensorflow-uneven-pieces"
 NOT_ON_TPU = "tensorflow-not-on-tpu"
+NO_CROSS_REPLICA_SUM = "tensorflow-no-cross-replica-sum"
+PLACEHOLDER_IN_LOOP = "tensorflow-placeholder-in-tpu-loop"
 
 # The error type a job's model_fn failure is reported under (see JobModelFn).
 MODEL_BUILD_FAILED = "ModelBuildFailed"
@@ -63,26 +66,15 @@ class JobRunConfig:
 class JobModelFn:
     """Picklable TPU model_fn of `job`, built in the process that runs it.
 
-    Before the first call the Keras builder is tried at the declared per-example shapes in a scratch
-    graph; failing that raises `ModelBuildFailed`. Exceptions from the model_fn itself become
-    `ModelFnFailed` with the original type and message, so they are told apart from TF's own checks.
+    When the job's model_fn raises, the Keras builder is tried on its own at the declared per-example
+    shapes in a scratch graph: if that fails too, the error is `ModelBuildFailed` (the model cannot be
+    built; TF's checks are then run with a stand-in), else `ModelFnFailed` with the original type and
+    message. Either way it is told apart from TF's own checks. Nothing extra is built on success.
     """
 
     def __init__(self, job, search_path: Sequence[str] = ()):
         self.job = job
         self.search_path = list(search_path)
-        self._model_fn = None
-
-    def _build(self):
-        from tpulaunch.model import make_model_fn
-
-        try:
-            model_fn = make_model_fn(self.job, use_tpu=True, search_path=self.search_path)
-            if self.job.model.builder:
-                self._probe()
-        except Exception as exc:  # pylint: disable=broad-except  # any builder failure means: stand in
-            raise ModelBuildFailed(f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}") from exc
-        return model_fn
 
     def _probe(self) -> None:
         """Build the Keras model and call it on symbolic inputs of the declared shapes (batch 1)."""
@@ -99,13 +91,33 @@ class JobModelFn:
                       for name, f in features.items()}
             model(next(iter(inputs.values())) if len(inputs) == 1 else inputs, training=False)
 
+    def _classify(self, exc: Exception) -> Exception:
+        if self.job.model.builder:
+            try:
+                self._probe()
+            except Exception as probe_exc:  # pylint: disable=broad-except  # any failure: the model cannot be built
+                return ModelBuildFailed(_describe(probe_exc))
+        return ModelFnFailed(_describe(exc))
+
     def __call__(self, features, labels, mode, params, config=None):
-        if self._model_fn is None:
-            self._model_fn = self._build()
+        from tpulaunch.model import make_model_fn
+
         try:
-            return self._model_fn(features, labels, mode, params, config)
+            model_fn = make_model_fn(self.job, use_tpu=True, search_path=self.search_path)
+        except Exception as exc:  # pylint: disable=broad-except  # import paths, optimizer: nothing TF checks
+            raise ModelBuildFailed(_describe(exc)) from exc
+        # As Estimator._call_model_fn does: only the arguments the function names (estimator.py:1160-1173).
+        accepted = inspect.signature(model_fn).parameters
+        given = {"labels": labels, "mode": mode, "params": params, "config": config}
+        kwargs = {name: value for name, value in given.items() if name in accepted}
+        try:
+            return model_fn(features, **kwargs)
         except Exception as exc:  # pylint: disable=broad-except  # reported with TF's message
-            raise ModelFnFailed(f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}") from exc
+            raise self._classify(exc) from exc
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
 
 
 def cases_for_job(job, search_path: Sequence[str] = (), *, job_model: bool = True) -> list:
@@ -147,7 +159,8 @@ def tf_problems(loaded: LoadedJob, search_path: Sequence[str] = ()) -> tuple:
     Returns:
         (problems, built): `built` maps "train"/"eval" to {accepted, replicas, params_batch_size,
         input_fn_calls, piece_shapes {name: [shape, ...]}, sharding {name: kind}, model ("job" or
-        "stand-in"), message (TF's, or None)}.
+        "stand-in"), message (TF's, or None), traceback (TF's formatted traceback, or None: for
+        `--debug`)}.
     """
     from tpulaunch.tf_offline import run_cases_in_subprocess
     from tpulaunch.tpu_types import UnknownTpuType
@@ -189,6 +202,8 @@ def tf_problems(loaded: LoadedJob, search_path: Sequence[str] = ()) -> tuple:
         if not verdict.accepted:
             problems.append(rejection_problem(loaded, mode, verdict))
         problems.extend(piece_warnings(loaded, mode, verdict))
+        if model == "job":
+            problems.extend(graph_warnings(loaded, mode, verdict))
     return _unique(problems), built
 
 
@@ -202,6 +217,7 @@ def _built(verdict, model: str) -> dict:
         "sharding": dict(verdict.sharding),
         "model": model,
         "message": verdict.message,
+        "traceback": verdict.traceback,
     }
 
 
@@ -269,6 +285,30 @@ def piece_warnings(loaded: LoadedJob, mode: str, verdict) -> list:
     return problems
 
 
+def graph_warnings(loaded: LoadedJob, mode: str, verdict) -> list:
+    """Silent mistakes TF builds without complaint but the built graph shows (KERAS_TPU.md)."""
+    facts = verdict.graph_facts
+    if not facts:
+        return []
+    key = _model_key(loaded.job)
+    problems = []
+    if mode == "train" and (verdict.replicas or 0) > 1 and not facts.get("cross_replica_sum"):
+        problems.append(loaded.problem(
+            key, NO_CROSS_REPLICA_SUM,
+            f"the train graph has {verdict.replicas} replicas but no cross-replica gradient sum: each replica "
+            "would train its own copy of the weights, and TF does not check this",
+            "wrap the optimizer: tf.compat.v1.tpu.CrossShardOptimizer(optimizer) (on a TPU only)",
+            severity="warning"))
+    if facts.get("placeholders_in_tpu"):
+        names = ", ".join(facts["placeholders_in_tpu"])
+        problems.append(loaded.problem(
+            key, PLACEHOLDER_IN_LOOP,
+            f"the {mode} graph has placeholders inside the TPU loop ({names}), typically a Keras Input built in "
+            "model_fn; XLA cannot compile a placeholder, so the TPU run would fail",
+            "build the Keras model inside `with tf.init_scope():` in model_fn", severity="warning"))
+    return problems
+
+
 def _unique(problems: list) -> list:
     seen, out = set(), []
     for p in problems:
@@ -280,4 +320,5 @@ def _unique(problems: list) -> list:
 
 
 __all__ = ["tf_problems", "cases_for_job", "modes_of", "blamed_key", "rejection_problem", "piece_warnings",
+           "graph_warnings",
            "JobModelFn", "JobRunConfig", "ModelBuildFailed", "ModelFnFailed"]

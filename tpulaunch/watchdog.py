@@ -181,15 +181,16 @@ def wait_until_ready(plan: WatchPlan, *, should_stop: Callable[[], bool] = lambd
         try:
             status = cluster.check_node(plan.ref, plan.job_tpu, discovery_url=plan.discovery_url,
                                         backoff_s=min(cluster.BACKOFF_S, plan.poll_s))
+        except TpuLaunchError as exc:  # 404 while the node is recreated, API trouble: keep waiting
+            status, problem = None, exc.message
+            last = problem
+        else:
             problem = None
             if status.usable:
                 return status
             if any(f.code == "accelerator-type-mismatch" for f in status.findings):
-                status.raise_if_unusable()
+                status.raise_if_unusable()  # waiting will not change the type
             last = "; ".join(f.message for f in status.findings if f.severity == "error")
-        except TpuLaunchError as exc:
-            status, problem = None, exc.message
-            last = problem
         left = deadline - time.monotonic()
         if left <= 0:
             raise TpuLaunchError(

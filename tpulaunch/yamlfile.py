@@ -76,7 +76,7 @@ def dotted(path: Path) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += ("." if out else "") + str(part)
+            out += ("." if out else "") + (str(part) or '""')  # an empty key stays visible
     return out
 
 
@@ -189,6 +189,12 @@ class _Builder:
                          f"cannot use the value tagged {node.tag!r}: job files hold plain data only",
                          "remove the tag; tpulaunch never constructs Python objects from YAML")
             )
+            return None
+        except Exception:  # noqa: BLE001 - a safe tag whose text does not fit it (`!!timestamp 12x`, `!!int a`)
+            self.problems.append(
+                _problem(self.marks.file, _mark(node.start_mark), path, "yaml-bad-tagged-value",
+                         f"{value[:60]!r} is not a valid {node.tag.rsplit(':', 1)[-1]}",
+                         "remove the tag (plain values are read by their form), or fix the value"))
             return None
 
     def _interpolate(self, text: str, node, path: Path) -> str:

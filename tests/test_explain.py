@@ -1,0 +1,136 @@
+"""`tpulaunch explain`: the standalone TPUEstimator script compiles, trains on CPU, and matches the job's TPUConfig."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import tensorflow as tf
+from click.testing import CliRunner
+
+from tpulaunch import runner
+from tpulaunch.cli import cli
+from tpulaunch.explain import explain_script
+from tpulaunch.jobfile import load_job
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TINY_MODELS = textwrap.dedent('''
+    import tensorflow as tf
+
+    def build(input_shape, num_classes=2):
+        image = tf.keras.Input(shape=tuple(input_shape), name="image")
+        x = tf.keras.layers.Conv2D(4, 3, padding="same", activation="relu")(image)
+        x = tf.keras.layers.BatchNormalization()(x)
+        x = tf.keras.layers.GlobalAveragePooling2D()(x)
+        return tf.keras.Model(image, tf.keras.layers.Dense(num_classes)(x))
+''')
+
+LOCAL_JOB = textwrap.dedent("""\
+    name: tiny
+    model:
+      builder: tiny_models:build
+      params: {num_classes: 2}
+      optimizer: {name: sgd, learning_rate: 0.1}
+      metrics: [accuracy]
+    data:
+      train: data/train-*.tfrecord
+      eval: data/eval-*.tfrecord
+      features:
+        image: {shape: [8, 8, 1]}
+      labels:
+        label: {shape: [], dtype: int64}
+    train: {batch_size: 4, steps: 3}
+    eval: {batch_size: 4, steps: 1}
+    run: {model_dir: run, save_checkpoints_steps: 3, log_every_steps: 1, seed: 1}
+    """)
+
+
+def _write_records(path, count):
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for i in range(count):
+            feature = {
+                "image": tf.train.Feature(float_list=tf.train.FloatList(value=[float(i % 2)] * 64)),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 2])),
+            }
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+
+
+def _explain(job_path, *extra):
+    result = CliRunner().invoke(cli, ["explain", str(job_path), *extra])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_local_script_compiles_and_trains_like_tpulaunch_train(tmp_path):
+    (tmp_path / "tiny_models.py").write_text(TINY_MODELS)
+    (tmp_path / "data").mkdir()
+    _write_records(tmp_path / "data" / "train-0.tfrecord", 16)
+    _write_records(tmp_path / "data" / "eval-0.tfrecord", 8)
+    job_path = tmp_path / "job.yaml"
+    job_path.write_text(LOCAL_JOB)
+    script_path = tmp_path / "run_tiny.py"
+    _explain(job_path, "-o", str(script_path))
+    source = script_path.read_text()
+    compile(source, str(script_path), "exec")
+    assert "tpulaunch" not in re.sub(r"#.*|\"\"\"[\s\S]*?\"\"\"", "", source)  # only in comments/docstring
+    assert "USE_TPU = False" in source and "TRAIN_BATCH_SIZE = 4  # train.batch_size (job.yaml:14)" in source
+
+    # Run from elsewhere, with nothing of tpulaunch on the path: the script stands alone.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    child = subprocess.run([sys.executable, "-I", str(script_path)], cwd="/", env=env,
+                           capture_output=True, text=True, timeout=300, check=False)
+    assert child.returncode == 0, child.stderr[-3000:]
+    model_dir = tmp_path / "run"
+    assert int(tf.train.load_variable(tf.train.latest_checkpoint(str(model_dir)), "global_step")) == 3
+    evaluation = re.search(r"\{'accuracy': ([0-9.e-]+), 'loss': ([0-9.e-]+), 'global_step': (\d+)\}", child.stdout)
+    assert evaluation is not None, child.stdout[-2000:]
+    accuracy, loss, step = float(evaluation[1]), float(evaluation[2]), int(evaluation[3])
+    assert (step, 0.0 <= accuracy <= 1.0, 0.0 < loss < 5.0) == (3, True, True)
+
+    # `tpulaunch train` on the same job and data: the same final step, a loss in the same range.
+    loaded = load_job(str(job_path), [f"run.model_dir={tmp_path / 'tpulaunch-run'}"])
+    summary = runner.train(loaded.job, local=True, search_path=[str(tmp_path)])
+    (evaluation,) = summary.evals
+    assert (summary.final_step, evaluation.step) == (3, 3)
+    assert abs(evaluation.metrics["loss"] - loss) < 0.35, (evaluation.metrics, loss)
+
+
+def test_tpu_script_has_the_jobs_exact_tpu_config():
+    job_file = os.path.join(ROOT, "configs", "unet3d_ct.yaml")
+    loaded = load_job(job_file)
+    source = explain_script(loaded)
+    namespace = {"__name__": "explained"}
+    exec(compile(source, "explained.py", "exec"), namespace)  # defines everything; main() does not run
+    # A direct grpc:// address: the resolver asks no API, and nothing is contacted while building.
+    namespace["TPU_NAME"] = "grpc://10.240.1.2:8470"
+    estimator = namespace["make_estimator"]()
+    from tensorflow.python.distribute.cluster_resolver import TPUClusterResolver
+
+    # What `tpulaunch train` builds for the same TPU (a resolver also changes RunConfig's defaults).
+    theirs = runner.make_estimator(loaded.job, use_tpu=True,
+                                   cluster_resolver=TPUClusterResolver(tpu="grpc://10.240.1.2:8470"))
+    expected, config = theirs.config, estimator.config
+    assert config.tpu_config == expected.tpu_config
+    assert config.tpu_config.input_partition_dims == [[1, 4, 2, 2, 1], [1, 4, 2, 2]]
+    assert config.tpu_config.num_cores_per_replica == 16
+    fields = ("model_dir", "save_checkpoints_steps", "keep_checkpoint_max", "tf_random_seed",
+              "log_step_count_steps", "save_summary_steps")
+    assert {f: getattr(config, f) for f in fields} == {f: getattr(expected, f) for f in fields}
+    assert config.master == "grpc://10.240.1.2:8470"
+    batches = [(e._ctx._train_batch_size, e._ctx._eval_batch_size, e._ctx._eval_on_tpu)  # pylint: disable=protected-access
+               for e in (estimator, theirs)]
+    assert batches == [(2, 2, True), (2, 2, True)]
+
+
+def test_script_comments_name_the_job_keys():
+    loaded = load_job(os.path.join(ROOT, "configs", "unet3d_ct.yaml"))
+    lines = explain_script(loaded).splitlines()
+    assert "NUM_CORES_PER_REPLICA = 16  # tpu.cores_per_replica (unet3d_ct.yaml:24)" in lines
+    assert "ITERATIONS_PER_LOOP = 100  # tpu.iterations_per_loop (unet3d_ct.yaml:25)" in lines
+    assert "INPUT_PARTITION_DIMS = [[1, 4, 2, 2, 1], [1, 4, 2, 2]]" in lines
+    assert "from tpulaunch.models.unet3d import build as build_model" in lines

@@ -1,0 +1,323 @@
+"""The per-core memory estimate against the published Cloud TPU facts, and its place in `tpulaunch plan`.
+
+Reference models are built symbolically (shapes only); the memory module caches each build by
+(builder, kwargs) for the whole test process, so each tile size is built once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tpulaunch import memory
+from tpulaunch.job import Job, Partition
+
+GiB = 1024 ** 3
+PYTHON = sys.executable
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make_job(model: str, size: int, tpu_type: str = "v3-8", cores: int = 1, global_batch: int = 8,
+             dims=None, optimizer: str = "momentum", precision: str = "bfloat16") -> Job:
+    if model == "retinanet":
+        builder, params = "tpulaunch.models.retinanet:build", {"num_classes": 90}
+        features = {"image": {"shape": [size, size, 3], "dtype": "uint8", "encoding": "raw"}}
+        labels = {}
+    else:
+        builder, params = "tpulaunch.models.unet3d:build", {"num_classes": 3}
+        features = {"image": {"shape": [size, size, size, 1], "encoding": "raw"}}
+        labels = {"mask": {"shape": [size, size, size], "dtype": "uint8", "encoding": "raw"}}
+    job = {
+        "name": f"{model}-{size}",
+        "model": {"builder": builder, "params": params, "optimizer": {"name": optimizer}, "precision": precision},
+        "data": {"features": features, "labels": labels},
+        "tpu": {"type": tpu_type, "cores_per_replica": cores},
+        "train": {"batch_size": global_batch, "steps": 10},
+        "run": {"model_dir": "gs://bucket/run"},
+    }
+    if dims is not None:
+        job["partition"] = dims if dims == "auto" else {"features": {"image": dims}}
+    return Job.model_validate(job)
+
+
+# The published configurations (DESIGN.md "Memory model"), with the per-replica batch of the runs:
+# name -> (job arguments, expected verdict, DESIGN's estimate in GiB or None where only the verdict is published)
+PUBLISHED = {
+    "retinanet-1280-x8-one-core": (("retinanet", 1280, "v3-8", 1, 64), "fits", 14.1),
+    "retinanet-2560-x8-unpartitioned": (("retinanet", 2560, "v3-8", 1, 64), "does-not-fit", 55.0),
+    "retinanet-2560-x8-8way": (("retinanet", 2560, "v3-64", 8, 64, [1, 4, 2, 1]), "fits", 7.4),
+    "unet3d-128-x4-one-core": (("unet3d", 128, "v3-8", 1, 32), "fits", 13.9),
+    "unet3d-256-x1-unpartitioned": (("unet3d", 256, "v3-8", 1, 8), "does-not-fit", 27.0),
+    "unet3d-256-x1-16way": (("unet3d", 256, "v3-32", 16, 2, [1, 4, 2, 2, 1]), "fits", None),
+}
+
+
+@pytest.fixture(scope="module")
+def published_plans():
+    plans = {}
+    for name, (args, _, _) in PUBLISHED.items():
+        optimizer = "momentum" if args[0] == "retinanet" else "adam"  # as the reference configs train
+        plans[name] = memory.plan_memory(make_job(*args, optimizer=optimizer))
+    return plans
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_published_fact_is_reproduced(published_plans, name):
+    _, expected_verdict, design_gib = PUBLISHED[name]
+    plan = published_plans[name]
+    assert plan.verdict == expected_verdict
+    assert plan.usable_bytes == int(15.48 * GiB)
+    if design_gib is not None:
+        assert plan.per_core_bytes / GiB == pytest.approx(design_gib, rel=0.15)
+    assert plan.per_core_bytes == sum(plan.breakdown.values())
+
+
+def test_published_tiles_and_weights(published_plans):
+    plan = published_plans["retinanet-2560-x8-8way"]
+    assert plan.tile == [8, 640, 1280, 3]
+    assert plan.method == "built at tile"
+    # ResNet-50 FPN RetinaNet: every core holds all ~38M weights, their gradient and one momentum slot.
+    assert plan.params == published_plans["retinanet-1280-x8-one-core"].params
+    assert 30e6 < plan.params < 45e6
+    assert plan.breakdown["weights"] == plan.params * 4
+    assert plan.breakdown["bf16_weights"] == plan.params * 2
+    assert plan.optimizer_slots == 1
+    assert published_plans["unet3d-256-x1-16way"].tile == [1, 64, 128, 128, 1]
+
+
+def test_unpartitioned_2560_retinanet_recommends_a_partition_that_fits(published_plans):
+    rec = published_plans["retinanet-2560-x8-unpartitioned"].recommendation
+    assert {k: rec[k] for k in ("action", "cores_per_replica", "dims", "per_replica_batch", "global_batch", "cost")} == {
+        "action": "partition", "cores_per_replica": 4, "dims": {"image": [1, 2, 2, 1]},
+        "per_replica_batch": 8, "global_batch": 16, "cost": {"efficiency": 0.55, "core_time_per_example": 1.82}}
+    # Taking the recommendation as written gives a job that fits.
+    followed = memory.plan_memory(make_job("retinanet", 2560, "v3-8", rec["cores_per_replica"], rec["global_batch"],
+                                           rec["dims"]["image"]))
+    assert followed.verdict == "fits"
+    assert followed.per_core_bytes == rec["per_core_bytes"]
+
+
+def test_unpartitioned_256_unet_recommends_fewest_cores(published_plans):
+    rec = published_plans["unet3d-256-x1-unpartitioned"].recommendation
+    assert (rec["action"], rec["cores_per_replica"], rec["dims"]) == ("partition", 2, {"image": [1, 2, 1, 1, 1]})
+    assert rec["per_core_bytes"] < int(15.48 * GiB)
+
+
+def test_large_headroom_recommends_a_larger_batch(published_plans):
+    plan = published_plans["unet3d-256-x1-16way"]
+    rec = plan.recommendation
+    assert rec["action"] == "batch"
+    assert rec["per_replica_batch"] > 1
+    assert rec["global_batch"] == rec["per_replica_batch"] * 2  # 2 replicas on a v3-32
+    bigger = memory.plan_memory(make_job("unet3d", 256, "v3-32", 16, rec["global_batch"], [1, 4, 2, 2, 1], optimizer="adam"))
+    assert bigger.verdict == "fits"
+    one_more = memory.plan_memory(make_job("unet3d", 256, "v3-32", 16, rec["global_batch"] + 2, [1, 4, 2, 2, 1],
+                                           optimizer="adam"))
+    assert one_more.verdict != "fits"
+
+
+def test_fitting_job_without_headroom_gets_no_recommendation(published_plans):
+    assert published_plans["retinanet-1280-x8-one-core"].recommendation is None
+
+
+# --------------------------------------------------------------------------------- padding model
+def test_least_padded_layout():
+    # A one-channel 3D tile whose every axis is below 128 is padded: 32 -> 128 on the minor dim.
+    assert memory.padded_elements([1, 32, 32, 32, 1]) == 4 * 32 ** 3
+    # Large spatial axes leave XLA a layout without padding, whatever the channel count.
+    assert memory.padded_elements([4, 128, 128, 128, 1]) == 4 * 128 ** 3
+    assert memory.padded_elements([8, 160, 160, 256]) == 8 * 160 * 160 * 256
+    assert memory.padded_elements([8, 160, 160, 64]) == 8 * 160 * 256 * 64  # 160 -> 256 beats 64 -> 128
+    assert memory.padded_elements([3]) == 128
+    assert memory.padded_elements([2, 3]) == 8 * 128
+
+
+def test_thin_tiles_inflate_the_estimate():
+    # 32^3 volumes, one per core: the first level's [1, 32, 32, 32, 32] tensors take 4x their size.
+    small = memory.plan_memory(make_job("unet3d", 32, optimizer="adam"))
+    assert small.breakdown["padding"] > 0.5 * small.breakdown["activations"]
+    large = memory.plan_memory(make_job("unet3d", 128, optimizer="adam"))
+    assert large.breakdown["padding"] < 0.05 * large.breakdown["activations"]
+
+
+# ------------------------------------------------------------------------------ optimizer, precision
+def test_optimizer_slots_table():
+    assert {name: memory.optimizer_slots(name) for name in ("sgd", "momentum", "adam", "adagrad", "rmsprop")} == {
+        "sgd": 0, "momentum": 1, "adam": 2, "adagrad": 1, "rmsprop": 2}
+    assert memory.optimizer_slots("rmsprop", {"centered": True}) == 3
+    assert memory.optimizer_slots("my.pkg:make_optimizer") == memory.UNKNOWN_OPTIMIZER_SLOTS
+
+
+def test_optimizer_slots_cost_a_weight_copy_each():
+    plans = {name: memory.plan_memory(make_job("unet3d", 32, optimizer=name)) for name in ("sgd", "momentum", "adam")}
+    trainable_bytes = plans["momentum"].breakdown["optimizer"]
+    assert plans["sgd"].breakdown["optimizer"] == 0
+    assert plans["adam"].breakdown["optimizer"] == 2 * trainable_bytes
+    assert plans["adam"].per_core_bytes - plans["sgd"].per_core_bytes == 2 * trainable_bytes
+    assert trainable_bytes == plans["sgd"].breakdown["gradients"]
+
+
+def test_bfloat16_halves_activations_and_adds_a_weight_copy():
+    bf16 = memory.plan_memory(make_job("unet3d", 64, optimizer="adam", precision="bfloat16"))
+    fp32 = memory.plan_memory(make_job("unet3d", 64, optimizer="adam", precision="float32"))
+    assert fp32.breakdown["bf16_weights"] == 0
+    assert bf16.breakdown["bf16_weights"] == bf16.params * 2
+    # Everything but the float32 logits the loss reads is half the size in bfloat16.
+    assert 1.9 < fp32.breakdown["activations"] / bf16.breakdown["activations"] < 2.0
+
+
+# --------------------------------------------------------------------------------- partition: auto
+def test_auto_partition_chooses_the_published_dims():
+    unet = memory.resolve_auto_partition(make_job("unet3d", 256, "v3-32", 16, 2, "auto"))
+    assert unet == Partition(features={"image": [1, 4, 2, 2, 1]}, labels={"mask": [1, 4, 2, 2]})
+    retinanet = memory.resolve_auto_partition(make_job("retinanet", 2560, "v3-64", 8, 64, "auto"))
+    assert retinanet == Partition(features={"image": [1, 4, 2, 1]}, labels={})
+
+
+def test_auto_partition_fits_and_is_shown(published_plans):
+    plan = memory.plan_memory(make_job("unet3d", 256, "v3-32", 16, 2, "auto", optimizer="adam"))
+    assert plan.verdict == "fits"
+    assert plan.auto_partition == {"features": {"image": [1, 4, 2, 2, 1]}, "labels": {"mask": [1, 4, 2, 2]}}
+    assert plan.per_core_bytes == published_plans["unet3d-256-x1-16way"].per_core_bytes
+
+
+def test_auto_partition_that_cannot_split_is_an_error():
+    job = make_job("unet3d", 4, "v3-128", 128, 1, "auto")  # 4^3 splits at most 4 x 4 x 4 = 64 ways
+    with pytest.raises(ValueError, match="cannot split 'image'"):
+        memory.resolve_auto_partition(job)
+
+
+def test_model_fn_jobs_are_unknown():
+    job = make_job("unet3d", 32).model_copy(update={"model": make_job("unet3d", 32).model.model_copy(
+        update={"builder": None, "model_fn": "my.pkg:model_fn"})})
+    plan = memory.plan_memory(job)
+    assert plan.to_dict() == dict(memory.MemoryPlan("unknown", None, None,
+                                                    reason="model_fn jobs have no Keras model to measure").to_dict())
+
+
+# ------------------------------------------------------------------------------------ plan command
+JOB_YAML = """\
+name: unet-small
+model:
+  builder: tpulaunch.models.unet3d:build
+  params: {{num_classes: 3}}
+  loss: sparse_categorical_crossentropy
+  optimizer: adam
+  precision: bfloat16
+data:
+  train: gs://bucket/train-*.tfrecord
+  features:
+    image: {{shape: [{size}, {size}, {size}, 1], encoding: raw}}
+  labels:
+    mask: {{shape: [{size}, {size}, {size}], dtype: uint8, encoding: raw}}
+tpu:
+  name: my-tpu
+  type: v3-8
+  cores_per_replica: {cores}
+  iterations_per_loop: 10
+partition: {partition}
+train: {{batch_size: {batch}, steps: 100}}
+run:
+  model_dir: gs://bucket/runs/unet
+"""
+
+
+def run_plan(tmp_path, *args, size=64, cores=1, batch=8, partition="null"):
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB_YAML.format(size=size, cores=cores, batch=batch, partition=partition))
+    return subprocess.run([PYTHON, "-m", "tpulaunch", "plan", str(path), *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+
+
+def test_plan_json_memory_contract(tmp_path):
+    done = run_plan(tmp_path, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    section = json.loads(done.stdout)["memory"]
+    assert section["verdict"] in memory.VERDICTS
+    assert isinstance(section["per_core_bytes"], int) and section["per_core_bytes"] > 0
+    assert section["usable_bytes"] == int(15.48 * GiB)
+    assert set(section["breakdown"]) == {"weights", "gradients", "optimizer", "bf16_weights", "activations", "padding"}
+    assert section["per_core_bytes"] == sum(section["breakdown"].values())
+    expected = memory.plan_memory(make_job("unet3d", 64, "v3-8", 1, 8, optimizer="adam")).to_dict()
+    assert section == expected
+
+
+def test_plan_json_shows_the_auto_partition(tmp_path):
+    done = run_plan(tmp_path, "--format", "json", size=128, cores=8, batch=1, partition="auto")
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert plan["partition"] == {"features": {"image": [1, 2, 2, 2, 1]}, "labels": {"mask": [1, 2, 2, 2]}}
+    assert [t["dims"] for t in plan["tensors"]] == [[1, 2, 2, 2, 1], [1, 2, 2, 2]]
+    assert plan["memory"]["auto_partition"] == plan["partition"]
+    assert plan["memory"]["tile"] == [1, 64, 64, 64, 1]
+
+
+def test_plan_text_has_the_memory_section(tmp_path):
+    done = run_plan(tmp_path, size=256, batch=8)
+    assert done.returncode == 0, done.stderr
+    lines = [line.strip() for line in done.stdout.splitlines()]
+    assert "memory: does not fit" in lines
+    assert any(line.startswith("recommendation: tpu.cores_per_replica: 2 with partition image: [1, 2, 1, 1, 1]")
+               for line in lines)
+
+
+def test_plan_no_memory_stays_tensorflow_free(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB_YAML.format(size=64, cores=1, batch=8, partition="null"))
+    script = textwrap.dedent(f"""
+        import json, sys
+        from click.testing import CliRunner
+        from tpulaunch.cli import cli
+        result = CliRunner().invoke(cli, ["plan", {str(path)!r}, "--no-memory", "--format", "json"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)["memory"] is None
+        assert "tensorflow" not in sys.modules
+        print("ok")
+    """)
+    done = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+# ------------------------------------------------------------------------ builders without input_shape
+def unet_fixed_at_128():
+    """A builder that cannot be told the tile: the estimate scales its layer shapes instead."""
+    from tpulaunch.models import unet3d
+
+    return unet3d.build(num_classes=3, input_shape=(128, 128, 128, 1))
+
+
+def test_scaled_shapes_match_a_build_at_the_tile():
+    built = make_job("unet3d", 128, "v3-8", 8, 1, [1, 2, 2, 2, 1], optimizer="adam")
+    fixed = built.model_copy(update={"model": built.model.model_copy(
+        update={"builder": "test_memory:unet_fixed_at_128", "params": {}})})
+    at_tile, scaled = memory.plan_memory(built), memory.plan_memory(fixed)
+    assert at_tile.method == "built at tile"
+    assert scaled.method == "scaled from [128, 128, 128, 1]"
+    assert scaled.tile == at_tile.tile == [1, 64, 64, 64, 1]
+    assert scaled.breakdown == at_tile.breakdown
+
+
+def test_tile_the_model_cannot_take_is_scaled(published_plans):
+    # 2560 rows split 8 ways gives 320-row tiles: not a multiple of RetinaNet's 128-pixel pyramid.
+    plan = memory.plan_memory(make_job("retinanet", 2560, "v3-64", 8, 64, [1, 8, 1, 1]))
+    assert plan.method == "scaled from [2560, 2560, 3]"
+    assert plan.verdict == "fits"
+    assert plan.per_core_bytes == pytest.approx(published_plans["retinanet-2560-x8-8way"].per_core_bytes, rel=0.05)
+
+
+def test_validate_accepts_auto_partition(tmp_path):
+    from tpulaunch.validate import validate_job
+
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB_YAML.format(size=128, cores=8, batch=1, partition="auto"))
+    result = validate_job(str(path), (), static=True)
+    assert [p.code for p in result.problems if p.is_error or p.code.startswith("partition")] == []
+    path.write_text(JOB_YAML.format(size=128, cores=1, batch=8, partition="auto"))
+    result = validate_job(str(path), (), static=True)
+    assert [(p.severity, p.code) for p in result.problems if p.code.startswith("partition")] == [
+        ("warning", "partition-auto-one-core")]
