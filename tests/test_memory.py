@@ -125,6 +125,21 @@ def test_fitting_job_without_headroom_gets_no_recommendation(published_plans):
     assert published_plans["retinanet-1280-x8-one-core"].recommendation is None
 
 
+def test_three_state_verdict():
+    usable = 16 * GiB
+    assert memory.verdict(15 * GiB, 10 * GiB, usable) == "fits"
+    assert memory.verdict(17 * GiB, 15 * GiB, usable) == "may-fit"
+    assert memory.verdict(30 * GiB, 17 * GiB, usable) == "does-not-fit"
+
+
+def test_partitioned_tile_adds_the_convolution_halo():
+    whole = memory.plan_memory(make_job("unet3d", 128, "v3-8", 1, 8, optimizer="adam"))  # 1 volume per core
+    split = memory.plan_memory(make_job("unet3d", 128, "v3-8", 8, 1, [1, 2, 2, 2, 1], optimizer="adam"))
+    assert split.tile == [1, 64, 64, 64, 1]
+    # 3x3x3 convolutions read one voxel beyond each face of a 64^3 .. 8^3 tile: a few % more than 1/8.
+    assert 1.02 < split.breakdown["activations"] / (whole.breakdown["activations"] / 8) < 1.15
+
+
 # --------------------------------------------------------------------------------- padding model
 def test_least_padded_layout():
     # A one-channel 3D tile whose every axis is below 128 is padded: 32 -> 128 on the minor dim.
@@ -321,3 +336,27 @@ def test_validate_accepts_auto_partition(tmp_path):
     result = validate_job(str(path), (), static=True)
     assert [(p.severity, p.code) for p in result.problems if p.code.startswith("partition")] == [
         ("warning", "partition-auto-one-core")]
+
+
+# ----------------------------------------------------------------------------------- plan --xla
+def test_xla_buffer_assignment_agrees_with_the_float32_estimate():
+    job = make_job("unet3d", 32, global_batch=16, optimizer="adam", precision="float32")  # 2 per core
+    plan = memory.plan_memory(job)
+    tile = memory.Tile(plan.tile[0], tuple(plan.tile[1:]), 1, None)
+    xla = memory.xla_step_bytes(job, tile)
+    assert xla["input_shape"] == [32, 32, 32, 1]
+    # XLA on the CPU has no (8, 128) tiles: compare with the unpadded estimate.
+    unpadded = plan.per_core_bytes - plan.breakdown["padding"]
+    assert xla["total_bytes"] == pytest.approx(unpadded, rel=0.15)
+
+
+def broken_builder(input_shape=(8, 8, 3)):
+    raise RuntimeError("the builder's own bug")
+
+
+def test_builder_failure_is_reported_not_raised():
+    job = make_job("unet3d", 32)
+    job = job.model_copy(update={"model": job.model.model_copy(update={"builder": "test_memory:broken_builder",
+                                                                       "params": {}})})
+    assert memory.plan_memory(job).to_dict() == memory.MemoryPlan(
+        "unknown", None, None, reason="building the model failed: RuntimeError: the builder's own bug").to_dict()

@@ -8,7 +8,7 @@ tpulaunch.runner. All TF builds run in one child process.
 Agreement: accepted offline <=> accepted by TF, and when both reject, the key TF's error is about
 is one of the keys the offline rules flag. `EXCEPTIONS` lists the rows where the two differ on
 purpose or by a known gap, with the reason; they must keep differing exactly as documented.
-Last run: 61 cases (31 accepted, 30 rejected by TF), 59 agree, 2 documented exceptions, 0 disagreements.
+Last run: 66 cases (31 accepted, 35 rejected by TF), 64 agree, 2 documented exceptions, 0 disagreements.
 """
 
 from __future__ import annotations
@@ -88,6 +88,11 @@ CASES = {
     "label-dim-zero": ("v3-8", 2, {"image": (IMG, [1, 2, 1, 1])}, {"mask": ([16, 16], [1, 0, 2])}, 8, None),
     "rank3-product": ("v3-32", 8, {"x": ([8, 8], [1, 2, 2])}, {"y": ([], "-")}, 8, None),
     "int-feature-rank": ("v3-8", 2, {"tokens": ([16, 4], [1, 2])}, {"label": ([], "-")}, 8, None),
+    "unknown-dim-split": ("v3-8", 4, {"image": ([None, 16, 3], [1, 2, 2, 1])}, {"label": ([], "-")}, 8, None),
+    "unknown-dim-replicated": ("v3-8", 4, {"image": (IMG, [1, 2, 2, 1]), "extra": ([None], None)}, {"label": ([], "-")}, 8, None),
+    "unknown-dim-label": ("v3-8", 2, {"image": (IMG, [1, 2, 1, 1])}, {"mask": ([16, None], [1])}, 8, None),
+    "unknown-dim-no-partition": ("v3-8", 1, {"image": ([16, None, 3], "-")}, {"label": ([], "-")}, 8, None),
+    "unknown-dim-one-replica": ("v3-8", 8, {"image": ([16, None, 3], "-"), "aux": ([8, 8], [1, 2, 4])}, {"label": ([], "-")}, 1, None),
     # ---------------------------------------------------------------- documented exceptions
     "cpr1-split": ("v3-8", 1, {"image": (IMG, [1, 2, 1, 1])}, {"label": ([], "-")}, 8, None),
     "five-small-features": ("v3-8", 2, {"image": (IMG, [1, 2, 1, 1]), **{f"s{i}": ([1], None) for i in range(5)}}, {"label": ([], "-")}, 8, None),

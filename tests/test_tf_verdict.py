@@ -163,3 +163,14 @@ def test_silent_mistakes_in_the_built_graph_are_warned(tmp_path):
          "model_fn; XLA cannot compile a placeholder, so the TPU run would fail"),
     ]
     assert (built["train"]["accepted"], built["train"]["replicas"], built["train"]["model"]) == (True, 8, "job")
+
+
+def test_model_that_does_not_fit_the_labels_is_located_at_the_builder(tmp_path):
+    # The segmenter outputs [B, 8, 8, 2] but the label is one class per example: the loss cannot pair them.
+    loaded = _job(tmp_path, mask="[]", mask_dims="null")
+    problems, built = tf_problems(loaded, search_path=[str(tmp_path)])
+    assert [(p.severity, p.path, p.line, p.code) for p in problems] == [
+        ("error", "model.builder", 3, "tensorflow-rejected"), ("error", "model.builder", 3, "tensorflow-rejected")]
+    assert problems[0].message.startswith(
+        "the model_fn failed while TensorFlow built the train graph for v3-8: ValueError: ")
+    assert [(info["accepted"], info["model"]) for info in built.values()] == [(False, "job"), (False, "job")]

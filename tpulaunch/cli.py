@@ -141,7 +141,7 @@ def cli(ctx: click.Context, debug: bool, verbose: int):
 @click.option("--static", is_flag=True, help="Only checks that need neither TensorFlow nor the network (fast; for pre-commit and editors).")
 @click.option("--records", "records_per_file", type=click.IntRange(min=1), default=2, show_default=True,
               help="Records to sample per data file.")
-@click.option("--all-records", is_flag=True, help="Read every record (counts and corruption across whole files).")
+@click.option("--all-records", is_flag=True, help="Read every record: exact counts and corruption across whole files (contents are checked on the --records sample of each file).")
 @click.option("--tf", "use_tf", is_flag=True, help="Also build the TPU graph with TensorFlow's own TPUEstimator for the declared slice (offline).")
 @click.pass_obj
 def validate(obj: Context, job_files, overrides, fmt, static, records_per_file, all_records, use_tf):
@@ -223,8 +223,10 @@ def _as_dict(obj):
 @click.option("--memory/--no-memory", "memory", default=True, show_default=True,
               help="Estimate per-core memory (builds the model's layer shapes with TensorFlow; "
                    "--no-memory keeps plan static and TensorFlow-free).")
+@click.option("--xla", is_flag=True, help="Also compile one training step with XLA on the CPU and show its own "
+                                          "buffer-assignment total (float32, no TPU tiling; minutes for big models).")
 @click.pass_obj
-def plan(obj: Context, job_file, overrides, fmt, memory):
+def plan(obj: Context, job_file, overrides, fmt, memory, xla):
     """Show how the job lands on the TPU: tiles per core, replicas, batch arithmetic, memory per core.
 
     \b
@@ -232,6 +234,7 @@ def plan(obj: Context, job_file, overrides, fmt, memory):
       tpulaunch plan configs/unet3d_ct.yaml
       tpulaunch plan job.yaml --set tpu.type=v3-32 --format json
       tpulaunch plan job.yaml --no-memory        # static only, no TensorFlow
+      tpulaunch plan job.yaml --xla              # cross-check with XLA's buffer assignment
     """
     from tpulaunch.plan import add_memory, build_plan
     from tpulaunch.plan_report import render_plan
@@ -246,8 +249,8 @@ def plan(obj: Context, job_file, overrides, fmt, memory):
             obj.err.print("fix these first: the plan needs a valid job", highlight=False)
         sys.exit(int(ExitCode.PROBLEMS))
     the_plan = build_plan(result.loaded, result.problems)
-    if memory:
-        add_memory(the_plan, result.loaded.job)
+    if memory or xla:
+        add_memory(the_plan, result.loaded.job, xla=xla)
     if fmt == "json":
         click.echo(json.dumps(the_plan.to_dict(), indent=2))
     else:

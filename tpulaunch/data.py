@@ -139,6 +139,44 @@ def parse_example_fn(job: Job) -> Callable:
     return parse
 
 
+def _batch_parse_possible(job: Job) -> bool:
+    """Whole batches can be parsed at once when every tensor is static and none is an image.
+
+    One vectorised tf.io.parse_example per batch is about twice as fast as a parse per record; images
+    still decode one by one, and skip_corrupt needs records that fail alone.
+    """
+    specs = {**job.data.features, **job.data.labels}
+    return (not job.data.skip_corrupt and not job.data.cache
+            and all(s.is_static and s.stored_as not in ("png", "jpeg") for s in specs.values()))
+
+
+def parse_batch_fn(job: Job) -> Callable:
+    """Like `parse_example_fn`, for a vector of serialized records: every tensor gets a leading batch dim."""
+    specs = {**job.data.features, **job.data.labels}
+    keys = {name: spec.key or name for name, spec in specs.items()}
+    config = {keys[name]: _feature_config(name, spec) for name, spec in specs.items()}
+
+    def decode(spec: TensorSpec, value, batch: int):
+        import tensorflow as tf
+
+        dtype = _tf_dtype(spec.dtype)
+        if spec.stored_as == "raw":  # the static batch keeps shapes fully defined for XLA
+            return tf.reshape(tf.io.decode_raw(value, dtype), [batch, *spec.shape])
+        return tf.cast(value, dtype) if value.dtype != dtype else value
+
+    def parse(serialized):
+        import tensorflow as tf
+
+        parsed = tf.io.parse_example(serialized, config)
+        batch = serialized.shape[0] if serialized.shape[0] is not None else -1
+        tensors = {name: decode(spec, parsed[keys[name]], batch) for name, spec in specs.items()}
+        features = _structure({n: tensors[n] for n in job.data.features})
+        labels = _structure({n: tensors[n] for n in job.data.labels})
+        return features, labels
+
+    return parse
+
+
 def host_shard(context) -> Tuple[int, int]:
     """(this input pipeline's index, number of input pipelines) from what params["context"] holds.
 
@@ -203,6 +241,8 @@ def make_input_fn(job: Job, mode: str, *, use_tpu: bool) -> Callable:
         _check_static(job)
     files = _files_for(job, mode)
     parse = parse_example_fn(job)
+    batch_parse = _batch_parse_possible(job)
+    parse_batch = parse_batch_fn(job) if batch_parse else None
     training = mode == "train"
     data = job.data
 
@@ -225,6 +265,14 @@ def make_input_fn(job: Job, mode: str, *, use_tpu: bool) -> Callable:
             cycle_length=min(len(files), 16), num_parallel_calls=autotune, deterministic=not training)
         if count > 1 and not shard_files:
             dataset = dataset.shard(count, index)
+        if batch_parse:
+            if training and data.shuffle_buffer > 0:
+                dataset = dataset.shuffle(data.shuffle_buffer)
+            if not training and use_tpu:
+                dataset = dataset.repeat()
+            dataset = dataset.batch(params["batch_size"], drop_remainder=True)
+            dataset = dataset.map(parse_batch, num_parallel_calls=autotune, deterministic=not training)
+            return dataset.prefetch(autotune)
         dataset = dataset.map(parse, num_parallel_calls=autotune, deterministic=not training)
         if data.skip_corrupt:
             dataset = dataset.ignore_errors(log_warning=True)

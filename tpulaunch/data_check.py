@@ -190,9 +190,10 @@ def _read_split(loaded, split, files, data, report, findings, records_per_file, 
                              _access_hint(path), distinct=path)
                 break
             index += 1
-            sampled_bytes += len(record)
-            sampled_records += 1
-            _check_record(findings, path, index, record, data)
+            if index < records_per_file:  # contents are checked on a sample; --all-records counts the rest
+                sampled_bytes += len(record)
+                sampled_records += 1
+                _check_record(findings, path, index, record, data)
         report.records_read += index + 1
         if all_records:
             counted += index + 1

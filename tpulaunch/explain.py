@@ -39,12 +39,51 @@ class _Keys:
         return f"{key} (default)"
 
 
+# The reference models shipped with tpulaunch: a script that uses one gets a copy of its source, so
+# it runs without tpulaunch installed.
+REFERENCE_PACKAGE = "tpulaunch.models."
+
+
 def _import_line(spec: str, alias: str) -> str:
     module, _, attr = spec.partition(":")
+    if module.startswith(REFERENCE_PACKAGE):
+        return f"{alias} = {_reference_name(module)}.{attr}"
     if "." in attr:  # module:Class.method
         head, rest = attr.split(".", 1)
         return f"from {module} import {head} as _{alias}_owner\n{alias} = _{alias}_owner.{rest}"
     return f"from {module} import {attr} as {alias}"
+
+
+def _reference_name(module: str) -> str:
+    return "_" + module[len(REFERENCE_PACKAGE):].replace(".", "_")
+
+
+def _reference_blocks(specs: Sequence[str]) -> list:
+    """For each reference model module the job names, its source as a module object in the script."""
+    import importlib.util
+
+    lines: list = []
+    seen: set = set()
+    for spec in specs:
+        module = spec.partition(":")[0]
+        if not module.startswith(REFERENCE_PACKAGE) or module in seen:
+            continue
+        seen.add(module)
+        found = importlib.util.find_spec(module)
+        with open(found.origin, encoding="utf-8") as handle:
+            source = handle.read()
+        name = _reference_name(module)
+        private = "reference_models." + module[len(REFERENCE_PACKAGE):]  # never shadows an installed tpulaunch
+        # Verbatim in a raw string, so it reads as the module; repr() where that could not round-trip.
+        verbatim = "\'\'\'" not in source and not source.endswith("\\")
+        text = f"r\'\'\'{source}\'\'\'" if verbatim else repr(source)
+        lines += [
+            f"# {module} (tpulaunch's reference model), copied so this script runs without tpulaunch.",
+            f"{name} = sys.modules[{private!r}] = types.ModuleType({private!r})",
+            f"exec(compile({text}, {module!r}, 'exec'), {name}.__dict__)",
+            "",
+        ]
+    return lines
 
 
 def _files(value) -> Optional[list]:
@@ -114,6 +153,7 @@ def explain_script(loaded: LoadedJob, *, search_path: Sequence[str] = ()) -> str
         "",
         "import os",
         "import sys",
+        "import types",
         "",
         "import tensorflow as tf",
         "",
@@ -197,6 +237,9 @@ _OPTIMIZER_CLASSES = {
 def _model_imports(job, at, search_path: Sequence[str]) -> list:
     spec = job.model
     lines = ["# ------------------------------------------------------------------------ the job's own code", ""]
+    specs = [s for s in (spec.builder, spec.model_fn, spec.loss, spec.optimizer.name, *spec.metrics, job.data.input_fn)
+             if s and ":" in s]
+    lines += _reference_blocks(specs)
     if spec.model_fn:
         lines += [f"# {at('model', 'model_fn')}: the job's own TPUEstimator model_fn, used unchanged.",
                   _import_line(spec.model_fn, "user_model_fn"), "build_model = None", "BUILDER_KWARGS = {}"]

@@ -19,7 +19,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from tpulaunch.errors import JobFileError, Problem
 from tpulaunch.job import SECTIONS, Job
-from tpulaunch.yamlfile import DOCUMENT_PATH, Mark, Marks, dotted, parse_yaml, read_job_text
+from tpulaunch.yamlfile import DOCUMENT_PATH, Mark, Marks, dotted, looks_secret, parse_yaml, read_job_text
 
 
 @dataclass
@@ -218,6 +218,15 @@ def _real_path(loc: tuple, data: Any) -> tuple:
     return tuple(path)
 
 
+SECRET_MASK = "***"
+
+
+def _secret_from_env(path: tuple, marks: Marks) -> bool:
+    """Whether the value at `path` came from ${VAR} under a key that looks secret: never shown in messages."""
+    keys = [str(p) for p in path if isinstance(p, str)]
+    return any(looks_secret(k) for k in keys) and any(path[: len(ref)] == ref for ref in marks.env_refs)
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -234,6 +243,8 @@ def schema_problems(exc: ValidationError, loaded: LoadedJob, prefix: tuple = ())
             continue
         seen.add(key)
         name = str(path[-1]) if path else ""
+        secret = _secret_from_env(path, loaded.marks)
+        shown = SECRET_MASK if secret else _short(err.get("input"))
         if kind == "extra_forbidden":
             allowed = sorted(_schema_fields(path[:-1]) or [])
             hint = _did_you_mean(name, allowed) or (f"known keys here: {', '.join(allowed)}" if allowed else None)
@@ -245,17 +256,17 @@ def schema_problems(exc: ValidationError, loaded: LoadedJob, prefix: tuple = ())
             expected = err.get("ctx", {}).get("expected", "")
             options = [o.strip().strip("'\"") for o in expected.replace(" or ", ",").split(",") if o.strip()]
             hint = _did_you_mean(str(err.get("input")), options) or f"expected one of: {', '.join(options)}"
-            problems.append(loaded.problem(path, "invalid-value", f"{_short(err.get('input'))} is not allowed here", hint))
+            problems.append(loaded.problem(path, "invalid-value", f"{shown} is not allowed here", hint))
         elif kind in _TYPE_WORDS:
             seen.add((path, "*"))
-            problems.append(loaded.problem(path, "wrong-type", f"expected {_TYPE_WORDS[kind]}, got {_short(err.get('input'))}",
+            problems.append(loaded.problem(path, "wrong-type", f"expected {_TYPE_WORDS[kind]}, got {shown}",
                                            _field_description(path)))
         elif kind in _RANGE:
             bound = list(err.get("ctx", {}).values())[0]
-            problems.append(loaded.problem(path, "out-of-range", f"{_short(err.get('input'))} must be {_RANGE[kind]} {bound}",
+            problems.append(loaded.problem(path, "out-of-range", f"{shown} must be {_RANGE[kind]} {bound}",
                                            _field_description(path)))
         elif kind == "string_pattern_mismatch":
-            problems.append(loaded.problem(path, "invalid-value", f"{_short(err.get('input'))} does not have the required form",
+            problems.append(loaded.problem(path, "invalid-value", f"{shown} does not have the required form",
                                            "use letters, digits, '-', '_' and '.', starting with a letter or digit"))
         else:
             message = err["msg"]
@@ -269,6 +280,8 @@ def schema_problems(exc: ValidationError, loaded: LoadedJob, prefix: tuple = ())
                 if isinstance(err.get("input"), list):
                     word = next((m for m in err["input"] if m not in options and ":" not in str(m)), "")
                 hint = _did_you_mean(str(word), options) or f"one of {', '.join(options)}, or an import path 'pkg.mod:fn'"
+            if secret and str(err.get("input")) in message:
+                message = message.replace(repr(err.get("input")), SECRET_MASK).replace(str(err.get("input")), SECRET_MASK)
             problems.append(loaded.problem(path, "invalid-value", message, hint, at_key=isinstance(err.get("input"), dict)))
     return problems
 

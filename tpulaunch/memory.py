@@ -15,6 +15,9 @@ It is deliberately tight rather than "keep only convolution inputs": XLA's own o
 for UNet3D 256^3 on one v3 core ("Used 27.90G") shows its rematerialisation recovers little of a
 conv-BN-ReLU network's memory.
 
+Spatial partitioning: each core keeps its tile of every activation; a convolution's input on a split
+axis also holds the halo it reads from the neighbouring tiles ((kernel - 1) * dilation rows, unpadded).
+
 Layout padding: a TPU buffer's two minor dims are padded to (8, 128) tiles. XLA's layout assignment
 chooses the dim order of intermediate buffers, so each kept tensor is charged the least-padded order;
 padding is real when every axis is small (thin tiles, e.g. a one-channel 3D tile of 32^3: x4).
@@ -27,6 +30,7 @@ symbolically in a throw-away graph (no weights are initialised).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import asdict, dataclass, field
@@ -104,13 +108,14 @@ class KeptTensor:
     shape: tuple
     output: bool  # a model output: float32, read by the loss
     required: bool  # kept even with rematerialisation (convolution/dense/normalization input, output)
+    halo: tuple = ()  # per spatial axis: the rows a convolution reads from the neighbouring tile
 
 
 @dataclass(frozen=True)
 class ModelShapes:
     """What the estimate needs from a Keras model, built once for one input shape."""
 
-    input_shape: tuple  # per example, as built
+    input_shape: tuple  # per example: the input the kept shapes belong to
     params: int
     trainable_params: int
     kept: tuple  # KeptTensor, per example
@@ -177,6 +182,7 @@ def _collect(model, kept: dict) -> None:
             inputs = tf.nest.flatten(node.input_tensors)
             outputs = tf.nest.flatten(node.output_tensors)
             required, optional = [], []
+            halo = _halo(layer) if kinds & _CONV_LIKE else ()
             if kinds & _CONV_LIKE:
                 required += inputs
                 if getattr(layer, "activation", None) is not None and _activation_name(layer) not in _LINEAR:
@@ -188,9 +194,21 @@ def _collect(model, kept: dict) -> None:
             elif any("Pool" in k for k in kinds):
                 optional += inputs + outputs
             for tensor in required:
-                kept[id(tensor)] = KeptTensor(_per_example(tensor), output=False, required=True)
+                before = kept.get(id(tensor))
+                if before is not None and before.halo:
+                    halo = tuple(max(a, b) for a, b in zip(before.halo, halo)) if halo else before.halo
+                kept[id(tensor)] = KeptTensor(_per_example(tensor), output=False, required=True, halo=halo)
             for tensor in optional:
                 kept.setdefault(id(tensor), KeptTensor(_per_example(tensor), output=False, required=False))
+
+
+def _halo(layer) -> tuple:
+    """Rows beyond its own tile a spatially partitioned convolution reads: (kernel - 1) * dilation."""
+    kernel = getattr(layer, "kernel_size", None)
+    if not kernel:
+        return ()
+    dilation = getattr(layer, "dilation_rate", None) or (1,) * len(kernel)
+    return tuple((k - 1) * d for k, d in zip(kernel, dilation))
 
 
 def _activation_name(layer):
@@ -296,8 +314,10 @@ def shapes_for_tile(job: Job, tile: Tile) -> tuple:
             return model_shapes(job.model.builder, kwargs), "built at tile"
         except ValueError:
             pass  # e.g. a tile the model's pyramid cannot divide: scale the declared build instead
-    shapes = model_shapes(job.model.builder, declared)
-    return shapes, f"scaled from {list(shapes.input_shape)}"
+    # Scale from the main feature's declared shape (the model may take several inputs, in any order).
+    reference = tuple(job.data.features[main_feature(job)].shape)
+    shapes = dataclasses.replace(model_shapes(job.model.builder, declared), input_shape=reference)
+    return shapes, f"scaled from {list(reference)}"
 
 
 def _scaled(shape: tuple, built: tuple, target: tuple) -> tuple:
@@ -319,6 +339,13 @@ def _scaled(shape: tuple, built: tuple, target: tuple) -> tuple:
     return tuple(out)
 
 
+def _with_halo(shape: tuple, halo: tuple, split: Sequence[int]) -> tuple:
+    """A convolution input on a split spatial axis also holds its halo from the neighbouring tiles."""
+    if not halo or not split or len(halo) != len(shape) - 1:
+        return shape
+    return tuple(d + h if ways > 1 else d for d, h, ways in zip(shape[:-1], halo, split)) + (shape[-1],)
+
+
 def estimate(job: Job, tile: Tile, shapes: Optional[ModelShapes] = None, method: Optional[str] = None) -> MemoryEstimate:
     """The per-core memory of one training step of `job` for `tile`.
 
@@ -334,13 +361,16 @@ def estimate(job: Job, tile: Tile, shapes: Optional[ModelShapes] = None, method:
         method = f"scaled from {list(shapes.input_shape)}"
     act = activation_bytes(job.model.precision)
     activations = padded = required = 0
+    split = tile.dims[1:1 + len(tile.shape) - 1] if tile.dims else ()  # ways per spatial axis
     for kept in shapes.kept:
         shape = (tile.batch,) + _scaled(kept.shape, shapes.input_shape, tile.shape)
+        # The halo rows are exchanged slices next to the tile, charged unpadded on top of it.
+        halo = math.prod((tile.batch,) + _with_halo(shape[1:], kept.halo, split)) - math.prod(shape)
         size = 4 if kept.output else act
-        activations += math.prod(shape) * size
-        padded += padded_elements(shape) * size
+        activations += (math.prod(shape) + halo) * size
+        padded += (padded_elements(shape) + halo) * size
         if kept.required:
-            required += math.prod(shape) * size
+            required += (math.prod(shape) + halo) * size
     slots = optimizer_slots(job.model.optimizer.name, job.model.optimizer.args)
     weights = shapes.params * 4
     gradients = shapes.trainable_params * 4
@@ -393,14 +423,24 @@ def smallest_fitting_partition(job: Job, devices: int, usable: int, per_replica_
 
 
 def largest_batch(job: Job, tile: Tile, usable: int, shapes: ModelShapes) -> int:
-    """The largest per-replica batch whose estimate still fits (activations grow with the batch)."""
+    """The largest per-core batch whose estimate still fits (binary search: memory grows with the batch).
+
+    Padding per example can shrink as the batch grows (the batch becomes a well-filled layout dim),
+    so the unpadded size bounds the search from above.
+    """
+    def total(batch: int) -> int:
+        return estimate(job, Tile(batch, tile.shape, tile.cores_per_replica, tile.dims), shapes).total
+
     one = estimate(job, Tile(1, tile.shape, tile.cores_per_replica, tile.dims), shapes)
-    fixed = one.weights + one.gradients + one.optimizer + one.bf16_weights
-    per_example = max(1, one.total - fixed)
-    batch = max(1, (usable - fixed) // per_example)
-    while batch > 1 and estimate(job, Tile(batch, tile.shape, tile.cores_per_replica, tile.dims), shapes).total > usable:
-        batch -= 1
-    return int(batch)
+    fixed = one.total - one.activations - one.padding
+    low, high = 1, max(1, (usable - fixed) // max(1, one.activations))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if total(middle) <= usable:
+            low = middle
+        else:
+            high = middle - 1
+    return int(low)
 
 
 def partition_cost(cores: int) -> dict:
@@ -428,6 +468,7 @@ class MemoryPlan:
     method: Optional[str] = None
     auto_partition: Optional[dict] = None  # the dims `partition: auto` chose
     reason: Optional[str] = None  # why the verdict is unknown
+    xla: Optional[dict] = None  # plan --xla: XLA's CPU buffer assignment for one step (float32)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -514,7 +555,11 @@ def plan_memory(job: Job) -> MemoryPlan:
     try:
         shapes, method = shapes_for_tile(job, tile)
     except Exception as exc:  # noqa: BLE001 (a user's builder can fail any way; plan reports it, not crash)
-        return MemoryPlan("unknown", None, None, reason=f"building the model failed: {type(exc).__name__}: {exc}")
+        if isinstance(exc, ImportError) and exc.name in ("tensorflow", "keras"):
+            reason = "TensorFlow is not installed: install tpulaunch[cpu] (or use plan --no-memory)"
+        else:
+            reason = f"building the model failed: {type(exc).__name__}: {exc}"
+        return MemoryPlan("unknown", None, None, reason=reason)
     est = estimate(job, tile, shapes, method)
     common = dict(breakdown=est.breakdown, lower_bound_bytes=est.lower_bound, tile=[tile.batch, *tile.shape],
                   feature=main_feature(job), params=est.params, optimizer_slots=est.optimizer_slots,
@@ -536,7 +581,94 @@ def plan_memory(job: Job) -> MemoryPlan:
     elif est.total <= usable * HEADROOM_SHARE:
         best = largest_batch(job, tile, usable, shapes)
         if best > tile.batch:
-            replicas = devices // cores
-            recommendation = {"action": "batch", "per_replica_batch": best, "global_batch": best * replicas,
+            per_replica = best * (tile.dims[0] if tile.dims else 1)  # a split batch axis multiplies it back
+            recommendation = {"action": "batch", "per_replica_batch": per_replica,
+                              "global_batch": per_replica * (devices // cores),
                               "per_core_bytes": estimate(job, Tile(best, tile.shape, cores, tile.dims), shapes).total}
     return MemoryPlan(result, est.total, usable, recommendation=recommendation, **common)
+
+
+# ------------------------------------------------------------------------ XLA's own figure (plan --xla)
+XLA_TIMEOUT_S = 900
+
+
+def xla_step_bytes(job: Job, tile: Tile, timeout: int = XLA_TIMEOUT_S) -> dict:
+    """XLA's buffer-assignment total for one training step of the job's model on the tile, on the CPU.
+
+    A cross-check, not a TPU number: float32 only, CPU layouts (no (8, 128) tiles). The step is
+    compiled (never run) in a child process, because XLA reads its dump flags once per process.
+
+    Returns:
+        {"total_bytes", "input_shape" (per example, as built), "seconds"}.
+
+    Raises:
+        RuntimeError: the compile failed or wrote no buffer assignment.
+    """
+    import json
+    import subprocess
+    import sys
+    import time
+
+    kwargs = _declared_kwargs(job)
+    if len(job.data.features) == 1 and _builder_takes_input_shape(job.model.builder):
+        kwargs["input_shape"] = list(tile.shape)
+    request = {"builder": job.model.builder, "kwargs": kwargs, "batch": tile.batch,
+               "slots": optimizer_slots(job.model.optimizer.name, job.model.optimizer.args)}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", "from tpulaunch.memory import _xla_child; _xla_child()"],
+                          input=json.dumps(request), capture_output=True, text=True, timeout=timeout)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise RuntimeError("XLA compile failed: " + " | ".join(tail))
+    result = json.loads(lines[-1])
+    result["seconds"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def _xla_child() -> None:
+    """Child process of `xla_step_bytes`: request JSON on stdin, result JSON on stdout."""
+    import glob
+    import json
+    import os
+    import re
+    import sys
+    import tempfile
+
+    request = json.load(sys.stdin)
+    dump = tempfile.mkdtemp(prefix="tpulaunch-xla-")
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}").strip()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    from tpulaunch.imports import resolve
+
+    model = resolve(request["builder"], what="model builder")(**request["kwargs"])
+    weights = model.trainable_weights
+    slots = [[tf.Variable(tf.zeros_like(w), trainable=False) for w in weights] for _ in range(request["slots"])]
+
+    @tf.function(jit_compile=True)
+    def step(*inputs):
+        with tf.GradientTape() as tape:
+            outputs = model(list(inputs) if len(inputs) > 1 else inputs[0], training=True)
+            # Any scalar of every output makes the backward pass keep what the real loss would.
+            loss = tf.add_n([tf.reduce_mean(tf.square(tf.cast(o, tf.float32))) for o in tf.nest.flatten(outputs)])
+        grads = tape.gradient(loss, weights)
+        for i, (w, g) in enumerate(zip(weights, grads)):
+            for slot in slots:
+                slot[i].assign(0.9 * slot[i] + g)
+            w.assign_sub(0.01 * (slots[0][i] if slots else g))
+        return loss
+
+    specs = [tf.TensorSpec([request["batch"], *t.shape[1:]], t.dtype) for t in tf.nest.flatten(model.inputs)]
+    step.experimental_get_compiler_ir(*specs)(stage="optimized_hlo")
+    totals = []
+    for path in glob.glob(os.path.join(dump, "*buffer-assignment.txt")):
+        with open(path) as f:
+            found = re.search(r"Total bytes used: (\d+)", f.read())
+        if found:
+            totals.append(int(found.group(1)))
+    if not totals:
+        raise SystemExit("no buffer assignment was written")
+    input_shape = [int(d) for d in tf.nest.flatten(model.inputs)[0].shape[1:]]
+    print(json.dumps({"total_bytes": max(totals), "input_shape": input_shape}))

@@ -19,7 +19,9 @@ _ROWS = (("weights", "weights (float32)"), ("gradients", "gradients"), ("optimiz
 
 
 def _gib(n) -> str:
-    return "-" if n is None else f"{n / 1024 ** 3:.2f} GiB"
+    from tpulaunch.plan_report import human_bytes
+
+    return human_bytes(n)
 
 
 def _shape(values) -> str:
@@ -32,8 +34,10 @@ def render_memory(console: Console, memory: dict) -> None:
         console.print(f"memory: unknown ({escape(memory.get('reason') or 'no estimate')})", highlight=False)
         return
     tile = memory.get("tile") or []
-    title = f"memory per core: {memory.get('feature')} tile {_shape(tile)}, {memory.get('precision')}"
-    table = Table(title=escape(title), box=box.SIMPLE_HEAD, title_justify="left")
+    where = "per core" if memory.get("usable_bytes") else "per device (as a TPU core would need)"
+    console.print(f"[bold]memory {where}[/]: {escape(str(memory.get('feature')))} tile {_shape(tile)}, "
+                  f"{memory.get('precision')} ({escape(str(memory.get('method')))})", highlight=False)
+    table = Table(box=box.SIMPLE_HEAD)
     table.add_column("part")
     table.add_column("bytes", justify="right")
     for key, label in _ROWS:
@@ -51,9 +55,19 @@ def render_memory(console: Console, memory: dict) -> None:
         console.print(f"memory: {VERDICT_TEXT[memory['verdict']]}", highlight=False)
     else:
         console.print(f"memory: unknown ({escape(memory.get('reason') or '')})", highlight=False)
+    if memory.get("auto_partition"):
+        console.print("    partition: auto chose the dims shown above", highlight=False)
     rec = memory.get("recommendation")
     if rec:
         console.print(f"    [cyan]recommendation:[/] {escape(recommendation_text(rec))}", highlight=False, soft_wrap=True)
+    xla = memory.get("xla")
+    if xla:
+        if "error" in xla:
+            console.print(f"    [yellow]XLA cross-check failed:[/] {escape(xla['error'])}", highlight=False, soft_wrap=True)
+        else:
+            console.print(f"    XLA (CPU, float32, no TPU tiling) buffer assignment for one step at {_shape(xla['input_shape'])}: "
+                          f"{_gib(xla['total_bytes'])} ({xla['seconds']} s); a cross-check, not a TPU figure",
+                          highlight=False, soft_wrap=True)
 
 
 def recommendation_text(rec: dict) -> str:

@@ -182,11 +182,23 @@ def build_plan(loaded: LoadedJob, problems=()) -> Plan:
     return Plan(job.name, job.on_tpu, slice_plan, batches, tensors, warnings, partition=chosen)
 
 
-def add_memory(plan: Plan, job: Job) -> Plan:
-    """Add the per-core memory section (builds the model's layer shapes with TensorFlow)."""
-    from tpulaunch.memory import plan_memory
+def add_memory(plan: Plan, job: Job, xla: bool = False) -> Plan:
+    """Add the per-core memory section (builds the model's layer shapes with TensorFlow).
 
-    plan.memory = plan_memory(job).to_dict()
+    With `xla`, also XLA's own buffer-assignment total for one training step on the CPU (slow).
+    """
+    from tpulaunch import memory
+
+    section = memory.plan_memory(job)
+    if xla and section.tile is not None:
+        tile = memory.Tile(section.tile[0], tuple(section.tile[1:]), 1, None)
+        try:
+            section.xla = memory.xla_step_bytes(job, tile)
+        except (RuntimeError, OSError) as exc:
+            section.xla = {"error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 (subprocess timeout and friends: reported, not fatal)
+            section.xla = {"error": f"{type(exc).__name__}: {exc}"}
+    plan.memory = section.to_dict()
     return plan
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 import subprocess
-from typing import Any, Optional, Sequence
+from typing import Sequence
 
 from tpulaunch.errors import Problem
 from tpulaunch.jobfile import LoadedJob
@@ -40,6 +40,11 @@ MODEL_BUILD_FAILED = "ModelBuildFailed"
 MODEL_FN_FAILED = "ModelFnFailed"
 
 # Words in TF's messages that say what it refused (tpu_context.py:442-465, :692-791; tpu_config.py:158-234).
+# TF's static-shape refusals: tpu_feed.py:941 (partitioned), tpu_sharding.py:178 (dequeue),
+# tpu_estimator.py:2006 (model_fn wrapper), tpu_sharding.py:265 (unknown batch dim), and numpy's
+# refusal to split an unknown size for a product-1 dim (tpu_feed.py:35-78).
+_STATIC_SHAPE_WORDS = ("is not fully defined", "must have static shape", "must have a fixed size",
+                       "unsupported operand type(s) for *=: 'NoneType'", "ufunc 'divmod' not supported")
 _REPLICA_WORDS = ("num_cores_per_replica", "model parallelism", "computation footprint", "replicas with shape")
 
 
@@ -228,10 +233,16 @@ def _model_key(job) -> tuple:
 def blamed_key(job, mode: str, verdict) -> tuple:
     """The job-file key TF's rejection is about.
 
-    The partition dims of the tensor TF was checking, the mode's batch_size for batch messages,
+    The declared shape of a tensor with an unknown dim for static-shape messages, the partition dims
+    of the tensor TF was checking, the mode's batch_size for batch messages,
     tpu.cores_per_replica for replica messages, the model for model_fn failures, else tpu.type.
     """
     message = verdict.message or ""
+    if any(words in message for words in _STATIC_SHAPE_WORDS):
+        name = verdict.blamed or _first_unknown(job)
+        if name is not None:
+            group = "features" if name in job.data.features else "labels"
+            return ("data", group, name, "shape")
     if verdict.blamed is not None:
         group = "features" if verdict.blamed in job.data.features else "labels"
         declared = getattr(job.partition, group, {}) if job.partition is not None else {}
@@ -250,13 +261,25 @@ def blamed_key(job, mode: str, verdict) -> tuple:
     return ("tpu", "type")
 
 
+def _first_unknown(job):
+    """The first declared tensor with an unknown dim (TF names only the dequeued tensor)."""
+    for group in (job.data.features, job.data.labels):
+        for name, spec in group.items():
+            if not spec.is_static:
+                return name
+    return None
+
+
 def rejection_problem(loaded: LoadedJob, mode: str, verdict) -> Problem:
     """TF's rejection of `mode`, at the key it is about, with TF's exact message."""
     key = blamed_key(loaded.job, mode, verdict)
-    kind = "" if verdict.error_type in (MODEL_FN_FAILED, MODEL_BUILD_FAILED) else f"{verdict.error_type}: "
+    where = f"the {mode} graph for {loaded.job.tpu.type}"
+    if verdict.error_type in (MODEL_FN_FAILED, MODEL_BUILD_FAILED):
+        return loaded.problem(key, REJECTED, f"the model_fn failed while TensorFlow built {where}: {verdict.message}",
+                              "the model does not fit the declared inputs or labels on the TPU path; "
+                              "`tpulaunch validate --tf --debug` shows the traceback")
     return loaded.problem(
-        key, REJECTED,
-        f"TensorFlow's TPUEstimator rejected the {mode} graph for {loaded.job.tpu.type}: {kind}{verdict.message}",
+        key, REJECTED, f"TensorFlow's TPUEstimator rejected {where}: {verdict.error_type}: {verdict.message}",
         "this is TensorFlow's own message (tpulaunch's offline rules did not catch it); fix the key it points at")
 
 

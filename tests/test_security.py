@@ -1,0 +1,178 @@
+"""Security basics: YAML builds plain data only, secrets from the environment are never shown in full or
+saved, and import strings are checked for form before anything is imported."""
+
+import json
+import os
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from tpulaunch.cli import cli
+from tpulaunch.imports import ImportPathError, resolve
+from tpulaunch.jobfile import load_job
+from tpulaunch.validate import validate_job
+
+GOOD = """\
+name: demo
+model:
+  builder: tpulaunch.models.cnn:build
+  params: {num_classes: 2}
+data:
+  train: /data/train-*.tfrecord
+  features:
+    image: {shape: [8, 8, 1]}
+  labels:
+    label: {shape: [], dtype: int64}
+train: {batch_size: 8, steps: 10}
+run: {model_dir: /tmp/runs/demo}
+"""
+
+
+def write(tmp_path, text: str, name: str = "job.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def codes(problems):
+    return [(p.code, p.path, p.line) for p in problems]
+
+
+# ----------------------------------------------------------------------------------- YAML tags
+
+@pytest.mark.parametrize("tagged", [
+    "!!python/object/apply:os.system ['touch {marker}']",
+    "!!python/object/apply:subprocess.check_call [['touch', '{marker}']]",
+    "!!python/object/new:subprocess.Popen [['touch', '{marker}']]",
+    "!!python/object/apply:builtins.open ['{marker}', 'w']",
+    "!!python/name:os.system",
+    "!!python/module:os",
+    "!!python/object:collections.OrderedDict {{}}",
+])
+def test_python_tags_are_refused_and_never_run(tmp_path, tagged):
+    marker = tmp_path / "PWNED"
+    value = tagged.format(marker=marker)
+    text = GOOD.replace("params: {num_classes: 2}", f"params:\n    num_classes: {value}")
+    result = validate_job(write(tmp_path, text), static=True, env={})
+    assert codes(result.problems) == [("yaml-unsupported-tag", "model.params.num_classes", 5)]
+    assert not marker.exists()
+
+
+def test_python_tags_in_keys_merges_and_overrides_are_refused(tmp_path):
+    marker = tmp_path / "PWNED"
+    attack = f"!!python/object/apply:os.system ['touch {marker}']"
+    text = GOOD + f"base: &b {{x: {attack}}}\nextra:\n  <<: *b\n"
+    result = validate_job(write(tmp_path, text), static=True, env={},
+                          overrides=[f"model.params.num_classes={attack}"])
+    assert [p.code for p in result.problems] == ["override-value"]
+    result = validate_job(write(tmp_path, text), static=True, env={})
+    assert ("yaml-unsupported-tag", "base.x", 13) in codes(result.problems)
+    assert not marker.exists()
+
+
+def test_cli_reports_the_tag_at_its_place_without_running_it(tmp_path):
+    marker = tmp_path / "PWNED"
+    path = write(tmp_path, GOOD.replace("name: demo", f"name: !!python/object/apply:os.system ['touch {marker}']"))
+    result = CliRunner().invoke(cli, ["validate", "--static", "--format", "json", path])
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert [(p["code"], p["path"], p["line"], p["column"]) for p in doc["problems"]] == [
+        ("yaml-unsupported-tag", "name", 1, 7)]
+    assert not marker.exists()
+
+
+# ----------------------------------------------------------------------------------- secrets
+
+SECRET = "s3cr3t-VALUE-0123456789"
+SECRET_JOB = GOOD.replace("params: {num_classes: 2}", """params:
+    num_classes: 2
+    api_key: ${API_KEY}
+    auth: {password: "${DB_PASSWORD}", user: me}
+  optimizer:
+    name: adam
+    args: {access_token: "${API_KEY}"}""")
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "github"])
+def test_secret_values_are_never_printed(tmp_path, fmt):
+    """A job with secrets from the environment and mistakes next to them: no output holds a secret."""
+    text = SECRET_JOB.replace("steps: 10", "steps: -1").replace("name: demo", "name: demo\nsecret_key: ${API_KEY}")
+    path = write(tmp_path, text)
+    result = CliRunner().invoke(cli, ["validate", "--static", "--format", fmt, path,
+                                      "--set", "model.params.token=${API_KEY}"],
+                                env={"API_KEY": SECRET, "DB_PASSWORD": SECRET, "NO_COLOR": "1"})
+    assert result.exit_code == 1
+    assert SECRET not in result.output
+    assert "train.steps" in result.output and "secret_key" in result.output  # the mistakes are reported
+
+
+def test_secret_in_a_checked_field_is_not_echoed(tmp_path):
+    """A feature `key` (a name that looks secret) with a wrong-typed value from the environment."""
+    text = GOOD.replace("image: {shape: [8, 8, 1]}", "image:\n      shape: [8, 8, 1]\n      key: ${IMAGE_KEY}")
+    path = write(tmp_path, text)
+    result = CliRunner().invoke(cli, ["validate", "--static", "--format", "json", path],
+                                env={"IMAGE_KEY": "1234567"})
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert [(p["code"], p["path"]) for p in doc["problems"]] == [("wrong-type", "data.features.image.key")]
+    assert "1234567" not in result.stdout
+
+
+def test_job_copy_in_model_dir_holds_no_secret(tmp_path):
+    from tpulaunch import runner
+
+    path = write(tmp_path, SECRET_JOB)
+    loaded = load_job(path, env={"API_KEY": SECRET, "DB_PASSWORD": SECRET})
+    assert loaded.job is not None, loaded.problems
+    copy = runner.write_job_copy(loaded.job, str(tmp_path / "model_dir"))
+    assert os.path.basename(copy) == runner.JOB_COPY
+    text = open(copy).read()
+    assert SECRET not in text
+    import yaml
+
+    saved = yaml.safe_load(text)
+    assert saved["model"]["params"] == {"num_classes": 2, "api_key": runner.MASK,
+                                        "auth": {"password": runner.MASK, "user": "me"}}
+    assert saved["model"]["optimizer"]["args"] == {"access_token": runner.MASK}
+
+
+# ----------------------------------------------------------------------------------- import strings
+
+@pytest.mark.parametrize("spec", ["os.system('touch x')", "__import__('os'):system", "os; rm -rf /:x", "os:",
+                                  ":system", "a..b:c", "os:system()", "../evil:build", "os:system ", ""])
+def test_malformed_import_strings_are_refused_before_importing(spec):
+    before = set(sys.modules)
+    with pytest.raises(ImportPathError) as error:
+        resolve(spec, what="model.builder")
+    assert error.value.message == f"model.builder {spec!r} is not of the form 'package.module:function'"
+    assert set(sys.modules) == before
+
+
+@pytest.mark.parametrize("spec", ["os.system('touch x')", "../evil:build", "os:system()"])
+def test_malformed_builder_is_a_located_problem(tmp_path, spec):
+    path = write(tmp_path, GOOD.replace("tpulaunch.models.cnn:build", json.dumps(spec)))
+    result = validate_job(path, static=True, env={})
+    assert codes(result.problems) == [("invalid-value", "model.builder", 3)]
+
+
+def test_failing_import_names_the_module_without_a_traceback(tmp_path):
+    (tmp_path / "broken_models.py").write_text("import tensorflow as tf\nraise RuntimeError('boom at import')\n")
+    with pytest.raises(ImportPathError) as error:
+        resolve("broken_models:build", search_path=[str(tmp_path)], what="model.builder")
+    assert error.value.message == ("importing module 'broken_models' for model.builder 'broken_models:build' failed: "
+                                   "RuntimeError: boom at import")
+    assert error.value.hint == f"the error is raised at {tmp_path / 'broken_models.py'}:2"
+    with pytest.raises(ImportPathError) as error:
+        resolve("no_such_module_here:build", search_path=[str(tmp_path)], what="model.builder")
+    assert error.value.message == "cannot import model.builder 'no_such_module_here:build': no module named 'no_such_module_here'"
+
+
+def test_failing_builder_import_in_validate_is_a_problem_not_a_traceback(tmp_path):
+    (tmp_path / "broken_models.py").write_text("raise RuntimeError('boom at import')\n")
+    path = write(tmp_path, GOOD.replace("tpulaunch.models.cnn:build", "broken_models:build")
+                 .replace("/data/train-*.tfrecord", str(tmp_path / "none-*.tfrecord")))
+    result = CliRunner().invoke(cli, ["validate", path], env={"NO_COLOR": "1", "COLUMNS": "300"})
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output and "unexpected" not in result.output
+    assert "broken_models" in result.output and "boom at import" in result.output
