@@ -102,9 +102,11 @@ def test_uneven_and_empty_pieces_are_warnings():
 
 
 def test_layout_padding_models_8_by_128_tiles():
-    assert layout_padding([4, 64, 64, 64, 1], 4) == (4 * 64 ** 3 * 4, 4 * 64 * 64 * 64 * 128 * 4)
+    # the least-padded layout: a channel of 1 need not be the minor dim, so only thin tiles inflate
+    assert layout_padding([4, 64, 64, 64, 1], 4) == (4 * 64 ** 3 * 4, 4 * 64 * 64 * 128 * 4)
     assert layout_padding([8, 256], 2) == (8 * 256 * 2, 8 * 256 * 2)
     assert layout_padding([3, 100], 4) == (1200, 8 * 128 * 4)
+    assert layout_padding([2, 4, 4, 1], 4) == (128, 2 * 8 * 128 * 4)
 
 
 # --- against TensorFlow's own host split (tpu_feed.partition_or_replicate_on_host), run eagerly on CPU

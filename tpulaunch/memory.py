@@ -80,20 +80,7 @@ def activation_bytes(precision: str) -> int:
     return 4 if precision == "float32" else 2
 
 
-def padded_elements(shape: Sequence[int]) -> int:
-    """Elements of `shape` in the least-padded TPU layout: one dim padded to 128, another to 8."""
-    dims = [int(d) for d in shape]
-    n = math.prod(dims)
-    if n == 0:
-        return 0
-    if len(dims) == 1:
-        return _round_up(dims[0], rules.TILE_MINOR)
-    best = None
-    for minor, second in itertools.permutations(range(len(dims)), 2):
-        padded = n // (dims[minor] * dims[second])
-        padded *= _round_up(dims[minor], rules.TILE_MINOR) * _round_up(dims[second], rules.TILE_SECOND_MINOR)
-        best = padded if best is None else min(best, padded)
-    return best
+padded_elements = rules.padded_elements
 
 
 def _round_up(value: int, multiple: int) -> int:

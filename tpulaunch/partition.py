@@ -217,17 +217,33 @@ def _product_hint(shape, dims, cores: int) -> str:
     return base
 
 
+def padded_elements(shape: Sequence[int]) -> int:
+    """Elements of `shape` in its least-padded TPU layout: one dim padded to 128, another to 8.
+
+    XLA chooses the layout of a buffer, so a channel dim of 1 need not be the padded minor one; only
+    thin tiles (every dim small) inflate.
+    """
+    dims = [int(d) for d in shape]
+    n = math.prod(dims)
+    if n == 0:
+        return 0
+    if len(dims) == 1:
+        return _round_up(dims[0], TILE_MINOR)
+    best = None
+    for minor, second in itertools.permutations(range(len(dims)), 2):
+        padded = n // (dims[minor] * dims[second])
+        padded *= _round_up(dims[minor], TILE_MINOR) * _round_up(dims[second], TILE_SECOND_MINOR)
+        best = padded if best is None else min(best, padded)
+    return best
+
+
 def layout_padding(tile_shape: Sequence[int], dtype_bytes: int) -> tuple:
-    """(bytes, bytes when the two minor dims are padded to TPU tiles of (8, 128))."""
+    """(bytes, bytes in the least-padded layout of (8, 128) tiles)."""
     shape = [int(d) for d in tile_shape]
     unpadded = _product(shape) * dtype_bytes
     if not shape:
         return unpadded, unpadded
-    padded_shape = list(shape)
-    padded_shape[-1] = _round_up(padded_shape[-1], TILE_MINOR)
-    if len(padded_shape) >= 2:
-        padded_shape[-2] = _round_up(padded_shape[-2], TILE_SECOND_MINOR)
-    return unpadded, _product(padded_shape) * dtype_bytes
+    return unpadded, padded_elements(shape) * dtype_bytes
 
 
 def _round_up(value: int, multiple: int) -> int:

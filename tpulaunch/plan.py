@@ -153,14 +153,15 @@ def build_plan(loaded: LoadedJob, problems=()) -> Plan:
             usable_bytes_per_device=tpu_type.usable_bytes_per_device,
         )
     replicas = layout.replicas if layout else 1
-    hosts = tpu_type.hosts if (tpu_type and job.tpu) else 1
+    # PER_HOST_V2: each input_fn call feeds one replica; a host holding replica starts makes this many
+    calls_per_host = layout.input_fn_calls_per_host if layout else 1
     batches = []
     for split in ("train", "eval"):
         spec = getattr(job, split)
         if spec is None:
             continue
         per_replica = max(1, spec.batch_size // replicas)
-        batches.append(BatchPlan(split, spec.batch_size, per_replica, per_host=spec.batch_size // hosts,
+        batches.append(BatchPlan(split, spec.batch_size, per_replica, per_host=per_replica * calls_per_host,
                                  params_batch_size=per_replica))
     per_replica = per_replica_batch(loaded, "train") or per_replica_batch(loaded, "eval") or 1
     tensors = tensor_plans(job, per_replica)

@@ -46,6 +46,10 @@ def partition_dims(job: Job) -> Optional[list]:
     """
     if job.partition is None or job.tpu is None or job.tpu.cores_per_replica <= 1:
         return None
+    if job.partition == "auto":  # the dims `tpulaunch plan` shows: smallest split that fits, largest axes first
+        from tpulaunch.memory import resolve_auto_partition
+
+        job = job.model_copy(update={"partition": resolve_auto_partition(job)})
     feature_dims = _mirror(job.data.features, job.partition.features)
     label_dims = _mirror(job.data.labels, job.partition.labels) if job.data.labels else None
     if feature_dims is None and label_dims is None:
