@@ -90,7 +90,9 @@ def render_tf_built(console: Console, built: dict) -> None:
     for mode, info in built.items():
         verdict = "[green]accepted[/]" if info.get("accepted") else "[red]rejected[/]"
         console.print(f"TensorFlow {mode}: {verdict}  replicas={info.get('replicas')} "
-                      f"params['batch_size']={info.get('params_batch_size')} input_fn calls={info.get('input_fn_calls')}",
+                      f"params['batch_size']={info.get('params_batch_size')} input_fn calls={info.get('input_fn_calls')}"
+                      + ("  (model: a stand-in; the job's builder could not be built at the declared shapes)"
+                         if info.get("model") == "stand-in" else ""),
                       highlight=False)
         pieces = info.get("piece_shapes") or {}
         if pieces:
@@ -99,5 +101,16 @@ def render_tf_built(console: Console, built: dict) -> None:
             table.add_column("sharding")
             table.add_column("pieces per core")
             for name, shapes in pieces.items():
-                table.add_row(name, info.get("sharding", {}).get(name, "?"), ", ".join(shape_text(s) for s in shapes))
+                table.add_row(name, info.get("sharding", {}).get(name, "?"), _grouped_shapes(shapes))
             console.print(table)
+
+
+def _grouped_shapes(shapes) -> str:
+    """'16 x [1, 64, 128, 128, 1]' for identical pieces; runs of equal shapes grouped, in core order."""
+    runs = []
+    for shape in shapes:
+        if runs and runs[-1][0] == list(shape):
+            runs[-1][1] += 1
+        else:
+            runs.append([list(shape), 1])
+    return ", ".join(shape_text(shape) if n == 1 else f"{n} x {shape_text(shape)}" for shape, n in runs)
