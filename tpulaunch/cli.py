@@ -225,8 +225,10 @@ def _as_dict(obj):
                    "--no-memory keeps plan static and TensorFlow-free).")
 @click.option("--xla", is_flag=True, help="Also compile one training step with XLA on the CPU and show its own "
                                           "buffer-assignment total (float32, no TPU tiling; minutes for big models).")
+@click.option("--tf", "use_tf", is_flag=True, help="Also build the graphs with TensorFlow's own TPUEstimator for the "
+                                                   "declared slice (offline) and show the pieces it cut.")
 @click.pass_obj
-def plan(obj: Context, job_file, overrides, fmt, memory, xla):
+def plan(obj: Context, job_file, overrides, fmt, memory, xla, use_tf):
     """Show how the job lands on the TPU: tiles per core, replicas, batch arithmetic, memory per core.
 
     \b
@@ -235,12 +237,13 @@ def plan(obj: Context, job_file, overrides, fmt, memory, xla):
       tpulaunch plan job.yaml --set tpu.type=v3-32 --format json
       tpulaunch plan job.yaml --no-memory        # static only, no TensorFlow
       tpulaunch plan job.yaml --xla              # cross-check with XLA's buffer assignment
+      tpulaunch plan job.yaml --tf               # and TensorFlow's own per-core pieces
     """
     from tpulaunch.plan import add_memory, build_plan
-    from tpulaunch.plan_report import render_plan
+    from tpulaunch.plan_report import render_plan, render_tf_built
     from tpulaunch.validate import validate_job
 
-    result = validate_job(job_file, overrides, static=True)
+    result = validate_job(job_file, overrides, static=True, use_tf=use_tf)
     if not result.ok:
         if fmt == "json":
             click.echo(to_json(result.problems, file=job_file))
@@ -251,10 +254,16 @@ def plan(obj: Context, job_file, overrides, fmt, memory, xla):
     the_plan = build_plan(result.loaded, result.problems)
     if memory or xla:
         add_memory(the_plan, result.loaded.job, xla=xla)
+    built = result.extra.get("tensorflow")
     if fmt == "json":
-        click.echo(json.dumps(the_plan.to_dict(), indent=2))
+        doc = the_plan.to_dict()
+        if built is not None:
+            doc["tensorflow"] = {mode: {k: v for k, v in info.items() if k != "traceback"} for mode, info in built.items()}
+        click.echo(json.dumps(doc, indent=2))
     else:
         render_plan(obj.out, the_plan)
+        if built:
+            render_tf_built(obj.out, built)
 
 
 @cli.command()
