@@ -29,7 +29,7 @@ def _source_line(file: str, line: int, cache: dict) -> Optional[str]:
 def problem_line(p: Problem) -> str:
     """`FILE:LINE:COL: path: message`, with `warning:` before the message for warnings."""
     where = f"{p.file}:{p.line}:{p.column}"
-    level = "" if p.is_error else "warning: "
+    level = "" if p.is_error else ("note: " if p.severity == "info" else "warning: ")
     path = f"{p.path}: " if p.path and p.path != DOCUMENT_PATH else ""  # FILE:LINE:COL already names the file
     return f"{where}: {path}{level}{p.message}"
 
@@ -48,7 +48,7 @@ def render_text(console: Console, problems: Sequence[Problem], *, file: str, che
         if p.hint:
             console.print(f"    [cyan]hint:[/] {escape(p.hint)}", highlight=False, soft_wrap=True)
     errors = sum(p.is_error for p in problems)
-    warnings = len(problems) - errors
+    warnings = sum(1 for p in problems if p.severity == "warning")
     what = f" (checked: {', '.join(checked)})" if checked else ""
     if errors:
         console.print(f"[bold red]{_count(errors, 'error')}[/], {_count(warnings, 'warning')} in {escape(file)}{what}",
@@ -80,7 +80,7 @@ def to_github(problems: Sequence[Problem]) -> str:
     """GitHub Actions workflow commands: one `::error`/`::warning` annotation per problem."""
     lines = []
     for p in problems:
-        level = "error" if p.is_error else "warning"
+        level = "error" if p.is_error else ("notice" if p.severity == "info" else "warning")
         message = f"{p.path}: {p.message}" if p.path and p.path != DOCUMENT_PATH else p.message
         if p.hint:
             message += f"\nhint: {p.hint}"
