@@ -22,6 +22,7 @@ COMMANDS = {
     "baseline: python -c 'import tensorflow'": [sys.executable, "-c", "import tensorflow"],
     "tpulaunch --help": [sys.executable, "-m", "tpulaunch", "--help"],
     "tpulaunch validate --static configs/unet3d_ct.yaml": [sys.executable, "-m", "tpulaunch", "validate", "--static", JOB],
+    "tpulaunch plan --no-memory configs/unet3d_ct.yaml": [sys.executable, "-m", "tpulaunch", "plan", "--no-memory", JOB],
 
 }
 
