@@ -38,7 +38,7 @@ def damaged_shards(tmp_path_factory):
 
 def test_validate_names_every_damaged_file_and_record(damaged_shards):
     job, shards = damaged_shards
-    result = validate_job(job, all_records=True)
+    result = validate_job(job, all_records=True, records_per_file=corrupt_data.RECORDS)
     messages = {p.message: p for p in result.problems}
 
     def named(kind):
@@ -93,3 +93,15 @@ def test_errors_no_data_file_explains_pass_through(tmp_path):
     with pytest.raises(tf.errors.InvalidArgumentError):
         with data.naming_read_errors(loaded.job, "train"):
             tf.reshape(tf.zeros([3]), [2])
+
+
+def test_a_cut_inside_a_record_header_is_found_by_validate(tmp_path):
+    """TensorFlow reads such a file as complete (records silently missing): only validate can tell."""
+    job, damaged, _ = corrupt_data.make_case(str(tmp_path), "empty_file", random.Random(6), skip=False)
+    offsets = corrupt_data.write_records(damaged, corrupt_data.clean_records(100.0))
+    with open(damaged, "r+b") as handle:
+        handle.truncate(offsets[4] + 5)
+    result = validate_job(job, all_records=True)
+    message = f"{damaged}: record 4 is truncated at byte {offsets[4]} (5 bytes after the last complete record)"
+    assert [(p.severity, p.code, p.path, p.message) for p in result.problems if p.code.startswith("record-")] == [
+        ("error", "record-truncated", "data.train", message), ("error", "record-truncated", "data.eval", message)]

@@ -176,10 +176,15 @@ def _read_split(loaded, split, files, data, report, findings, records_per_file, 
         limit = None if all_records else records_per_file
         index = -1
         iterator = tf.compat.v1.io.tf_record_iterator(path, options)
+        consumed = 0  # bytes of complete records (16 bytes of framing each)
         while limit is None or index + 1 < limit:
             try:
                 record = next(iterator)
             except StopIteration:
+                if limit is None and not data.compression and consumed < sizes[path]:
+                    # TensorFlow ends a file cut inside a record's 12-byte header as if it were complete.
+                    _trailing_bytes(findings, split, path, index + 1, consumed, sizes[path], data.skip_corrupt)
+                    report.corrupt_records += 1
                 break
             except tf.errors.DataLossError as exc:
                 _corrupt(findings, split, path, index + 1, exc, data.skip_corrupt, data.compression)
@@ -190,6 +195,7 @@ def _read_split(loaded, split, files, data, report, findings, records_per_file, 
                              _access_hint(path), distinct=path)
                 break
             index += 1
+            consumed += len(record) + 16
             if index < records_per_file:  # contents are checked on a sample; --all-records counts the rest
                 sampled_bytes += len(record)
                 sampled_records += 1
@@ -224,6 +230,16 @@ def _corrupt(findings: _Findings, split: str, path: str, index: int, exc, skip: 
     # One problem per damaged file: each must be rewritten (or is skipped from this record on).
     findings.add(("data", split), f"record-{what}", f"{path}: record {index} is {what} {where}".rstrip(), hint,
                  severity=severity, distinct=path)
+
+
+def _trailing_bytes(findings: _Findings, split: str, path: str, index: int, consumed: int, size: int,
+                    skip: bool) -> None:
+    message = (f"{path}: record {index} is truncated at byte {consumed} "
+               f"({size - consumed} bytes after the last complete record)")
+    hint = ("TensorFlow reads this file as if it ended after the last complete record, silently: "
+            "rewrite the file")
+    findings.add(("data", split), "record-truncated", message, hint, severity="warning" if skip else "error",
+                 distinct=path)
 
 
 def _looks_gzipped(path: str) -> bool:
