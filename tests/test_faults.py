@@ -61,6 +61,7 @@ def resumed_from(result) -> int:
 def assert_clean_failure(result, *names: str):
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
+    assert "unexpected" not in result.output, result.output  # a named place and a hint, not an internal error
     assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), result.exception
     for name in names:
         assert name in result.output, result.output

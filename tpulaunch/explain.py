@@ -344,7 +344,7 @@ def make_input_fn(patterns, training):
             dataset = dataset.shard(count, index)
         dataset = dataset.map(parse_example, num_parallel_calls=autotune, deterministic=not training)
         if SKIP_CORRUPT:
-            dataset = dataset.apply(tf.data.experimental.ignore_errors())
+            dataset = dataset.apply(tf.data.experimental.ignore_errors(log_warning=True))
         if CACHE:
             dataset = dataset.cache()
             if training:

@@ -7,9 +7,13 @@ differ. TensorFlow is imported inside the functions that need it.
 
 from __future__ import annotations
 
+import contextlib
+import re
+
 import os
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
+from tpulaunch.data import naming_read_errors
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job import Job
 from tpulaunch.progress import EvalResult, TrainProgress, TrainSummary
@@ -261,8 +265,9 @@ def train(job: Job, *, local: bool, progress: Optional[TrainProgress] = None, st
                                  disable=True, model_dir=model_dir)
     stop = stop or StopSignal()
 
-    _repair_checkpoints(model_dir, progress)
-    write_job_copy(job, model_dir, force=force)
+    with model_dir_errors(model_dir):
+        _repair_checkpoints(model_dir, progress)
+        write_job_copy(job, model_dir, force=force)
     start = checkpoint_step(model_dir) or 0
     if start >= job.train.steps:
         progress.at_step(start)
@@ -286,12 +291,47 @@ def train(job: Job, *, local: bool, progress: Optional[TrainProgress] = None, st
     with stop:
         while True:
             estimator = make_estimator(job, use_tpu=use_tpu, cluster_resolver=cluster_resolver, search_path=search_path)
-            event = _train_segments(estimator, job, train_input, hooks, listener, progress, stop, dog,
-                                    use_tpu, search_path)
+            with model_dir_errors(model_dir):
+                event = _train_segments(estimator, job, train_input, hooks, listener, progress, stop, dog,
+                                        use_tpu, search_path)
             if event is None:
                 return progress.finish()
             cluster_resolver = _recover(event, job, watch, progress, stop, use_tpu)
             dog.reset()
+
+
+@contextlib.contextmanager
+def model_dir_errors(model_dir: str):
+    """A model_dir that cannot be written (full disk, permissions, not a directory, removed mid-run)
+    becomes one clear message naming it; the last complete checkpoint stays where it is."""
+    import tensorflow as tf
+
+    try:
+        yield
+    except (tf.errors.FailedPreconditionError, tf.errors.ResourceExhaustedError, tf.errors.NotFoundError,
+            tf.errors.PermissionDeniedError, OSError) as exc:
+        text = (getattr(exc, "message", None) or str(exc)).strip()
+        first = text.splitlines()[0] if text else type(exc).__name__
+        if not _about(model_dir, text):
+            raise  # not about model_dir (an out-of-memory, a data file): let its own handler speak
+        try:
+            step = checkpoint_step(model_dir)
+        except Exception:  # the directory may be gone
+            step = None
+        resume = f"; a rerun resumes from step {step}" if step else ""
+        raise TpuLaunchError(f"run.model_dir {model_dir}: {first}",
+                             hint=f"free disk space or fix the directory's permissions{resume}") from None
+
+
+def _about(model_dir: str, text: str) -> bool:
+    """Whether an error message names model_dir, a file in it, or a directory above it."""
+    if "No space left" in text:
+        return True
+    for path in re.findall(r"(?:gs://|/)[^\s'\";,]+", text):
+        path = path.rstrip(".")
+        if path.startswith(model_dir) or model_dir.startswith(path.rstrip("/") + "/"):
+            return True
+    return False
 
 
 def _repair_checkpoints(model_dir: str, progress: TrainProgress):
@@ -317,7 +357,8 @@ def _train_segments(estimator, job: Job, train_input, hooks: list, listener, pro
         try:
             if dog is not None:
                 dog.start()
-            estimator.train(train_input, max_steps=boundary, hooks=hooks, saving_listeners=[listener])
+            with naming_read_errors(job, "train"):
+                estimator.train(train_input, max_steps=boundary, hooks=hooks, saving_listeners=[listener])
         except Exception as exc:  # only a lost TPU is handled here; anything else propagates unchanged
             if dog is None or not dog.record_error(exc):
                 raise
@@ -395,8 +436,9 @@ def lost_state(status) -> str:
 
 def _evaluate_into(estimator, job: Job, use_tpu: bool, search_path: Sequence[str], progress: Optional[TrainProgress],
                    checkpoint: Optional[str] = None) -> EvalResult:
-    results = estimator.evaluate(_input_fn(job, "eval", use_tpu, search_path), steps=job.eval.steps,
-                                 checkpoint_path=checkpoint)
+    with naming_read_errors(job, "eval"):
+        results = estimator.evaluate(_input_fn(job, "eval", use_tpu, search_path), steps=job.eval.steps,
+                                     checkpoint_path=checkpoint)
     step = int(results.get("global_step", 0))
     metrics = {k: float(v) for k, v in results.items() if k != "global_step"}
     if progress is not None:
