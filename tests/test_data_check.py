@@ -197,3 +197,13 @@ def test_png_images_checked_against_declared_size(tmp_path):
     [problem] = [p for p in result.problems if p.code.startswith("record-")]
     assert (problem.code, problem.path) == ("record-wrong-shape", "data.features.image")
     assert "record 0: 'image' is a 6x5 image but the declared shape is [8, 8, 3]" in problem.message
+
+
+def test_a_directory_among_the_matches_is_named(tmp_path):
+    path = job(tmp_path, train="data/train-*")
+    write(tmp_path / "data/train-0.tfrecord", good_records(8))
+    (tmp_path / "data/train-dir").mkdir()
+    write(tmp_path / "data/eval-0.tfrecord", good_records(8))
+    found, _ = problems(path)
+    assert [(f[1], f[2], f[4]) for f in found if f[0] == "error"] == [
+        ("data-is-directory", "data.train", f"{tmp_path}/data/train-dir is a directory, not a TFRecord file")]
