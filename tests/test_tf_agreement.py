@@ -93,9 +93,10 @@ CASES = {
     "unknown-dim-label": ("v3-8", 2, {"image": (IMG, [1, 2, 1, 1])}, {"mask": ([16, None], [1])}, 8, None),
     "unknown-dim-no-partition": ("v3-8", 1, {"image": ([16, None, 3], "-")}, {"label": ([], "-")}, 8, None),
     "unknown-dim-one-replica": ("v3-8", 8, {"image": ([16, None, 3], "-"), "aux": ([8, 8], [1, 2, 4])}, {"label": ([], "-")}, 1, None),
+    # TensorPacker: 5+ [B,1] features of one dtype are packed, and the partitioned infeed then fails
+    "five-small-features": ("v3-8", 2, {"image": (IMG, [1, 2, 1, 1]), **{f"s{i}": ([1], None) for i in range(5)}}, {"label": ([], "-")}, 8, None),
     # ---------------------------------------------------------------- documented exceptions
     "cpr1-split": ("v3-8", 1, {"image": (IMG, [1, 2, 1, 1])}, {"label": ([], "-")}, 8, None),
-    "five-small-features": ("v3-8", 2, {"image": (IMG, [1, 2, 1, 1]), **{f"s{i}": ([1], None) for i in range(5)}}, {"label": ([], "-")}, 8, None),
 }
 
 # name -> (offline accepts, TF accepts, why)
@@ -103,10 +104,6 @@ EXCEPTIONS = {
     "cpr1-split": (False, True,
                    "on purpose: with cores_per_replica 1 the job's RunConfig sets no input_partition_dims, so TF never "
                    "sees the dims; tpulaunch rejects dims that would be silently ignored"),
-    "five-small-features": (True, False,
-                            "known gap: TF's TensorPacker concatenates 5+ [B,1] features of one dtype and then trips a "
-                            "bare AssertionError in _PartitionedInfeedQueue (TF_RULES.md section 6); the offline rules "
-                            "do not model it yet"),
 }
 
 

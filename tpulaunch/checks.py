@@ -133,6 +133,8 @@ def check_partition(loaded: LoadedJob) -> list:
             any_partitioned |= _product(dims) > 1
             for f in findings:
                 problems.append(_at(loaded, path, f, index_path=True))
+    if cpr and cpr > 1 and len(data.features) > 1:
+        problems.extend(_packed_small_features(loaded, data))
     if cpr and cpr > 1 and not any_partitioned and not any(p.is_error for p in problems):
         problems.append(loaded.problem(("partition",), "partition-missing",
                                        f"cores_per_replica is {cpr} but no tensor is split: "
@@ -169,6 +171,28 @@ def _check_auto_partition(loaded: LoadedJob, data, cpr: Optional[int], batch: in
             for f in rules.check_tensor_dims(name, shape, dims, cpr):
                 problems.append(loaded.problem(("partition",), f.code, f"partition: auto chose {dims} for '{name}': {f.message}",
                                                f.hint, severity=f.severity))
+    return problems
+
+
+# tpu_estimator.py TensorPacker (:1218, constants :92-93): 5 or more [batch, 1] features of one dtype
+# are concatenated before the infeed; with spatial partitioning the flattened dims then no longer
+# match the tuple and _PartitionedInfeedQueue fails with a bare AssertionError (tpu_feed.py:859).
+PACKED_FEATURES_MIN = 5
+
+
+def _packed_small_features(loaded: LoadedJob, data) -> list:
+    groups: dict = {}
+    for name, spec in data.features.items():
+        if len(spec.shape) == 1 and spec.shape[0] is not None and spec.shape[0] <= 1:
+            groups.setdefault(spec.dtype, []).append(name)
+    problems = []
+    for dtype, names in groups.items():
+        if len(names) >= PACKED_FEATURES_MIN:
+            problems.append(loaded.problem(
+                ("data", "features"), "partition-packed-small-features",
+                f"{len(names)} features of shape [1] and dtype {dtype} ({', '.join(names)}): TPUEstimator packs 5 or more "
+                f"such features into one tensor, and with spatial partitioning its infeed then fails (a bare AssertionError)",
+                f"store them as one feature of shape [{len(names)}], or keep at most {PACKED_FEATURES_MIN - 1} per dtype"))
     return problems
 
 

@@ -249,6 +249,9 @@ def blamed_key(job, mode: str, verdict) -> tuple:
         return ("partition", group, verdict.blamed) if verdict.blamed in declared else ("data", group, verdict.blamed)
     if verdict.error_type in (MODEL_FN_FAILED, MODEL_BUILD_FAILED):
         return _model_key(job)
+    if verdict.error_type == "AssertionError" and not message.strip():
+        # tpu_feed.py:859's bare assert: TPUEstimator packed small features (see checks.PACKED_FEATURES_MIN)
+        return ("data", "features")
     if "batch size" in message or "batch_size" in message:
         section = "eval" if mode == "eval" and job.eval is not None else "train"
         return (section, "batch_size") if getattr(job, section) is not None else ("tpu", "type")
