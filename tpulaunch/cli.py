@@ -307,7 +307,12 @@ def init(obj: Context, path, example, force):
         raise TpuLaunchError(f"{path} exists", hint="pass --force to overwrite, or name another file")
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(template_text(example))
-    obj.out.print(f"wrote {path}; next: tpulaunch validate {path}", highlight=False)
+    if example == "quickstart":
+        step = (f"tpulaunch data synth --example quickstart {os.path.join(os.path.dirname(path), 'data', 'quickstart')}"
+                f" && tpulaunch validate {path} && tpulaunch train {path}")
+    else:
+        step = f"tpulaunch validate {path} --static && tpulaunch plan {path}"
+    obj.out.print(f"wrote {path}; next: {step}", highlight=False, soft_wrap=True)
 
 
 def main(argv=None):
