@@ -1,0 +1,38 @@
+"""`init` and `schema`: what a new user runs first."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from tpulaunch.cli import cli
+from tpulaunch.validate import validate_job
+
+
+@pytest.mark.parametrize("example", ["quickstart", "unet3d", "retinanet"])
+def test_init_writes_a_job_that_validates_and_never_overwrites(tmp_path, example, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    result = runner.invoke(cli, ["init", "--example", example])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"wrote {example}.yaml; next: ")
+    checked = validate_job(str(tmp_path / f"{example}.yaml"), static=True)
+    assert [(p.severity, p.code) for p in checked.problems] == []
+
+    (tmp_path / f"{example}.yaml").write_text("# mine\n")
+    again = runner.invoke(cli, ["init", "--example", example])
+    assert again.exit_code == 1
+    assert (tmp_path / f"{example}.yaml").read_text() == "# mine\n"  # nothing lost
+    assert "pass --force to overwrite" in again.output
+    forced = runner.invoke(cli, ["init", "--example", example, "--force"])
+    assert forced.exit_code == 0 and (tmp_path / f"{example}.yaml").read_text() != "# mine\n"
+
+
+def test_schema_describes_every_section(tmp_path):
+    out = tmp_path / "tpulaunch.schema.json"
+    result = CliRunner().invoke(cli, ["schema", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    schema = json.loads(out.read_text())
+    assert schema["title"] == "tpulaunch job"
+    assert set(schema["properties"]) == {"name", "model", "data", "tpu", "partition", "train", "eval", "run"}
+    assert sorted(schema["required"]) == ["data", "model", "name", "run"]
