@@ -1,5 +1,11 @@
 """The data dry run against gs:// through TensorFlow's own GCS filesystem (a local emulator behind it)."""
 
+import json
+import os
+import subprocess
+import sys
+import time
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -59,3 +65,20 @@ def test_missing_bucket_is_named(bucket, tmp_path):
     [problem] = [p for p in result.problems if p.code == "data-unreachable"]
     assert problem.message.startswith("cannot list 'gs://no-such-bucket/train/*.tfrecord'")
     assert "gcloud storage ls gs://no-such-bucket" in problem.hint
+
+
+def test_cli_dry_run_on_unreachable_storage_answers_in_seconds(bucket, tmp_path):
+    """Without the test session's quick-retry settings, `validate` still bounds its own wait."""
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB.format(train="gs://ct-data/train/train-*.tfrecord"))
+    with bucket.unreachable():
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GCS_RETRY_CONFIG")}
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "tpulaunch", "validate", "--format", "json", str(path)],
+                              capture_output=True, text=True, env=env, timeout=120)
+        elapsed = time.monotonic() - started
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1
+    assert [(p["code"], p["path"], p["line"]) for p in doc["problems"] if p["code"].startswith("data-")] == [
+        ("data-unreachable", "data.train", 4)]
+    assert elapsed < 45, elapsed  # TensorFlow's own default retries take about 200 s

@@ -156,8 +156,10 @@ def validate(obj: Context, job_files, overrides, fmt, static, records_per_file, 
       tpulaunch validate jobs/*.yaml --static --format github   # in CI, as annotations
       tpulaunch validate job.yaml --set train.batch_size=48      # try a change without editing
     """
+    from tpulaunch.tf_env import bound_gcs_retries
     from tpulaunch.validate import validate_job
 
+    bound_gcs_retries()
     results = []
     for job_file in job_files:
         status = None

@@ -34,3 +34,16 @@ def import_tensorflow():
 
     tf.get_logger().setLevel(_level)
     return tf
+
+
+# A dry run must answer in seconds: TensorFlow's GCS filesystem retries an unreachable endpoint for
+# about 200 s by default. These apply to `validate` only (training keeps TensorFlow's patient
+# defaults), are read when the process first uses gs://, and yield to values the user sets.
+DRY_RUN_GCS_RETRIES = {"GCS_RETRY_CONFIG_MAX_RETRIES": "3", "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "500000",
+                       "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "2000000"}
+
+
+def bound_gcs_retries() -> None:
+    """Quick failure on unreachable gs:// for checks (call before the first gs:// access)."""
+    for name, value in DRY_RUN_GCS_RETRIES.items():
+        os.environ.setdefault(name, value)
