@@ -32,13 +32,15 @@ def render_plan(console: Console, plan: Plan) -> None:
     if s is None:
         console.print("runs locally (no tpu: section): CPU/GPU, one replica, no partitioning", highlight=False)
     else:
-        table = Table(title="slice", box=box.SIMPLE_HEAD, title_justify="left", show_header=True)
-        for col in ("type", "devices", "chips", "hosts", "devices/host", "cores/replica", "replicas", "replicas/host",
-                    "input_fn calls/host", "usable HBM/device"):
-            table.add_column(col, justify="right")
-        table.add_row(s.tpu_type, str(s.devices), str(s.chips), str(s.hosts), str(s.devices_per_host), str(s.cores_per_replica),
-                      str(s.replicas), str(s.replicas_per_host), str(s.input_fn_calls_per_host), human_bytes(s.usable_bytes_per_device))
-        console.print(table)
+        # One line, readable at any terminal width.
+        replicas_per_host = (str(s.replicas_per_host) if s.replicas_per_host
+                             else f"<1 (a replica spans {s.cores_per_replica // max(1, s.devices_per_host)} hosts)")
+        console.print(
+            f"slice: {s.tpu_type}: {s.devices} TPU devices ({s.chips} chips) on {s.hosts} host(s), {s.devices_per_host} per host; "
+            f"{s.replicas} replica(s) of {s.cores_per_replica} core(s), {replicas_per_host} per host; "
+            f"input_fn runs {s.input_fn_calls_per_host}x per feeding host; "
+            f"usable HBM {human_bytes(s.usable_bytes_per_device)} per device",
+            highlight=False, soft_wrap=False)
     if plan.batches:
         table = Table(title="batch", box=box.SIMPLE_HEAD, title_justify="left")
         for col in ("split", "global", "per replica", "per host", "params['batch_size']"):
