@@ -116,6 +116,11 @@ def format_value(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
+def format_rate(value: float) -> str:
+    """Whole numbers for fast rates; decimals where a whole number would read 0 (big volumes on a CPU)."""
+    return f"{value:.0f}" if value >= 10 else f"{value:.2g}"
+
+
 class TrainProgress:
     """Progress of one `train` (possibly several sessions, with evaluations in between).
 
@@ -317,7 +322,7 @@ class TrainProgress:
         if rate is None:
             parts += ["- steps/s", "- examples/s"]
         else:
-            parts += [f"{rate:.1f} steps/s", f"{rate * self.batch_size:.0f} examples/s"]
+            parts += [f"{rate:.1f} steps/s", f"{format_rate(rate * self.batch_size)} examples/s"]
         parts.append(f"loss {format_value(self.smoothed_loss)}")
         parts.append(f"eta {self._eta(step, rate)}")
         return " | ".join(parts)
@@ -325,7 +330,7 @@ class TrainProgress:
     def _summary_line(self, s: TrainSummary) -> str:
         head = f"stopped ({s.stopped_by})" if s.stopped_by else "done"
         rate = "-" if s.steps_per_sec is None else f"{s.steps_per_sec:.1f}"
-        examples = "-" if s.examples_per_sec is None else f"{s.examples_per_sec:.0f}"
+        examples = "-" if s.examples_per_sec is None else format_rate(s.examples_per_sec)
         parts = [f"{head} | step {s.final_step}/{s.total_steps}", f"{s.steps_run} steps in {s.seconds:.1f} s",
                  f"{rate} steps/s", f"{examples} examples/s", f"loss {format_value(s.loss)}"]
         if s.last_checkpoint:
