@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
+from tpulaunch.errors import first_line
+
 STATE_FILE = "checkpoint"
 # Read every tensor back only when the data is at most this large (a restart should not have to
 # read gigabytes from a bucket to check it).
@@ -87,7 +89,7 @@ def checkpoint_problem(prefix: str) -> Optional[str]:
         shapes = reader.get_variable_to_shape_map()
         dtypes = reader.get_variable_to_dtype_map()
     except (tf.errors.OpError, ValueError) as exc:
-        return f"unreadable: {_first_line(exc)}"
+        return f"unreadable: {first_line(exc)}"
     expected = sum(_numel(shapes[name]) * dtypes[name].size for name in shapes if dtypes[name] != tf.string)
     if complete[1] < expected:
         return f"data shards hold {complete[1]} bytes, the index lists {expected}: truncated"
@@ -96,7 +98,7 @@ def checkpoint_problem(prefix: str) -> Optional[str]:
             try:
                 reader.get_tensor(name)
             except (tf.errors.OpError, ValueError) as exc:
-                return f"variable {name!r} unreadable: {_first_line(exc)}"
+                return f"variable {name!r} unreadable: {first_line(exc)}"
     return None
 
 
@@ -233,8 +235,3 @@ def _numel(shape) -> int:
     for dim in shape:
         count *= int(dim)
     return count
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(getattr(exc, "message", None) or exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

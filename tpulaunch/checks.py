@@ -7,6 +7,7 @@ mistake in one section does not hide a partitioning mistake in another.
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Optional
 
 from tpulaunch import partition as rules
@@ -130,7 +131,7 @@ def check_partition(loaded: LoadedJob) -> list:
                 continue
             shape = [batch] + list(declared[name].shape)
             findings = rules.check_tensor_dims(name, shape, dims, cpr)
-            any_partitioned |= _product(dims) > 1
+            any_partitioned |= math.prod(dims) > 1
             for f in findings:
                 problems.append(_at(loaded, path, f, index_path=True))
     if cpr and cpr > 1 and len(data.features) > 1:
@@ -194,13 +195,6 @@ def _packed_small_features(loaded: LoadedJob, data) -> list:
                 f"such features into one tensor, and with spatial partitioning its infeed then fails (a bare AssertionError)",
                 f"store them as one feature of shape [{len(names)}], or keep at most {PACKED_FEATURES_MIN - 1} per dtype"))
     return problems
-
-
-def _product(dims) -> int:
-    n = 1
-    for d in dims:
-        n *= d
-    return n
 
 
 def check_static_shapes(loaded: LoadedJob) -> list:

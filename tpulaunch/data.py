@@ -20,7 +20,7 @@ import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 from tpulaunch.data_paths import as_list
-from tpulaunch.errors import TpuLaunchError
+from tpulaunch.errors import TpuLaunchError, first_line
 from tpulaunch.job import Job, TensorSpec
 
 MODES = ("train", "eval")
@@ -267,26 +267,21 @@ def make_input_fn(job: Job, mode: str, *, use_tpu: bool) -> Callable:
             cycle_length=autotune, num_parallel_calls=autotune, deterministic=not training)
         if count > 1 and not shard_files:
             dataset = dataset.shard(count, index)
-        if batch_parse:
-            if training and data.shuffle_buffer > 0:
-                dataset = dataset.shuffle(data.shuffle_buffer)
-            if not training and use_tpu:
-                dataset = dataset.repeat()
-            dataset = dataset.batch(params["batch_size"], drop_remainder=True)
-            dataset = dataset.map(parse_batch, num_parallel_calls=autotune, deterministic=not training)
-            return dataset.prefetch(autotune)
-        dataset = dataset.map(parse, num_parallel_calls=autotune, deterministic=not training)
-        if data.skip_corrupt:
-            dataset = dataset.ignore_errors(log_warning=True)
-        if data.cache:
-            dataset = dataset.cache()
-            if training:
-                dataset = dataset.repeat()
+        if not batch_parse:  # records parsed one by one: images, skip_corrupt, cache
+            dataset = dataset.map(parse, num_parallel_calls=autotune, deterministic=not training)
+            if data.skip_corrupt:
+                dataset = dataset.ignore_errors(log_warning=True)
+            if data.cache:
+                dataset = dataset.cache()
+                if training:
+                    dataset = dataset.repeat()
         if training and data.shuffle_buffer > 0:
             dataset = dataset.shuffle(data.shuffle_buffer)
         if not training and use_tpu:
             dataset = dataset.repeat()
         dataset = dataset.batch(params["batch_size"], drop_remainder=True)
+        if batch_parse:  # serialized records were shuffled and batched: one vectorised parse per batch
+            dataset = dataset.map(parse_batch, num_parallel_calls=autotune, deterministic=not training)
         return dataset.prefetch(autotune)
 
     return input_fn
@@ -297,7 +292,8 @@ def make_input_fn(job: Job, mode: str, *, use_tpu: bool) -> Callable:
 # How long `read_error` may spend looking for the bad file before saying it could not tell which.
 FIND_BAD_FILE_SECONDS = 120.0
 
-_OFFSET = re.compile(r"(corrupted|truncated) record at (\d+)")
+# TensorFlow's DataLossError text for a bad record: what went wrong and the byte offset.
+CORRUPT_RECORD_AT = re.compile(r"(corrupted|truncated) record at (\d+)")
 
 
 def find_bad_record(job: Job, mode: str, *, offset: Optional[int] = None,
@@ -343,14 +339,14 @@ def _is_example(record: bytes) -> bool:
 
 
 def _first_line(exc) -> str:
-    text = (getattr(exc, "message", None) or str(exc)).strip()
-    return re.sub(r"\s*\[\[.*|\s*\[Op:.*", "", text.splitlines()[0] if text else type(exc).__name__)
+    """first_line without TensorFlow's trailing op names ([[node ...]], [Op:...])."""
+    return re.sub(r"\s*\[\[.*|\s*\[Op:.*", "", first_line(exc))
 
 
 def read_error(job: Job, mode: str, exc) -> Optional[TpuLaunchError]:
     """A TpuLaunchError naming the file and record behind an input pipeline error, or None when no data file is at fault."""
     message = getattr(exc, "message", None) or str(exc)
-    match = _OFFSET.search(message)
+    match = CORRUPT_RECORD_AT.search(message)
     found = find_bad_record(job, mode, offset=int(match.group(2)) if match else None)
     if found is None:
         return None

@@ -8,12 +8,13 @@ the record index and, for corruption, the byte offset TensorFlow reports.
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from tpulaunch.data import CORRUPT_RECORD_AT
 from tpulaunch.data_paths import as_list, has_glob
+from tpulaunch.errors import first_line
 from tpulaunch.job import DTYPE_BYTES, TensorSpec
 from tpulaunch.jobfile import LoadedJob
 
@@ -26,7 +27,6 @@ _KIND_OF_ENCODING = {"float_list": "float_list", "int64_list": "int64_list", "ra
                      "png": "bytes_list", "jpeg": "bytes_list"}
 # Raw bytes are decoded with tf.io.decode_raw in the declared dtype.
 _RAW_BYTES = dict(DTYPE_BYTES)
-_OFFSET = re.compile(r"(corrupted|truncated) record at (\d+)")
 
 
 @dataclass
@@ -114,7 +114,7 @@ def _expand(loaded: LoadedJob, split: str, patterns, problems: list) -> list:
             else:
                 matched = [pattern] if tf.io.gfile.exists(pattern) else []
         except tf.errors.OpError as exc:
-            problems.append(loaded.problem(key, "data-unreachable", f"cannot list '{pattern}': {_tf_message(exc)}",
+            problems.append(loaded.problem(key, "data-unreachable", f"cannot list '{pattern}': {first_line(exc)}",
                                            _access_hint(pattern)))
             continue
         # Directories among the matches are reported when sampled (stat): checking each of 100k
@@ -136,10 +136,6 @@ def _access_hint(pattern: str) -> str:
         return ("check the bucket name and that your credentials (and the TPU's service account) can read it: "
                 "gcloud storage ls " + pattern.split("/", 3)[0] + "//" + pattern.split("/")[2])
     return "check the path and its permissions"
-
-
-def _tf_message(exc) -> str:
-    return (getattr(exc, "message", None) or str(exc)).strip().splitlines()[0]
 
 
 def _spread(files: list, n: int) -> list:
@@ -166,7 +162,7 @@ def _read_split(loaded, split, files, data, report, findings, records_per_file, 
         try:
             stat = tf.io.gfile.stat(path)
         except tf.errors.OpError as exc:
-            findings.add(("data", split), "data-unreadable", f"cannot read {path}: {_tf_message(exc)}", _access_hint(path),
+            findings.add(("data", split), "data-unreadable", f"cannot read {path}: {first_line(exc)}", _access_hint(path),
                          distinct=path)
             continue
         if stat.is_directory:
@@ -197,7 +193,7 @@ def _read_split(loaded, split, files, data, report, findings, records_per_file, 
                 report.corrupt_records += 1
                 break
             except tf.errors.OpError as exc:
-                findings.add(("data", split), "data-unreadable", f"cannot read {path}: {_tf_message(exc)}",
+                findings.add(("data", split), "data-unreadable", f"cannot read {path}: {first_line(exc)}",
                              _access_hint(path), distinct=path)
                 break
             index += 1
@@ -222,8 +218,8 @@ def _read_split(loaded, split, files, data, report, findings, records_per_file, 
 
 
 def _corrupt(findings: _Findings, split: str, path: str, index: int, exc, skip: bool, compression) -> None:
-    message = _tf_message(exc)
-    match = _OFFSET.search(message)
+    message = first_line(exc)
+    match = CORRUPT_RECORD_AT.search(message)
     where = f"at byte {match.group(2)}" if match else ""
     what = "truncated" if match and match.group(1) == "truncated" else "corrupt"
     if compression is None and _looks_gzipped(path):

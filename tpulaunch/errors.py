@@ -112,3 +112,9 @@ class ProblemList:
 
     def __len__(self) -> int:
         return len(self.items)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (TensorFlow's `.message` when it has one), else its type name."""
+    text = str(getattr(exc, "message", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

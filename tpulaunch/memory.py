@@ -31,7 +31,6 @@ symbolically in a throw-away graph (no weights are initialised).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Mapping, Optional, Sequence
@@ -81,10 +80,6 @@ def activation_bytes(precision: str) -> int:
 
 
 padded_elements = rules.padded_elements
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 # ---------------------------------------------------------------------------- the model's shapes

@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 
 from tpulaunch.imports import ImportPathError, resolve
 from tpulaunch.jobfile import LoadedJob
+from tpulaunch.partition import shape_text
 
 # Losses whose label shape is the output shape without the class axis.
 _SPARSE_LOSSES = ("sparse_categorical_crossentropy",)
@@ -117,7 +118,7 @@ def _input_problems(loaded: LoadedJob, keras_model, data) -> list:
         got = list(inputs[0].shape)[1:]
         if not _shapes_agree(got, spec.shape):
             return [loaded.problem(("data", "features", name, "shape"), "model-input-shape",
-                                   f"the model's input is {_shape_text(got)} per example but '{name}' is declared {_shape_text(spec.shape)}",
+                                   f"the model's input is {shape_text(got)} per example but '{name}' is declared {shape_text(spec.shape)}",
                                    "make the builder use input_shape (tpulaunch passes it), or fix the declared shape")]
         return []
     names = {getattr(t, "name", "").split(":")[0] for t in inputs}
@@ -140,8 +141,8 @@ def _output_problems(loaded: LoadedJob, keras_model, model, data) -> list:
         if not _shapes_agree(expected, label.shape):
             return [loaded.problem(("data", "labels", name, "shape"), "label-shape-mismatch",
                                    f"{model.loss} needs labels shaped like the output without its class axis: "
-                                   f"the model outputs {_shape_text(out)}, so '{name}' should be {_shape_text(expected)}, "
-                                   f"but it is declared {_shape_text(label.shape)}",
+                                   f"the model outputs {shape_text(out)}, so '{name}' should be {shape_text(expected)}, "
+                                   f"but it is declared {shape_text(label.shape)}",
                                    "fix the label shape, or use categorical_crossentropy for one-hot labels")]
         if label.dtype in ("float32", "float16", "bfloat16"):
             return [loaded.problem(("data", "labels", name, "dtype"), "label-dtype",
@@ -149,8 +150,8 @@ def _output_problems(loaded: LoadedJob, keras_model, model, data) -> list:
                                    "declare dtype: int64 (or int32/uint8 with encoding: raw)")]
     elif model.loss in _DENSE_LOSSES and not _shapes_agree(out, label.shape):
         return [loaded.problem(("data", "labels", name, "shape"), "label-shape-mismatch",
-                               f"{model.loss} needs labels shaped like the output {_shape_text(out)}, "
-                               f"but '{name}' is declared {_shape_text(label.shape)}",
+                               f"{model.loss} needs labels shaped like the output {shape_text(out)}, "
+                               f"but '{name}' is declared {shape_text(label.shape)}",
                                "fix the label shape, or use sparse_categorical_crossentropy for class ids")]
     return []
 
@@ -159,10 +160,6 @@ def _shapes_agree(a: Sequence[Optional[int]], b: Sequence[Optional[int]]) -> boo
     if len(a) != len(b):
         return False
     return all(x is None or y is None or x == y for x, y in zip(a, b))
-
-
-def _shape_text(shape) -> str:
-    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -98,6 +98,11 @@ def check_batch(kind: str, global_batch: int, replicas: int) -> list:
                     f"use {options} (a multiple of {replicas}); batch_size is global, over all replicas")]
 
 
+def shape_text(shape: Sequence[Optional[int]]) -> str:
+    """[4, 128, ?, 3]: a shape as problems and tables print it (? for an unknown dim)."""
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
 def split_sizes(size: int, ways: int) -> list:
     """How TF splits one axis of `size` into `ways` pieces (tpu_feed.py:35-78, greedy ceil).
 
@@ -134,7 +139,7 @@ def check_tensor_dims(name: str, shape: Sequence[Optional[int]], dims: Sequence[
     """
     dims = list(dims)
     rank = len(shape)
-    shape_text = "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+    shown = shape_text(shape)
     for i, d in enumerate(dims):
         if d < 1:
             return [Finding("error", "partition-dim-below-one", f"partition dim {d} for '{name}' is below 1",
@@ -145,7 +150,7 @@ def check_tensor_dims(name: str, shape: Sequence[Optional[int]], dims: Sequence[
         # has to broadcast the dims against the shape when the host splits it.
         if len(dims) not in (1, rank):
             return [Finding("error", "partition-rank-mismatch",
-                            f"'{name}' has rank {rank} {shape_text} (batch first) but {len(dims)} partition dims are given",
+                            f"'{name}' has rank {rank} {shown} (batch first) but {len(dims)} partition dims are given",
                             f"give {rank} dims, or [1] to send it to core 0 only, or null to give every core a copy")]
         return []
     if product != cores_per_replica:
@@ -154,7 +159,7 @@ def check_tensor_dims(name: str, shape: Sequence[Optional[int]], dims: Sequence[
                         _product_hint(shape, dims, cores_per_replica))]
     if len(dims) != rank:
         return [Finding("error", "partition-rank-mismatch",
-                        f"'{name}' has rank {rank} {shape_text} (batch first) but {len(dims)} partition dims are given",
+                        f"'{name}' has rank {rank} {shown} (batch first) but {len(dims)} partition dims are given",
                         f"give one dim per axis, batch first: {_suggest(shape, cores_per_replica) or '[1, ...]'}")]
     if any(d is None for d in shape):
         return []  # reported once by the static-shape rule, at the shape's own line

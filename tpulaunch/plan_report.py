@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from tpulaunch.partition import shape_text
 from tpulaunch.plan import Plan
 from tpulaunch.report import problem_line
 
@@ -20,10 +21,6 @@ def human_bytes(n) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     return f"{n:.2f} TiB"
-
-
-def shape_text(shape) -> str:
-    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
 def render_plan(console: Console, plan: Plan) -> None:

@@ -14,7 +14,7 @@ import os
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
 from tpulaunch.data import naming_read_errors
-from tpulaunch.errors import TpuLaunchError
+from tpulaunch.errors import TpuLaunchError, first_line
 from tpulaunch.job import Job
 from tpulaunch.progress import EvalResult, TrainProgress, TrainSummary
 from tpulaunch.signals import StopSignal, TrainingStopped
@@ -310,16 +310,14 @@ def model_dir_errors(model_dir: str):
         yield
     except (tf.errors.FailedPreconditionError, tf.errors.ResourceExhaustedError, tf.errors.NotFoundError,
             tf.errors.PermissionDeniedError, OSError) as exc:
-        text = (getattr(exc, "message", None) or str(exc)).strip()
-        first = text.splitlines()[0] if text else type(exc).__name__
-        if not _about(model_dir, text):
+        if not _about(model_dir, str(getattr(exc, "message", None) or exc)):
             raise  # not about model_dir (an out-of-memory, a data file): let its own handler speak
         try:
             step = checkpoint_step(model_dir)
         except Exception:  # the directory may be gone
             step = None
         resume = f"; a rerun resumes from step {step}" if step else ""
-        raise TpuLaunchError(f"run.model_dir {model_dir}: {first}",
+        raise TpuLaunchError(f"run.model_dir {model_dir}: {first_line(exc)}",
                              hint=f"free disk space or fix the directory's permissions{resume}") from None
 
 
