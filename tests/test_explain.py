@@ -23,7 +23,7 @@ TINY_MODELS = textwrap.dedent('''
 
     def build(input_shape, num_classes=2):
         image = tf.keras.Input(shape=tuple(input_shape), name="image")
-        x = tf.keras.layers.Conv2D(4, 3, padding="same", activation="relu")(image)
+        x = tf.keras.layers.Conv2D(4, 3, padding="same")(image)  # no ReLU: 4 dead filters would stall training
         x = tf.keras.layers.BatchNormalization()(x)
         x = tf.keras.layers.GlobalAveragePooling2D()(x)
         return tf.keras.Model(image, tf.keras.layers.Dense(num_classes)(x))
@@ -43,9 +43,9 @@ LOCAL_JOB = textwrap.dedent("""\
         image: {shape: [8, 8, 1]}
       labels:
         label: {shape: [], dtype: int64}
-    train: {batch_size: 4, steps: 3}
+    train: {batch_size: 4, steps: 30}
     eval: {batch_size: 4, steps: 1}
-    run: {model_dir: run, save_checkpoints_steps: 3, log_every_steps: 1, seed: 1}
+    run: {model_dir: run, save_checkpoints_steps: 30, log_every_steps: 10, seed: 1}
     """)
 
 
@@ -86,18 +86,20 @@ def test_local_script_compiles_and_trains_like_tpulaunch_train(tmp_path):
                            capture_output=True, text=True, timeout=300, check=False)
     assert child.returncode == 0, child.stderr[-3000:]
     model_dir = tmp_path / "run"
-    assert int(tf.train.load_variable(tf.train.latest_checkpoint(str(model_dir)), "global_step")) == 3
+    assert int(tf.train.load_variable(tf.train.latest_checkpoint(str(model_dir)), "global_step")) == 30
     evaluation = re.search(r"\{'accuracy': ([0-9.e-]+), 'loss': ([0-9.e-]+), 'global_step': (\d+)\}", child.stdout)
     assert evaluation is not None, child.stdout[-2000:]
     accuracy, loss, step = float(evaluation[1]), float(evaluation[2]), int(evaluation[3])
-    assert (step, 0.0 <= accuracy <= 1.0, 0.0 < loss < 5.0) == (3, True, True)
+    # Both runs learn the separable toy task: well under chance loss (ln 2 = 0.69).
+    # Their shuffles are seeded from different graphs, so the two losses differ by a little.
+    assert (step, 0.0 <= accuracy <= 1.0, loss < 0.55) == (30, True, True), (accuracy, loss)
 
-    # `tpulaunch train` on the same job and data: the same final step, a loss in the same range.
+    # `tpulaunch train` on the same job and data: the same final step, trained as well.
     loaded = load_job(str(job_path), [f"run.model_dir={tmp_path / 'tpulaunch-run'}"])
     summary = runner.train(loaded.job, local=True, search_path=[str(tmp_path)])
     (evaluation,) = summary.evals
-    assert (summary.final_step, evaluation.step) == (3, 3)
-    assert abs(evaluation.metrics["loss"] - loss) < 0.35, (evaluation.metrics, loss)
+    assert (summary.final_step, evaluation.step) == (30, 30)
+    assert evaluation.metrics["loss"] < 0.55, evaluation.metrics
 
 
 def test_tpu_script_has_the_jobs_exact_tpu_config():
