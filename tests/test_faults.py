@@ -205,3 +205,24 @@ def test_model_dir_removed_mid_run(project, tmp_path):
         assert_clean_failure(result, model_dir)
     rerun = train(job, model_dir)
     assert_finished_exactly(rerun, model_dir)
+
+
+def test_saver_refusing_a_vanished_model_dir_is_one_clear_error(tmp_path):
+    """TensorFlow's Saver raises a bare ValueError when model_dir is no directory at save time (removed
+    mid-run; here a file stands in its place): it must read as a problem with run.model_dir, while other
+    ValueErrors keep their own handling."""
+    model_dir = str(tmp_path / "gone")
+    with open(model_dir, "w") as stand_in:
+        stand_in.write("not a directory")
+    with pytest.raises(runner.TpuLaunchError) as caught, runner.model_dir_errors(model_dir):
+        with tf.Graph().as_default():
+            tf.compat.v1.Variable(1.0)
+            saver = tf.compat.v1.train.Saver()
+            with tf.compat.v1.Session() as session:
+                session.run(tf.compat.v1.global_variables_initializer())
+                saver.save(session, os.path.join(model_dir, "model.ckpt"))
+    assert str(caught.value).startswith(f"run.model_dir {model_dir}: Parent directory of ")
+    assert "recreate the directory" in caught.value.hint
+
+    with pytest.raises(ValueError, match="unrelated"), runner.model_dir_errors(model_dir):
+        raise ValueError(f"unrelated: {model_dir}")

@@ -309,7 +309,10 @@ def model_dir_errors(model_dir: str):
     try:
         yield
     except (tf.errors.FailedPreconditionError, tf.errors.ResourceExhaustedError, tf.errors.NotFoundError,
-            tf.errors.PermissionDeniedError, OSError) as exc:
+            tf.errors.PermissionDeniedError, OSError, ValueError) as exc:
+        # ValueError: the Saver's own check (saver.py) "Parent directory of ... doesn't exist, can't save."
+        if isinstance(exc, ValueError) and "can't save" not in str(exc):
+            raise
         if not _about(model_dir, str(getattr(exc, "message", None) or exc)):
             raise  # not about model_dir (an out-of-memory, a data file): let its own handler speak
         try:
@@ -318,7 +321,7 @@ def model_dir_errors(model_dir: str):
             step = None
         resume = f"; a rerun resumes from step {step}" if step else ""
         raise TpuLaunchError(f"run.model_dir {model_dir}: {first_line(exc)}",
-                             hint=f"free disk space or fix the directory's permissions{resume}") from None
+                             hint=f"recreate the directory, free disk space or fix its permissions{resume}") from None
 
 
 def _about(model_dir: str, text: str) -> bool:
