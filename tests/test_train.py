@@ -242,3 +242,31 @@ def test_sigterm_stops_training_with_exit_code_143_and_a_checkpoint(project, tmp
     assert stopped.value.summary.stopped_by == "SIGTERM"
     # The handler is gone again: SIGTERM has its previous meaning after training.
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_skip_corrupt_counts_the_records_it_skipped(project, tmp_path):
+    """Five records of a shard do not parse: training skips them and says how many.
+
+    With data.cache the shard is read once and then replayed, so the count is exact: every bad record.
+    """
+    shard = tmp_path / "mixed.tfrecord"
+    bad_at = {2, 5, 9, 13, 17}
+    good = tmp_path / "good.tfrecord"
+    write_records(good, 24 - len(bad_at), seed=3)
+    clean = iter(tf.data.TFRecordDataset(str(good)).as_numpy_iterator())
+    short = tf.train.Example(features=tf.train.Features(feature={  # 10 values where the job declares 64
+        "image": tf.train.Feature(float_list=tf.train.FloatList(value=[0.5] * 10)),
+        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[1]))})).SerializeToString()
+    with tf.io.TFRecordWriter(str(shard)) as writer:
+        for index in range(24):
+            writer.write(short if index in bad_at else next(clean))
+
+    result = invoke(cli_run.train, str(project / "job.yaml"), "--local",
+                    "--set", f"data.train={shard}", "--set", "data.skip_corrupt=true", "--set", "data.cache=true",
+                    "--set", "train.steps=12", "--set", "eval.every_steps=12",
+                    "--set", f"run.model_dir={tmp_path / 'run'}")
+    assert result.exit_code == 0, result.output
+    notes = lines(result.output, "data.skip_corrupt: skipping records that fail to parse (")
+    assert len(notes) == 1, result.output
+    (done,) = lines(result.output, "done | step 12/12")
+    assert done.endswith(" | 5 records skipped (data.skip_corrupt)"), done

@@ -223,7 +223,8 @@ def make_input_fn(job: Job, mode: str, *, use_tpu: bool) -> Callable:
     fixed order, and repeats only on a TPU, where running out of data mid-loop is an error rather than
     the end of evaluation. `data.skip_corrupt` drops records that fail to read or parse: a record
     that fails its CRC or is cut short ends the read of its file (TFRecord framing cannot be trusted
-    past it); each skip is logged as a TensorFlow warning "Ignoring error: ..." (shown with -vv). Without
+    past it); records that fail to parse are counted (`SKIPPED_RECORDS`, shown by `tpulaunch train`),
+    and each skip is logged as a TensorFlow warning "Ignoring error: ..." (shown with -vv). Without
     it the first bad record stops the run: wrap the training call in `naming_read_errors` so the
     message names the file. Batches always drop the remainder, so shapes are static.
 
@@ -268,9 +269,10 @@ def make_input_fn(job: Job, mode: str, *, use_tpu: bool) -> Callable:
         if count > 1 and not shard_files:
             dataset = dataset.shard(count, index)
         if not batch_parse:  # records parsed one by one: images, skip_corrupt, cache
-            dataset = dataset.map(parse, num_parallel_calls=autotune, deterministic=not training)
             if data.skip_corrupt:
-                dataset = dataset.ignore_errors(log_warning=True)
+                dataset = _parse_skipping_bad_records(dataset, parse, tf)
+            else:
+                dataset = dataset.map(parse, num_parallel_calls=autotune, deterministic=not training)
             if data.cache:
                 dataset = dataset.cache()
                 if training:
@@ -285,6 +287,38 @@ def make_input_fn(job: Job, mode: str, *, use_tpu: bool) -> Callable:
         return dataset.prefetch(autotune)
 
     return input_fn
+
+
+# --------------------------------------------------------------------------------- skip_corrupt
+
+# The graph collection holding each input pipeline's count of records skipped under data.skip_corrupt
+# (one variable per input_fn call: one per host on a TPU slice). `SkippedRecordsHook` sums them.
+SKIPPED_RECORDS = "tpulaunch_skipped_records"
+
+
+def _parse_skipping_bad_records(dataset, parse: Callable, tf):
+    """Parse records one by one, dropping those that fail, and count what was dropped.
+
+    Records are numbered before parsing and kept in order through the (parallel) parse, so after the
+    failures are dropped each record's number minus the records kept before it is exactly how many
+    were skipped so far. That number goes to a local variable in `SKIPPED_RECORDS`. A record that
+    fails its CRC or is cut short ends the read of its file (TFRecord framing cannot be trusted past
+    it): the records after it are never read, so they are not counted.
+    """
+    skipped = tf.compat.v1.Variable(
+        0, dtype=tf.int64, trainable=False, use_resource=True, name="records_skipped",
+        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES, SKIPPED_RECORDS])
+    dataset = dataset.enumerate().map(lambda number, record: (number, parse(record)),
+                                      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    dataset = dataset.ignore_errors(log_warning=True)
+
+    def count_gap(kept, numbered):
+        number, example = numbered
+        with tf.control_dependencies([skipped.assign(number - kept)]):
+            example = tf.nest.map_structure(lambda t: t if t is None else tf.identity(t), example)
+        return kept + 1, example
+
+    return dataset.scan(tf.constant(0, tf.int64), count_gap)
 
 
 # ------------------------------------------------------------------------------------ read errors

@@ -80,6 +80,7 @@ class TrainSummary:
     stopped_by: Optional[str] = None  # "SIGINT" / "SIGTERM" / "TPU PREEMPTED" when training was interrupted
     events: List[NodeEvent] = field(default_factory=list)  # TPU losses, in order
     resumes: int = 0  # automatic resumes after them
+    records_skipped: Optional[int] = None  # records dropped under data.skip_corrupt; None: not counted
 
     @property
     def steps_lost(self) -> int:
@@ -165,6 +166,8 @@ class TrainProgress:
         self.events: List[NodeEvent] = []
         self.resumes = 0
         self._waiting: Optional[tuple] = None  # what the last waiting line said
+        self._skipped_before: Optional[int] = None  # records skipped in finished sessions (None: not counted)
+        self._skipped_now = 0  # ... and in the current one
 
     # ---------------------------------------------------------------------------------- events
 
@@ -194,6 +197,26 @@ class TrainProgress:
         """A one-line message between progress output (e.g. where training resumes)."""
         if not self.disable:
             self._out(text, style=None if self.plain else "dim")
+
+    def session_counts_skipped_records(self) -> None:
+        """A session starts whose input pipelines count records skipped under data.skip_corrupt (from 0)."""
+        self._skipped_before = (self._skipped_before or 0) + self._skipped_now  # a session cut short included
+        self._skipped_now = 0
+
+    def records_skipped(self, in_session: int, *, session_ended: bool = False) -> None:
+        """The input pipeline has skipped `in_session` bad records in this session (data.skip_corrupt)."""
+        before = self._skipped_before or 0
+        if before + self._skipped_now == 0 and in_session > 0:
+            self.note(f"data.skip_corrupt: skipping records that fail to parse ({in_session} so far)")
+        if session_ended:
+            self._skipped_before, self._skipped_now = before + in_session, 0
+        else:
+            self._skipped_before, self._skipped_now = before, in_session
+
+    @property
+    def skipped(self) -> Optional[int]:
+        """Records skipped so far, over all sessions; None when nobody counts them."""
+        return None if self._skipped_before is None else self._skipped_before + self._skipped_now
 
     def wants_exact_step(self, estimate: int) -> bool:
         """Whether the next `update` prints a line (so the caller should read the exact step)."""
@@ -308,7 +331,7 @@ class TrainProgress:
             seconds=self._seconds, steps_per_sec=rate,
             examples_per_sec=rate * self.batch_size if rate is not None else None,
             loss=self.smoothed_loss, last_checkpoint=self.last_checkpoint, evals=list(self.evals),
-            stopped_by=stopped_by, events=list(self.events), resumes=self.resumes)
+            stopped_by=stopped_by, events=list(self.events), resumes=self.resumes, records_skipped=self.skipped)
 
     @property
     def smoothed_loss(self) -> Optional[float]:
@@ -325,6 +348,8 @@ class TrainProgress:
             parts += [f"{rate:.1f} steps/s", f"{format_rate(rate * self.batch_size)} examples/s"]
         parts.append(f"loss {format_value(self.smoothed_loss)}")
         parts.append(f"eta {self._eta(step, rate)}")
+        if self.skipped:
+            parts.append(f"skipped {self.skipped}")
         return " | ".join(parts)
 
     def _summary_line(self, s: TrainSummary) -> str:
@@ -340,6 +365,8 @@ class TrainProgress:
             parts.append(f"{len(s.events)} TPU event{'s' if len(s.events) != 1 else ''} ({lost})")
             parts.append(f"{s.resumes} resume{'s' if s.resumes != 1 else ''}")
             parts.append(f"{s.steps_lost} steps lost")
+        if s.records_skipped is not None:
+            parts.append(f"{s.records_skipped} record{'s' if s.records_skipped != 1 else ''} skipped (data.skip_corrupt)")
         return " | ".join(parts)
 
     @staticmethod
@@ -389,8 +416,17 @@ def progress_hooks(progress: TrainProgress, *, steps_per_run: int = 1):
     the step fetched with a run may predate its update, so the exact step is read (one more tiny
     session run) only when a line is due.
     """
-    hook_class, listener_class = _hook_classes()
+    hook_class, listener_class, _ = _hook_classes()
     return hook_class(progress, steps_per_run), listener_class(progress)
+
+
+def skipped_records_hook(progress: TrainProgress):
+    """A SessionRunHook telling `progress` how many records the input pipelines skipped (data.skip_corrupt).
+
+    It sums the counters `tpulaunch.data` keeps in the graph (one per input pipeline: one per host on
+    a TPU slice); they start at 0 in each session, so `progress` adds sessions up.
+    """
+    return _hook_classes()[2](progress)
 
 
 _CLASSES = None
@@ -442,5 +478,28 @@ def _hook_classes():
                 path = os.path.join(self._progress.model_dir, f"model.ckpt-{int(global_step_value)}")
             self._progress.checkpoint(int(global_step_value), path)
 
-    _CLASSES = (ProgressHook, ProgressListener)
+    class SkippedRecordsHook(tf.compat.v1.train.SessionRunHook):
+        def __init__(self, progress: TrainProgress):
+            self._progress = progress
+            self._total = None
+
+        def begin(self):
+            from tpulaunch.data import SKIPPED_RECORDS
+
+            counters = tf.compat.v1.get_collection(SKIPPED_RECORDS)
+            self._total = tf.add_n([c.read_value() for c in counters]) if counters else None
+            self._progress.session_counts_skipped_records()
+
+        def before_run(self, run_context):
+            return None if self._total is None else tf.compat.v1.train.SessionRunArgs(self._total)
+
+        def after_run(self, run_context, run_values):
+            if self._total is not None:
+                self._progress.records_skipped(int(run_values.results))
+
+        def end(self, session):
+            if self._total is not None:
+                self._progress.records_skipped(int(session.run(self._total)), session_ended=True)
+
+    _CLASSES = (ProgressHook, ProgressListener, SkippedRecordsHook)
     return _CLASSES

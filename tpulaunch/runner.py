@@ -276,12 +276,14 @@ def train(job: Job, *, local: bool, progress: Optional[TrainProgress] = None, st
         progress.note(f"resumed from step {start} ({model_dir})")
     train_input = _input_fn(job, "train", use_tpu, search_path)
 
-    from tpulaunch.progress import progress_hooks
+    from tpulaunch.progress import progress_hooks, skipped_records_hook
     from tpulaunch.signals import stop_hook
 
     steps_per_run = job.tpu.iterations_per_loop if use_tpu else 1
     hook, listener = progress_hooks(progress, steps_per_run=steps_per_run)
     hooks = [hook, stop_hook(stop)]
+    if job.data.skip_corrupt and not job.data.input_fn:
+        hooks.append(skipped_records_hook(progress))
     dog = None
     if watch is not None:
         from tpulaunch.watchdog import Watchdog
