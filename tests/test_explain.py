@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -87,9 +89,7 @@ def test_local_script_compiles_and_trains_like_tpulaunch_train(tmp_path):
     assert child.returncode == 0, child.stderr[-3000:]
     model_dir = tmp_path / "run"
     assert int(tf.train.load_variable(tf.train.latest_checkpoint(str(model_dir)), "global_step")) == 30
-    evaluation = re.search(r"\{'accuracy': ([0-9.e-]+), 'loss': ([0-9.e-]+), 'global_step': (\d+)\}", child.stdout)
-    assert evaluation is not None, child.stdout[-2000:]
-    accuracy, loss, step = float(evaluation[1]), float(evaluation[2]), int(evaluation[3])
+    accuracy, loss, step = _evaluation_of(child.stdout)
     # Both runs learn the separable toy task: well under chance loss (ln 2 = 0.69).
     # Their shuffles are seeded from different graphs, so the two losses differ by a little.
     assert (step, 0.0 <= accuracy <= 1.0, loss < 0.55) == (30, True, True), (accuracy, loss)
@@ -100,6 +100,41 @@ def test_local_script_compiles_and_trains_like_tpulaunch_train(tmp_path):
     (evaluation,) = summary.evals
     assert (summary.final_step, evaluation.step) == (30, 30)
     assert evaluation.metrics["loss"] < 0.55, evaluation.metrics
+
+
+def _evaluation_of(stdout: str) -> tuple:
+    """(accuracy, loss, global_step) from the dict TPUEstimator.evaluate returns, as the script prints it."""
+    found = re.search(r"\{'accuracy': ([0-9.e-]+), 'loss': ([0-9.e-]+), 'global_step': (\d+)\}", stdout)
+    assert found is not None, stdout[-2000:]
+    return float(found[1]), float(found[2]), int(found[3])
+
+
+def test_quickstart_script_trains_like_tpulaunch_train(tmp_path):
+    """The README's quickstart job, explained: the script (its CNN inlined) trains to the same step as
+    `tpulaunch train` on the same synthetic data, and both learn to a similar loss."""
+    (tmp_path / "configs").mkdir()
+    shutil.copy(os.path.join(ROOT, "configs", "quickstart.yaml"), tmp_path / "configs")
+    job_path = tmp_path / "configs" / "quickstart.yaml"
+    synth = CliRunner().invoke(cli, ["data", "synth", "--example", "quickstart", str(tmp_path / "data" / "quickstart"),
+                                     "--records", "512"])
+    assert synth.exit_code == 0, synth.output
+    overrides = ["train.steps=60", "eval.steps=2", "run.save_checkpoints_steps=60", "run.seed=7"]
+    script_path = tmp_path / "run_quickstart.py"
+    _explain(job_path, "-o", str(script_path), *(f"--set={o}" for o in overrides))
+    child = subprocess.run([sys.executable, "-I", str(script_path)], cwd="/", capture_output=True, text=True,
+                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ""}, timeout=300, check=False)
+    assert child.returncode == 0, child.stderr[-3000:]
+    accuracy, loss, step = _evaluation_of(child.stdout)
+
+    loaded = load_job(str(job_path), [*overrides, f"run.model_dir={tmp_path / 'tpulaunch-run'}"])
+    summary = runner.train(loaded.job, local=True, search_path=[str(tmp_path / "configs")])
+    (evaluation,) = summary.evals
+    chance = math.log(10)  # ten classes
+    assert (step, evaluation.step) == (60, 60)
+    # Seen over runs: 0.09-0.40 for either, at most 0.17 apart; chance is 2.30.
+    assert loss < 0.4 * chance and evaluation.metrics["loss"] < 0.4 * chance, (loss, evaluation.metrics)
+    assert abs(loss - evaluation.metrics["loss"]) < 0.3 * chance, (loss, evaluation.metrics)
+    assert 0.0 <= accuracy <= 1.0
 
 
 def test_tpu_script_has_the_jobs_exact_tpu_config():
