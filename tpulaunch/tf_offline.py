@@ -85,6 +85,10 @@ class TfCase:
     job's real configuration); its TPUConfig is used as is and only the master is replaced by
     `FAKE_MASTER`. `cores_per_replica`, `feature_dims`, `label_dims` and `iterations_per_loop` are
     then ignored (they describe the case for reports only).
+
+    `input_fn`, when given, replaces the synthetic zeros of the declared shapes: a real input
+    pipeline (e.g. `tpulaunch.data.make_input_fn(job, mode, use_tpu=True)`) put through TF's
+    per-host infeed. It is rarely picklable: use it with `run_case` in this process.
     """
 
     devices: int
@@ -100,6 +104,7 @@ class TfCase:
     iterations_per_loop: int = 1
     model_fn: Optional[Callable] = None
     run_config: Optional[Callable[[str], Any]] = None
+    input_fn: Optional[Callable] = None
 
 
 @dataclass(frozen=True)
@@ -398,6 +403,8 @@ def run_case(case: TfCase) -> TfVerdict:
 
     def input_fn(params):
         calls.append(params["batch_size"])
+        if case.input_fn is not None:
+            return case.input_fn(params)
         batch = params["batch_size"]
 
         def make(_):
