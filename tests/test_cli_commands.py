@@ -36,3 +36,20 @@ def test_schema_describes_every_section(tmp_path):
     assert schema["title"] == "tpulaunch job"
     assert set(schema["properties"]) == {"name", "model", "data", "tpu", "partition", "train", "eval", "run"}
     assert sorted(schema["required"]) == ["data", "model", "name", "run"]
+
+
+def test_piped_output_keeps_whole_tensor_names():
+    """Into a pipe or a CI log rich would assume 80 columns and cut names to `labels.c…`: 120 it is."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    child = subprocess.run([sys.executable, "-m", "tpulaunch", "plan", "configs/retinanet_2560.yaml", "--no-memory"],
+                           cwd=root, env=env, capture_output=True, text=True, check=False)
+    assert child.returncode == 0, child.stderr
+    rows = {line.split()[0]: line for line in child.stdout.splitlines() if line.startswith("  labels.")}
+    assert sorted(rows) == ["labels.box_targets", "labels.cls_targets"], child.stdout
+    assert "[8, 1227600, 4]" in rows["labels.box_targets"]
+    assert max(len(line) for line in child.stdout.splitlines()) <= 120

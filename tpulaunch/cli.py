@@ -29,10 +29,20 @@ class Context:
     err: Console
 
 
-def _consoles() -> tuple[Console, Console]:
+# Width of output that goes to a file or a CI log (rich would assume 80 columns and cut tensor names).
+PIPE_WIDTH = 120
+
+
+def consoles() -> tuple[Console, Console]:
+    """(stdout, stderr) consoles: no colour under CI or NO_COLOR, and 120 columns when not a terminal
+    (unless COLUMNS says otherwise)."""
     plain = bool(os.environ.get("CI")) or os.environ.get("NO_COLOR") is not None
     kwargs = {"no_color": True} if plain else {}
-    return Console(highlight=False, **kwargs), Console(stderr=True, highlight=False, **kwargs)
+    pair = Console(highlight=False, **kwargs), Console(stderr=True, highlight=False, **kwargs)
+    for console in pair:
+        if not console.is_terminal and not os.environ.get("COLUMNS"):
+            console.width = PIPE_WIDTH
+    return pair
 
 
 # Commands that live in their own modules, imported only when named (keeps `--help` fast).
@@ -130,7 +140,7 @@ def cli(ctx: click.Context, debug: bool, verbose: int):
     from tpulaunch.tf_env import quiet_tensorflow
 
     quiet_tensorflow(verbose)
-    out, err = _consoles()
+    out, err = consoles()
     ctx.obj = Context(debug=debug, verbose=verbose, out=out, err=err)
 
 

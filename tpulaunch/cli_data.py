@@ -9,7 +9,7 @@ import json
 
 import click
 
-from tpulaunch.cli import Context, TpuLaunchGroup, _consoles
+from tpulaunch.cli import Context, TpuLaunchGroup, consoles
 
 EXAMPLE_NAMES = ("quickstart", "unet3d", "retinanet")
 # Above this many records a progress bar is worth drawing.
@@ -33,7 +33,7 @@ def data(ctx: click.Context):
     tpulaunch data inspect 'gs://my-bucket/ct/train-*.tfrecord'
     """
     if ctx.obj is None:  # run on its own (not under `tpulaunch`): same consoles as the main CLI
-        out, err = _consoles()
+        out, err = consoles()
         ctx.obj = Context(debug=False, verbose=0, out=out, err=err)
 
 

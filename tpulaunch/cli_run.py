@@ -12,7 +12,6 @@ import sys
 from typing import Optional, Sequence
 
 import click
-from rich.console import Console
 
 from tpulaunch.errors import ExitCode
 from tpulaunch.tf_env import quiet_tensorflow
@@ -33,10 +32,9 @@ class _Streams:
     """The group's context object when a command is invoked on its own (outside `tpulaunch`)."""
 
     def __init__(self):
-        plain = bool(os.environ.get("CI")) or os.environ.get("NO_COLOR") is not None
-        kwargs = {"no_color": True} if plain else {}
-        self.out = Console(highlight=False, **kwargs)
-        self.err = Console(stderr=True, highlight=False, **kwargs)
+        from tpulaunch.cli import consoles
+
+        self.out, self.err = consoles()
         self.debug = False
         self.verbose = 0
 
