@@ -261,12 +261,19 @@ def test_skip_corrupt_counts_the_records_it_skipped(project, tmp_path):
         for index in range(24):
             writer.write(short if index in bad_at else next(clean))
 
-    result = invoke(cli_run.train, str(project / "job.yaml"), "--local",
-                    "--set", f"data.train={shard}", "--set", "data.skip_corrupt=true", "--set", "data.cache=true",
-                    "--set", "train.steps=12", "--set", "eval.every_steps=12",
-                    "--set", f"run.model_dir={tmp_path / 'run'}")
+    sets = ["--set", f"data.train={shard}", "--set", f"data.eval={shard}", "--set", "data.skip_corrupt=true",
+            "--set", "data.cache=true", "--set", "train.steps=12", "--set", "eval.every_steps=12",
+            "--set", f"run.model_dir={tmp_path / 'run'}"]
+    result = invoke(cli_run.train, str(project / "job.yaml"), "--local", *sets)
     assert result.exit_code == 0, result.output
     notes = lines(result.output, "data.skip_corrupt: skipping records that fail to parse (")
     assert len(notes) == 1, result.output
     (done,) = lines(result.output, "done | step 12/12")
     assert done.endswith(" | 5 records skipped (data.skip_corrupt)"), done
+    # Evaluation reads the same shard in order: two batches of 8 good records pass all five bad ones.
+    (evaluation,) = lines(result.output, "eval | step 12")
+    assert evaluation.endswith(" | 5 records skipped (data.skip_corrupt)"), evaluation
+
+    again = invoke(cli_run.evaluate, str(project / "job.yaml"), "--local", *sets)
+    assert again.exit_code == 0, again.output
+    assert lines(again.output, "eval | step 12")[0].endswith(" | 5 records skipped (data.skip_corrupt)"), again.output

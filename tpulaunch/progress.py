@@ -35,6 +35,7 @@ class EvalResult:
 
     step: int
     metrics: Dict[str, float]
+    records_skipped: Optional[int] = None  # eval records dropped under data.skip_corrupt; None: not counted
 
 
 @dataclass
@@ -91,11 +92,13 @@ def render_eval(console: Console, result: EvalResult, *, plain: bool) -> None:
     """One evaluation: a fixed-format line (plain) or a table; metrics by name, loss last."""
     shown = result.metrics
     names = sorted(k for k in shown if k != "loss") + (["loss"] if "loss" in shown else [])
+    skipped = (f"{result.records_skipped} record{'s' if result.records_skipped != 1 else ''} skipped "
+               "(data.skip_corrupt)" if result.records_skipped is not None else None)
     if plain:
-        console.out(" | ".join([f"eval | step {result.step}"] + [f"{k} {format_value(shown[k])}" for k in names]),
-                    highlight=False)
+        parts = [f"eval | step {result.step}"] + [f"{k} {format_value(shown[k])}" for k in names]
+        console.out(" | ".join(parts + ([skipped] if skipped else [])), highlight=False)
         return
-    table = Table(title=f"eval at step {result.step}", title_justify="left")
+    table = Table(title=f"eval at step {result.step}", title_justify="left", caption=skipped, caption_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for k in names:
@@ -263,10 +266,10 @@ class TrainProgress:
         elif self._live is not None:
             self._live.update(self._task, ckpt=f"ckpt {step}")
 
-    def evaluated(self, step: int, metrics: Dict[str, float]) -> EvalResult:
+    def evaluated(self, step: int, metrics: Dict[str, float], records_skipped: Optional[int] = None) -> EvalResult:
         """An evaluation of the checkpoint at `step` finished."""
         shown = {k: float(v) for k, v in metrics.items() if k != "global_step"}
-        result = EvalResult(step, shown)
+        result = EvalResult(step, shown, records_skipped)
         self.evals.append(result)
         if not self.disable:
             render_eval(self._live.console if self._live is not None else self.console, result, plain=self.plain)
@@ -426,7 +429,16 @@ def skipped_records_hook(progress: TrainProgress):
     It sums the counters `tpulaunch.data` keeps in the graph (one per input pipeline: one per host on
     a TPU slice); they start at 0 in each session, so `progress` adds sessions up.
     """
-    return _hook_classes()[2](progress)
+    return _hook_classes()[2](lambda count, ended: progress.records_skipped(count, session_ended=ended),
+                              progress.session_counts_skipped_records)
+
+
+def skipped_records_counter():
+    """(hook, count): a SessionRunHook for one evaluation, and a function giving the records its input
+    pipelines skipped under data.skip_corrupt (None before the evaluation ran)."""
+    seen: dict = {}
+    hook = _hook_classes()[2](lambda count, ended: seen.__setitem__("count", count))
+    return hook, lambda: seen.get("count")
 
 
 _CLASSES = None
@@ -479,8 +491,11 @@ def _hook_classes():
             self._progress.checkpoint(int(global_step_value), path)
 
     class SkippedRecordsHook(tf.compat.v1.train.SessionRunHook):
-        def __init__(self, progress: TrainProgress):
-            self._progress = progress
+        """Reports the sum of the input pipelines' skip counters: on_count(count, session_ended)."""
+
+        def __init__(self, on_count: Callable[[int, bool], None], on_begin: Optional[Callable[[], None]] = None):
+            self._on_count = on_count
+            self._on_begin = on_begin
             self._total = None
 
         def begin(self):
@@ -488,18 +503,19 @@ def _hook_classes():
 
             counters = tf.compat.v1.get_collection(SKIPPED_RECORDS)
             self._total = tf.add_n([c.read_value() for c in counters]) if counters else None
-            self._progress.session_counts_skipped_records()
+            if self._on_begin is not None:
+                self._on_begin()
 
         def before_run(self, run_context):
             return None if self._total is None else tf.compat.v1.train.SessionRunArgs(self._total)
 
         def after_run(self, run_context, run_values):
             if self._total is not None:
-                self._progress.records_skipped(int(run_values.results))
+                self._on_count(int(run_values.results), False)
 
         def end(self, session):
             if self._total is not None:
-                self._progress.records_skipped(int(session.run(self._total)), session_ended=True)
+                self._on_count(int(session.run(self._total)), True)
 
     _CLASSES = (ProgressHook, ProgressListener, SkippedRecordsHook)
     return _CLASSES

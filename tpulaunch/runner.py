@@ -439,14 +439,20 @@ def lost_state(status) -> str:
 
 def _evaluate_into(estimator, job: Job, use_tpu: bool, search_path: Sequence[str], progress: Optional[TrainProgress],
                    checkpoint: Optional[str] = None) -> EvalResult:
+    hooks, skipped = [], lambda: None
+    if job.data.skip_corrupt and not job.data.input_fn:
+        from tpulaunch.progress import skipped_records_counter
+
+        hook, skipped = skipped_records_counter()
+        hooks.append(hook)
     with naming_read_errors(job, "eval"):
         results = estimator.evaluate(_input_fn(job, "eval", use_tpu, search_path), steps=job.eval.steps,
-                                     checkpoint_path=checkpoint)
+                                     checkpoint_path=checkpoint, hooks=hooks)
     step = int(results.get("global_step", 0))
     metrics = {k: float(v) for k, v in results.items() if k != "global_step"}
     if progress is not None:
-        return progress.evaluated(step, metrics)
-    return EvalResult(step, metrics)
+        return progress.evaluated(step, metrics, skipped())
+    return EvalResult(step, metrics, skipped())
 
 
 def evaluate(job: Job, *, local: bool, checkpoint: Optional[str] = None, progress: Optional[TrainProgress] = None,
