@@ -89,6 +89,10 @@ class TfCase:
     `input_fn`, when given, replaces the synthetic zeros of the declared shapes: a real input
     pipeline (e.g. `tpulaunch.data.make_input_fn(job, mode, use_tpu=True)`) put through TF's
     per-host infeed. It is rarely picklable: use it with `run_case` in this process.
+
+    `only_after`, when set, makes `run_cases` run this case only if the case before it failed with
+    that error type (e.g. a stand-in model after the job's own model could not be built); otherwise
+    its verdict is None.
     """
 
     devices: int
@@ -105,6 +109,7 @@ class TfCase:
     model_fn: Optional[Callable] = None
     run_config: Optional[Callable[[str], Any]] = None
     input_fn: Optional[Callable] = None
+    only_after: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -485,12 +490,19 @@ def _replicas(estimator: Any, mode: str, tf: Any) -> Optional[int]:
         return None
 
 
-def run_cases(cases: Sequence[TfCase]) -> list[TfVerdict]:
-    """`run_case` for each case, in this process."""
-    return [run_case(case) for case in cases]
+def run_cases(cases: Sequence[TfCase]) -> list[Optional[TfVerdict]]:
+    """`run_case` for each case, in this process (None for an `only_after` case whose condition failed)."""
+    verdicts: list[Optional[TfVerdict]] = []
+    for case in cases:
+        previous = verdicts[-1] if verdicts else None
+        if case.only_after is not None and (previous is None or previous.error_type != case.only_after):
+            verdicts.append(None)
+        else:
+            verdicts.append(run_case(case))
+    return verdicts
 
 
-def run_cases_in_subprocess(cases: Sequence[TfCase], timeout: float = 600) -> list[TfVerdict]:
+def run_cases_in_subprocess(cases: Sequence[TfCase], timeout: float = 600) -> list[Optional[TfVerdict]]:
     """`run_cases` in a child Python, so the caller's TensorFlow (if any) is never patched.
 
     Raises:

@@ -126,7 +126,8 @@ def _describe(exc: BaseException) -> str:
 
 
 def cases_for_job(job, search_path: Sequence[str] = (), *, job_model: bool = True) -> list:
-    """Per mode the job runs, two `TfCase`s: the job's own model_fn, then the stand-in model_fn.
+    """Per mode the job runs, two `TfCase`s: the job's own model_fn, then the stand-in model_fn (run
+    only when the job's model cannot be built).
 
     With `job_model=False`, only the stand-in case per mode (the partition and batch checks do not
     depend on the model).
@@ -145,11 +146,13 @@ def cases_for_job(job, search_path: Sequence[str] = (), *, job_model: bool = Tru
     cases = []
     for mode in modes_of(job):
         for model_fn in ((JobModelFn(job, search_path), None) if job_model else (None,)):
+            fallback = job_model and model_fn is None
             cases.append(TfCase(
                 devices=tpu_type.devices, hosts=tpu_type.hosts, cores_per_replica=job.tpu.cores_per_replica,
                 features=features, labels=labels, feature_dims=None, train_batch_size=train_batch,
                 eval_batch_size=eval_batch, mode=mode, iterations_per_loop=job.tpu.iterations_per_loop,
-                model_fn=model_fn, run_config=JobRunConfig(job)))
+                model_fn=model_fn, run_config=JobRunConfig(job),
+                only_after=MODEL_BUILD_FAILED if fallback else None))
     return cases
 
 
