@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import time
+
+from cli_speed import best_of  # fresh processes, best of N (this script's folder is on sys.path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(ROOT, "configs", "unet3d_ct.yaml")
@@ -21,16 +21,6 @@ GOAL_SECONDS = 15.0
 
 BASELINE = [sys.executable, "-c", "import tensorflow"]
 CHECK = [sys.executable, "-m", "tpulaunch", "validate", JOB, "--static", "--tf"]
-
-
-def best_of(command: list, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        subprocess.run(command, cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-        times.append(time.perf_counter() - started)
-    return min(times)
 
 
 def main() -> int:
