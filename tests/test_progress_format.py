@@ -8,3 +8,29 @@ from tpulaunch.progress import format_rate
 @pytest.mark.parametrize("rate, text", [(0.4, "0.4"), (3.26, "3.3"), (9.99, "10"), (983.2, "983"), (2637.0, "2637")])
 def test_format_rate(rate, text):
     assert format_rate(rate) == text
+
+
+def test_skipped_records_add_up_over_sessions_even_one_cut_short():
+    """Each session's counters start at zero (an evaluation in between, a resume, or MonitoredSession
+    recreating a session after an Aborted error, when no end() comes): the total keeps them all."""
+    import io
+
+    from rich.console import Console
+
+    from tpulaunch.progress import TrainProgress
+
+    out = io.StringIO()
+    progress = TrainProgress(Console(file=out, width=200), total_steps=10, batch_size=4, plain=True)
+    assert progress.skipped is None  # nobody counts: the summary says nothing
+    progress.session_counts_skipped_records()
+    progress.records_skipped(0)
+    progress.records_skipped(3)
+    progress.records_skipped(3, session_ended=True)  # evaluation follows
+    progress.session_counts_skipped_records()
+    progress.records_skipped(2)  # this session is recreated without an end()
+    progress.session_counts_skipped_records()
+    progress.records_skipped(4)
+    assert progress.skipped == 9
+    progress.records_skipped(5, session_ended=True)
+    assert progress.summary().records_skipped == 10
+    assert out.getvalue().splitlines() == ["data.skip_corrupt: skipping records that fail to parse (3 so far)"]

@@ -503,6 +503,10 @@ def _hook_classes():
 
             counters = tf.compat.v1.get_collection(SKIPPED_RECORDS)
             self._total = tf.add_n([c.read_value() for c in counters]) if counters else None
+
+        def after_create_session(self, session, coord):
+            # Also after MonitoredSession recreates a session (Aborted/Unavailable): the counters and
+            # the input pipeline start again from zero then.
             if self._on_begin is not None:
                 self._on_begin()
 
