@@ -398,6 +398,7 @@ class TrainProgress:
             "examples": "- ex/s" if rate is None else f"{rate * self.batch_size:.0f} ex/s",
             "loss": format_value(self.smoothed_loss),
             "eta": self._eta(step, rate),
+            "skipped": f"skipped {self.skipped}" if self.skipped else "",
         }
 
     def _start_live(self, step: int) -> None:
@@ -405,7 +406,8 @@ class TrainProgress:
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[examples]}"),
             TextColumn("loss {task.fields[loss]}"), TextColumn("eta {task.fields[eta]}"),
-            TextColumn("{task.fields[ckpt]}"), TextColumn("[yellow]{task.fields[node]}"),
+            TextColumn("{task.fields[ckpt]}"), TextColumn("[yellow]{task.fields[skipped]}"),
+            TextColumn("[yellow]{task.fields[node]}"),
             console=self.console, get_time=self.get_time, auto_refresh=self._auto_refresh)
         self._task = self._live.add_task("train", total=self.total_steps, completed=min(step, self.total_steps),
                                          ckpt="", node="", **self._fields(step, None))
