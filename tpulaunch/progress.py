@@ -88,12 +88,16 @@ class TrainSummary:
         return sum(event.steps_lost for event in self.events)
 
 
+def skipped_text(count: int) -> str:
+    """How summaries and evaluations state the records dropped under data.skip_corrupt."""
+    return f"{count} record{'s' if count != 1 else ''} skipped (data.skip_corrupt)"
+
+
 def render_eval(console: Console, result: EvalResult, *, plain: bool) -> None:
     """One evaluation: a fixed-format line (plain) or a table; metrics by name, loss last."""
     shown = result.metrics
     names = sorted(k for k in shown if k != "loss") + (["loss"] if "loss" in shown else [])
-    skipped = (f"{result.records_skipped} record{'s' if result.records_skipped != 1 else ''} skipped "
-               "(data.skip_corrupt)" if result.records_skipped is not None else None)
+    skipped = None if result.records_skipped is None else skipped_text(result.records_skipped)
     if plain:
         parts = [f"eval | step {result.step}"] + [f"{k} {format_value(shown[k])}" for k in names]
         console.out(" | ".join(parts + ([skipped] if skipped else [])), highlight=False)
@@ -369,7 +373,7 @@ class TrainProgress:
             parts.append(f"{s.resumes} resume{'s' if s.resumes != 1 else ''}")
             parts.append(f"{s.steps_lost} steps lost")
         if s.records_skipped is not None:
-            parts.append(f"{s.records_skipped} record{'s' if s.records_skipped != 1 else ''} skipped (data.skip_corrupt)")
+            parts.append(skipped_text(s.records_skipped))
         return " | ".join(parts)
 
     @staticmethod
@@ -429,7 +433,8 @@ def skipped_records_hook(progress: TrainProgress):
     """A SessionRunHook telling `progress` how many records the input pipelines skipped (data.skip_corrupt).
 
     It sums the counters `tpulaunch.data` keeps in the graph (one per input pipeline: one per host on
-    a TPU slice); they start at 0 in each session, so `progress` adds sessions up.
+    a TPU slice); they start at 0 in each session, so `progress` adds sessions up. In a graph without
+    counters it does nothing, and `progress` reports no count.
     """
     return _hook_classes()[2](lambda count, ended: progress.records_skipped(count, session_ended=ended),
                               progress.session_counts_skipped_records)
@@ -508,8 +513,9 @@ def _hook_classes():
 
         def after_create_session(self, session, coord):
             # Also after MonitoredSession recreates a session (Aborted/Unavailable): the counters and
-            # the input pipeline start again from zero then.
-            if self._on_begin is not None:
+            # the input pipeline start again from zero then. No counters (no data.skip_corrupt, or
+            # the job's own input_fn): nothing is counted, and nothing is reported.
+            if self._total is not None and self._on_begin is not None:
                 self._on_begin()
 
         def before_run(self, run_context):

@@ -281,9 +281,7 @@ def train(job: Job, *, local: bool, progress: Optional[TrainProgress] = None, st
 
     steps_per_run = job.tpu.iterations_per_loop if use_tpu else 1
     hook, listener = progress_hooks(progress, steps_per_run=steps_per_run)
-    hooks = [hook, stop_hook(stop)]
-    if job.data.skip_corrupt and not job.data.input_fn:
-        hooks.append(skipped_records_hook(progress))
+    hooks = [hook, stop_hook(stop), skipped_records_hook(progress)]
     dog = None
     if watch is not None:
         from tpulaunch.watchdog import Watchdog
@@ -439,15 +437,12 @@ def lost_state(status) -> str:
 
 def _evaluate_into(estimator, job: Job, use_tpu: bool, search_path: Sequence[str], progress: Optional[TrainProgress],
                    checkpoint: Optional[str] = None) -> EvalResult:
-    hooks, skipped = [], lambda: None
-    if job.data.skip_corrupt and not job.data.input_fn:
-        from tpulaunch.progress import skipped_records_counter
+    from tpulaunch.progress import skipped_records_counter
 
-        hook, skipped = skipped_records_counter()
-        hooks.append(hook)
+    hook, skipped = skipped_records_counter()
     with naming_read_errors(job, "eval"):
         results = estimator.evaluate(_input_fn(job, "eval", use_tpu, search_path), steps=job.eval.steps,
-                                     checkpoint_path=checkpoint, hooks=hooks)
+                                     checkpoint_path=checkpoint, hooks=[hook])
     step = int(results.get("global_step", 0))
     metrics = {k: float(v) for k, v in results.items() if k != "global_step"}
     if progress is not None:
