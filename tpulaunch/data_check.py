@@ -25,8 +25,6 @@ TIME_BUDGET_SECONDS = 60.0
 
 _KIND_OF_ENCODING = {"float_list": "float_list", "int64_list": "int64_list", "raw": "bytes_list",
                      "png": "bytes_list", "jpeg": "bytes_list"}
-# Raw bytes are decoded with tf.io.decode_raw in the declared dtype.
-_RAW_BYTES = dict(DTYPE_BYTES)
 
 
 @dataclass
@@ -299,9 +297,9 @@ def _check_value(spec: TensorSpec, name: str, stored) -> Optional[tuple]:
     blob = values[0]
     if spec.stored_as == "raw":
         expected = spec.num_elements
-        if expected is not None and len(blob) != expected * _RAW_BYTES[spec.dtype]:
+        if expected is not None and len(blob) != expected * DTYPE_BYTES[spec.dtype]:
             return ("record-wrong-length",
-                    f"'{key}' has {len(blob)} bytes, but {list(spec.shape)} x {spec.dtype} is {expected * _RAW_BYTES[spec.dtype]}",
+                    f"'{key}' has {len(blob)} bytes, but {list(spec.shape)} x {spec.dtype} is {expected * DTYPE_BYTES[spec.dtype]}",
                     _raw_hint(len(blob), spec))
         return None
     return _check_image(spec, key, blob)
@@ -319,7 +317,7 @@ def _encoding_hint(kind: str, spec: TensorSpec) -> str:
 
 def _raw_hint(nbytes: int, spec: TensorSpec) -> str:
     elements = spec.num_elements or 1
-    for dtype, size in sorted(_RAW_BYTES.items(), key=lambda kv: kv[1]):
+    for dtype, size in sorted(DTYPE_BYTES.items(), key=lambda kv: kv[1]):
         if nbytes == elements * size and dtype != spec.dtype:
             return f"the size fits dtype: {dtype}"
     return "check the shape and dtype the files were written with"

@@ -9,6 +9,7 @@ model's shapes) is added by `add_memory`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -91,17 +92,7 @@ class Plan:
 def _sharding(dims) -> str:
     if dims is None:
         return "replicated"
-    product = 1
-    for d in dims:
-        product *= d
-    return "core0" if product == 1 else "tiled"
-
-
-def _nbytes(shape, dtype: str) -> int:
-    n = DTYPE_BYTES[dtype]
-    for d in shape:
-        n *= d
-    return n
+    return "core0" if math.prod(dims) == 1 else "tiled"
 
 
 def resolved_partition(job: Job, per_replica: int):
@@ -130,7 +121,7 @@ def tensor_plans(job: Job, per_replica: int) -> list:
                 pieces = [list(p) for p in rules.piece_shapes(shape, dims)]
             else:
                 pieces = [list(shape)]  # replicated: each core a full copy; core0: core 0 only
-            piece = list(max(pieces, key=lambda p: _nbytes(p, spec.dtype)))
+            piece = list(max(pieces, key=math.prod))  # the largest piece, as memory.py takes it
             unpadded, padded = rules.layout_padding(piece, DTYPE_BYTES[spec.dtype])
             out.append(TensorPlan(group, name, spec.dtype, shape, list(dims) if dims else None, sharding, piece, pieces,
                                   even=all(p == pieces[0] for p in pieces), piece_bytes=unpadded, piece_bytes_padded=padded))
