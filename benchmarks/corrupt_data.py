@@ -149,7 +149,7 @@ def make_case(workdir: str, kind: str, rng: random.Random, *, skip: bool) -> tup
 
 def check_validate(job: str, damaged: str, kind: str, bad: int) -> List[str]:
     """`validate --all-records --records RECORDS` names the damaged file and the record."""
-    from tpulaunch.validate import validate_job
+    from tpulaunch.checks.validate import validate_job
 
     result = validate_job(job, all_records=True, records_per_file=RECORDS)
     found = [p for p in result.problems if p.code in VALIDATE_CODES[kind]]
@@ -179,7 +179,7 @@ def check_pipeline(job: str, damaged: str, kind: str, *, skip: bool) -> tuple:
 
     from tpulaunch import data
     from tpulaunch.errors import TpuLaunchError
-    from tpulaunch.jobfile import load_job
+    from tpulaunch.job.load import load_job
 
     loaded = load_job(job)
     input_fn = data.make_input_fn(loaded.job, "eval", use_tpu=False)

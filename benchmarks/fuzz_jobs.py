@@ -255,7 +255,7 @@ def problem_failures(problems: Sequence) -> List[str]:
 
 def check_in_process(path: str, sets: Sequence[str]) -> tuple:
     """(exit code 0/1, failures, problems) of validate_job(static=True) on one case."""
-    from tpulaunch.validate import validate_job
+    from tpulaunch.checks.validate import validate_job
 
     try:
         result = validate_job(path, list(sets), static=True, env=ENV)
@@ -268,7 +268,7 @@ def check_cli(path: str, sets: Sequence[str], fmt: str) -> tuple:
     """(exit code, failures) of `tpulaunch validate --static --format FMT` through click's CliRunner."""
     from click.testing import CliRunner
 
-    from tpulaunch.cli import cli
+    from tpulaunch.cli.app import cli
 
     args = ["validate", "--static", "--format", fmt, path]
     for value in sets:

@@ -27,10 +27,10 @@ import tensorflow as tf  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from tpulaunch import runner  # noqa: E402
-from tpulaunch.jobfile import load_job  # noqa: E402
+from tpulaunch.job.load import load_job  # noqa: E402
 from tpulaunch.models import cnn  # noqa: E402
-from tpulaunch.progress import TrainProgress  # noqa: E402
-from tpulaunch.synth import write_example  # noqa: E402
+from tpulaunch.run.progress import TrainProgress  # noqa: E402
+from tpulaunch.data.synth import write_example  # noqa: E402
 
 BATCH = 64
 JOB = """\

@@ -5,8 +5,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from tpulaunch.cli import cli
-from tpulaunch.validate import validate_job
+from tpulaunch.cli.app import cli
+from tpulaunch.checks.validate import validate_job
 
 
 @pytest.mark.parametrize("example", ["quickstart", "unet3d", "retinanet"])

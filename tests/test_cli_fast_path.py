@@ -12,7 +12,7 @@ GOOD = os.path.join(ROOT, "tests", "jobs", "good", "tpu_ct.yaml")
 
 PROBE = """
 import sys
-from tpulaunch.cli import main
+from tpulaunch.cli.app import main
 try:
     main(sys.argv[1:])
 except SystemExit as exit:
@@ -52,7 +52,7 @@ def test_quickstart_names_files_that_exist():
 
 @pytest.mark.parametrize("name", ["quickstart.yaml", "unet3d_ct.yaml", "retinanet_2560.yaml"])
 def test_example_jobs_validate_clean(name):
-    from tpulaunch.validate import validate_job
+    from tpulaunch.checks.validate import validate_job
 
     result = validate_job(os.path.join(ROOT, "configs", name), static=True)
     assert [(p.severity, p.code) for p in result.problems] == []

@@ -13,11 +13,11 @@ import pytest
 from click.testing import CliRunner
 
 from tpu_api_server import DEFAULT_PROJECT, DEFAULT_ZONE, tpu_api  # noqa: F401 (the fixture)
-from tpulaunch.cluster import (
+from tpulaunch.tpu.node import (
     Finding, NodeRef, NodeStatus, check_node, cluster_resolver, installed_tensorflow_version, resolve_node, watch_node,
 )
 from tpulaunch.errors import ExitCode, TpuLaunchError
-from tpulaunch.job import Tpu
+from tpulaunch.job.schema import Tpu
 
 TF = installed_tensorflow_version()
 FAST = {"backoff_s": 0.02, "poll_s": 0.05}  # keep retry and poll pauses short; the logic is the same
@@ -333,7 +333,7 @@ TPU_SECTION = "tpu: {name: my-tpu, zone: us-central1-a, project: test-project, t
 
 @pytest.fixture
 def run_status(tpu_api, monkeypatch, tmp_path):
-    from tpulaunch.cli import cli
+    from tpulaunch.cli.app import cli
     monkeypatch.setenv("TPULAUNCH_TPU_DISCOVERY_URL", tpu_api.discovery_url)
     monkeypatch.setenv("NO_COLOR", "1")
 

@@ -15,8 +15,8 @@ import corrupt_data  # noqa: E402
 
 from tpulaunch import data  # noqa: E402
 from tpulaunch.errors import TpuLaunchError  # noqa: E402
-from tpulaunch.jobfile import load_job  # noqa: E402
-from tpulaunch.validate import validate_job  # noqa: E402
+from tpulaunch.job.load import load_job  # noqa: E402
+from tpulaunch.checks.validate import validate_job  # noqa: E402
 
 
 @pytest.fixture(scope="module")

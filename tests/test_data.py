@@ -1,4 +1,4 @@
-"""tpulaunch.data: real TFRecords written by TensorFlow, parsed by the input_fn a job describes."""
+"""tpulaunch.data.pipeline: real TFRecords written by TensorFlow, parsed by the input_fn a job describes."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpulaunch.data import host_shard, make_input_fn, parse_example_fn
+from tpulaunch.data.pipeline import host_shard, make_input_fn, parse_example_fn
 from tpulaunch.errors import TpuLaunchError
-from tpulaunch.job import Job
-from tpulaunch.synth import shard_name
+from tpulaunch.job.schema import Job
+from tpulaunch.data.synth import shard_name
 
 
 def _feature(value) -> tf.train.Feature:
@@ -258,5 +258,5 @@ def test_tpu_eval_repeats_and_needs_static_shapes(digits):
 
 
 def test_input_fn_escape_hatch_is_returned_unchanged(digits):
-    job = make_job(train=digits, features={"image": {"shape": [2, 3]}}, input_fn="tpulaunch.synth:shard_name")
+    job = make_job(train=digits, features={"image": {"shape": [2, 3]}}, input_fn="tpulaunch.data.synth:shard_name")
     assert make_input_fn(job, "train", use_tpu=True) is shard_name

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpulaunch.validate import validate_job
+from tpulaunch.checks.validate import validate_job
 
 
 def example(**features) -> bytes:

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from gcs_fake import gcs  # noqa: F401  (the fixture)
 from test_data_check import example
-from tpulaunch.validate import validate_job
+from tpulaunch.checks.validate import validate_job
 
 pytestmark = pytest.mark.tf
 

@@ -14,9 +14,9 @@ import tensorflow as tf
 from click.testing import CliRunner
 
 from tpulaunch import runner
-from tpulaunch.cli import cli
-from tpulaunch.explain import explain_script
-from tpulaunch.jobfile import load_job
+from tpulaunch.cli.app import cli
+from tpulaunch.engine.estimator.program import explain_script
+from tpulaunch.job.load import load_job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import interrupts  # noqa: E402
 
 from tpulaunch import runner  # noqa: E402
-from tpulaunch.cli import cli  # noqa: E402
-from tpulaunch.jobfile import load_job  # noqa: E402
+from tpulaunch.cli.app import cli  # noqa: E402
+from tpulaunch.job.load import load_job  # noqa: E402
 
 STEPS, EVERY = 40, 5
 

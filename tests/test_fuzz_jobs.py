@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import fuzz_jobs  # noqa: E402
 
 from tpulaunch.errors import Problem  # noqa: E402
-from tpulaunch.validate import validate_job  # noqa: E402
+from tpulaunch.checks.validate import validate_job  # noqa: E402
 
 SLICE = settings(deadline=None, database=None, derandomize=True, phases=[Phase.generate, Phase.shrink],
                  suppress_health_check=list(HealthCheck))

@@ -6,7 +6,7 @@ import textwrap
 import pytest
 
 from tpulaunch.errors import JobFileError
-from tpulaunch.jobfile import load_job, parse_override
+from tpulaunch.job.load import load_job, parse_override
 
 GOOD = textwrap.dedent("""\
     name: demo

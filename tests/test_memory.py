@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from tpulaunch import memory
-from tpulaunch.job import Job, Partition
+from tpulaunch.job.schema import Job, Partition
 
 GiB = 1024 ** 3
 PYTHON = sys.executable
@@ -287,7 +287,7 @@ def test_plan_no_memory_stays_tensorflow_free(tmp_path):
     script = textwrap.dedent(f"""
         import json, sys
         from click.testing import CliRunner
-        from tpulaunch.cli import cli
+        from tpulaunch.cli.app import cli
         result = CliRunner().invoke(cli, ["plan", {str(path)!r}, "--no-memory", "--format", "json"])
         assert result.exit_code == 0, result.output
         assert json.loads(result.output)["memory"] is None
@@ -326,7 +326,7 @@ def test_tile_the_model_cannot_take_is_scaled(published_plans):
 
 
 def test_validate_accepts_auto_partition(tmp_path):
-    from tpulaunch.validate import validate_job
+    from tpulaunch.checks.validate import validate_job
 
     path = tmp_path / "job.yaml"
     path.write_text(JOB_YAML.format(size=128, cores=8, batch=1, partition="auto"))

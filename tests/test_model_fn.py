@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 from tpulaunch import runner
-from tpulaunch.data import make_input_fn
-from tpulaunch.job import Job
-from tpulaunch.tf_offline import TensorDecl, TfCase, run_cases_in_subprocess
+from tpulaunch.data.pipeline import make_input_fn
+from tpulaunch.job.schema import Job
+from tpulaunch.engine.estimator.offline import TensorDecl, TfCase, run_cases_in_subprocess
 
 MODELS = textwrap.dedent('''
     import tensorflow as tf
@@ -191,7 +191,7 @@ def test_run_config_for_a_partitioned_dict_job_is_what_tensorflow_accepts(workdi
 
 def test_custom_loss_gets_whole_dicts_keyed_differently_from_labels():
     """RetinaNet-style: outputs {cls_logits, box_regression} against labels {cls_targets, box_targets}."""
-    from tpulaunch.model import Head, compute_loss
+    from tpulaunch.engine.estimator.model_fn import Head, compute_loss
     from tpulaunch.models.retinanet import loss as retinanet_loss
 
     labels = {"cls_targets": tf.constant([[1, 0, -1, 0]], tf.int32), "box_targets": tf.zeros([1, 4, 4])}

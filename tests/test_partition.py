@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tpulaunch.partition import (Finding, check_batch, check_tensor_dims, layout_padding, piece_shapes,
+from tpulaunch.plan.partition import (Finding, check_batch, check_tensor_dims, layout_padding, piece_shapes,
                                  slice_layout, split_sizes)
-from tpulaunch.tpu_types import UnknownTpuType, parse_tpu_type
+from tpulaunch.tpu.types import UnknownTpuType, parse_tpu_type
 
 
 @pytest.mark.parametrize("name, devices, chips, hosts, usable_gib", [

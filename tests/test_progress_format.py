@@ -2,7 +2,7 @@
 
 import pytest
 
-from tpulaunch.progress import format_rate
+from tpulaunch.run.progress import format_rate
 
 
 @pytest.mark.parametrize("rate, text", [(0.4, "0.4"), (3.26, "3.3"), (9.99, "10"), (983.2, "983"), (2637.0, "2637")])
@@ -17,7 +17,7 @@ def test_skipped_records_add_up_over_sessions_even_one_cut_short():
 
     from rich.console import Console
 
-    from tpulaunch.progress import TrainProgress
+    from tpulaunch.run.progress import TrainProgress
 
     out = io.StringIO()
     progress = TrainProgress(Console(file=out, width=200), total_steps=10, batch_size=4, plain=True)
@@ -41,7 +41,7 @@ def test_live_display_shows_skipped_records():
 
     from rich.console import Console
 
-    from tpulaunch.progress import TrainProgress
+    from tpulaunch.run.progress import TrainProgress
 
     out, now = io.StringIO(), [0.0]
     progress = TrainProgress(Console(file=out, force_terminal=True, width=160, no_color=True), total_steps=10,

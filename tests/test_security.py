@@ -8,10 +8,10 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from tpulaunch.cli import cli
-from tpulaunch.imports import ImportPathError, resolve
-from tpulaunch.jobfile import load_job
-from tpulaunch.validate import validate_job
+from tpulaunch.cli.app import cli
+from tpulaunch.job.imports import ImportPathError, resolve
+from tpulaunch.job.load import load_job
+from tpulaunch.checks.validate import validate_job
 
 GOOD = """\
 name: demo

@@ -12,11 +12,11 @@ import tensorflow as tf
 from click.testing import CliRunner
 
 from tpulaunch import synth
-from tpulaunch.cli_data import data
-from tpulaunch.data import make_input_fn
+from tpulaunch.cli.data import data
+from tpulaunch.data.pipeline import make_input_fn
 from tpulaunch.errors import TpuLaunchError
-from tpulaunch.inspect_records import inspect
-from tpulaunch.jobfile import load_job
+from tpulaunch.data.inspect_records import inspect
+from tpulaunch.job.load import load_job
 
 TEMPLATES = os.path.join(os.path.dirname(__file__), os.pardir, "tpulaunch", "templates")
 SMALL = {"quickstart": dict(records=16, shards=2), "unet3d": dict(records=4, size=16), "retinanet": dict(records=4, size=128)}

@@ -1,9 +1,9 @@
 """tpulaunch's offline partition/batch rules and TensorFlow's own TPUEstimator reach the same verdicts.
 
-Each row of `CASES` is a job file. The offline side is `validate --static` (tpulaunch.partition via
-tpulaunch.checks); the TensorFlow side builds the job's train (and eval) graph with TF 2.15's own
-TPUEstimator on a faked slice (tpulaunch.tf_offline), with the job's real RunConfig from
-tpulaunch.runner. All TF builds run in one child process.
+Each row of `CASES` is a job file. The offline side is `validate --static` (tpulaunch.plan.partition via
+tpulaunch.checks.static); the TensorFlow side builds the job's train (and eval) graph with TF 2.15's own
+TPUEstimator on a faked slice (tpulaunch.engine.estimator.offline), with the job's real RunConfig from
+tpulaunch.engine.estimator.runner. All TF builds run in one child process.
 
 Agreement: accepted offline <=> accepted by TF, and when both reject, the key TF's error is about
 is one of the keys the offline rules flag. `EXCEPTIONS` lists the rows where the two differ on
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import yaml
 
-from tpulaunch.jobfile import load_job
-from tpulaunch.tf_offline import run_cases_in_subprocess
-from tpulaunch.tf_verdict import blamed_key, cases_for_job, modes_of
-from tpulaunch.validate import validate_job
+from tpulaunch.job.load import load_job
+from tpulaunch.engine.estimator.offline import run_cases_in_subprocess
+from tpulaunch.checks.tensorflow import blamed_key, cases_for_job, modes_of
+from tpulaunch.checks.validate import validate_job
 
 IMG = [16, 16, 3]
 VOL = [8, 8, 8, 1]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
-from tpulaunch.jobfile import load_job
-from tpulaunch.tf_verdict import tf_problems
+from tpulaunch.job.load import load_job
+from tpulaunch.checks.tensorflow import tf_problems
 
 MODELS = textwrap.dedent('''
     import tensorflow as tf

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpulaunch.data import make_input_fn
-from tpulaunch.jobfile import load_job
-from tpulaunch.tf_offline import run_case
-from tpulaunch.tf_verdict import cases_for_job
+from tpulaunch.data.pipeline import make_input_fn
+from tpulaunch.job.load import load_job
+from tpulaunch.engine.estimator.offline import run_case
+from tpulaunch.checks.tensorflow import cases_for_job
 
 JOB = textwrap.dedent("""\
     name: tpu-input

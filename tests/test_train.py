@@ -20,8 +20,8 @@ from click.testing import CliRunner
 
 from tpulaunch import cli_run, runner
 from tpulaunch.errors import ExitCode, TpuLaunchError
-from tpulaunch.jobfile import load_job
-from tpulaunch.signals import TrainingStopped
+from tpulaunch.job.load import load_job
+from tpulaunch.run.signals import TrainingStopped
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_COMMAND = [sys.executable, "-m", "tpulaunch", "train"]

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tpulaunch.validate import validate_job
+from tpulaunch.checks.validate import validate_job
 
 HERE = os.path.dirname(__file__)
 BAD = sorted(glob.glob(os.path.join(HERE, "jobs", "bad", "*.yaml")))

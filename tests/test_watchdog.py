@@ -26,13 +26,13 @@ from rich.console import Console
 
 from tpu_api_server import DEFAULT_PROJECT, DEFAULT_ZONE, tpu_api  # noqa: F401 (the fixture)
 from tpulaunch import cli_run, runner
-from tpulaunch.cluster import NodeRef, NodeStatus, resolve_node
+from tpulaunch.tpu.node import NodeRef, NodeStatus, resolve_node
 from tpulaunch.errors import ExitCode, TpuLaunchError
-from tpulaunch.job import Tpu
-from tpulaunch.jobfile import load_job
-from tpulaunch.progress import NodeEvent, TrainProgress
-from tpulaunch.signals import TrainingStopped
-from tpulaunch.watchdog import NodeLost, Watchdog, WatchPlan, is_lost_tpu_error, lost_reason, wait_until_ready
+from tpulaunch.job.schema import Tpu
+from tpulaunch.job.load import load_job
+from tpulaunch.run.progress import NodeEvent, TrainProgress
+from tpulaunch.run.signals import TrainingStopped
+from tpulaunch.run.watchdog import NodeLost, Watchdog, WatchPlan, is_lost_tpu_error, lost_reason, wait_until_ready
 
 MODELS = textwrap.dedent('''
     import time

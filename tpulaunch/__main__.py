@@ -1,4 +1,4 @@
-from tpulaunch.cli import main
+from tpulaunch.cli.app import main
 
 if __name__ == "__main__":
     main()

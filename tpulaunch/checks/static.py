@@ -1,0 +1,270 @@
+"""Rules that relate several sections of a job: the slice, partitioning, batches, cadences.
+
+Pure Python and fast: no TensorFlow. Each rule looks only at sections that validated, so a schema
+mistake in one section does not hide a partitioning mistake in another.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Optional
+
+from tpulaunch import partition as rules
+from tpulaunch.job.load import LoadedJob
+from tpulaunch.tpu.types import TpuType, UnknownTpuType, parse_tpu_type
+
+
+def tpu_type_of(loaded: LoadedJob) -> Optional[TpuType]:
+    tpu = loaded.section("tpu")
+    if tpu is None:
+        return None
+    try:
+        return parse_tpu_type(tpu.type)
+    except UnknownTpuType:
+        return None
+
+
+def check_slice(loaded: LoadedJob) -> list:
+    """TPU type known; cores_per_replica allowed, fits the slice and divides it."""
+    tpu = loaded.section("tpu")
+    if tpu is None:
+        return []
+    problems = []
+    try:
+        tpu_type = parse_tpu_type(tpu.type)
+    except UnknownTpuType as exc:
+        return [loaded.problem(("tpu", "type"), "unknown-tpu-type", str(exc), getattr(exc, "hint", None))]
+    cpr = tpu.cores_per_replica
+    if cpr not in rules.VALID_CORES_PER_REPLICA:
+        allowed = ", ".join(map(str, rules.VALID_CORES_PER_REPLICA))
+        problems.append(loaded.problem(("tpu", "cores_per_replica"), "cores-per-replica-invalid",
+                                       f"{cpr} is not one of {allowed}", "TPUConfig accepts only these values"))
+        return problems
+    layout = rules.slice_layout(tpu_type.devices, tpu_type.hosts, cpr)
+    if isinstance(layout, list):  # findings: does not fit the slice
+        for f in layout:
+            problems.append(_at(loaded, ("tpu", "cores_per_replica"), f))
+    return problems
+
+
+def _at(loaded: LoadedJob, path, finding, *, index_path: bool = False):
+    if index_path and finding.index is not None:
+        path = tuple(path) + (finding.index,)
+    severity = "error" if finding.severity == "error" else "warning"
+    return loaded.problem(path, finding.code, finding.message, finding.hint, severity=severity)
+
+
+def layout_of(loaded: LoadedJob):
+    """The slice layout, or None when the TPU section is absent or wrong."""
+    tpu = loaded.section("tpu")
+    tpu_type = tpu_type_of(loaded)
+    if tpu is None or tpu_type is None or tpu.cores_per_replica not in rules.VALID_CORES_PER_REPLICA:
+        return None
+    layout = rules.slice_layout(tpu_type.devices, tpu_type.hosts, tpu.cores_per_replica)
+    return None if isinstance(layout, list) else layout
+
+
+def check_batches(loaded: LoadedJob) -> list:
+    """Global batch sizes divide over the replicas (TF checks replicas, never hosts, in PER_HOST_V2)."""
+    layout = layout_of(loaded)
+    if layout is None:
+        return []
+    problems = []
+    for section in ("train", "eval"):
+        spec = loaded.section(section)
+        if spec is None:
+            continue
+        for f in rules.check_batch(section, spec.batch_size, layout.replicas):
+            problems.append(_at(loaded, (section, "batch_size"), f))
+    return problems
+
+
+def per_replica_batch(loaded: LoadedJob, section: str = "train") -> Optional[int]:
+    spec = loaded.section(section)
+    layout = layout_of(loaded)
+    if spec is None:
+        return None
+    replicas = layout.replicas if layout else 1
+    return max(1, spec.batch_size // replicas)
+
+
+def check_partition(loaded: LoadedJob) -> list:
+    """partition: mirrors data.features/labels, and each tensor's dims meet TF's rules."""
+    part = loaded.section("partition")
+    data = loaded.section("data")
+    tpu = loaded.section("tpu")
+    if not loaded.usable("partition", "data", "tpu") or data is None:
+        return []
+    problems = []
+    if part is None:
+        if tpu is not None and tpu.cores_per_replica > 1:
+            problems.append(loaded.problem(("tpu", "cores_per_replica"), "partition-missing",
+                                           f"cores_per_replica is {tpu.cores_per_replica} but no input is partitioned: "
+                                           f"{tpu.cores_per_replica - 1} of every {tpu.cores_per_replica} cores get no input",
+                                           "add a partition: section (see `tpulaunch plan`), or set cores_per_replica: 1",
+                                           severity="warning"))
+        return problems
+    if tpu is None:
+        return [loaded.problem(("partition",), "partition-without-tpu",
+                               "partition applies only on a TPU; this job runs locally, so it is ignored",
+                               "add a tpu: section, or remove partition:", severity="warning")]
+    cpr = tpu.cores_per_replica if tpu.cores_per_replica in rules.VALID_CORES_PER_REPLICA else None
+    batch = per_replica_batch(loaded, "train") or 1
+    if part == "auto":
+        return _check_auto_partition(loaded, data, cpr, batch)
+    any_partitioned = False
+    for group in ("features", "labels"):
+        declared = getattr(data, group)
+        for name, dims in getattr(part, group).items():
+            path = ("partition", group, name)
+            if name not in declared:
+                close = difflib.get_close_matches(name, list(declared), n=1)
+                hint = f"did you mean '{close[0]}'?" if close else (
+                    f"data.{group} declares: {', '.join(declared) or 'nothing'}")
+                problems.append(loaded.problem(path, "partition-unknown-tensor",
+                                               f"'{name}' is not in data.{group}", hint, at_key=True))
+                continue
+            if dims is None:
+                continue
+            if cpr is None:
+                continue
+            shape = [batch] + list(declared[name].shape)
+            findings = rules.check_tensor_dims(name, shape, dims, cpr)
+            any_partitioned |= math.prod(dims) > 1
+            for f in findings:
+                problems.append(_at(loaded, path, f, index_path=True))
+    if cpr and cpr > 1 and len(data.features) > 1:
+        problems.extend(_packed_small_features(loaded, data))
+    if cpr and cpr > 1 and not any_partitioned and not any(p.is_error for p in problems):
+        problems.append(loaded.problem(("partition",), "partition-missing",
+                                       f"cores_per_replica is {cpr} but no tensor is split: "
+                                       f"{cpr - 1} of every {cpr} cores get no input",
+                                       "give the big input (image, volume) dims whose product is cores_per_replica",
+                                       severity="warning"))
+    return problems
+
+
+def _check_auto_partition(loaded: LoadedJob, data, cpr: Optional[int], batch: int) -> list:
+    """`partition: auto`: the dims it resolves to exist and meet TF's rules."""
+    from tpulaunch.plan.memory import auto_partition
+
+    if cpr is None:
+        return []
+    if cpr == 1:
+        return [loaded.problem(("partition",), "partition-auto-one-core",
+                               "partition: auto with cores_per_replica 1 splits nothing",
+                               "set tpu.cores_per_replica (`tpulaunch plan` recommends one when the job does not fit), "
+                               "or remove partition:", severity="warning")]
+    if not all(spec.is_static for spec in data.features.values()):
+        return []  # reported once by the static-shape rule
+    chosen = auto_partition(data.features, data.labels, cpr, batch)
+    if chosen is None:
+        return [loaded.problem(("partition",), "partition-auto-impossible",
+                               f"partition: auto cannot split the features over {cpr} cores: no spatial axis is large enough",
+                               "use fewer cores_per_replica, or give partition dims per tensor")]
+    problems = []
+    for group in ("features", "labels"):
+        for name, dims in getattr(chosen, group).items():
+            if dims is None:
+                continue
+            shape = [batch] + list(getattr(data, group)[name].shape)
+            for f in rules.check_tensor_dims(name, shape, dims, cpr):
+                problems.append(loaded.problem(("partition",), f.code, f"partition: auto chose {dims} for '{name}': {f.message}",
+                                               f.hint, severity=f.severity))
+    return problems
+
+
+# tpu_estimator.py TensorPacker (:1218, constants :92-93): 5 or more [batch, 1] features of one dtype
+# are concatenated before the infeed; with spatial partitioning the flattened dims then no longer
+# match the tuple and _PartitionedInfeedQueue fails with a bare AssertionError (tpu_feed.py:859).
+PACKED_FEATURES_MIN = 5
+
+
+def _packed_small_features(loaded: LoadedJob, data) -> list:
+    groups: dict = {}
+    for name, spec in data.features.items():
+        if len(spec.shape) == 1 and spec.shape[0] is not None and spec.shape[0] <= 1:
+            groups.setdefault(spec.dtype, []).append(name)
+    problems = []
+    for dtype, names in groups.items():
+        if len(names) >= PACKED_FEATURES_MIN:
+            problems.append(loaded.problem(
+                ("data", "features"), "partition-packed-small-features",
+                f"{len(names)} features of shape [1] and dtype {dtype} ({', '.join(names)}): TPUEstimator packs 5 or more "
+                f"such features into one tensor, and with spatial partitioning its infeed then fails (a bare AssertionError)",
+                f"store them as one feature of shape [{len(names)}], or keep at most {PACKED_FEATURES_MIN - 1} per dtype"))
+    return problems
+
+
+def check_static_shapes(loaded: LoadedJob) -> list:
+    """XLA compiles static shapes only: every declared dim must be known on a TPU."""
+    data = loaded.section("data")
+    if data is None or not loaded.usable("data", "tpu"):
+        return []
+    on_tpu = loaded.section("tpu") is not None
+    problems = []
+    for group in ("features", "labels"):
+        for name, spec in getattr(data, group).items():
+            unknown = [i for i, d in enumerate(spec.shape) if d is None]
+            if not unknown:
+                continue
+            path = ("data", group, name, "shape", unknown[0])
+            if on_tpu:
+                problems.append(loaded.problem(path, "shape-not-static",
+                                               f"dimension {unknown[0]} of '{name}' is unknown; XLA on a TPU needs every dimension",
+                                               "declare the size (pad or resize the data to it)"))
+            elif spec.stored_as not in ("png", "jpeg"):
+                problems.append(loaded.problem(path, "shape-not-static",
+                                               f"dimension {unknown[0]} of '{name}' is unknown; records of different sizes cannot be batched",
+                                               "declare the size", severity="warning"))
+    return problems
+
+
+def check_cadence(loaded: LoadedJob) -> list:
+    """Steps, loops, checkpoints and eval cadence fit together."""
+    tpu, train, ev, run, data = (loaded.section(n) for n in ("tpu", "train", "eval", "run", "data"))
+    problems = []
+    if train is not None and data is not None and not data.train and not data.input_fn:
+        problems.append(loaded.problem(("data",), "train-data-missing", "train: is set but data.train names no files",
+                                       "add data.train: gs://bucket/train-*.tfrecord (or a local glob for local runs)"))
+    if ev is not None and data is not None and not data.eval and not data.input_fn:
+        problems.append(loaded.problem(("eval",), "eval-data-missing", "eval: is set but data.eval names no files",
+                                       "add data.eval, or remove the eval: section"))
+    if ev is not None and train is not None and ev.every_steps and ev.every_steps >= train.steps:
+        problems.append(loaded.problem(("eval", "every_steps"), "eval-after-training",
+                                       f"every_steps {ev.every_steps} >= train.steps {train.steps}: evaluation runs only at the end",
+                                       "lower every_steps, or leave it out to evaluate once at the end", severity="warning"))
+    if tpu is None:
+        return problems
+    loop = tpu.iterations_per_loop
+    if train is not None and loop > train.steps:
+        problems.append(loaded.problem(("tpu", "iterations_per_loop"), "loop-longer-than-training",
+                                       f"iterations_per_loop {loop} > train.steps {train.steps}: the whole run is one TPU loop with no progress until it ends",
+                                       f"set iterations_per_loop to at most {train.steps}", severity="warning"))
+    if run is not None and run.save_checkpoints_steps % loop:
+        effective = -(-run.save_checkpoints_steps // loop) * loop
+        problems.append(loaded.problem(("run", "save_checkpoints_steps"), "checkpoint-between-loops",
+                                       f"{run.save_checkpoints_steps} is not a multiple of iterations_per_loop {loop}: "
+                                       f"a TPU checkpoints only between loops, so every {effective} steps",
+                                       f"use a multiple of {loop}", severity="warning"))
+    if ev is not None and ev.every_steps and ev.every_steps % loop:
+        problems.append(loaded.problem(("eval", "every_steps"), "eval-between-loops",
+                                       f"{ev.every_steps} is not a multiple of iterations_per_loop {loop}",
+                                       f"use a multiple of {loop}: evaluation can start only between loops", severity="warning"))
+    return problems
+
+
+STATIC_RULES = (check_slice, check_batches, check_partition, check_static_shapes, check_cadence)
+
+
+def static_problems(loaded: LoadedJob) -> list:
+    """Every rule that needs neither TensorFlow nor the network."""
+    from tpulaunch.checks.paths import path_form_problems
+
+    problems = []
+    for rule in STATIC_RULES:
+        problems.extend(rule(loaded))
+    if loaded.usable("data", "tpu", "run"):
+        problems.extend(path_form_problems(loaded))
+    return problems

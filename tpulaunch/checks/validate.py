@@ -1,0 +1,100 @@
+"""`tpulaunch validate`: every check that can run before a TPU is paid for, all problems at once."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional, Sequence
+
+from tpulaunch.errors import JobFileError, Problem
+from tpulaunch.job.load import LoadedJob, load_job
+
+
+@dataclass
+class Validation:
+    file: str
+    loaded: Optional[LoadedJob]
+    problems: list = field(default_factory=list)
+    checked: list = field(default_factory=list)
+    data_reports: list = field(default_factory=list)
+    extra: dict = field(default_factory=dict)  # what deeper checks built (e.g. TensorFlow's own verdict)
+
+    @property
+    def ok(self) -> bool:
+        return not any(p.is_error for p in self.problems)
+
+
+def _sorted(problems: Sequence[Problem]) -> list:
+    # Stable: file order, then as found. `--set` problems (file "--set") come first.
+    return sorted(problems, key=lambda p: (p.file != "--set", p.file, p.line, p.column))
+
+
+def validate_job(
+    filename: str,
+    overrides: Sequence[str] = (),
+    *,
+    static: bool = False,
+    records_per_file: int = 2,
+    all_records: bool = False,
+    use_tf: bool = False,
+    local: bool = False,
+    env: Optional[Mapping[str, str]] = None,
+    on_stage: Optional[Callable[[str], None]] = None,
+) -> Validation:
+    """Run the checks. `static` keeps to those needing neither TensorFlow nor the network.
+
+    `local` checks the job for a run on this machine (`train --local`): its tpu: and partition:
+    sections are kept in the file but not applied, so TPU-only rules (gs:// paths, replicas) are off.
+    """
+    stage = on_stage or (lambda name: None)
+    stage("schema")
+    try:
+        loaded = load_job(filename, overrides, env=env)
+    except JobFileError as exc:
+        return Validation(filename, None, exc.problems, ["file"])
+    loaded.local = local
+    result = Validation(filename, loaded, list(loaded.problems), ["schema"])
+    if not isinstance(loaded.data, dict):
+        return result
+
+    from tpulaunch.checks.static import static_problems
+
+    stage("partition and batch arithmetic")
+    result.problems.extend(static_problems(loaded))
+    result.checked += ["slice", "partition", "batch", "paths"]
+
+    if not static:
+        if loaded.usable("model", "data"):
+            stage("model")
+            from tpulaunch.checks.model import model_problems
+
+            result.problems.extend(model_problems(loaded, search_path=[os.path.dirname(os.path.abspath(filename))]))
+            result.checked.append("model")
+        if loaded.usable("data", "tpu", "train", "eval"):
+            stage("data")
+            from tpulaunch.checks.data import dry_run
+
+            problems, reports = dry_run(loaded, records_per_file=records_per_file, all_records=all_records)
+            result.problems.extend(problems)
+            result.data_reports = reports
+            result.checked.append("data")
+    if use_tf and loaded.job is not None and result.ok:
+        stage("TensorFlow's own TPUEstimator checks")
+        from tpulaunch.checks.tensorflow import tf_problems
+
+        problems, built = tf_problems(loaded, search_path=[os.path.dirname(os.path.abspath(filename))])
+        result.problems.extend(problems)
+        result.extra["tensorflow"] = built
+        result.checked.append("tensorflow")
+    result.problems = _sorted(_dedupe(result.problems))
+    return result
+
+
+def _dedupe(problems):
+    seen, out = set(), []
+    for p in problems:
+        key = (p.file, p.line, p.column, p.code, p.message)
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out

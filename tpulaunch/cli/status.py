@@ -1,0 +1,123 @@
+"""`tpulaunch status JOB.yaml`: is the job's TPU node there, READY, HEALTHY and of the declared type?
+
+No TensorFlow import: the installed version is read from package metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from tpulaunch.errors import ExitCode
+
+
+@click.command()
+@click.argument("job_file", metavar="JOB.yaml", type=click.Path(path_type=str))
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=0, show_default=True, metavar="SECONDS",
+              help="Wait up to SECONDS for a CREATING/STARTING/REPAIRING/RESTARTING node to become READY and HEALTHY.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="text for people, json for tools.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+              help="Override a job value (parsed as YAML), e.g. --set tpu.name=other-tpu. Repeatable.")
+@click.pass_obj
+def status(obj, job_file, wait_s, fmt, overrides):
+    """Show the job's TPU node: state, health, type, hosts, endpoints, runtime version.
+
+    The node comes from the job's tpu: section (name, zone, project), else $TPU_NAME,
+    $TPU_ZONE, $TPU_PROJECT / $GOOGLE_CLOUD_PROJECT. Set $TPULAUNCH_TPU_DISCOVERY_URL to
+    ask another TPU API endpoint (an emulator).
+
+    Exit code 0 when the node can run the job, 3 when it cannot (not READY, not HEALTHY,
+    another accelerator type, not found, API unreachable), 1 for a job file mistake.
+
+    \b
+    Examples:
+      tpulaunch status configs/unet3d_ct.yaml
+      tpulaunch status job.yaml --wait 600          # wait while the node is CREATING
+      tpulaunch status job.yaml --format json | jq .state
+      tpulaunch status job.yaml --set tpu.name=my-other-tpu
+    """
+    from tpulaunch.tpu.node import check_node, resolve_node
+    from tpulaunch.job.load import load_job
+    from tpulaunch.cli.render.problems import render_text
+
+    loaded = load_job(job_file, overrides)
+    tpu_problems = [p for p in loaded.problems if p.is_error and p.path.split(".")[0] == "tpu"]
+    if tpu_problems or not loaded.usable("tpu"):
+        render_text(obj.err, tpu_problems or loaded.problems, file=job_file)
+        sys.exit(int(ExitCode.PROBLEMS))
+    job_tpu = loaded.section("tpu")
+    if job_tpu is None:
+        if fmt == "json":
+            click.echo(json.dumps({"file": job_file, "tpu": None, "runs": "locally", "usable": True}, indent=2))
+        else:
+            obj.out.print(f"{job_file}: no tpu: section, so the job runs locally (CPU/GPU); nothing to check",
+                          highlight=False)
+        return
+
+    ref = resolve_node(job_tpu)
+    spinner = None
+    if fmt == "text" and wait_s and obj.err.is_terminal:
+        spinner = obj.err.status(f"reading TPU node {ref.name}")
+        spinner.start()
+
+    def on_wait(node_status, seconds_left):
+        message = (f"TPU node {ref.name} is {node_status.state}"
+                   f"{'/' + node_status.health if node_status.health else ''}: waiting (up to {seconds_left:.0f}s more)")
+        if spinner is not None:
+            spinner.update(message)
+        elif fmt == "text":
+            obj.err.print(message, highlight=False)
+
+    try:
+        node = check_node(ref, job_tpu, wait=wait_s, on_wait=on_wait)
+    finally:
+        if spinner is not None:
+            spinner.stop()
+    if fmt == "json":
+        click.echo(json.dumps({"file": job_file, **node.to_dict()}, indent=2))
+    else:
+        render_status(obj.out, node)
+    sys.exit(int(ExitCode.OK if node.usable else ExitCode.CLUSTER))
+
+
+def render_status(console, node) -> None:
+    """A table of the node, then each finding with its hint."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    def mark(ok: bool, text: str) -> str:
+        return f"[green]{escape(text)}[/]" if ok else f"[bold red]{escape(text)}[/]"
+
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("TPU", escape(node.name))
+    if node.zone or node.project:
+        table.add_row("zone / project", escape(f"{node.zone} / {node.project}"))
+    if node.state is not None:
+        table.add_row("state", mark(node.state == "READY", node.state))
+        table.add_row("health", mark(node.health == "HEALTHY", node.health or "not reported"))
+    type_text = node.accelerator_type or "unknown"
+    if node.expected_type:
+        same = node.accelerator_type in (None, node.expected_type)
+        type_text = mark(same, type_text) + escape(f" (job: {node.expected_type})")
+    else:
+        type_text = escape(type_text)
+    table.add_row("type", type_text)
+    table.add_row("devices / hosts", escape(f"{node.devices if node.devices is not None else '?'} / {node.hosts}"))
+    versions = f"{node.runtime_version or 'unknown'} (installed TensorFlow: {node.installed_tf or 'none'})"
+    table.add_row("runtime", escape(versions))
+    table.add_row("endpoints", escape(", ".join(node.endpoints) or "none"))
+    if node.waited_s >= 1:
+        table.add_row("waited", f"{node.waited_s:.0f}s")
+    console.print(table)
+    for finding in node.findings:
+        colour = "bold red" if finding.severity == "error" else "yellow"
+        console.print(f"[{colour}]{finding.severity}:[/] {escape(finding.message)}", highlight=False, soft_wrap=True)
+        if finding.hint:
+            console.print(f"  [cyan]hint:[/] {escape(finding.hint)}", highlight=False, soft_wrap=True)
+    verdict = "[green]usable[/]" if node.usable else "[bold red]not usable[/]"
+    console.print(f"TPU node {escape(node.name)}: {verdict}", highlight=False)

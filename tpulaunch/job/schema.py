@@ -1,0 +1,235 @@
+"""The job file schema.
+
+Every model forbids unknown keys, so a misspelled key is an error with a did-you-mean, never silently
+ignored. Per-field rules live here; rules that relate several sections (partition vs shapes, batch vs
+replicas, paths vs TPU) live in `tpulaunch.checks.static`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, Literal, Optional, Union
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from typing_extensions import Annotated
+
+IMPORT_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+DType = Literal["float32", "float16", "bfloat16", "int32", "int64", "uint8", "bool"]
+Encoding = Literal["float_list", "int64_list", "raw", "png", "jpeg"]
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8, "uint8": 1, "bool": 1}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def check_import_path(value: Optional[str]) -> Optional[str]:
+    if value is not None and not IMPORT_PATH.match(value):
+        raise ValueError(f"{value!r} is not an import path of the form 'package.module:function'")
+    return value
+
+
+class TensorSpec(Strict):
+    """One input tensor as stored in the TFRecords. `shape` excludes the batch dimension."""
+
+    shape: List[Optional[Annotated[int, Field(ge=1)]]] = Field(
+        description="per-example shape, without the batch dim; null = unknown (not allowed on TPU)")
+    dtype: DType = "float32"
+    encoding: Optional[Encoding] = Field(None, description="how it is stored in tf.train.Example; default float_list for floats, int64_list otherwise")
+    key: Optional[str] = Field(None, description="feature key in the record, if it differs from the tensor name")
+
+    @model_validator(mode="after")
+    def _encoding_fits_dtype(self):
+        enc = self.stored_as
+        if enc in ("png", "jpeg"):
+            if self.dtype != "uint8":
+                raise ValueError(f"{enc} images decode to uint8; set dtype: uint8 (cast in the model)")
+            if len(self.shape) != 3 or self.shape[-1] not in (1, 3, 4, None):
+                raise ValueError(f"{enc} images have shape [height, width, channels] with 1, 3 or 4 channels")
+        if enc == "float_list" and self.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"float_list holds floats; dtype {self.dtype} needs int64_list or raw")
+        if enc == "int64_list" and self.dtype in FLOAT_DTYPES:
+            raise ValueError(f"int64_list holds integers; dtype {self.dtype} needs float_list or raw")
+        return self
+
+    @property
+    def stored_as(self) -> str:
+        if self.encoding:
+            return self.encoding
+        return "float_list" if self.dtype in FLOAT_DTYPES else "int64_list"
+
+    @property
+    def is_static(self) -> bool:
+        return all(d is not None for d in self.shape)
+
+    @property
+    def num_elements(self) -> Optional[int]:
+        if not self.is_static:
+            return None
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+class Optimizer(Strict):
+    name: str = Field("adam", description="sgd, momentum, adam, adagrad, rmsprop, or an import path 'pkg.mod:make' returning a tf.compat.v1.train.Optimizer")
+    learning_rate: float = Field(1e-3, gt=0)
+    args: Dict[str, Any] = Field(default_factory=dict, description="extra keyword arguments for the optimizer")
+
+
+OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad", "rmsprop")
+LOSSES = ("sparse_categorical_crossentropy", "categorical_crossentropy", "binary_crossentropy", "mean_squared_error", "mean_absolute_error", "huber")
+METRICS = ("accuracy", "mean_iou", "auc", "precision", "recall", "mean_squared_error", "mean_absolute_error")
+
+
+def _check_metric(value: str) -> str:
+    if ":" in value:
+        return check_import_path(value)
+    if value not in METRICS:
+        raise ValueError(f"unknown metric {value!r}")
+    return value
+
+
+class Model(Strict):
+    builder: Optional[str] = Field(None, description="module:function returning an inference-only tf.keras.Model")
+    params: Dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the builder")
+    loss: str = Field("sparse_categorical_crossentropy", description=f"one of {', '.join(LOSSES)}, or 'pkg.mod:fn(labels, outputs) -> scalar'")
+    optimizer: Optimizer = Field(default_factory=Optimizer)
+    metrics: List[Annotated[str, AfterValidator(_check_metric)]] = Field(default_factory=list, description=f"any of {', '.join(METRICS)}, or import paths")
+    precision: Literal["float32", "bfloat16", "mixed_float16"] = "float32"
+    model_fn: Optional[str] = Field(None, description="escape hatch: an existing TPUEstimator model_fn, 'pkg.mod:fn'")
+
+    _builder_form = field_validator("builder", "model_fn")(check_import_path)
+
+    @field_validator("optimizer", mode="before")
+    @classmethod
+    def _optimizer_shorthand(cls, value):
+        return {"name": value} if isinstance(value, str) else value
+
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, value: str):
+        if ":" in value:
+            return check_import_path(value)
+        if value not in LOSSES:
+            raise ValueError(f"unknown loss {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _builder_or_model_fn(self):
+        if not self.builder and not self.model_fn:
+            raise ValueError("set model.builder (a Keras builder) or model.model_fn (an existing model_fn)")
+        if self.builder and self.model_fn:
+            raise ValueError("set only one of model.builder and model.model_fn")
+        return self
+
+
+Files = Union[str, List[str]]
+
+
+class Data(Strict):
+    train: Optional[Files] = Field(None, description="TFRecord file, glob, or list of them (local or gs://)")
+    eval: Optional[Files] = None
+    features: Dict[str, TensorSpec] = Field(description="model inputs by name; one entry = the model takes a single tensor")
+    labels: Dict[str, TensorSpec] = Field(default_factory=dict, description="targets by name; one entry = a single tensor")
+    compression: Optional[Literal["GZIP", "ZLIB"]] = None
+    shuffle_buffer: int = Field(1024, ge=0)
+    cache: bool = False
+    skip_corrupt: bool = Field(False, description="skip unreadable records instead of stopping")
+    input_fn: Optional[str] = Field(None, description="escape hatch: 'pkg.mod:input_fn(params)' returning a tf.data.Dataset")
+
+    _input_fn_form = field_validator("input_fn")(check_import_path)
+
+    @field_validator("features")
+    @classmethod
+    def _at_least_one_feature(cls, value):
+        if not value:
+            raise ValueError("declare at least one feature")
+        return value
+
+    @field_validator("train", "eval")
+    @classmethod
+    def _non_empty_files(cls, value):
+        if isinstance(value, list) and not value:
+            raise ValueError("an empty list of files; remove the key or name a file or glob")
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("an empty path")
+        return value
+
+
+class Tpu(Strict):
+    name: Optional[str] = Field(None, description="TPU node name, 'local' on a TPU VM, or a grpc:// address; default $TPU_NAME")
+    zone: Optional[str] = None
+    project: Optional[str] = None
+    type: str = Field(description="accelerator type, e.g. v3-8, v3-32, v4-8, v5litepod-8")
+    cores_per_replica: int = Field(1, description="TPU cores one model replica spans (spatial partitioning)")
+    iterations_per_loop: int = Field(100, ge=1, description="steps run on the TPU per host round trip")
+
+
+PartitionDims = Optional[List[int]]
+
+
+class Partition(Strict):
+    features: Dict[str, PartitionDims] = Field(default_factory=dict, description="dims per feature (rank incl. batch); null = replicate")
+    labels: Dict[str, PartitionDims] = Field(default_factory=dict, description="dims per label; null = replicate; [1] = core 0 only")
+
+
+def _partition_form(value) -> str:
+    return "partition-auto" if isinstance(value, str) else "partition-dims"
+
+
+# One branch per form, so a mistake is reported once, against the form the user wrote (the tags
+# contain '-' so that error locations skip them).
+PartitionOrAuto = Annotated[
+    Union[Annotated[Literal["auto"], Tag("partition-auto")], Annotated[Partition, Tag("partition-dims")]],
+    Discriminator(_partition_form)]
+
+
+class Train(Strict):
+    batch_size: int = Field(ge=1, description="global batch size, over all replicas")
+    steps: int = Field(ge=1, description="train until this global step")
+
+
+class Eval(Strict):
+    batch_size: int = Field(ge=1, description="global eval batch size")
+    steps: int = Field(ge=1, description="eval batches per evaluation")
+    every_steps: Optional[int] = Field(None, ge=1, description="evaluate every N train steps (default: once, at the end)")
+
+
+class Run(Strict):
+    model_dir: str = Field(description="checkpoints, summaries and the resolved job (gs:// for a Cloud TPU)")
+    save_checkpoints_steps: int = Field(1000, ge=1)
+    keep_checkpoint_max: int = Field(5, ge=1)
+    log_every_steps: Optional[int] = Field(None, ge=1, description="progress line cadence (default: iterations_per_loop)")
+    seed: Optional[int] = None
+
+
+class Job(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=128)
+    model: Model
+    data: Data
+    tpu: Optional[Tpu] = Field(None, description="absent: run locally on CPU/GPU")
+    partition: Optional[PartitionOrAuto] = Field(
+        None, description="input partition dims per tensor, or 'auto': tpulaunch splits the largest spatial axes "
+                          "of the main feature over tpu.cores_per_replica (see `tpulaunch plan`)")
+    train: Optional[Train] = None
+    eval: Optional[Eval] = None
+    run: Run
+
+    @property
+    def on_tpu(self) -> bool:
+        return self.tpu is not None
+
+
+SECTIONS = {name: field.annotation for name, field in Job.model_fields.items()}
+
+
+def json_schema() -> dict:
+    schema = Job.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "tpulaunch job"
+    return schema

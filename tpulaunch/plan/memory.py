@@ -1,0 +1,656 @@
+"""Will it fit? The per-core memory of one training step, estimated before any TPU is allocated.
+
+Per core = weights + gradients + optimizer slots (every core of every replica holds a full copy:
+spatial partitioning splits only activations) + a bfloat16 copy of the weights under bfloat16
+precision + the activations the backward pass keeps for the core's tile, with TPU layout padding.
+The runtime's own reserve is already out of `TpuType.usable_bytes_per_device`.
+
+What the backward pass keeps (checked against the published Cloud TPU runs, see DESIGN.md "Memory
+model"): the inputs of convolutions and dense layers, batch-norm inputs, ReLU (activation) outputs,
+pooling inputs and outputs, and the model's outputs (the loss reads them, in float32). Add, concat,
+up-sampling, padding and reshapes keep nothing. Activations are bfloat16 when the job trains in
+bfloat16. A lower bound separates "may-fit" (only with XLA rematerialisation: slower) from
+"does-not-fit": no layout padding, and activation/pooling outputs recomputed from their inputs.
+It is deliberately tight rather than "keep only convolution inputs": XLA's own out-of-memory report
+for UNet3D 256^3 on one v3 core ("Used 27.90G") shows its rematerialisation recovers little of a
+conv-BN-ReLU network's memory.
+
+Spatial partitioning: each core keeps its tile of every activation; a convolution's input on a split
+axis also holds the halo it reads from the neighbouring tiles ((kernel - 1) * dilation rows, unpadded).
+
+Layout padding: a TPU buffer's two minor dims are padded to (8, 128) tiles. XLA's layout assignment
+chooses the dim order of intermediate buffers, so each kept tensor is charged the least-padded order;
+padding is real when every axis is small (thin tiles, e.g. a one-channel 3D tile of 32^3: x4).
+Charging the channel dim as minor for every tensor contradicts the published runs (RetinaNet 1280^2
+x 8 and UNet3D 128^3 x 4 would not fit a v3 core; they do).
+
+TensorFlow is imported only to build the Keras model's layer shapes: once per (builder, kwargs),
+symbolically in a throw-away graph (no weights are initialised).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Mapping, Optional, Sequence
+
+from tpulaunch import partition as rules
+from tpulaunch.job.schema import Job, Partition
+
+GiB = 1024 ** 3
+
+# v1 optimizer slot variables per weight (tensorflow/python/training/*.py `_create_slots`).
+OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2, "adagrad": 1, "rmsprop": 2}
+# An optimizer given as an import path: assume Adam's two slots (the common worst case).
+UNKNOWN_OPTIMIZER_SLOTS = 2
+
+# Spatial partitioning's efficiency: 2560^2 x 8 per replica on 8 cores took 822 ms a step, against
+# 910 ms for 1280^2 x 8 on one core (4x the pixels on 8x the cores: ideal 455 ms): 455 / 822 = 0.55.
+PARTITION_EFFICIENCY = 0.55
+
+# "fits with large headroom": the estimate uses at most this share of the usable memory.
+HEADROOM_SHARE = 0.5
+
+VERDICTS = ("fits", "may-fit", "does-not-fit")
+
+_CONV_LIKE = {"Conv", "Conv1D", "Conv2D", "Conv3D", "Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose",
+              "DepthwiseConv1D", "DepthwiseConv2D", "SeparableConv1D", "SeparableConv2D", "Dense", "EinsumDense",
+              "LocallyConnected1D", "LocallyConnected2D"}
+_NORMALIZATION = {"BatchNormalization", "LayerNormalization", "GroupNormalization", "SyncBatchNormalization"}
+_ACTIVATION_OUTPUT = {"ReLU", "Softmax", "ELU", "LeakyReLU", "PReLU", "ThresholdedReLU"}
+_LINEAR = {"linear", None}
+
+
+# ------------------------------------------------------------------------------------ small rules
+def optimizer_slots(name: str, args: Optional[Mapping] = None) -> int:
+    """Slot variables per weight of the job's v1 optimizer (RMSProp centered keeps one more)."""
+    args = args or {}
+    if name not in OPTIMIZER_SLOTS:
+        return UNKNOWN_OPTIMIZER_SLOTS
+    slots = OPTIMIZER_SLOTS[name]
+    if name == "rmsprop" and args.get("centered"):
+        slots += 1
+    return slots
+
+
+def activation_bytes(precision: str) -> int:
+    """Bytes per activation element: bfloat16 and mixed_float16 compute in 16 bits."""
+    return 4 if precision == "float32" else 2
+
+
+padded_elements = rules.padded_elements
+
+
+# ---------------------------------------------------------------------------- the model's shapes
+@dataclass(frozen=True)
+class KeptTensor:
+    """One tensor the backward pass keeps, per example (no batch dim)."""
+
+    shape: tuple
+    output: bool  # a model output: float32, read by the loss
+    required: bool  # kept even with rematerialisation (convolution/dense/normalization input, output)
+    halo: tuple = ()  # per spatial axis: the rows a convolution reads from the neighbouring tile
+
+
+@dataclass(frozen=True)
+class ModelShapes:
+    """What the estimate needs from a Keras model, built once for one input shape."""
+
+    input_shape: tuple  # per example: the input the kept shapes belong to
+    params: int
+    trainable_params: int
+    kept: tuple  # KeptTensor, per example
+
+
+_SHAPES_CACHE: dict = {}
+
+
+def _cache_key(builder: str, kwargs: Mapping) -> tuple:
+    return builder, repr(sorted((k, repr(v)) for k, v in kwargs.items()))
+
+
+def model_shapes(builder: str, kwargs: Mapping) -> ModelShapes:
+    """Build the Keras model `builder(**kwargs)` symbolically and list the tensors training keeps.
+
+    Cached by (builder, kwargs): a 2560^2 RetinaNet costs one symbolic build, no weights run.
+    """
+    key = _cache_key(builder, kwargs)
+    if key not in _SHAPES_CACHE:
+        _SHAPES_CACHE[key] = _build_shapes(builder, dict(kwargs))
+    return _SHAPES_CACHE[key]
+
+
+def _build_shapes(builder: str, kwargs: dict) -> ModelShapes:
+    from tpulaunch.job.imports import resolve
+    from tpulaunch.tf_env import import_tensorflow
+
+    tf = import_tensorflow()
+
+    make = resolve(builder, what="model builder")
+    # Keras' functional API traces symbolic tensors only: no step runs, whatever the input size.
+    # (A v1 graph would avoid initialising the weights but builds several times slower.)
+    model = make(**kwargs)
+    kept: dict = {}
+    _collect(model, kept)
+    for tensor in tf.nest.flatten(model.outputs):
+        kept[id(tensor)] = KeptTensor(_per_example(tensor), output=True, required=True)
+    params = int(sum(math.prod(w.shape) for w in model.weights))
+    trainable = int(sum(math.prod(w.shape) for w in model.trainable_weights))
+    input_shape = _per_example(tf.nest.flatten(model.inputs)[0])
+    del model
+    tf.keras.backend.clear_session()
+    return ModelShapes(input_shape, params, trainable, tuple(kept.values()))
+
+
+def _per_example(tensor) -> tuple:
+    return tuple(int(d) for d in tensor.shape[1:])
+
+
+def _kind(layer) -> set:
+    return {cls.__name__ for cls in type(layer).__mro__}
+
+
+def _collect(model, kept: dict) -> None:
+    """Walk every call of every layer (shared layers are called once per input) and note what it keeps."""
+    import tensorflow as tf
+
+    for layer in model.layers:
+        if isinstance(layer, tf.keras.Model):
+            _collect(layer, kept)
+            continue
+        kinds = _kind(layer)
+        for node in layer._inbound_nodes:  # noqa: SLF001 (Keras has no public per-call graph API)
+            inputs = tf.nest.flatten(node.input_tensors)
+            outputs = tf.nest.flatten(node.output_tensors)
+            required, optional = [], []
+            halo = _halo(layer) if kinds & _CONV_LIKE else ()
+            if kinds & _CONV_LIKE:
+                required += inputs
+                if getattr(layer, "activation", None) is not None and _activation_name(layer) not in _LINEAR:
+                    optional += outputs  # a fused activation keeps its output
+            elif kinds & _NORMALIZATION:
+                required += inputs
+            elif kinds & _ACTIVATION_OUTPUT or ("Activation" in kinds and _activation_name(layer) not in _LINEAR):
+                optional += outputs
+            elif any("Pool" in k for k in kinds):
+                optional += inputs + outputs
+            for tensor in required:
+                before = kept.get(id(tensor))
+                if before is not None and before.halo:
+                    halo = tuple(max(a, b) for a, b in zip(before.halo, halo)) if halo else before.halo
+                kept[id(tensor)] = KeptTensor(_per_example(tensor), output=False, required=True, halo=halo)
+            for tensor in optional:
+                kept.setdefault(id(tensor), KeptTensor(_per_example(tensor), output=False, required=False))
+
+
+def _halo(layer) -> tuple:
+    """Rows beyond its own tile a spatially partitioned convolution reads: (kernel - 1) * dilation."""
+    kernel = getattr(layer, "kernel_size", None)
+    if not kernel:
+        return ()
+    dilation = getattr(layer, "dilation_rate", None) or (1,) * len(kernel)
+    return tuple((k - 1) * d for k, d in zip(kernel, dilation))
+
+
+def _activation_name(layer):
+    activation = getattr(layer, "activation", None)
+    return getattr(activation, "__name__", activation)
+
+
+# ------------------------------------------------------------------------------------ the estimate
+@dataclass(frozen=True)
+class Tile:
+    """What one core computes: `batch` examples of `shape` (the main feature's per-core piece)."""
+
+    batch: int
+    shape: tuple  # per example, no batch dim
+    cores_per_replica: int
+    dims: Optional[tuple]  # the main feature's partition dims (batch first), None = unpartitioned
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    tile: Tile
+    params: int
+    optimizer_slots: int
+    weights: int
+    gradients: int
+    optimizer: int
+    bf16_weights: int
+    activations: int  # unpadded
+    padding: int  # what (8, 128) layout tiles add to the activations
+    lower_bound: int  # unpadded, with activation and pooling outputs rematerialised
+    method: str  # "built at tile" | "scaled from <shape>"
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.bf16_weights + self.activations + self.padding
+
+    @property
+    def breakdown(self) -> dict:
+        return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
+                "bf16_weights": self.bf16_weights, "activations": self.activations, "padding": self.padding}
+
+
+def verdict(total: int, lower_bound: int, usable: int) -> str:
+    """"fits", "may-fit" (only with XLA rematerialisation: slower) or "does-not-fit"."""
+    if total <= usable:
+        return "fits"
+    return "may-fit" if lower_bound <= usable else "does-not-fit"
+
+
+def main_feature(job: Job) -> str:
+    """The feature whose shape drives the model: the only one, else the largest."""
+    return _largest(job.data.features)
+
+
+def _largest(features: Mapping) -> str:
+    if len(features) == 1:
+        return next(iter(features))
+    return max(features, key=lambda n: features[n].num_elements or 0)
+
+
+def _declared_dims(job: Job, name: str) -> Optional[tuple]:
+    part = job.partition
+    if not isinstance(part, Partition) or job.tpu is None or job.tpu.cores_per_replica <= 1:
+        return None
+    dims = part.features.get(name)
+    return tuple(dims) if dims and math.prod(dims) > 1 else None
+
+
+def tile_for(job: Job, per_replica_batch: int, dims: Optional[Sequence[int]], cores_per_replica: int) -> Tile:
+    """The largest piece one core receives of the main feature (TF's uneven split)."""
+    spec = job.data.features[main_feature(job)]
+    shape = [per_replica_batch] + list(spec.shape)
+    if dims and math.prod(dims) > 1:
+        piece = max(rules.piece_shapes(shape, dims), key=math.prod)
+        return Tile(piece[0], tuple(piece[1:]), cores_per_replica, tuple(dims))
+    return Tile(per_replica_batch, tuple(spec.shape), cores_per_replica, None)
+
+
+def _builder_takes_input_shape(builder: str) -> bool:
+    import inspect
+
+    from tpulaunch.job.imports import resolve
+
+    try:
+        return "input_shape" in inspect.signature(resolve(builder, what="model builder")).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _declared_kwargs(job: Job) -> dict:
+    from tpulaunch.job.builder_args import builder_kwargs
+    from tpulaunch.job.imports import resolve
+
+    return builder_kwargs(resolve(job.model.builder, what="model builder"), job.model.params, job.data.features)
+
+
+def shapes_for_tile(job: Job, tile: Tile) -> tuple:
+    """(ModelShapes, method): built at the tile when the builder takes `input_shape`, else declared."""
+    declared = _declared_kwargs(job)
+    if len(job.data.features) == 1 and _builder_takes_input_shape(job.model.builder):
+        kwargs = dict(declared, input_shape=tuple(tile.shape))
+        try:
+            return model_shapes(job.model.builder, kwargs), "built at tile"
+        except ValueError:
+            pass  # e.g. a tile the model's pyramid cannot divide: scale the declared build instead
+    # Scale from the main feature's declared shape (the model may take several inputs, in any order).
+    reference = tuple(job.data.features[main_feature(job)].shape)
+    shapes = dataclasses.replace(model_shapes(job.model.builder, declared), input_shape=reference)
+    return shapes, f"scaled from {list(reference)}"
+
+
+def _scaled(shape: tuple, built: tuple, target: tuple) -> tuple:
+    """A kept tensor's shape for input `target`, from a model built for input `built`.
+
+    Tensors of the input's rank scale axis by axis (spatial axes; channels stay); others (e.g.
+    per-anchor outputs) scale their largest axis by the total spatial factor.
+    """
+    if tuple(built) == tuple(target):
+        return shape
+    factors = [t / b for b, t in zip(built[:-1], target[:-1])]
+    if len(shape) == len(built):
+        return tuple(max(1, math.ceil(d * f)) for d, f in zip(shape[:-1], factors)) + (shape[-1],)
+    if not shape:
+        return shape
+    axis = max(range(len(shape)), key=lambda i: shape[i])
+    out = list(shape)
+    out[axis] = max(1, math.ceil(shape[axis] * math.prod(factors)))
+    return tuple(out)
+
+
+def _with_halo(shape: tuple, halo: tuple, split: Sequence[int]) -> tuple:
+    """A convolution input on a split spatial axis also holds its halo from the neighbouring tiles."""
+    if not halo or not split or len(halo) != len(shape) - 1:
+        return shape
+    return tuple(d + h if ways > 1 else d for d, h, ways in zip(shape[:-1], halo, split)) + (shape[-1],)
+
+
+def estimate(job: Job, tile: Tile, shapes: Optional[ModelShapes] = None, method: Optional[str] = None) -> MemoryEstimate:
+    """The per-core memory of one training step of `job` for `tile`.
+
+    Args:
+        job: a job with `model.builder` (a Keras builder).
+        tile: the per-core batch and piece.
+        shapes: the model's shapes to scale from (default: built for the tile, or the declared shape).
+        method: how `shapes` relate to the tile (for the report).
+    """
+    if shapes is None:
+        shapes, method = shapes_for_tile(job, tile)
+    elif method is None:
+        method = f"scaled from {list(shapes.input_shape)}"
+    act = activation_bytes(job.model.precision)
+    activations = padded = required = 0
+    split = tile.dims[1:1 + len(tile.shape) - 1] if tile.dims else ()  # ways per spatial axis
+    for kept in shapes.kept:
+        shape = (tile.batch,) + _scaled(kept.shape, shapes.input_shape, tile.shape)
+        # The halo rows are exchanged slices next to the tile, charged unpadded on top of it.
+        halo = math.prod((tile.batch,) + _with_halo(shape[1:], kept.halo, split)) - math.prod(shape)
+        size = 4 if kept.output else act
+        activations += (math.prod(shape) + halo) * size
+        padded += (padded_elements(shape) + halo) * size
+        if kept.required:
+            required += (math.prod(shape) + halo) * size
+    slots = optimizer_slots(job.model.optimizer.name, job.model.optimizer.args)
+    weights = shapes.params * 4
+    gradients = shapes.trainable_params * 4
+    optimizer = shapes.trainable_params * 4 * slots
+    bf16 = shapes.params * 2 if job.model.precision != "float32" else 0
+    fixed = weights + gradients + optimizer + bf16
+    return MemoryEstimate(tile, shapes.params, slots, weights, gradients, optimizer, bf16, activations,
+                          padded - activations, fixed + required, method)
+
+
+# ------------------------------------------------------------------------------ recommendations
+def _per_replica_batch(job: Job, cores_per_replica: int, devices: Optional[int]) -> int:
+    spec = job.train or job.eval
+    if spec is None:
+        return 1
+    replicas = devices // cores_per_replica if devices else 1
+    return max(1, spec.batch_size // max(1, replicas))
+
+
+def suggest_dims(job: Job, cores: int, per_replica_batch: int) -> Optional[tuple]:
+    """Partition dims of the main feature over `cores`: the largest spatial axes first."""
+    spec = job.data.features[main_feature(job)]
+    dims = rules._suggest([per_replica_batch] + list(spec.shape), cores)  # noqa: SLF001 (shared rule)
+    return tuple(dims) if dims else None
+
+
+def smallest_fitting_partition(job: Job, devices: int, usable: int, per_replica_batch: int,
+                               start: int = 1, shapes: Optional[ModelShapes] = None) -> Optional[dict]:
+    """The fewest cores per replica (and their dims) whose estimate fits, keeping the per-replica batch.
+
+    Candidates are TF's valid cores_per_replica values that divide the slice; each is first sized by
+    scaling `shapes` (fast), and the chosen one is confirmed with an estimate built for its tile.
+    """
+    for cores in rules.VALID_CORES_PER_REPLICA:
+        if cores < start or cores > devices or devices % cores:
+            continue
+        dims = suggest_dims(job, cores, per_replica_batch) if cores > 1 else None
+        if cores > 1 and dims is None:
+            continue
+        tile = tile_for(job, per_replica_batch, dims, cores)
+        quick = estimate(job, tile, shapes) if shapes is not None else estimate(job, tile)
+        if quick.total > usable * 1.05:
+            continue
+        # Scaling is close (a few %); build the model for the tile only when it is close to the line.
+        exact = quick if quick.total < usable * 0.9 else estimate(job, tile)
+        if exact.total <= usable:
+            return {"cores_per_replica": cores, "dims": {main_feature(job): list(dims) if dims else None},
+                    "per_core_bytes": exact.total, "tile": [tile.batch, *tile.shape]}
+    return None
+
+
+def largest_batch(job: Job, tile: Tile, usable: int, shapes: ModelShapes) -> int:
+    """The largest per-core batch whose estimate still fits (binary search: memory grows with the batch).
+
+    Padding per example can shrink as the batch grows (the batch becomes a well-filled layout dim),
+    so the unpadded size bounds the search from above.
+    """
+    def total(batch: int) -> int:
+        return estimate(job, Tile(batch, tile.shape, tile.cores_per_replica, tile.dims), shapes).total
+
+    one = estimate(job, Tile(1, tile.shape, tile.cores_per_replica, tile.dims), shapes)
+    fixed = one.total - one.activations - one.padding
+    low, high = 1, max(1, (usable - fixed) // max(1, one.activations))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if total(middle) <= usable:
+            low = middle
+        else:
+            high = middle - 1
+    return int(low)
+
+
+def partition_cost(cores: int) -> dict:
+    """Expected cost of spatial partitioning over `cores` (from the published step times)."""
+    efficiency = 1.0 if cores <= 1 else PARTITION_EFFICIENCY
+    return {"efficiency": efficiency, "core_time_per_example": round(1 / efficiency, 2)}
+
+
+# ----------------------------------------------------------------------------------- the section
+@dataclass
+class MemoryPlan:
+    """The `memory` section of `tpulaunch plan` (`to_dict` is the JSON contract)."""
+
+    verdict: str  # fits | may-fit | does-not-fit | unknown
+    per_core_bytes: Optional[int]
+    usable_bytes: Optional[int]
+    breakdown: dict = field(default_factory=dict)
+    recommendation: Optional[dict] = None
+    lower_bound_bytes: Optional[int] = None
+    tile: Optional[list] = None  # [batch, *piece] of the main feature on one core
+    feature: Optional[str] = None
+    params: Optional[int] = None
+    optimizer_slots: Optional[int] = None
+    precision: Optional[str] = None
+    method: Optional[str] = None
+    auto_partition: Optional[dict] = None  # the dims `partition: auto` chose
+    reason: Optional[str] = None  # why the verdict is unknown
+    xla: Optional[dict] = None  # plan --xla: XLA's CPU buffer assignment for one step (float32)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _devices(job: Job):
+    from tpulaunch.tpu.types import UnknownTpuType, parse_tpu_type
+
+    if job.tpu is None:
+        return None
+    try:
+        return parse_tpu_type(job.tpu.type)
+    except UnknownTpuType:
+        return None
+
+
+def resolve_auto_partition(job: Job) -> Partition:
+    """The partition `partition: auto` stands for, on the job's cores_per_replica.
+
+    Raises:
+        ValueError: the main feature has no spatial axes large enough to split that many ways.
+    """
+    cores = job.tpu.cores_per_replica if job.tpu else 1
+    tpu_type = _devices(job)
+    batch = _per_replica_batch(job, cores, tpu_type.devices if tpu_type else None)
+    chosen = auto_partition(job.data.features, job.data.labels, cores, batch)
+    if chosen is None:
+        name = main_feature(job)
+        raise ValueError(f"partition: auto cannot split '{name}' {list(job.data.features[name].shape)} "
+                         f"over {cores} cores")
+    return chosen
+
+
+def auto_partition(features: Mapping, labels: Mapping, cores: int, per_replica_batch: int) -> Optional[Partition]:
+    """`partition: auto` from the data specs: the main feature split over its largest spatial axes
+    first (the dims `suggest_dims` gives), labels sharing its spatial axes split alike, others replicated.
+
+    None when the feature cannot be split `cores` ways; an empty Partition for one core per replica.
+    """
+    if cores <= 1:
+        return Partition()
+    name = _largest(features)
+    spec = features[name]
+    if not spec.is_static:
+        return None
+    dims = rules._suggest([per_replica_batch] + list(spec.shape), cores)  # noqa: SLF001 (shared rule)
+    if dims is None:
+        return None
+    chosen = {n: None for n in features}
+    chosen[name] = list(dims)
+    return Partition(features=chosen,
+                     labels={n: _follow(dims, spec.shape, label.shape) for n, label in labels.items()})
+
+
+def _follow(dims: Optional[Sequence[int]], feature_shape, label_shape) -> Optional[list]:
+    """A label that shares the feature's spatial axes (e.g. a per-voxel mask) is split the same way."""
+    if not dims:
+        return None
+    spatial = list(feature_shape[:-1])
+    if list(label_shape[:len(spatial)]) != spatial:
+        return None
+    return list(dims[:1 + len(spatial)]) + [1] * (len(label_shape) - len(spatial))
+
+
+def plan_memory(job: Job) -> MemoryPlan:
+    """The memory section for a valid job: estimate, verdict and recommendation (builds the model's shapes)."""
+    if not job.model.builder:
+        return MemoryPlan("unknown", None, None, reason="model_fn jobs have no Keras model to measure")
+    spec = job.data.features[main_feature(job)]
+    if not spec.is_static:
+        return MemoryPlan("unknown", None, None, reason="the feature's shape has unknown dims")
+    tpu_type = _devices(job)
+    cores = job.tpu.cores_per_replica if job.tpu else 1
+    devices = tpu_type.devices if tpu_type else None
+    batch = _per_replica_batch(job, cores, devices)
+    auto = None
+    if job.partition == "auto":
+        chosen = resolve_auto_partition(job)
+        auto = {"features": chosen.features, "labels": chosen.labels}
+        dims = tuple(chosen.features.get(main_feature(job)) or ()) or None
+    else:
+        dims = _declared_dims(job, main_feature(job))
+    tile = tile_for(job, batch, dims, cores)
+    try:
+        shapes, method = shapes_for_tile(job, tile)
+    except Exception as exc:  # noqa: BLE001 (a user's builder can fail any way; plan reports it, not crash)
+        if isinstance(exc, ImportError) and exc.name in ("tensorflow", "keras"):
+            reason = "TensorFlow is not installed: install tpulaunch[cpu] (or use plan --no-memory)"
+        else:
+            reason = f"building the model failed: {type(exc).__name__}: {exc}"
+        return MemoryPlan("unknown", None, None, reason=reason)
+    est = estimate(job, tile, shapes, method)
+    common = dict(breakdown=est.breakdown, lower_bound_bytes=est.lower_bound, tile=[tile.batch, *tile.shape],
+                  feature=main_feature(job), params=est.params, optimizer_slots=est.optimizer_slots,
+                  precision=job.model.precision, method=method, auto_partition=auto)
+    if tpu_type is None:
+        return MemoryPlan("unknown", est.total, None, reason="runs locally: no TPU memory to compare against", **common)
+    usable = tpu_type.usable_bytes_per_device
+    result = verdict(est.total, est.lower_bound, usable)
+    recommendation = None
+    if result != "fits":
+        found = smallest_fitting_partition(job, devices, usable, batch, start=cores + 1, shapes=shapes)
+        if found:
+            replicas = devices // found["cores_per_replica"]
+            recommendation = dict(found, action="partition", per_replica_batch=batch, global_batch=batch * replicas,
+                                  cost=partition_cost(found["cores_per_replica"]))
+        else:
+            recommendation = {"action": "none", "reason": f"no cores_per_replica up to {devices} fits at "
+                                                          f"{batch} examples per replica; reduce the batch or the input"}
+    elif est.total <= usable * HEADROOM_SHARE:
+        best = largest_batch(job, tile, usable, shapes)
+        if best > tile.batch:
+            per_replica = best * (tile.dims[0] if tile.dims else 1)  # a split batch axis multiplies it back
+            recommendation = {"action": "batch", "per_replica_batch": per_replica,
+                              "global_batch": per_replica * (devices // cores),
+                              "per_core_bytes": estimate(job, Tile(best, tile.shape, cores, tile.dims), shapes).total}
+    return MemoryPlan(result, est.total, usable, recommendation=recommendation, **common)
+
+
+# ------------------------------------------------------------------------ XLA's own figure (plan --xla)
+XLA_TIMEOUT_S = 900
+
+
+def xla_step_bytes(job: Job, tile: Tile, timeout: int = XLA_TIMEOUT_S) -> dict:
+    """XLA's buffer-assignment total for one training step of the job's model on the tile, on the CPU.
+
+    A cross-check, not a TPU number: float32 only, CPU layouts (no (8, 128) tiles). The step is
+    compiled (never run) in a child process, because XLA reads its dump flags once per process.
+
+    Returns:
+        {"total_bytes", "input_shape" (per example, as built), "seconds"}.
+
+    Raises:
+        RuntimeError: the compile failed or wrote no buffer assignment.
+    """
+    import json
+    import subprocess
+    import sys
+    import time
+
+    kwargs = _declared_kwargs(job)
+    if len(job.data.features) == 1 and _builder_takes_input_shape(job.model.builder):
+        kwargs["input_shape"] = list(tile.shape)
+    request = {"builder": job.model.builder, "kwargs": kwargs, "batch": tile.batch,
+               "slots": optimizer_slots(job.model.optimizer.name, job.model.optimizer.args)}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", "from tpulaunch.plan.memory import _xla_child; _xla_child()"],
+                          input=json.dumps(request), capture_output=True, text=True, timeout=timeout)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise RuntimeError("XLA compile failed: " + " | ".join(tail))
+    result = json.loads(lines[-1])
+    result["seconds"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def _xla_child() -> None:
+    """Child process of `xla_step_bytes`: request JSON on stdin, result JSON on stdout."""
+    import glob
+    import json
+    import os
+    import re
+    import sys
+    import tempfile
+
+    request = json.load(sys.stdin)
+    dump = tempfile.mkdtemp(prefix="tpulaunch-xla-")
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}").strip()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    from tpulaunch.job.imports import resolve
+
+    model = resolve(request["builder"], what="model builder")(**request["kwargs"])
+    weights = model.trainable_weights
+    slots = [[tf.Variable(tf.zeros_like(w), trainable=False) for w in weights] for _ in range(request["slots"])]
+
+    @tf.function(jit_compile=True)
+    def step(*inputs):
+        with tf.GradientTape() as tape:
+            outputs = model(list(inputs) if len(inputs) > 1 else inputs[0], training=True)
+            # Any scalar of every output makes the backward pass keep what the real loss would.
+            loss = tf.add_n([tf.reduce_mean(tf.square(tf.cast(o, tf.float32))) for o in tf.nest.flatten(outputs)])
+        grads = tape.gradient(loss, weights)
+        for i, (w, g) in enumerate(zip(weights, grads)):
+            for slot in slots:
+                slot[i].assign(0.9 * slot[i] + g)
+            w.assign_sub(0.01 * (slots[0][i] if slots else g))
+        return loss
+
+    specs = [tf.TensorSpec([request["batch"], *t.shape[1:]], t.dtype) for t in tf.nest.flatten(model.inputs)]
+    step.experimental_get_compiler_ir(*specs)(stage="optimized_hlo")
+    totals = []
+    for path in glob.glob(os.path.join(dump, "*buffer-assignment.txt")):
+        with open(path) as f:
+            found = re.search(r"Total bytes used: (\d+)", f.read())
+        if found:
+            totals.append(int(found.group(1)))
+    if not totals:
+        raise SystemExit("no buffer assignment was written")
+    input_shape = [int(d) for d in tf.nest.flatten(model.inputs)[0].shape[1:]]
+    print(json.dumps({"total_bytes": max(totals), "input_shape": input_shape}))

@@ -1,0 +1,217 @@
+"""Notice a lost TPU during training, stop cleanly, and wait for the node to come back.
+
+Two signs that the TPU is gone, turned into the same `NodeEvent`:
+
+* the TPU API says so: a `cluster.NodeWatch` polls the node every `WatchPlan.interval` seconds, and a
+  state other than READY, or a health of UNHEALTHY_*/TIMEOUT, trips the watchdog; its SessionRunHook
+  then asks the training session to stop after the current run (the same mechanism as Ctrl-C), so
+  the Estimator saves a checkpoint at that step when the TPU still answers;
+* TensorFlow raises what a vanished TPU raises: UnavailableError, AbortedError,
+  DeadlineExceededError, or an InternalError that mentions the TPU, a socket or a connection.
+
+`wait_until_ready` then polls the node until it is READY and HEALTHY again (a PREEMPTED node comes back
+when it is recreated, by hand or by a queued resource), giving up after `WatchPlan.resume_wait`
+seconds, and returning early when a signal asks training to stop.
+
+Pure Python at import time: TensorFlow is imported inside `is_lost_tpu_error` and the hook.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from tpulaunch import cluster
+from tpulaunch.errors import ExitCode, TpuLaunchError
+from tpulaunch.run.progress import NodeEvent
+
+DEFAULT_WATCH_INTERVAL_S = 60.0
+DEFAULT_RESUME_WAIT_S = 3600.0
+LOST_HEALTH = {"TIMEOUT", "DEPRECATED_UNHEALTHY"}  # besides every UNHEALTHY_* value
+# A signal arriving during a pause is noticed within this long.
+_SLEEP_SLICE_S = 0.2
+_TPU_WORDS = re.compile(r"\btpu|socket|connection", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class WatchPlan:
+    """How a run watches its TPU node and recovers from losing it.
+
+    Attributes:
+        ref: the node (from `cluster.resolve_node`); 'local' and grpc:// nodes are not polled (no
+            API), but TensorFlow's lost-TPU errors still count.
+        job_tpu: the job's `tpu` section (the accelerator type the node must still have).
+        interval: seconds between polls of the node during training.
+        auto_resume: how many times to wait for the node and resume; 0 = stop at the first event.
+        resume_wait: seconds to wait for the node to be READY and HEALTHY after each event.
+        discovery_url: the TPU API endpoint (None: $TPULAUNCH_TPU_DISCOVERY_URL, else Google's).
+        poll_s: first pause between polls while waiting (doubles up to cluster.MAX_POLL_S).
+    """
+
+    ref: cluster.NodeRef
+    job_tpu: Any = None
+    interval: float = DEFAULT_WATCH_INTERVAL_S
+    auto_resume: int = 0
+    resume_wait: float = DEFAULT_RESUME_WAIT_S
+    discovery_url: Optional[str] = None
+    poll_s: float = cluster.POLL_S
+
+    @property
+    def polls(self) -> bool:
+        """Whether the node is read through the TPU API (not 'local' or a grpc:// address)."""
+        return not (self.ref.local or self.ref.direct)
+
+
+class NodeLost(TpuLaunchError):
+    """Training stopped because the TPU was lost and no automatic resume was left (exit code 3)."""
+
+    def __init__(self, message: str, *, event: NodeEvent, hint: Optional[str] = None, summary: Any = None):
+        super().__init__(message, hint=hint, exit_code=ExitCode.CLUSTER)
+        self.event = event
+        self.step = event.checkpoint_step
+        self.summary = summary
+
+
+def lost_reason(status: cluster.NodeStatus) -> Optional[str]:
+    """'PREEMPTED', 'READY/UNHEALTHY_TENSORFLOW', ... when the node cannot go on training; None when it can."""
+    if status.state not in cluster.READY_STATES:
+        return str(status.state)
+    health = status.health or ""
+    if health.startswith("UNHEALTHY") or health in LOST_HEALTH:
+        return f"{status.state}/{health}"
+    return None
+
+
+def is_lost_tpu_error(exc: BaseException) -> bool:
+    """Whether a TensorFlow error is what a TPU that went away raises."""
+    import tensorflow as tf
+
+    if isinstance(exc, (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError)):
+        return True
+    if isinstance(exc, tf.errors.InternalError):
+        return bool(_TPU_WORDS.search(str(getattr(exc, "message", exc))))
+    return False
+
+
+class Watchdog:
+    """Trips on the first sign of a lost TPU during one training attempt.
+
+    Use `start()` before a training session and `stop()` after it; pass `hook()` to
+    `estimator.train`; `tripped` holds the event (None while all is well). `reset()` clears it
+    before a resumed attempt.
+    """
+
+    def __init__(self, plan: WatchPlan):
+        self.plan = plan
+        self.tripped: Optional[NodeEvent] = None
+        self.last_status: Optional[cluster.NodeStatus] = None
+        self._watch: Optional[cluster.NodeWatch] = None
+        self._lock = threading.Lock()
+
+    def start(self) -> "Watchdog":
+        """Poll the node in a background thread (no-op for nodes without an API, or when already polling)."""
+        if self.plan.polls and self._watch is None:
+            self._watch = cluster.watch_node(self.plan.ref, self.plan.interval, self._on_change,
+                                             discovery_url=self.plan.discovery_url)
+        return self
+
+    def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.stop(timeout=cluster.REQUEST_TIMEOUT_S)
+            self._watch = None
+
+    def reset(self) -> None:
+        with self._lock:
+            self.tripped = None
+
+    def hook(self):
+        """A SessionRunHook that ends the training session once the watchdog has tripped."""
+        from tpulaunch.run.signals import request_stop_hook
+
+        return request_stop_hook(lambda: self.tripped is not None)
+
+    def record_error(self, exc: BaseException) -> bool:
+        """Trip on a lost-TPU TensorFlow error (kept only if nothing tripped before); False for other errors."""
+        if not is_lost_tpu_error(exc):
+            return False
+        message = str(getattr(exc, "message", exc)).strip().splitlines()
+        self._trip(NodeEvent(kind="error", detail=f"{type(exc).__name__}: {message[0] if message else ''}".rstrip(": ")))
+        return True
+
+    def _on_change(self, status: cluster.NodeStatus) -> None:
+        self.last_status = status
+        reason = lost_reason(status)
+        if reason is not None:
+            self._trip(NodeEvent(kind="node", detail=reason))
+
+    def _trip(self, event: NodeEvent) -> None:
+        with self._lock:
+            if self.tripped is None:
+                self.tripped = event
+
+
+def wait_until_ready(plan: WatchPlan, *, should_stop: Callable[[], bool] = lambda: False,
+                     on_wait: Optional[Callable[[Optional[cluster.NodeStatus], Optional[str], float], None]] = None,
+                     ) -> Optional[cluster.NodeStatus]:
+    """Poll the node until it is READY, HEALTHY and still the job's type.
+
+    Unlike `cluster.check_node(wait=...)`, this keeps waiting through PREEMPTED/TERMINATED/STOPPED
+    (a node that is being recreated) and through API errors such as 404 (deleted, not yet created).
+
+    Args:
+        plan: the node and how long to wait.
+        should_stop: polled during pauses; when true, return None at once (a signal arrived).
+        on_wait: called as on_wait(status or None, API error message or None, seconds left) after
+            each poll that found the node not usable.
+
+    Returns:
+        The usable NodeStatus, or None when `should_stop` became true.
+
+    Raises:
+        TpuLaunchError (exit code CLUSTER): not usable after `plan.resume_wait` seconds, or the node
+            came back as another accelerator type.
+    """
+    deadline = time.monotonic() + plan.resume_wait
+    pause = plan.poll_s
+    last = "no answer"
+    while True:
+        try:
+            status = cluster.check_node(plan.ref, plan.job_tpu, discovery_url=plan.discovery_url,
+                                        backoff_s=min(cluster.BACKOFF_S, plan.poll_s))
+        except TpuLaunchError as exc:  # 404 while the node is recreated, API trouble: keep waiting
+            status, problem = None, exc.message
+            last = problem
+        else:
+            problem = None
+            if status.usable:
+                return status
+            if any(f.code == "accelerator-type-mismatch" for f in status.findings):
+                status.raise_if_unusable()  # waiting will not change the type
+            last = "; ".join(f.message for f in status.findings if f.severity == "error")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TpuLaunchError(
+                f"TPU node '{plan.ref.name}' was not READY and HEALTHY after waiting {plan.resume_wait:g}s: {last}",
+                hint="recreate or restart the node, then rerun the same command: training resumes from the last "
+                     "complete checkpoint (--resume-wait SECONDS waits longer)",
+                exit_code=ExitCode.CLUSTER)
+        if on_wait is not None:
+            on_wait(status, problem, left)
+        if _sleep(min(pause, left), should_stop):
+            return None
+        pause = min(pause * 2, cluster.MAX_POLL_S)
+
+
+def _sleep(seconds: float, should_stop: Callable[[], bool]) -> bool:
+    """Sleep in short slices; True as soon as `should_stop()` is."""
+    end = time.monotonic() + seconds
+    while True:
+        if should_stop():
+            return True
+        left = end - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(_SLEEP_SLICE_S, left))

@@ -1,0 +1,588 @@
+"""Find the job's Cloud TPU node and check it is usable, through cloud-tpu-client and TPUClusterResolver.
+
+- `resolve_node` turns the job's `tpu:` section (and the environment) into a `NodeRef`.
+- `check_node` reads the node once per poll: state, health, accelerator type, hosts, runtime version;
+  it waits while the node is on its way to READY, fails fast when it will not get there by itself, and
+  retries transient API failures (5xx, timeouts, malformed replies) with backoff.
+- `cluster_resolver` gives TensorFlow's `TPUClusterResolver` for the same node and endpoint.
+- `watch_node` polls in a background thread and reports state/health changes (the training watchdog).
+
+Where the node comes from (first found wins):
+
+  name     tpu.name, $TPU_NAME             ('local' = this TPU VM's own chips; 'grpc://IP:PORT' = no API)
+  zone     tpu.zone, $TPU_ZONE, $CLOUDSDK_COMPUTE_ZONE, the GCE metadata server (on a Google Cloud VM)
+  project  tpu.project, $TPU_PROJECT, $GOOGLE_CLOUD_PROJECT, $CLOUDSDK_CORE_PROJECT, the metadata server
+
+Which API endpoint is asked (first found wins): the `discovery_url` argument, $TPULAUNCH_TPU_DISCOVERY_URL,
+$TPU_API_DISCOVERY_URL (cloud-tpu-client's own variable), else Google's. The value is a discovery
+document URL template with `{api}` and `{apiVersion}`, e.g.
+`http://127.0.0.1:8080/discovery/{api}/{apiVersion}`. Google credentials (application default) are
+sent only to a `googleapis.com` endpoint; any other endpoint (an emulator, a test server) is asked
+without credentials, so a token never leaves for a host the user did not mean.
+
+Set $NO_GCE_CHECK=True off Google Cloud to skip probing the metadata server.
+
+TensorFlow and cloud-tpu-client are imported only inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import threading
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Mapping, Optional
+
+from tpulaunch.errors import ExitCode, TpuLaunchError
+
+DISCOVERY_URL_ENV = "TPULAUNCH_TPU_DISCOVERY_URL"
+CLIENT_DISCOVERY_URL_ENV = "TPU_API_DISCOVERY_URL"  # cloud-tpu-client's own override
+
+READY_STATES = {"READY"}
+# On its way to READY: worth waiting for.
+TRANSIENT_STATES = {"CREATING", "STARTING", "REPAIRING", "RESTARTING", "REIMAGING", "STATE_UNSPECIFIED"}
+# Will not become READY by itself.
+DEAD_STATES = {"PREEMPTED", "TERMINATED", "STOPPED", "STOPPING", "DELETING", "HIDING", "HIDDEN", "UNHIDING"}
+
+REQUEST_TIMEOUT_S = 20.0  # one HTTP request to the TPU API
+ATTEMPTS = 4  # tries per API read before giving up on transient failures
+BACKOFF_S = 0.5  # first pause between tries; doubles, capped at MAX_BACKOFF_S
+MAX_BACKOFF_S = 8.0
+POLL_S = 2.0  # first pause while waiting for a node to become READY; doubles, capped at MAX_POLL_S
+MAX_POLL_S = 30.0
+_METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/"
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    """Which TPU node, and where each part of that answer came from (for messages)."""
+
+    name: str
+    zone: Optional[str] = None
+    project: Optional[str] = None
+    sources: Mapping[str, str] = field(default_factory=dict)  # "name" -> "tpu.name" | "$TPU_NAME" | ...
+
+    @property
+    def local(self) -> bool:
+        """True on a TPU VM: the chips are attached to this machine, no API involved."""
+        return self.name == "local"
+
+    @property
+    def direct(self) -> bool:
+        """True for a grpc:// address: TensorFlow connects directly, no API involved."""
+        return self.name.startswith("grpc://")
+
+    @property
+    def full_name(self) -> str:
+        return f"projects/{self.project}/locations/{self.zone}/nodes/{self.name}"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing `check_node` noticed; errors make the node unusable for the job."""
+
+    severity: str  # "error" | "warning"
+    code: str  # kebab-case, stable
+    message: str
+    hint: Optional[str] = None
+
+
+@dataclass
+class NodeStatus:
+    """The node as the TPU API reported it, checked against the job."""
+
+    name: str
+    zone: Optional[str]
+    project: Optional[str]
+    state: Optional[str]
+    health: Optional[str]
+    accelerator_type: Optional[str]
+    expected_type: Optional[str]  # the job's tpu.type
+    devices: Optional[int]  # TPU devices TensorFlow sees (what cores_per_replica counts), from the type
+    hosts: int  # one network endpoint per host
+    runtime_version: Optional[str]  # the node's tensorflowVersion
+    installed_tf: Optional[str]
+    endpoints: list = field(default_factory=list)  # ["IP:PORT", ...]
+    api_version: Optional[str] = None
+    findings: list = field(default_factory=list)  # [Finding]
+    waited_s: float = 0.0
+
+    @property
+    def usable(self) -> bool:
+        return not any(f.severity == "error" for f in self.findings)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["usable"] = self.usable
+        return data
+
+    def raise_if_unusable(self) -> "NodeStatus":
+        """Raise TpuLaunchError (exit code CLUSTER) with the first error; return self when usable."""
+        errors = [f for f in self.findings if f.severity == "error"]
+        if errors:
+            message = "; ".join(f.message for f in errors)
+            raise TpuLaunchError(message, hint=errors[0].hint, exit_code=ExitCode.CLUSTER)
+        return self
+
+
+# ----------------------------------------------------------------------------------------- resolving
+
+
+def resolve_node(job_tpu, *, env: Mapping[str, str] = os.environ, discovery_url: Optional[str] = None) -> NodeRef:
+    """The node the job's `tpu:` section names, completed from the environment.
+
+    Args:
+        job_tpu: the job's `tpu` section (`tpulaunch.job.schema.Tpu`), or None (then only the environment).
+        env: environment variables to read.
+        discovery_url: unused for resolution; accepted so callers can pass one set of options.
+
+    Raises:
+        TpuLaunchError: no name anywhere, or no zone/project for a node reached through the API.
+    """
+    del discovery_url
+    sources = {}
+    name = _first(sources, "name", (getattr(job_tpu, "name", None), "tpu.name"), (env.get("TPU_NAME"), "$TPU_NAME"))
+    if not name:
+        raise TpuLaunchError(
+            "no TPU named: set tpu.name in the job file, or $TPU_NAME",
+            hint="tpu.name is the node name from `gcloud compute tpus list`; use 'local' on a TPU VM",
+        )
+    if name == "local" or name.startswith("grpc://"):
+        return NodeRef(name=name, sources=sources)
+    zone = _first(sources, "zone", (getattr(job_tpu, "zone", None), "tpu.zone"), (env.get("TPU_ZONE"), "$TPU_ZONE"),
+                  (env.get("CLOUDSDK_COMPUTE_ZONE"), "$CLOUDSDK_COMPUTE_ZONE"))
+    project = _first(sources, "project", (getattr(job_tpu, "project", None), "tpu.project"),
+                     (env.get("TPU_PROJECT"), "$TPU_PROJECT"), (env.get("GOOGLE_CLOUD_PROJECT"), "$GOOGLE_CLOUD_PROJECT"),
+                     (env.get("CLOUDSDK_CORE_PROJECT"), "$CLOUDSDK_CORE_PROJECT"))
+    if zone is None or project is None:
+        on_gce = str(env.get("NO_GCE_CHECK", "")).lower() not in ("true", "1", "yes")
+        if zone is None and on_gce:
+            zone = _metadata("instance/zone")
+            zone = zone.rsplit("/", 1)[-1] if zone else None
+            if zone:
+                sources["zone"] = "the GCE metadata server"
+        if project is None and on_gce:
+            project = _metadata("project/project-id")
+            if project:
+                sources["project"] = "the GCE metadata server"
+    missing = [part for part, value in (("zone", zone), ("project", project)) if not value]
+    if missing:
+        keys = " and ".join(f"tpu.{part}" for part in missing)
+        envs = " / ".join({"zone": "$TPU_ZONE", "project": "$TPU_PROJECT"}[part] for part in missing)
+        raise TpuLaunchError(f"TPU '{name}': no {' or '.join(missing)} given: set {keys} in the job file (or {envs})",
+                             hint="`gcloud compute tpus list --zone ZONE --project PROJECT` shows where the node is")
+    return NodeRef(name=name, zone=zone, project=project, sources=sources)
+
+
+def _first(sources: dict, part: str, *candidates) -> Optional[str]:
+    for value, source in candidates:
+        if value:
+            sources[part] = source
+            return str(value)
+    return None
+
+
+def _metadata(path: str, timeout: float = 1.0) -> Optional[str]:
+    """One value from the GCE metadata server, or None off Google Cloud."""
+    request = urllib.request.Request(_METADATA_URL + path, headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.read().decode("utf-8").strip() or None
+    except (OSError, ValueError):
+        return None
+
+
+def discovery_url_for(discovery_url: Optional[str] = None, env: Mapping[str, str] = os.environ) -> Optional[str]:
+    """The discovery URL template to use; None means Google's own."""
+    return discovery_url or env.get(DISCOVERY_URL_ENV) or env.get(CLIENT_DISCOVERY_URL_ENV) or None
+
+
+# ----------------------------------------------------------------------------------------- the API
+
+
+class _Transient(Exception):
+    """An API failure worth retrying (5xx, 429, timeout, refused connection, malformed reply)."""
+
+
+def _tpu_service(discovery_url: Optional[str], timeout: float):
+    """A googleapiclient service for TPU v1, with a per-request timeout and the right credentials."""
+    import httplib2
+    from googleapiclient import discovery
+
+    url = discovery_url_for(discovery_url)
+    http = httplib2.Http(timeout=timeout)
+    if url is None or _is_google_host(url):
+        http = _authorized(http)
+    kwargs = {"discoveryServiceUrl": url} if url else {}
+    return discovery.build("tpu", "v1", http=http, cache_discovery=False, **kwargs)
+
+
+def _is_google_host(url: str) -> bool:
+    host = urllib.parse.urlsplit(url.replace("{", "").replace("}", "")).hostname or ""
+    return host == "googleapis.com" or host.endswith(".googleapis.com")
+
+
+def _authorized(http):
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+    from google_auth_httplib2 import AuthorizedHttp
+
+    try:
+        credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+    except DefaultCredentialsError as exc:
+        raise TpuLaunchError(f"no Google credentials to ask the TPU API: {exc}",
+                             hint="run `gcloud auth application-default login`, or set $GOOGLE_APPLICATION_CREDENTIALS",
+                             exit_code=ExitCode.CLUSTER) from None
+    return AuthorizedHttp(credentials, http=http)
+
+
+def _client(ref: NodeRef, service):
+    from cloud_tpu_client import client as tpu_client
+
+    return tpu_client.Client(tpu=ref.name, zone=ref.zone, project=ref.project, service=service)
+
+
+def _classify(exc: BaseException, ref: NodeRef) -> Exception:
+    """A _Transient to retry, or a TpuLaunchError that no retry will fix.
+
+    cloud-tpu-client wraps every node GET failure in a ValueError; the cause stays in __context__.
+    """
+    from googleapiclient.errors import HttpError
+    from httplib2 import HttpLib2Error
+
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, HttpError):
+            status = int(seen.resp.status)
+            if status >= 500 or status == 429:
+                return _Transient(f"HTTP {status} from the TPU API")
+            return _fatal_http(status, ref, seen)
+        if isinstance(seen, (socket.timeout, TimeoutError)):
+            return _Transient("the TPU API did not answer in time")
+        if isinstance(seen, (ConnectionError, socket.gaierror, OSError)) and not isinstance(seen, ValueError):
+            return _Transient(f"cannot connect to the TPU API ({seen})")
+        if isinstance(seen, HttpLib2Error):
+            return _Transient(f"cannot reach the TPU API ({seen})")
+        if isinstance(seen, json.JSONDecodeError) or type(seen).__name__ == "InvalidJsonError":
+            return _Transient("the TPU API answered with malformed JSON")
+        seen = seen.__cause__ or seen.__context__
+    if isinstance(exc, ValueError):  # the client's wrapper around a reply it could not parse
+        return _Transient(f"the TPU API's reply could not be read ({_short(exc)})")
+    return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+
+
+def _fatal_http(status: int, ref: NodeRef, error) -> TpuLaunchError:
+    where = f"project '{ref.project}', zone '{ref.zone}'"
+    tried = ", ".join(f"{part} from {source}" for part, source in ref.sources.items())
+    if status == 404:
+        return TpuLaunchError(
+            f"TPU node '{ref.name}' not found in {where}" + (f" ({tried})" if tried else ""),
+            hint=f"check the name, zone and project; `gcloud compute tpus list --zone {ref.zone} --project {ref.project}`",
+            exit_code=ExitCode.CLUSTER)
+    if status in (401, 403):
+        return TpuLaunchError(
+            f"permission denied reading TPU node '{ref.name}' in {where} (HTTP {status})",
+            hint="the account needs roles/tpu.viewer on the project; check `gcloud auth list` and the project id",
+            exit_code=ExitCode.CLUSTER)
+    return TpuLaunchError(f"the TPU API refused the request for '{ref.full_name}' (HTTP {status}): {_short(error)}",
+                          exit_code=ExitCode.CLUSTER)
+
+
+def _short(exc: BaseException, limit: int = 200) -> str:
+    text = str(exc)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _with_retries(ref: NodeRef, read: Callable[[], object], *, attempts: int, backoff_s: float):
+    """Run `read` until it succeeds, retrying transient failures `attempts` times in all."""
+    delay = backoff_s
+    last = None
+    for attempt in range(1, attempts + 1):
+        try:
+            return read()
+        except TpuLaunchError:
+            raise
+        except Exception as exc:  # classified below: library errors come in many types
+            problem = _classify(exc, ref)
+            if not isinstance(problem, _Transient):
+                raise problem from None
+            last = problem
+        if attempt < attempts:
+            time.sleep(delay)
+            delay = min(delay * 2, MAX_BACKOFF_S)
+    raise TpuLaunchError(
+        f"could not read TPU node '{ref.name}' ({ref.full_name}) after {attempts} tries: {last}",
+        hint="the TPU API may be having trouble; retry later, or check the endpoint "
+             f"(${DISCOVERY_URL_ENV} / ${CLIENT_DISCOVERY_URL_ENV}) and your network",
+        exit_code=ExitCode.CLUSTER)
+
+
+class _NodeReader:
+    """Reads the node through cloud-tpu-client, building the service (one discovery fetch) lazily."""
+
+    def __init__(self, ref: NodeRef, discovery_url: Optional[str], *, timeout: float, attempts: int, backoff_s: float):
+        self.ref = ref
+        self.discovery_url = discovery_url
+        self.timeout = timeout
+        self.attempts = attempts
+        self.backoff_s = backoff_s
+        self._client = None
+
+    def read(self) -> dict:
+        def once():
+            if self._client is None:
+                self._client = _client(self.ref, _tpu_service(self.discovery_url, self.timeout))
+            # One GET for a consistent snapshot; the client's per-field getters each make their own
+            # request, so a node changing state between them would give a mixed picture.
+            node = self._client._fetch_cloud_tpu_metadata()
+            if not isinstance(node, dict):
+                raise ValueError(f"the node is not a JSON object: {node!r:.80}")
+            return node
+
+        return _with_retries(self.ref, once, attempts=self.attempts, backoff_s=self.backoff_s)
+
+
+# ----------------------------------------------------------------------------------------- checking
+
+
+def check_node(ref: NodeRef, job_tpu=None, *, wait: float = 0, on_wait: Optional[Callable[[NodeStatus, float], None]] = None,
+               discovery_url: Optional[str] = None, timeout: float = REQUEST_TIMEOUT_S, attempts: int = ATTEMPTS,
+               backoff_s: float = BACKOFF_S, poll_s: float = POLL_S) -> NodeStatus:
+    """Read the node and check it can run the job.
+
+    Args:
+        ref: from `resolve_node`.
+        job_tpu: the job's `tpu` section (for tpu.type), or None to skip the type check.
+        wait: seconds to wait for a node that is CREATING/STARTING/REPAIRING/RESTARTING (or READY but
+            not yet HEALTHY) to become READY and HEALTHY; 0 = do not wait.
+        on_wait: called as on_wait(status, seconds_left) before each pause while waiting.
+        discovery_url: the TPU API endpoint (see the module docstring).
+        timeout: seconds for one HTTP request.
+        attempts: tries per read on transient API failures (5xx, timeouts, malformed JSON).
+        backoff_s: first pause between those tries (doubles).
+        poll_s: first pause between polls while waiting (doubles, at most MAX_POLL_S).
+
+    Returns:
+        NodeStatus; `usable` is False (with error findings saying what to do) when the node cannot
+        run the job now.
+
+    Raises:
+        TpuLaunchError (exit code CLUSTER): the node does not exist, access is denied, or the API
+        could not be read after `attempts` tries.
+    """
+    expected = getattr(job_tpu, "type", None)
+    if ref.local or ref.direct:
+        return _status_without_api(ref, expected)
+    reader = _NodeReader(ref, discovery_url, timeout=timeout, attempts=attempts, backoff_s=backoff_s)
+    started = time.monotonic()
+    pause = poll_s
+    while True:
+        status = _status_from(ref, reader.read(), expected)
+        status.waited_s = round(time.monotonic() - started, 3)
+        if not _worth_waiting(status):
+            break
+        left = wait - (time.monotonic() - started)
+        if left <= 0:
+            break
+        if on_wait is not None:
+            on_wait(status, left)
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, MAX_POLL_S)
+    status.findings = _findings(ref, status, wait)
+    return status
+
+
+def _worth_waiting(status: NodeStatus) -> bool:
+    if status.state in TRANSIENT_STATES:
+        return True
+    return status.state in READY_STATES and status.health != "HEALTHY"
+
+
+def _status_from(ref: NodeRef, node: dict, expected: Optional[str]) -> NodeStatus:
+    endpoints = [f"{e.get('ipAddress')}:{e.get('port')}" for e in node.get("networkEndpoints") or []]
+    if not endpoints and node.get("ipAddress"):  # old single-host nodes
+        endpoints = [f"{node['ipAddress']}:{node.get('port', '8470')}"]
+    accelerator = node.get("acceleratorType")
+    return NodeStatus(
+        name=ref.name, zone=ref.zone, project=ref.project,
+        state=node.get("state"), health=node.get("health"),
+        accelerator_type=accelerator, expected_type=expected,
+        devices=devices_in(accelerator), hosts=len(endpoints),
+        runtime_version=node.get("tensorflowVersion"), installed_tf=installed_tensorflow_version(),
+        endpoints=endpoints, api_version=node.get("apiVersion"),
+    )
+
+
+def _status_without_api(ref: NodeRef, expected: Optional[str]) -> NodeStatus:
+    """'local' and grpc:// nodes have no API to ask: report what is known, nothing to check."""
+    endpoints = [ref.name[len("grpc://"):]] if ref.direct else []
+    note = ("this TPU VM's own chips: no TPU API check" if ref.local
+            else "a direct gRPC address: state, health and type are not checked")
+    return NodeStatus(name=ref.name, zone=None, project=None, state=None, health=None, accelerator_type=None,
+                      expected_type=expected, devices=devices_in(expected), hosts=len(endpoints) or 1, runtime_version=None,
+                      installed_tf=installed_tensorflow_version(), endpoints=endpoints,
+                      findings=[Finding("warning", "no-api-check", note)])
+
+
+def _findings(ref: NodeRef, status: NodeStatus, wait: float) -> list:
+    findings = []
+    start = f"gcloud compute tpus start {ref.name} --zone {ref.zone} --project {ref.project}"
+    state = status.state
+    if state in DEAD_STATES:
+        hints = {
+            "PREEMPTED": f"a preempted node must be recreated: `gcloud compute tpus delete {ref.name} --zone {ref.zone}` "
+                         "then create it again (or use a non-preemptible node)",
+            "STOPPED": f"start it: `{start}`",
+            "STOPPING": f"wait for it to stop, then start it: `{start}`",
+            "TERMINATED": f"start it (`{start}`) or recreate it",
+            "DELETING": "the node is being deleted: create a new one and point tpu.name at it",
+        }
+        findings.append(Finding("error", "node-not-running", f"TPU node '{ref.name}' is {state}",
+                                hints.get(state, f"recreate the node, or start it: `{start}`")))
+    elif state in TRANSIENT_STATES:
+        findings.append(Finding("error", "node-not-ready",
+                                f"TPU node '{ref.name}' is still {state}" + (f" after waiting {wait:g}s" if wait else ""),
+                                "wait longer with --wait SECONDS, or check `gcloud compute tpus describe`"))
+    elif state not in READY_STATES:
+        findings.append(Finding("error", "node-state-unknown", f"TPU node '{ref.name}' is in state {state!r}",
+                                f"`gcloud compute tpus describe {ref.name} --zone {ref.zone}` shows why"))
+    elif status.health != "HEALTHY":
+        findings.append(Finding("error", "node-unhealthy",
+                                f"TPU node '{ref.name}' is READY but its health is {status.health or 'not reported'}",
+                                "wait with --wait SECONDS; if it stays unhealthy, restart it: "
+                                f"`gcloud compute tpus stop {ref.name} --zone {ref.zone}` then `{start}`"))
+    if status.expected_type and status.accelerator_type and status.accelerator_type != status.expected_type:
+        findings.append(Finding(
+            "error", "accelerator-type-mismatch",
+            f"TPU node '{ref.name}' is a {status.accelerator_type}, but the job's tpu.type is {status.expected_type}",
+            f"set tpu.type: {status.accelerator_type} (and re-run `tpulaunch plan`), or point tpu.name at a "
+            f"{status.expected_type} node"))
+    runtime, installed = _major_minor(status.runtime_version), _major_minor(status.installed_tf)
+    if runtime and installed and runtime != installed:
+        findings.append(Finding(
+            "warning", "runtime-version-mismatch",
+            f"the node runs TensorFlow {status.runtime_version}, this machine has {status.installed_tf}",
+            "use the same major.minor on both sides: a different TPU runtime can fail to run the compiled graph"))
+    return findings
+
+
+def devices_in(accelerator_type: Optional[str]) -> Optional[int]:
+    """TPU devices TensorFlow sees in a slice (cores on v2/v3, chips on v4/v5p/v5e/v6e); None if unknown."""
+    from tpulaunch.tpu.types import UnknownTpuType, parse_tpu_type
+
+    if not accelerator_type:
+        return None
+    try:
+        return parse_tpu_type(accelerator_type).devices
+    except UnknownTpuType:
+        return None
+
+
+def _major_minor(version: Optional[str]) -> Optional[tuple]:
+    match = re.search(r"(\d+)\.(\d+)", version or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def installed_tensorflow_version() -> Optional[str]:
+    """The installed TensorFlow's version, read from package metadata (no TensorFlow import)."""
+    from importlib import metadata
+
+    for dist in ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-nightly"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+# ----------------------------------------------------------------------------------------- TensorFlow
+
+
+def cluster_resolver(ref: NodeRef, discovery_url: Optional[str] = None, *, timeout: float = REQUEST_TIMEOUT_S):
+    """TensorFlow's TPUClusterResolver for the node, asking the same API endpoint as `check_node`.
+
+    Building it reads nothing; `master()` and `cluster_spec()` read the node (and raise RuntimeError
+    unless it is READY).
+    """
+    from tensorflow.python.distribute.cluster_resolver.tpu import tpu_cluster_resolver as tcr
+
+    if ref.local or ref.direct:
+        return tcr.TPUClusterResolver(tpu=ref.name)
+    try:
+        service = _tpu_service(discovery_url, timeout)
+    except TpuLaunchError:
+        raise
+    except Exception as exc:  # discovery document unreachable or unreadable
+        problem = _classify(exc, ref)
+        raise TpuLaunchError(f"cannot reach the TPU API for '{ref.name}': {problem}",
+                             hint=f"check the endpoint (${DISCOVERY_URL_ENV}) and your network",
+                             exit_code=ExitCode.CLUSTER) from None
+    return tcr.TPUClusterResolver(tpu=ref.name, zone=ref.zone, project=ref.project, service=service)
+
+
+# ----------------------------------------------------------------------------------------- watching
+
+
+class NodeWatch:
+    """A background poller of one node; see `watch_node`."""
+
+    def __init__(self, ref: NodeRef, interval: float, on_change: Callable[[NodeStatus], None], *,
+                 discovery_url: Optional[str] = None, timeout: float = REQUEST_TIMEOUT_S):
+        self.ref = ref
+        self.interval = interval
+        self.on_change = on_change
+        self.last: Optional[NodeStatus] = None
+        self.last_error: Optional[Exception] = None  # the latest failed read (None after a good one)
+        self._reader = _NodeReader(ref, discovery_url, timeout=timeout, attempts=1, backoff_s=0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"tpulaunch-watch-{ref.name}", daemon=True)
+
+    def start(self) -> "NodeWatch":
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: Optional[float] = None) -> None:
+        """Stop polling; waits for the thread (at most `timeout` seconds)."""
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def __enter__(self) -> "NodeWatch":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                status = _status_from(self.ref, self._reader.read(), None)
+                self.last_error = None
+            except Exception as exc:  # keep watching: a failed read is not a state change
+                self.last_error = exc
+            else:
+                previous = self.last
+                self.last = status
+                if previous is None or (previous.state, previous.health) != (status.state, status.health):
+                    self.on_change(status)
+            self._stop.wait(self.interval)
+
+
+def watch_node(ref: NodeRef, interval: float, on_change: Callable[[NodeStatus], None], *,
+               discovery_url: Optional[str] = None, timeout: float = REQUEST_TIMEOUT_S) -> NodeWatch:
+    """Poll the node every `interval` seconds in a daemon thread; call `on_change(status)` on the first
+    reading and whenever state or health changes. Failed reads are kept in `.last_error` and polling
+    goes on. Returns the started NodeWatch; call `.stop()` (or use it as a context manager).
+    """
+    if ref.local or ref.direct:
+        raise TpuLaunchError(f"cannot watch TPU '{ref.name}': it is not reached through the TPU API")
+    return NodeWatch(ref, interval, on_change, discovery_url=discovery_url, timeout=timeout).start()
