@@ -15,6 +15,7 @@ import textwrap
 import pytest
 
 from tpulaunch.plan import memory
+from tpulaunch.plan.build import build_plan
 from tpulaunch.job.schema import Job, Partition
 
 GiB = 1024 ** 3
@@ -188,9 +189,9 @@ def test_bfloat16_halves_activations_and_adds_a_weight_copy():
 
 # --------------------------------------------------------------------------------- partition: auto
 def test_auto_partition_chooses_the_published_dims():
-    unet = memory.resolve_auto_partition(make_job("unet3d", 256, "v3-32", 16, 2, "auto"))
+    unet = build_plan(make_job("unet3d", 256, "v3-32", 16, 2, "auto")).feed_partition
     assert unet == Partition(features={"image": [1, 4, 2, 2, 1]}, labels={"mask": [1, 4, 2, 2]})
-    retinanet = memory.resolve_auto_partition(make_job("retinanet", 2560, "v3-64", 8, 64, "auto"))
+    retinanet = build_plan(make_job("retinanet", 2560, "v3-64", 8, 64, "auto")).feed_partition
     assert retinanet == Partition(features={"image": [1, 4, 2, 1]}, labels={})
 
 
@@ -201,10 +202,9 @@ def test_auto_partition_fits_and_is_shown(published_plans):
     assert plan.per_core_bytes == published_plans["unet3d-256-x1-16way"].per_core_bytes
 
 
-def test_auto_partition_that_cannot_split_is_an_error():
+def test_auto_partition_that_cannot_split_feeds_nothing():
     job = make_job("unet3d", 4, "v3-128", 128, 1, "auto")  # 4^3 splits at most 4 x 4 x 4 = 64 ways
-    with pytest.raises(ValueError, match="cannot split 'image'"):
-        memory.resolve_auto_partition(job)
+    assert build_plan(job).feed_partition is None  # validate refuses it: partition-auto-impossible
 
 
 def test_model_fn_jobs_are_unknown():

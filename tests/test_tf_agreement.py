@@ -17,7 +17,7 @@ import yaml
 
 from tpulaunch.job.load import load_job
 from tpulaunch.engine.estimator.offline import run_cases_in_subprocess
-from tpulaunch.checks.tensorflow import blamed_key, cases_for_job, modes_of
+from tpulaunch.engine.estimator.verdict import blamed_key, cases_for_job, modes_of
 from tpulaunch.checks.validate import validate_job
 
 IMG = [16, 16, 3]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from tpulaunch.job.load import load_job
-from tpulaunch.checks.tensorflow import tf_problems
+from tpulaunch.engine.estimator.verdict import tf_problems
 
 MODELS = textwrap.dedent('''
     import tensorflow as tf

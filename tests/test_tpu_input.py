@@ -17,7 +17,7 @@ import tensorflow as tf
 from tpulaunch.data.pipeline import make_input_fn
 from tpulaunch.job.load import load_job
 from tpulaunch.engine.estimator.offline import run_case
-from tpulaunch.checks.tensorflow import cases_for_job
+from tpulaunch.engine.estimator.verdict import cases_for_job
 
 JOB = textwrap.dedent("""\
     name: tpu-input

@@ -12,7 +12,7 @@ from typing import Optional
 
 
 class ExitCode(enum.IntEnum):
-    """Process exit codes, mapped in one place (cli.run_command)."""
+    """Process exit codes, mapped in one place (cli/base.py)."""
 
     OK = 0
     PROBLEMS = 1  # the job (or a run) has errors the user must fix
@@ -64,6 +64,9 @@ class TpuLaunchError(Exception):
     """An error for the user: printed as a message (plus problems and a hint), never a traceback."""
 
     exit_code: ExitCode = ExitCode.PROBLEMS
+    # How the CLI prints the message: "error" (with that prefix), "plain" (as is: a run that stopped),
+    # or "" (only when there are no problems: the problems say it all).
+    show_message: str = "error"
 
     def __init__(
         self,
@@ -83,6 +86,15 @@ class TpuLaunchError(Exception):
 
 class JobFileError(TpuLaunchError):
     """The job file cannot be read or parsed at all; `problems` says where."""
+
+    show_message = ""
+
+
+class AlreadyReported(TpuLaunchError):
+    """The command has printed its own report (validate's verdict, a node's status); only the exit code is left."""
+
+    def __init__(self, exit_code: ExitCode = ExitCode.PROBLEMS):
+        super().__init__("", exit_code=exit_code)
 
 
 @dataclass

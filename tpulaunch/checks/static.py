@@ -10,19 +10,15 @@ import difflib
 import math
 from typing import Optional
 
-from tpulaunch.plan import partition as rules
 from tpulaunch.job.load import LoadedJob
-from tpulaunch.tpu.types import TpuType, UnknownTpuType, parse_tpu_type
+from tpulaunch.plan import partition as rules
+from tpulaunch.plan.build import layout_for, per_replica
+from tpulaunch.tpu.types import UnknownTpuType, parse_tpu_type
 
-
-def tpu_type_of(loaded: LoadedJob) -> Optional[TpuType]:
-    tpu = loaded.section("tpu")
-    if tpu is None:
-        return None
-    try:
-        return parse_tpu_type(tpu.type)
-    except UnknownTpuType:
-        return None
+# A per-core piece whose (8,128)-padded layout is this many times its real size, and at least this
+# big once padded, is worth a warning (a 1 KiB label padded 32x costs nothing worth saying).
+PADDING_WARN_FACTOR = 4.0
+PADDING_WARN_BYTES = 1 << 20
 
 
 def check_slice(loaded: LoadedJob) -> list:
@@ -57,12 +53,7 @@ def _at(loaded: LoadedJob, path, finding, *, index_path: bool = False):
 
 def layout_of(loaded: LoadedJob):
     """The slice layout, or None when the TPU section is absent or wrong."""
-    tpu = loaded.section("tpu")
-    tpu_type = tpu_type_of(loaded)
-    if tpu is None or tpu_type is None or tpu.cores_per_replica not in rules.VALID_CORES_PER_REPLICA:
-        return None
-    layout = rules.slice_layout(tpu_type.devices, tpu_type.hosts, tpu.cores_per_replica)
-    return None if isinstance(layout, list) else layout
+    return layout_for(loaded.section("tpu"))
 
 
 def check_batches(loaded: LoadedJob) -> list:
@@ -82,11 +73,7 @@ def check_batches(loaded: LoadedJob) -> list:
 
 def per_replica_batch(loaded: LoadedJob, section: str = "train") -> Optional[int]:
     spec = loaded.section(section)
-    layout = layout_of(loaded)
-    if spec is None:
-        return None
-    replicas = layout.replicas if layout else 1
-    return max(1, spec.batch_size // replicas)
+    return None if spec is None else per_replica(spec.batch_size, layout_of(loaded))
 
 
 def check_partition(loaded: LoadedJob) -> list:
@@ -110,7 +97,7 @@ def check_partition(loaded: LoadedJob) -> list:
                                "partition applies only on a TPU; this job runs locally, so it is ignored",
                                "add a tpu: section, or remove partition:", severity="warning")]
     cpr = tpu.cores_per_replica if tpu.cores_per_replica in rules.VALID_CORES_PER_REPLICA else None
-    batch = per_replica_batch(loaded, "train") or 1
+    batch = per_replica_batch(loaded, "train") or per_replica_batch(loaded, "eval") or 1
     if part == "auto":
         return _check_auto_partition(loaded, data, cpr, batch)
     any_partitioned = False
@@ -136,7 +123,10 @@ def check_partition(loaded: LoadedJob) -> list:
                 problems.append(_at(loaded, path, f, index_path=True))
     if cpr and cpr > 1 and len(data.features) > 1:
         problems.extend(_packed_small_features(loaded, data))
-    if cpr and cpr > 1 and not any_partitioned and not any(p.is_error for p in problems):
+    if cpr and cpr > 1 and not any(p.is_error for p in problems):
+        problems.extend(_labels_without_feature(loaded, data, part))
+    explicit = all(name in getattr(part, group) for group in ("features", "labels") for name in getattr(data, group))
+    if cpr and cpr > 1 and not any_partitioned and not explicit and not any(p.is_error for p in problems):
         problems.append(loaded.problem(("partition",), "partition-missing",
                                        f"cores_per_replica is {cpr} but no tensor is split: "
                                        f"{cpr - 1} of every {cpr} cores get no input",
@@ -147,7 +137,7 @@ def check_partition(loaded: LoadedJob) -> list:
 
 def _check_auto_partition(loaded: LoadedJob, data, cpr: Optional[int], batch: int) -> list:
     """`partition: auto`: the dims it resolves to exist and meet TF's rules."""
-    from tpulaunch.plan.memory import auto_partition
+    from tpulaunch.plan.auto import auto_partition
 
     if cpr is None:
         return []
@@ -194,6 +184,43 @@ def _packed_small_features(loaded: LoadedJob, data) -> list:
                 f"{len(names)} features of shape [1] and dtype {dtype} ({', '.join(names)}): TPUEstimator packs 5 or more "
                 f"such features into one tensor, and with spatial partitioning its infeed then fails (a bare AssertionError)",
                 f"store them as one feature of shape [{len(names)}], or keep at most {PACKED_FEATURES_MIN - 1} per dtype"))
+    return problems
+
+
+def _labels_without_feature(loaded: LoadedJob, data, part) -> list:
+    """TPUEstimator needs `input_partition_dims[0]` whenever it partitions anything (tpu_feed.py
+    `_PartitionedInfeedQueue`): a single feature that is not partitioned cannot sit beside split labels."""
+    if len(data.features) != 1:
+        return []
+    (name,) = data.features
+    if part.features.get(name) is not None or not any(d is not None for d in part.labels.values()):
+        return []
+    path = ("partition", "features") if "features" in (loaded.data.get("partition") or {}) else ("partition",)
+    rank = len(data.features[name].shape) + 1
+    return [loaded.problem(path, "partition-labels-without-feature",
+                           f"labels are partitioned but the only feature '{name}' is not: TPUEstimator needs the "
+                           "feature's dims whenever labels are partitioned",
+                           f"give partition.features.{name} its dims (all 1s, e.g. {[1] * rank}, keeps it on core 0)")]
+
+
+def check_layout_padding(loaded: LoadedJob) -> list:
+    """Per-core pieces that (8,128) layout tiles inflate by a factor and a size worth a warning, one per tensor."""
+    job = loaded.job
+    if job is None or loaded.section("tpu") is None:
+        return []
+    from tpulaunch.plan.build import build_plan
+
+    problems = []
+    for t in build_plan(job).tensors:
+        if t.padding_factor < PADDING_WARN_FACTOR or t.piece_bytes_padded < PADDING_WARN_BYTES:
+            continue
+        path = ("partition", t.group, t.name) if t.dims and not isinstance(job.partition, str) else ("data", t.group, t.name)
+        problems.append(loaded.problem(
+            path, "layout-padding-waste",
+            f"each core's piece of '{t.name}' {rules.shape_text(t.piece)} takes {t.padding_factor:.0f}x its size in TPU "
+            "memory: the two minor dimensions are padded to (8, 128) layout tiles",
+            "keep the last dims large (e.g. fold small channel counts into the spatial dims, or partition a major "
+            "axis instead)", severity="warning"))
     return problems
 
 
@@ -255,7 +282,7 @@ def check_cadence(loaded: LoadedJob) -> list:
     return problems
 
 
-STATIC_RULES = (check_slice, check_batches, check_partition, check_static_shapes, check_cadence)
+STATIC_RULES = (check_slice, check_batches, check_partition, check_static_shapes, check_cadence, check_layout_padding)
 
 
 def static_problems(loaded: LoadedJob) -> list:

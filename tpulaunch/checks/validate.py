@@ -80,9 +80,9 @@ def validate_job(
             result.checked.append("data")
     if use_tf and loaded.job is not None and result.ok:
         stage("TensorFlow's own TPUEstimator checks")
-        from tpulaunch.checks.tensorflow import tf_problems
+        from tpulaunch.engine.base import engine_for
 
-        problems, built = tf_problems(loaded, search_path=[os.path.dirname(os.path.abspath(filename))])
+        problems, built = engine_for(loaded.job).preflight(loaded)
         result.problems.extend(problems)
         result.extra["tensorflow"] = built
         result.checked.append("tensorflow")

@@ -9,32 +9,21 @@ import json
 
 import click
 
-from tpulaunch.cli.app import Context, TpuLaunchGroup, consoles
+from tpulaunch.cli.base import Context, Group, pass_obj
 
 EXAMPLE_NAMES = ("quickstart", "unet3d", "retinanet")
 # Above this many records a progress bar is worth drawing.
 PROGRESS_THRESHOLD = 200
 
 
-class DataGroup(TpuLaunchGroup):
-    """The main group's error handling (so `data` also runs on its own), without its lazy commands."""
-
-    list_commands = click.Group.list_commands
-    get_command = click.Group.get_command
-
-
-@click.group(name="data", cls=DataGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.pass_context
-def data(ctx: click.Context):
+@click.group(name="data", cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+def data():
     """Write example TFRecords, or inspect TFRecords to declare them in a job.
 
     \b
     tpulaunch data synth --example quickstart data/quickstart
     tpulaunch data inspect 'gs://my-bucket/ct/train-*.tfrecord'
     """
-    if ctx.obj is None:  # run on its own (not under `tpulaunch`): same consoles as the main CLI
-        out, err = consoles()
-        ctx.obj = Context(debug=False, verbose=0, out=out, err=err)
 
 
 @data.command()
@@ -47,7 +36,7 @@ def data(ctx: click.Context):
               help="Image or volume side. Default: quickstart 32, unet3d 32, retinanet 256 (a multiple of 128).")
 @click.option("--shards", type=click.IntRange(min=1), default=None, help="Files per split.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same bytes.")
-@click.pass_obj
+@pass_obj
 def synth(obj: Context, name: str, out_dir: str, records, size, shards, seed: int):
     """Write synthetic train/eval TFRecords for the starter job --example into OUT_DIR (local or gs://).
 
@@ -97,7 +86,7 @@ def _print_next_step(obj: Context, name: str, out_dir: str, size) -> None:
 @click.option("--compression", type=click.Choice(["GZIP", "ZLIB"]), default=None, help="Compression of the files.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="text for people, json for tools.")
-@click.pass_obj
+@pass_obj
 def inspect_command(obj: Context, pattern: str, records: int, compression, fmt: str):
     """Show what tf.train.Example records hold and print a `data.features:` block for the job file.
 

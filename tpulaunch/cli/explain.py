@@ -6,30 +6,26 @@ import os
 
 import click
 
-from tpulaunch.cli.app import Context, job_argument, set_option
-from tpulaunch.errors import TpuLaunchError
+from tpulaunch.cli.base import Context, command, job_argument, pass_obj, set_option
 
 
-@click.command()
+@command()
 @job_argument
 @set_option
 @click.option("-o", "--out", "output", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Write the script to this file instead of printing it.")
-@click.pass_obj
+@pass_obj
 def explain(obj: Context, job_file: str, overrides, output):
     """Print a standalone TensorFlow 2.15 script that does what `tpulaunch train` does for JOB.yaml.
 
     The script imports only TensorFlow and the job's own model code; each value taken from the job
     file is commented with its key and line.
     """
-    from tpulaunch.engine.estimator.program import explain_script
-    from tpulaunch.job.load import load_job
+    from tpulaunch.cli.gate import load_checked
+    from tpulaunch.engine.base import engine_for
 
-    loaded = load_job(job_file, overrides)
-    if loaded.job is None:
-        raise TpuLaunchError(f"{job_file} has problems; the script needs a valid job",
-                             problems=loaded.problems, hint=f"run `tpulaunch validate {job_file}`")
-    script = explain_script(loaded, search_path=[os.path.dirname(os.path.abspath(job_file))])
+    checked = load_checked(job_file, overrides, verb="explaining")
+    script = engine_for(checked.job).program(checked.loaded, checked.plan)
     if output is None:
         click.echo(script, nl=False)
         return

@@ -6,22 +6,20 @@ No TensorFlow import: the installed version is read from package metadata.
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
-from tpulaunch.errors import ExitCode
+from tpulaunch.cli.base import command, job_argument, pass_obj, set_option, text_or_json_option
+from tpulaunch.errors import AlreadyReported, ExitCode
 
 
-@click.command()
-@click.argument("job_file", metavar="JOB.yaml", type=click.Path(path_type=str))
+@command()
+@job_argument
 @click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=0, show_default=True, metavar="SECONDS",
               help="Wait up to SECONDS for a CREATING/STARTING/REPAIRING/RESTARTING node to become READY and HEALTHY.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
-              help="text for people, json for tools.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
-              help="Override a job value (parsed as YAML), e.g. --set tpu.name=other-tpu. Repeatable.")
-@click.pass_obj
+@text_or_json_option
+@set_option
+@pass_obj
 def status(obj, job_file, wait_s, fmt, overrides):
     """Show the job's TPU node: state, health, type, hosts, endpoints, runtime version.
 
@@ -39,16 +37,12 @@ def status(obj, job_file, wait_s, fmt, overrides):
       tpulaunch status job.yaml --format json | jq .state
       tpulaunch status job.yaml --set tpu.name=my-other-tpu
     """
+    from tpulaunch.cli.gate import load_checked
     from tpulaunch.tpu.node import check_node, resolve_node
-    from tpulaunch.job.load import load_job
-    from tpulaunch.cli.render.problems import render_text
 
-    loaded = load_job(job_file, overrides)
-    tpu_problems = [p for p in loaded.problems if p.is_error and p.path.split(".")[0] == "tpu"]
-    if tpu_problems or not loaded.usable("tpu"):
-        render_text(obj.err, tpu_problems or loaded.problems, file=job_file)
-        sys.exit(int(ExitCode.PROBLEMS))
-    job_tpu = loaded.section("tpu")
+    # Only the tpu: section decides whether the node can be asked about; other mistakes are validate's.
+    checked = load_checked(job_file, overrides, verb="checking the TPU of", sections=("tpu",))
+    job_tpu = checked.loaded.section("tpu")
     if job_tpu is None:
         if fmt == "json":
             click.echo(json.dumps({"file": job_file, "tpu": None, "runs": "locally", "usable": True}, indent=2))
@@ -80,7 +74,8 @@ def status(obj, job_file, wait_s, fmt, overrides):
         click.echo(json.dumps({"file": job_file, **node.to_dict()}, indent=2))
     else:
         render_status(obj.out, node)
-    sys.exit(int(ExitCode.OK if node.usable else ExitCode.CLUSTER))
+    if not node.usable:
+        raise AlreadyReported(ExitCode.CLUSTER)
 
 
 def render_status(console, node) -> None:

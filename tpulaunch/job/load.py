@@ -361,7 +361,7 @@ def load_job(filename: str, overrides: Sequence[str] = (), env: Optional[Mapping
     loaded.data = data
     problems += override_problems
     try:
-        loaded.job = Job.model_validate(data)
+        loaded.job = Job.model_validate(data).located_at(os.path.dirname(os.path.abspath(filename)))
     except ValidationError as exc:
         # A value emptied by an unset ${VAR} or a refused tag was reported already; a type error would repeat it.
         env_paths = {p.path for p in problems if p.code in ("env-var-unset", "yaml-unsupported-tag", "yaml-bad-tagged-value")}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
 from typing_extensions import Annotated
 
 IMPORT_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -219,10 +219,21 @@ class Job(Strict):
     train: Optional[Train] = None
     eval: Optional[Eval] = None
     run: Run
+    _source_dir: Optional[str] = PrivateAttr(None)  # the job file's directory, set by load_job
 
     @property
     def on_tpu(self) -> bool:
         return self.tpu is not None
+
+    @property
+    def search_path(self) -> list:
+        """Where the job's import paths are looked up before PYTHONPATH: the job file's directory."""
+        return [self._source_dir] if self._source_dir else []
+
+    def located_at(self, directory: str) -> "Job":
+        """This job, with its import paths resolved from `directory` (the job file's)."""
+        self._source_dir = directory
+        return self
 
 
 SECTIONS = {name: field.annotation for name, field in Job.model_fields.items()}

@@ -1,10 +1,11 @@
-"""`tpulaunch plan`: how a valid job lands on its slice. Pure Python, no TensorFlow.
+"""The Plan: how a valid job lands on its target, computed once and handed to everything downstream.
 
-Job -> Plan: the slice (devices, hosts, replicas), the batch arithmetic, and for every input tensor
-its partition dims and the piece each core receives (TF's own uneven split), with bytes per piece
-unpadded and padded to the TPU's (8, 128) layout tiles. `partition: auto` is shown as the dims it
-resolves to. The per-core memory estimate (`tpulaunch.plan.memory`, which needs TensorFlow to build the
-model's shapes) is added by `add_memory`.
+Job -> Plan: the slice (devices, hosts, replicas), the batch arithmetic (global, per replica, per
+host, per `input_fn` call), the partition the engine feeds (`partition: auto` resolved here and
+nowhere else) and, for every input tensor, the piece each core receives (TF's own uneven split)
+with its bytes unpadded and padded to the TPU's (8, 128) layout tiles. Pure Python, no TensorFlow.
+The engine, the memory estimate, explain, the TensorFlow oracle and the reports read these numbers
+from the Plan; the checks use the same functions on the sections that validated.
 """
 
 from __future__ import annotations
@@ -13,14 +14,46 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from tpulaunch import partition as rules
-from tpulaunch.checks.static import layout_of, per_replica_batch, tpu_type_of
-from tpulaunch.job.schema import DTYPE_BYTES, Job
-from tpulaunch.job.load import LoadedJob
+from tpulaunch.job.schema import DTYPE_BYTES, Job, Partition
+from tpulaunch.plan import partition as rules
+from tpulaunch.plan.auto import auto_partition
+from tpulaunch.tpu.types import TpuType, UnknownTpuType, parse_tpu_type
 
-# A piece whose (8,128)-padded layout is this many times its real size is worth a warning.
-PADDING_WARN_FACTOR = 4.0
 
+# ------------------------------------------------------------------------------- the arithmetic
+
+def tpu_type_for(tpu) -> Optional[TpuType]:
+    """The accelerator type of a `tpu:` section, or None (no section, or a name no generation offers)."""
+    if tpu is None:
+        return None
+    try:
+        return parse_tpu_type(tpu.type)
+    except UnknownTpuType:
+        return None
+
+
+def layout_for(tpu) -> Optional[rules.SliceLayout]:
+    """How replicas sit on the slice of a `tpu:` section, or None when there is none or it is impossible."""
+    tpu_type = tpu_type_for(tpu)
+    if tpu_type is None or tpu.cores_per_replica not in rules.VALID_CORES_PER_REPLICA:
+        return None
+    layout = rules.slice_layout(tpu_type.devices, tpu_type.hosts, tpu.cores_per_replica)
+    return None if isinstance(layout, list) else layout
+
+
+def per_replica(global_batch: int, layout: Optional[rules.SliceLayout]) -> int:
+    """One replica's share of a global batch (TPUEstimator's `params['batch_size']` under PER_HOST_V2)."""
+    return max(1, global_batch // (layout.replicas if layout else 1))
+
+
+def resolve_partition(partition, features, labels, cores_per_replica: int, per_replica_batch: int) -> Optional[Partition]:
+    """The dims each tensor is fed with: the job's own, or what `partition: auto` chooses (None if it cannot)."""
+    if partition == "auto":
+        return auto_partition(features, labels, cores_per_replica, per_replica_batch)
+    return partition
+
+
+# ------------------------------------------------------------------------------------ the Plan
 
 @dataclass(frozen=True)
 class TensorPlan:
@@ -61,8 +94,8 @@ class BatchPlan:
     split: str
     global_batch: int
     per_replica: int
-    per_host: int  # what one host's input pipeline produces per step (over its input_fn calls)
-    params_batch_size: int  # what TPUEstimator passes as params['batch_size'] (PER_HOST_V2)
+    per_host: int  # examples one host's input pipeline produces per step (its dataset, dequeued once per replica)
+    params_batch_size: int  # what each input_fn call gets as params['batch_size'] (PER_HOST_V2)
 
 
 @dataclass
@@ -72,11 +105,43 @@ class Plan:
     slice: Optional[SlicePlan]
     batches: list
     tensors: list
-    warnings: list = field(default_factory=list)  # Problems (validate's warnings + plan's own)
+    warnings: list = field(default_factory=list)  # validate's warnings, for the report
     memory: Optional[dict] = None  # the memory section (MemoryPlan.to_dict()), when asked for
-    partition: Optional[dict] = None  # the dims `partition: auto` chose, {"features": ..., "labels": ...}
+    feed_partition: Optional[Partition] = None  # the dims the engine feeds; None: no spatial partitioning
+    auto_partition: bool = False  # feed_partition was chosen by `partition: auto`
+
+    @property
+    def cores_per_replica(self) -> int:
+        return self.slice.cores_per_replica if self.slice else 1
+
+    @property
+    def replicas(self) -> int:
+        return self.slice.replicas if self.slice else 1
+
+    def batch(self, split: str) -> Optional[BatchPlan]:
+        return next((b for b in self.batches if b.split == split), None)
+
+    @property
+    def per_replica_batch(self) -> int:
+        """The batch one replica's tensors are shaped with: train's, else eval's, else 1."""
+        chosen = self.batch("train") or self.batch("eval")
+        return chosen.per_replica if chosen else 1
+
+    @property
+    def train_batch_size(self) -> int:
+        """The global train batch TPUEstimator is built with: train's, else eval's (an evaluate-only job), else 1."""
+        chosen = self.batch("train") or self.batch("eval")
+        return chosen.global_batch if chosen else 1
+
+    @property
+    def eval_batch_size(self) -> Optional[int]:
+        chosen = self.batch("eval")
+        return chosen.global_batch if chosen else None
 
     def to_dict(self) -> dict:
+        chosen = None
+        if self.auto_partition and self.feed_partition is not None:
+            chosen = {"features": self.feed_partition.features, "labels": self.feed_partition.labels}
         return {
             "job": self.job,
             "on_tpu": self.on_tpu,
@@ -84,7 +149,7 @@ class Plan:
             "batches": [asdict(b) for b in self.batches],
             "tensors": [dict(asdict(t), padding_factor=round(t.padding_factor, 2)) for t in self.tensors],
             "warnings": [w.to_dict() for w in self.warnings],
-            "partition": self.partition,
+            "partition": chosen,
             "memory": self.memory,
         }
 
@@ -95,47 +160,35 @@ def _sharding(dims) -> str:
     return "core0" if math.prod(dims) == 1 else "tiled"
 
 
-def resolved_partition(job: Job, per_replica: int):
-    """The job's Partition, with `partition: auto` replaced by the dims it chooses (None if it cannot)."""
-    if job.partition != "auto":
-        return job.partition
-    from tpulaunch.plan.memory import auto_partition
-
-    cores = job.tpu.cores_per_replica if job.tpu else 1
-    return auto_partition(job.data.features, job.data.labels, cores, per_replica)
-
-
-def tensor_plans(job: Job, per_replica: int) -> list:
+def tensor_plans(job: Job, per_replica_batch: int, feed: Optional[Partition]) -> list:
     """Per-tensor pieces for one replica (every replica gets the same)."""
     out = []
-    part = resolved_partition(job, per_replica)
     for group in ("features", "labels"):
-        dims_by_name = getattr(part, group) if part else {}
+        dims_by_name = getattr(feed, group) if feed else {}
         for name, spec in getattr(job.data, group).items():
             if not spec.is_static:
                 continue
-            shape = [per_replica] + list(spec.shape)
-            dims = dims_by_name.get(name) if job.on_tpu else None
+            shape = [per_replica_batch] + list(spec.shape)
+            dims = dims_by_name.get(name)
             sharding = _sharding(dims)
             if sharding == "tiled":
                 pieces = [list(p) for p in rules.piece_shapes(shape, dims)]
             else:
                 pieces = [list(shape)]  # replicated: each core a full copy; core0: core 0 only
-            piece = list(max(pieces, key=math.prod))  # the largest piece, as memory.py takes it
+            piece = list(max(pieces, key=math.prod))  # the largest piece, as the memory estimate takes it
             unpadded, padded = rules.layout_padding(piece, DTYPE_BYTES[spec.dtype])
             out.append(TensorPlan(group, name, spec.dtype, shape, list(dims) if dims else None, sharding, piece, pieces,
                                   even=all(p == pieces[0] for p in pieces), piece_bytes=unpadded, piece_bytes_padded=padded))
     return out
 
 
-def build_plan(loaded: LoadedJob, problems=()) -> Plan:
-    """The plan for a job that validated (`loaded.job` is set)."""
-    job = loaded.job
-    assert job is not None, "plan needs a valid job"
-    layout = layout_of(loaded)
-    tpu_type = tpu_type_of(loaded)
+def build_plan(job: Job, *, local: bool = False) -> Plan:
+    """The plan for a job that passed the checks; `local`: for this machine (no TPU, one replica, no partitioning)."""
+    tpu = None if local else job.tpu
+    tpu_type = tpu_type_for(tpu)
+    layout = layout_for(tpu)
     slice_plan = None
-    if job.tpu is not None and layout is not None and tpu_type is not None:
+    if layout is not None:
         slice_plan = SlicePlan(
             tpu_type=tpu_type.name, generation=tpu_type.generation.name, devices=tpu_type.devices, chips=tpu_type.chips,
             hosts=tpu_type.hosts, devices_per_host=tpu_type.devices_per_host, cores_per_replica=layout.cores_per_replica,
@@ -143,35 +196,22 @@ def build_plan(loaded: LoadedJob, problems=()) -> Plan:
             input_fn_calls_per_host=layout.input_fn_calls_per_host,
             usable_bytes_per_device=tpu_type.usable_bytes_per_device,
         )
-    replicas = layout.replicas if layout else 1
-    # PER_HOST_V2: each input_fn call feeds one replica; a host holding replica starts makes this many
-    calls_per_host = layout.input_fn_calls_per_host if layout else 1
+    replicas_per_host = max(1, layout.replicas_per_host) if layout else 1
     batches = []
     for split in ("train", "eval"):
         spec = getattr(job, split)
         if spec is None:
             continue
-        per_replica = max(1, spec.batch_size // replicas)
-        batches.append(BatchPlan(split, spec.batch_size, per_replica, per_host=per_replica * calls_per_host,
-                                 params_batch_size=per_replica))
-    per_replica = per_replica_batch(loaded, "train") or per_replica_batch(loaded, "eval") or 1
-    tensors = tensor_plans(job, per_replica)
-    warnings = [p for p in problems if not p.is_error]
-    if job.on_tpu:
-        for t in tensors:
-            if t.padding_factor >= PADDING_WARN_FACTOR:
-                path = ("partition", t.group, t.name) if t.dims else ("data", t.group, t.name)
-                warnings.append(loaded.problem(
-                    path, "layout-padding-waste",
-                    f"each core's piece of '{t.name}' {_fmt_shape(t.piece)} takes {t.padding_factor:.0f}x its size in TPU memory: "
-                    "the two minor dimensions are padded to (8, 128) layout tiles",
-                    "keep the last dims large (e.g. fold small channel counts into the spatial dims, or partition a major axis instead)",
-                    severity="warning"))
-    chosen = None
-    if job.partition == "auto":
-        resolved = resolved_partition(job, per_replica)
-        chosen = {"features": resolved.features, "labels": resolved.labels} if resolved else None
-    return Plan(job.name, job.on_tpu, slice_plan, batches, tensors, warnings, partition=chosen)
+        share = per_replica(spec.batch_size, layout)
+        batches.append(BatchPlan(split, spec.batch_size, share, per_host=share * replicas_per_host, params_batch_size=share))
+    plan = Plan(job.name, tpu is not None, slice_plan, batches, [])
+    cores = layout.cores_per_replica if layout else 1
+    if cores > 1 and job.partition is not None:
+        plan.feed_partition = resolve_partition(job.partition, job.data.features, job.data.labels, cores,
+                                                plan.per_replica_batch)
+        plan.auto_partition = job.partition == "auto"
+    plan.tensors = tensor_plans(job, plan.per_replica_batch, plan.feed_partition)
+    return plan
 
 
 def add_memory(plan: Plan, job: Job, xla: bool = False) -> Plan:
@@ -179,9 +219,9 @@ def add_memory(plan: Plan, job: Job, xla: bool = False) -> Plan:
 
     With `xla`, also XLA's own buffer-assignment total for one training step on the CPU (slow).
     """
-    from tpulaunch import memory
+    from tpulaunch.plan import memory
 
-    section = memory.plan_memory(job)
+    section = memory.plan_memory(job, plan)
     if xla and section.tile is not None:
         tile = memory.Tile(section.tile[0], tuple(section.tile[1:]), 1, None)
         try:
@@ -192,7 +232,3 @@ def add_memory(plan: Plan, job: Job, xla: bool = False) -> Plan:
             section.xla = {"error": f"{type(exc).__name__}: {exc}"}
     plan.memory = section.to_dict()
     return plan
-
-
-def _fmt_shape(shape) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"

@@ -33,10 +33,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
+from tpulaunch.job.schema import Job
 from tpulaunch.plan import partition as rules
-from tpulaunch.job.schema import Job, Partition
+from tpulaunch.plan.auto import main_feature as _main_of, suggest_dims as _suggest_dims
+
+if TYPE_CHECKING:
+    from tpulaunch.plan.build import Plan
 
 GiB = 1024 ** 3
 
@@ -106,28 +110,28 @@ class ModelShapes:
 _SHAPES_CACHE: dict = {}
 
 
-def _cache_key(builder: str, kwargs: Mapping) -> tuple:
-    return builder, repr(sorted((k, repr(v)) for k, v in kwargs.items()))
+def _cache_key(builder: str, kwargs: Mapping, search_path: Sequence[str]) -> tuple:
+    return builder, repr(sorted((k, repr(v)) for k, v in kwargs.items())), tuple(search_path)
 
 
-def model_shapes(builder: str, kwargs: Mapping) -> ModelShapes:
+def model_shapes(builder: str, kwargs: Mapping, search_path: Sequence[str] = ()) -> ModelShapes:
     """Build the Keras model `builder(**kwargs)` symbolically and list the tensors training keeps.
 
     Cached by (builder, kwargs): a 2560^2 RetinaNet costs one symbolic build, no weights run.
     """
-    key = _cache_key(builder, kwargs)
+    key = _cache_key(builder, kwargs, search_path)
     if key not in _SHAPES_CACHE:
-        _SHAPES_CACHE[key] = _build_shapes(builder, dict(kwargs))
+        _SHAPES_CACHE[key] = _build_shapes(builder, dict(kwargs), search_path)
     return _SHAPES_CACHE[key]
 
 
-def _build_shapes(builder: str, kwargs: dict) -> ModelShapes:
+def _build_shapes(builder: str, kwargs: dict, search_path: Sequence[str]) -> ModelShapes:
     from tpulaunch.job.imports import resolve
     from tpulaunch.tf_env import import_tensorflow
 
     tf = import_tensorflow()
 
-    make = resolve(builder, what="model builder")
+    make = resolve(builder, search_path=search_path, what="model builder")
     # Keras' functional API traces symbolic tensors only: no step runs, whatever the input size.
     # (A v1 graph would avoid initialising the weights but builds several times slower.)
     model = make(**kwargs)
@@ -242,21 +246,7 @@ def verdict(total: int, lower_bound: int, usable: int) -> str:
 
 def main_feature(job: Job) -> str:
     """The feature whose shape drives the model: the only one, else the largest."""
-    return _largest(job.data.features)
-
-
-def _largest(features: Mapping) -> str:
-    if len(features) == 1:
-        return next(iter(features))
-    return max(features, key=lambda n: features[n].num_elements or 0)
-
-
-def _declared_dims(job: Job, name: str) -> Optional[tuple]:
-    part = job.partition
-    if not isinstance(part, Partition) or job.tpu is None or job.tpu.cores_per_replica <= 1:
-        return None
-    dims = part.features.get(name)
-    return tuple(dims) if dims and math.prod(dims) > 1 else None
+    return _main_of(job.data.features)
 
 
 def tile_for(job: Job, per_replica_batch: int, dims: Optional[Sequence[int]], cores_per_replica: int) -> Tile:
@@ -269,13 +259,14 @@ def tile_for(job: Job, per_replica_batch: int, dims: Optional[Sequence[int]], co
     return Tile(per_replica_batch, tuple(spec.shape), cores_per_replica, None)
 
 
-def _builder_takes_input_shape(builder: str) -> bool:
+def _builder_takes_input_shape(builder: str, search_path: Sequence[str] = ()) -> bool:
     import inspect
 
     from tpulaunch.job.imports import resolve
 
     try:
-        return "input_shape" in inspect.signature(resolve(builder, what="model builder")).parameters
+        return "input_shape" in inspect.signature(resolve(builder, search_path=search_path,
+                                                          what="model builder")).parameters
     except (TypeError, ValueError):
         return False
 
@@ -284,21 +275,22 @@ def _declared_kwargs(job: Job) -> dict:
     from tpulaunch.job.builder_args import builder_kwargs
     from tpulaunch.job.imports import resolve
 
-    return builder_kwargs(resolve(job.model.builder, what="model builder"), job.model.params, job.data.features)
+    return builder_kwargs(resolve(job.model.builder, search_path=job.search_path, what="model builder"),
+                          job.model.params, job.data.features)
 
 
 def shapes_for_tile(job: Job, tile: Tile) -> tuple:
     """(ModelShapes, method): built at the tile when the builder takes `input_shape`, else declared."""
     declared = _declared_kwargs(job)
-    if len(job.data.features) == 1 and _builder_takes_input_shape(job.model.builder):
+    if len(job.data.features) == 1 and _builder_takes_input_shape(job.model.builder, job.search_path):
         kwargs = dict(declared, input_shape=tuple(tile.shape))
         try:
-            return model_shapes(job.model.builder, kwargs), "built at tile"
+            return model_shapes(job.model.builder, kwargs, job.search_path), "built at tile"
         except ValueError:
             pass  # e.g. a tile the model's pyramid cannot divide: scale the declared build instead
     # Scale from the main feature's declared shape (the model may take several inputs, in any order).
     reference = tuple(job.data.features[main_feature(job)].shape)
-    shapes = dataclasses.replace(model_shapes(job.model.builder, declared), input_shape=reference)
+    shapes = dataclasses.replace(model_shapes(job.model.builder, declared, job.search_path), input_shape=reference)
     return shapes, f"scaled from {list(reference)}"
 
 
@@ -364,19 +356,9 @@ def estimate(job: Job, tile: Tile, shapes: Optional[ModelShapes] = None, method:
 
 
 # ------------------------------------------------------------------------------ recommendations
-def _per_replica_batch(job: Job, cores_per_replica: int, devices: Optional[int]) -> int:
-    spec = job.train or job.eval
-    if spec is None:
-        return 1
-    replicas = devices // cores_per_replica if devices else 1
-    return max(1, spec.batch_size // max(1, replicas))
-
-
 def suggest_dims(job: Job, cores: int, per_replica_batch: int) -> Optional[tuple]:
     """Partition dims of the main feature over `cores`: the largest spatial axes first."""
-    spec = job.data.features[main_feature(job)]
-    dims = rules._suggest([per_replica_batch] + list(spec.shape), cores)  # noqa: SLF001 (shared rule)
-    return tuple(dims) if dims else None
+    return _suggest_dims(job.data.features, cores, per_replica_batch)
 
 
 def smallest_fitting_partition(job: Job, devices: int, usable: int, per_replica_batch: int,
@@ -456,83 +438,23 @@ class MemoryPlan:
         return asdict(self)
 
 
-def _devices(job: Job):
-    from tpulaunch.tpu.types import UnknownTpuType, parse_tpu_type
+def plan_memory(job: Job, plan: Optional["Plan"] = None) -> MemoryPlan:
+    """The memory section for a valid job on its plan: estimate, verdict and recommendation (builds the model's shapes)."""
+    if plan is None:
+        from tpulaunch.plan.build import build_plan
 
-    if job.tpu is None:
-        return None
-    try:
-        return parse_tpu_type(job.tpu.type)
-    except UnknownTpuType:
-        return None
-
-
-def resolve_auto_partition(job: Job) -> Partition:
-    """The partition `partition: auto` stands for, on the job's cores_per_replica.
-
-    Raises:
-        ValueError: the main feature has no spatial axes large enough to split that many ways.
-    """
-    cores = job.tpu.cores_per_replica if job.tpu else 1
-    tpu_type = _devices(job)
-    batch = _per_replica_batch(job, cores, tpu_type.devices if tpu_type else None)
-    chosen = auto_partition(job.data.features, job.data.labels, cores, batch)
-    if chosen is None:
-        name = main_feature(job)
-        raise ValueError(f"partition: auto cannot split '{name}' {list(job.data.features[name].shape)} "
-                         f"over {cores} cores")
-    return chosen
-
-
-def auto_partition(features: Mapping, labels: Mapping, cores: int, per_replica_batch: int) -> Optional[Partition]:
-    """`partition: auto` from the data specs: the main feature split over its largest spatial axes
-    first (the dims `suggest_dims` gives), labels sharing its spatial axes split alike, others replicated.
-
-    None when the feature cannot be split `cores` ways; an empty Partition for one core per replica.
-    """
-    if cores <= 1:
-        return Partition()
-    name = _largest(features)
-    spec = features[name]
-    if not spec.is_static:
-        return None
-    dims = rules._suggest([per_replica_batch] + list(spec.shape), cores)  # noqa: SLF001 (shared rule)
-    if dims is None:
-        return None
-    chosen = {n: None for n in features}
-    chosen[name] = list(dims)
-    return Partition(features=chosen,
-                     labels={n: _follow(dims, spec.shape, label.shape) for n, label in labels.items()})
-
-
-def _follow(dims: Optional[Sequence[int]], feature_shape, label_shape) -> Optional[list]:
-    """A label that shares the feature's spatial axes (e.g. a per-voxel mask) is split the same way."""
-    if not dims:
-        return None
-    spatial = list(feature_shape[:-1])
-    if list(label_shape[:len(spatial)]) != spatial:
-        return None
-    return list(dims[:1 + len(spatial)]) + [1] * (len(label_shape) - len(spatial))
-
-
-def plan_memory(job: Job) -> MemoryPlan:
-    """The memory section for a valid job: estimate, verdict and recommendation (builds the model's shapes)."""
+        plan = build_plan(job)
     if not job.model.builder:
         return MemoryPlan("unknown", None, None, reason="model_fn jobs have no Keras model to measure")
     spec = job.data.features[main_feature(job)]
     if not spec.is_static:
         return MemoryPlan("unknown", None, None, reason="the feature's shape has unknown dims")
-    tpu_type = _devices(job)
-    cores = job.tpu.cores_per_replica if job.tpu else 1
-    devices = tpu_type.devices if tpu_type else None
-    batch = _per_replica_batch(job, cores, devices)
-    auto = None
-    if job.partition == "auto":
-        chosen = resolve_auto_partition(job)
-        auto = {"features": chosen.features, "labels": chosen.labels}
-        dims = tuple(chosen.features.get(main_feature(job)) or ()) or None
-    else:
-        dims = _declared_dims(job, main_feature(job))
+    cores = plan.cores_per_replica
+    devices = plan.slice.devices if plan.slice else None
+    batch = plan.per_replica_batch
+    auto = plan.to_dict()["partition"]
+    fed = plan.feed_partition.features.get(main_feature(job)) if plan.feed_partition else None
+    dims = tuple(fed) if fed and math.prod(fed) > 1 else None
     tile = tile_for(job, batch, dims, cores)
     try:
         shapes, method = shapes_for_tile(job, tile)
@@ -546,9 +468,9 @@ def plan_memory(job: Job) -> MemoryPlan:
     common = dict(breakdown=est.breakdown, lower_bound_bytes=est.lower_bound, tile=[tile.batch, *tile.shape],
                   feature=main_feature(job), params=est.params, optimizer_slots=est.optimizer_slots,
                   precision=job.model.precision, method=method, auto_partition=auto)
-    if tpu_type is None:
+    if plan.slice is None:
         return MemoryPlan("unknown", est.total, None, reason="runs locally: no TPU memory to compare against", **common)
-    usable = tpu_type.usable_bytes_per_device
+    usable = plan.slice.usable_bytes_per_device
     result = verdict(est.total, est.lower_bound, usable)
     recommendation = None
     if result != "fits":
@@ -592,9 +514,9 @@ def xla_step_bytes(job: Job, tile: Tile, timeout: int = XLA_TIMEOUT_S) -> dict:
     import time
 
     kwargs = _declared_kwargs(job)
-    if len(job.data.features) == 1 and _builder_takes_input_shape(job.model.builder):
+    if len(job.data.features) == 1 and _builder_takes_input_shape(job.model.builder, job.search_path):
         kwargs["input_shape"] = list(tile.shape)
-    request = {"builder": job.model.builder, "kwargs": kwargs, "batch": tile.batch,
+    request = {"builder": job.model.builder, "kwargs": kwargs, "batch": tile.batch, "search_path": job.search_path,
                "slots": optimizer_slots(job.model.optimizer.name, job.model.optimizer.args)}
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", "from tpulaunch.plan.memory import _xla_child; _xla_child()"],
@@ -625,7 +547,7 @@ def _xla_child() -> None:
 
     from tpulaunch.job.imports import resolve
 
-    model = resolve(request["builder"], what="model builder")(**request["kwargs"])
+    model = resolve(request["builder"], search_path=request["search_path"], what="model builder")(**request["kwargs"])
     weights = model.trainable_weights
     slots = [[tf.Variable(tf.zeros_like(w), trainable=False) for w in weights] for _ in range(request["slots"])]
 

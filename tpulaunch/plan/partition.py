@@ -49,7 +49,7 @@ class SliceLayout:
     cores_per_replica: int
     replicas: int
     replicas_per_host: int  # can be 0 when one replica spans several hosts
-    input_fn_calls_per_host: int  # PER_HOST_V2: once per host, or once per replica for multi-host replicas
+    input_fn_calls_per_host: int  # PER_HOST_V2: once per host (its dataset is dequeued once per replica), or once per replica for multi-host replicas
 
     @property
     def input_fn_calls(self) -> int:
@@ -75,7 +75,9 @@ def slice_layout(devices: int, hosts: int, cores_per_replica: int) -> Union[Slic
     devices_per_host = devices // hosts
     replicas = devices // cores_per_replica
     replicas_per_host = replicas // hosts
-    calls_per_host = max(1, replicas_per_host) if cores_per_replica <= devices_per_host else max(1, -(-replicas // hosts))
+    # tpu_estimator.py generate_per_host_v2_enqueue_ops_fn_for_host: one input_fn call per host,
+    # whose dataset is dequeued once for each replica on that host.
+    calls_per_host = 1 if cores_per_replica <= devices_per_host else max(1, -(-replicas // hosts))
     return SliceLayout(devices, hosts, devices_per_host, cores_per_replica, replicas, replicas_per_host, calls_per_host)
 
 
@@ -160,7 +162,7 @@ def check_tensor_dims(name: str, shape: Sequence[Optional[int]], dims: Sequence[
     if len(dims) != rank:
         return [Finding("error", "partition-rank-mismatch",
                         f"'{name}' has rank {rank} {shown} (batch first) but {len(dims)} partition dims are given",
-                        f"give one dim per axis, batch first: {_suggest(shape, cores_per_replica) or '[1, ...]'}")]
+                        f"give one dim per axis, batch first: {suggest(shape, cores_per_replica) or '[1, ...]'}")]
     if any(d is None for d in shape):
         return []  # reported once by the static-shape rule, at the shape's own line
     return _split_findings(name, shape, dims)
@@ -196,7 +198,7 @@ def _most_ways_without_empty(size: int, ways: int) -> int:
     return max(w for w in range(1, ways + 1) if 0 not in split_sizes(size, w))
 
 
-def _suggest(shape: Sequence[Optional[int]], cores: int) -> Optional[list]:
+def suggest(shape: Sequence[Optional[int]], cores: int) -> Optional[list]:
     """A dims list that splits the largest non-batch, non-channel axes first, or None."""
     rank = len(shape)
     if rank < 2 or any(d is None for d in shape):
@@ -215,7 +217,7 @@ def _suggest(shape: Sequence[Optional[int]], cores: int) -> Optional[list]:
 
 
 def _product_hint(shape, dims, cores: int) -> str:
-    suggestion = _suggest(shape, cores)
+    suggestion = suggest(shape, cores)
     base = f"the dims' product must equal cores_per_replica ({cores}), or be 1 (core 0 only)"
     if suggestion and len(dims) == len(shape):
         return f"{base}; e.g. {suggestion}"

@@ -211,8 +211,14 @@ class _Transient(Exception):
 
 def _tpu_service(discovery_url: Optional[str], timeout: float):
     """A googleapiclient service for TPU v1, with a per-request timeout and the right credentials."""
-    import httplib2
-    from googleapiclient import discovery
+    try:
+        import cloud_tpu_client  # noqa: F401 (asked for here, so that a missing install is one clear line)
+        import httplib2
+        from googleapiclient import discovery
+    except ImportError as exc:
+        raise TpuLaunchError(f"asking the Cloud TPU API needs cloud-tpu-client, which is not installed "
+                             f"(no module named '{exc.name}')",
+                             hint="pip install 'tpulaunch[tpu]'") from None
 
     url = discovery_url_for(discovery_url)
     http = httplib2.Http(timeout=timeout)

@@ -58,9 +58,10 @@ def render_plan(console: Console, plan: Plan) -> None:
             table.add_row(f"{t.group}.{t.name}", shape_text(t.shape), dims, piece, "yes" if t.even else "[yellow]no[/]",
                           human_bytes(t.piece_bytes), human_bytes(t.piece_bytes_padded))
         console.print(table)
-    if plan.partition is not None:
+    if plan.auto_partition and plan.feed_partition is not None:
         chosen = ", ".join(f"{group}.{name}: {shape_text(dims) if dims else 'replicated'}"
-                           for group in ("features", "labels") for name, dims in plan.partition[group].items())
+                           for group in ("features", "labels")
+                           for name, dims in getattr(plan.feed_partition, group).items())
         console.print(f"partition: auto chose {escape(chosen)}", highlight=False)
     if plan.memory is not None:
         from tpulaunch.cli.render.memory import render_memory

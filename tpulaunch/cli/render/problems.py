@@ -35,7 +35,7 @@ def problem_line(p: Problem) -> str:
 
 
 def render_text(console: Console, problems: Sequence[Problem], *, file: str, checked: Iterable[str] = (),
-                snippets: bool = True) -> None:
+                snippets: bool = True, summary: bool = True) -> None:
     cache: dict = {}
     for p in problems:
         style = "bold red" if p.is_error else "yellow"
@@ -47,6 +47,8 @@ def render_text(console: Console, problems: Sequence[Problem], *, file: str, che
                 console.print(f"       | {' ' * (p.column - 1)}[{style}]^[/]", highlight=False)
         if p.hint:
             console.print(f"    [cyan]hint:[/] {escape(p.hint)}", highlight=False, soft_wrap=True)
+    if not summary:
+        return
     errors = sum(p.is_error for p in problems)
     warnings = sum(1 for p in problems if p.severity == "warning")
     what = f" (checked: {', '.join(checked)})" if checked else ""

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 from tpulaunch.data.pipeline import naming_read_errors
 from tpulaunch.errors import TpuLaunchError, first_line
 from tpulaunch.job.schema import Job
+from tpulaunch.plan.build import Plan, build_plan
 from tpulaunch.run.progress import EvalResult, TrainProgress, TrainSummary
 from tpulaunch.run.signals import StopSignal, TrainingStopped
 
@@ -37,32 +38,23 @@ DEFAULT_LOG_EVERY_STEPS = 100
 
 # ------------------------------------------------------------------------------------------ configs
 
-def partition_dims(job: Job) -> Optional[list]:
+def partition_dims(job: Job, plan: Optional["Plan"] = None) -> Optional[list]:
     """`TPUConfig.input_partition_dims` for the job: `[features_dims, labels_dims]`, or None.
 
-    Each part mirrors the structure the input_fn yields (see interfaces): the dims list (or None)
-    for a single tensor, a dict with every tensor's name for several (None = replicated), None for
-    no labels. None overall when the job has no `partition:` section or one replica uses one core.
-
-    Raises:
-        TpuLaunchError: a single feature left unpartitioned while labels are partitioned (TF needs
-            `input_partition_dims[0]` to be set whenever partitioning is on).
+    Each part mirrors the structure the input_fn yields: the dims list (or None) for a single
+    tensor, a dict with every tensor's name for several (None = replicated), None for no labels.
+    None overall when the plan feeds no partition (no `partition:`, one core per replica, local).
+    The checks have refused the one structure TensorFlow cannot take (labels split beside a single
+    unsplit feature: `partition-labels-without-feature`).
     """
-    if job.partition is None or job.tpu is None or job.tpu.cores_per_replica <= 1:
+    plan = plan or build_plan(job)
+    feed = plan.feed_partition
+    if feed is None:
         return None
-    if job.partition == "auto":  # the dims `tpulaunch plan` shows: smallest split that fits, largest axes first
-        from tpulaunch.plan.memory import resolve_auto_partition
-
-        job = job.model_copy(update={"partition": resolve_auto_partition(job)})
-    feature_dims = _mirror(job.data.features, job.partition.features)
-    label_dims = _mirror(job.data.labels, job.partition.labels) if job.data.labels else None
+    feature_dims = _mirror(job.data.features, feed.features)
+    label_dims = _mirror(job.data.labels, feed.labels) if job.data.labels else None
     if feature_dims is None and label_dims is None:
         return None
-    if feature_dims is None:
-        raise TpuLaunchError(
-            "partition.labels is set but the only feature is not partitioned",
-            hint="TensorFlow needs the feature's dims when labels are partitioned; give partition.features "
-                 "the feature's dims (all 1s to keep it whole)")
     return [feature_dims, label_dims]
 
 
@@ -74,7 +66,8 @@ def _mirror(specs: dict, dims: dict):
     return {name: (list(dims[name]) if dims.get(name) is not None else None) for name in specs}
 
 
-def run_config(job: Job, *, use_tpu: bool, cluster_resolver: Any = None, model_dir: Optional[str] = None):
+def run_config(job: Job, *, use_tpu: bool, cluster_resolver: Any = None, model_dir: Optional[str] = None,
+               plan: Optional["Plan"] = None):
     """The `tf.compat.v1.estimator.tpu.RunConfig` for `job`.
 
     Args:
@@ -82,16 +75,18 @@ def run_config(job: Job, *, use_tpu: bool, cluster_resolver: Any = None, model_d
         use_tpu: configure the TPU parts (cores per replica, input partitioning, PER_HOST_V2).
         cluster_resolver: a TPUClusterResolver for the TPU (None: nothing is contacted here).
         model_dir: overrides `job.run.model_dir`.
+        plan: the job's plan for this target (built from the job when None).
     """
     import tensorflow as tf
 
     tpu_lib = tf.compat.v1.estimator.tpu
     tpu_kwargs: dict = {"iterations_per_loop": job.tpu.iterations_per_loop if job.tpu else 1}
     if use_tpu:
+        plan = plan or build_plan(job)
         tpu_kwargs["per_host_input_for_training"] = tpu_lib.InputPipelineConfig.PER_HOST_V2
-        if job.tpu is not None and job.tpu.cores_per_replica > 1:
-            tpu_kwargs["num_cores_per_replica"] = job.tpu.cores_per_replica
-            tpu_kwargs["input_partition_dims"] = partition_dims(job)
+        if plan.cores_per_replica > 1:
+            tpu_kwargs["num_cores_per_replica"] = plan.cores_per_replica
+            tpu_kwargs["input_partition_dims"] = partition_dims(job, plan)
     log_every = log_every_steps(job)
     return tpu_lib.RunConfig(
         cluster=cluster_resolver if use_tpu else None,
@@ -118,13 +113,13 @@ def make_estimator(job: Job, *, use_tpu: bool, cluster_resolver: Any = None, sea
 
     from tpulaunch.engine.estimator.model_fn import make_model_fn
 
-    eval_batch = job.eval.batch_size if job.eval else None
+    plan = build_plan(job, local=not use_tpu)
     return tf.compat.v1.estimator.tpu.TPUEstimator(
         model_fn=make_model_fn(job, use_tpu=use_tpu, search_path=search_path),
-        config=run_config(job, use_tpu=use_tpu, cluster_resolver=cluster_resolver, model_dir=model_dir),
+        config=run_config(job, use_tpu=use_tpu, cluster_resolver=cluster_resolver, model_dir=model_dir, plan=plan),
         use_tpu=use_tpu,
-        train_batch_size=job.train.batch_size if job.train else (eval_batch or 1),
-        eval_batch_size=eval_batch,
+        train_batch_size=plan.train_batch_size,
+        eval_batch_size=plan.eval_batch_size,
         predict_batch_size=None,
         eval_on_tpu=use_tpu,
         export_to_tpu=export_to_tpu and use_tpu,

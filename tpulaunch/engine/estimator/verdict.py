@@ -136,13 +136,14 @@ def cases_for_job(job, search_path: Sequence[str] = (), *, job_model: bool = Tru
         tpulaunch.tpu.types.UnknownTpuType: the job's TPU type does not exist.
     """
     from tpulaunch.engine.estimator.offline import TensorDecl, TfCase
+    from tpulaunch.plan.build import build_plan
     from tpulaunch.tpu.types import parse_tpu_type
 
-    tpu_type = parse_tpu_type(job.tpu.type)
+    tpu_type = parse_tpu_type(job.tpu.type)  # raises for an unknown type, as documented
+    plan = build_plan(job)
     features = tuple(TensorDecl(n, tuple(s.shape), s.dtype) for n, s in job.data.features.items())
     labels = tuple(TensorDecl(n, tuple(s.shape), s.dtype) for n, s in job.data.labels.items())
-    eval_batch = job.eval.batch_size if job.eval else None
-    train_batch = job.train.batch_size if job.train else (eval_batch or 1)
+    train_batch, eval_batch = plan.train_batch_size, plan.eval_batch_size
     cases = []
     for mode in modes_of(job):
         for model_fn in ((JobModelFn(job, search_path), None) if job_model else (None,)):

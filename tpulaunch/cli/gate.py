@@ -1,0 +1,70 @@
+"""The one gate every verb that acts on a job passes: load it, run validate's checks for the target,
+print what they found, and hand over the Job and its Plan, or stop with the located problems.
+
+validate, plan, train, evaluate, export, explain and status all come through `load_checked`, so a
+job that `validate --static` accepts is one they accept, and no rule is checked anywhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from tpulaunch.errors import TpuLaunchError
+
+
+@dataclass
+class CheckedJob:
+    """A job that passed the checks for its target, with the Plan everything downstream reads."""
+
+    file: str
+    loaded: "object"  # tpulaunch.job.load.LoadedJob: the file, its marks, its sections
+    job: "object"  # tpulaunch.job.schema.Job (None only when `sections` let other errors through)
+    plan: "object"  # tpulaunch.plan.build.Plan
+    warnings: list
+    local: bool
+
+
+class JobRefused(TpuLaunchError):
+    """The job has errors: they are printed, located, then one line says what was not done."""
+
+    show_message = "plain"
+
+
+def load_checked(job_file: str, overrides: Sequence[str] = (), *, local: bool = False, verb: str = "running",
+                 sections: Optional[Sequence[str]] = None, err=None, show_warnings: bool = True) -> CheckedJob:
+    """Load `job_file` with `overrides`, run the static checks for this target (`local`: this machine's
+    CPU/GPU, where tpu: and partition: do not apply) and return it with its Plan.
+
+    Args:
+        verb: what the caller was about to do, for the refusal line ("running", "planning", ...).
+        sections: only errors in these top-level sections stop the caller (`status` needs only tpu:);
+            None: every error does.
+        err: a rich console for the warnings (none printed when None or `show_warnings` is false).
+
+    Raises:
+        JobRefused: with every located problem, when the job has errors that matter here.
+    """
+    from tpulaunch.checks.validate import validate_job
+    from tpulaunch.plan.build import build_plan
+
+    result = validate_job(job_file, overrides, static=True, local=local)
+    blocking = [p for p in result.problems if p.is_error and _in(p, sections)]
+    if blocking or result.loaded is None or (sections is None and result.loaded.job is None):
+        shown = blocking or result.problems
+        raise JobRefused(f"not {verb} {job_file}: fix the problems above (tpulaunch validate {job_file})",
+                         problems=shown)
+    warnings = [p for p in result.problems if not p.is_error]
+    if err is not None and show_warnings and warnings:
+        from tpulaunch.cli.render.problems import render_text
+
+        render_text(err, warnings, file=job_file)
+    job = result.loaded.job
+    plan = build_plan(job, local=local) if job is not None else None
+    if plan is not None:
+        plan.warnings = warnings
+    return CheckedJob(job_file, result.loaded, job, plan, warnings, local)
+
+
+def _in(problem, sections) -> bool:
+    return sections is None or problem.path.split(".")[0].split("[")[0] in sections

@@ -1,0 +1,76 @@
+"""`tpulaunch plan`: how the job lands on its slice, and whether it fits in memory."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from tpulaunch.cli.base import Context, command, job_argument, pass_obj, set_option, text_or_json_option
+from tpulaunch.errors import AlreadyReported
+
+
+@command()
+@job_argument
+@set_option
+@text_or_json_option
+@click.option("--memory/--no-memory", "memory", default=True, show_default=True,
+              help="Estimate per-core memory (builds the model's layer shapes with TensorFlow; "
+                   "--no-memory keeps plan static and TensorFlow-free).")
+@click.option("--xla", is_flag=True, help="Also compile one training step with XLA on the CPU and show its own "
+                                          "buffer-assignment total (float32, no TPU tiling; minutes for big models).")
+@click.option("--tf", "use_tf", is_flag=True, help="Also build the graphs with TensorFlow's own TPUEstimator for the "
+                                                   "declared slice (offline) and show the pieces it cut.")
+@pass_obj
+def plan(obj: Context, job_file, overrides, fmt, memory, xla, use_tf):
+    """Show how the job lands on the TPU: tiles per core, replicas, batch arithmetic, memory per core.
+
+    \b
+    Examples:
+      tpulaunch plan configs/unet3d_ct.yaml
+      tpulaunch plan job.yaml --set tpu.type=v3-32 --format json
+      tpulaunch plan job.yaml --no-memory        # static only, no TensorFlow
+      tpulaunch plan job.yaml --xla              # cross-check with XLA's buffer assignment
+      tpulaunch plan job.yaml --tf               # and TensorFlow's own per-core pieces
+    """
+    from tpulaunch.cli.gate import JobRefused, load_checked
+    from tpulaunch.plan.build import add_memory
+
+    try:
+        checked = load_checked(job_file, overrides, verb="planning")
+    except JobRefused as refused:
+        if fmt != "json":
+            raise
+        from tpulaunch.cli.render.problems import to_json
+
+        click.echo(to_json(refused.problems, file=job_file))  # tools read the problems from stdout
+        raise AlreadyReported() from None
+    the_plan = checked.plan
+    if memory or xla:
+        add_memory(the_plan, checked.job, xla=xla)
+    built = None
+    if use_tf:
+        built = _tensorflow_verdict(obj, job_file, overrides)
+    if fmt == "json":
+        doc = the_plan.to_dict()
+        if built is not None:
+            doc["tensorflow"] = {mode: {k: v for k, v in info.items() if k != "traceback"} for mode, info in built.items()}
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        from tpulaunch.cli.render.plan import render_plan, render_tf_built
+
+        render_plan(obj.out, the_plan)
+        if built:
+            render_tf_built(obj.out, built)
+
+
+def _tensorflow_verdict(obj: Context, job_file: str, overrides) -> dict:
+    """TensorFlow's own build of the job for its slice (validate --tf's stage); its rejections refuse the plan."""
+    from tpulaunch.checks.validate import validate_job
+    from tpulaunch.cli.gate import JobRefused
+
+    result = validate_job(job_file, overrides, static=True, use_tf=True)
+    if not result.ok:
+        raise JobRefused(f"not planning {job_file}: fix the problems above (tpulaunch validate {job_file} --tf)",
+                         problems=[p for p in result.problems if p.is_error])
+    return result.extra.get("tensorflow") or {}

@@ -1,0 +1,61 @@
+"""The engine seam: what the verbs ask of a way of training, whichever library does the training.
+
+validate, plan, train, evaluate, export and explain reach TensorFlow only through an `Engine`; the
+job, its checks and its Plan (computed once, in plan/) are the same for every engine. TPUEstimator
+(`engine/estimator/`) is the first implementation. An engine is chosen per job by `engine_for`.
+
+Every method takes the checked job and its Plan for the target (`plan.on_tpu` says TPU or this
+machine); what a method needs beyond them comes as keyword arguments.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from tpulaunch.job.load import LoadedJob
+    from tpulaunch.job.schema import Job
+    from tpulaunch.plan.build import Plan
+
+
+class Engine(abc.ABC):
+    """One way of building and running a job's training."""
+
+    name: str
+
+    @abc.abstractmethod
+    def preflight(self, loaded: "LoadedJob") -> tuple:
+        """Build the job's train/eval graphs for its declared TPU slice, offline, and stop before a session.
+
+        Returns:
+            (problems located in the job file, what was built per mode).
+        """
+
+    @abc.abstractmethod
+    def train(self, job: "Job", plan: "Plan", *, progress: Any, cluster_resolver: Any = None, force: bool = False,
+              watch: Any = None) -> Any:
+        """Train to `job.train.steps` (resuming), evaluating as the job says; returns the run's summary."""
+
+    @abc.abstractmethod
+    def evaluate(self, job: "Job", plan: "Plan", *, checkpoint: Optional[str] = None, cluster_resolver: Any = None) -> Any:
+        """Evaluate the latest (or the given) checkpoint; returns the metrics."""
+
+    @abc.abstractmethod
+    def export(self, job: "Job", plan: "Plan", out_dir: str, *, checkpoint: Optional[str] = None) -> str:
+        """Write a SavedModel for serving; returns its directory."""
+
+    @abc.abstractmethod
+    def program(self, loaded: "LoadedJob", plan: "Plan") -> str:
+        """The standalone program that does what this engine does for the job (`tpulaunch explain`)."""
+
+    def log_every_steps(self, job: "Job") -> int:
+        """How often the engine reports progress, in steps."""
+        return job.run.log_every_steps or 100
+
+
+def engine_for(job: "Job") -> Engine:
+    """The engine that runs `job` (TPUEstimator: the one there is)."""
+    from tpulaunch.engine.estimator.engine import EstimatorEngine
+
+    return EstimatorEngine()

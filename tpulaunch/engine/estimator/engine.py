@@ -1,0 +1,44 @@
+"""TPUEstimator as an `Engine`: RunConfig/TPUConfig, the portable model_fn, train/evaluate/export,
+TensorFlow's own offline verdict for a declared slice, and the equivalent standalone program."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from tpulaunch.engine.base import Engine
+
+
+class EstimatorEngine(Engine):
+    name = "estimator"
+
+    def preflight(self, loaded) -> tuple:
+        from tpulaunch.engine.estimator.verdict import tf_problems
+
+        return tf_problems(loaded, search_path=loaded.job.search_path if loaded.job else ())
+
+    def train(self, job, plan, *, progress, cluster_resolver=None, force=False, watch=None):
+        from tpulaunch.engine.estimator import runner
+
+        return runner.train(job, local=not plan.on_tpu, progress=progress, cluster_resolver=cluster_resolver,
+                            search_path=job.search_path, force=force, watch=watch)
+
+    def evaluate(self, job, plan, *, checkpoint: Optional[str] = None, cluster_resolver: Any = None):
+        from tpulaunch.engine.estimator import runner
+
+        return runner.evaluate(job, local=not plan.on_tpu, checkpoint=checkpoint, cluster_resolver=cluster_resolver,
+                               search_path=job.search_path)
+
+    def export(self, job, plan, out_dir: str, *, checkpoint: Optional[str] = None) -> str:
+        from tpulaunch.engine.estimator import runner
+
+        return runner.export(job, out_dir, checkpoint=checkpoint, search_path=job.search_path)
+
+    def program(self, loaded, plan) -> str:
+        from tpulaunch.engine.estimator.program import explain_script
+
+        return explain_script(loaded, search_path=loaded.job.search_path)
+
+    def log_every_steps(self, job) -> int:
+        from tpulaunch.engine.estimator.runner import log_every_steps
+
+        return log_every_steps(job)
