@@ -12,6 +12,7 @@ from tpulaunch.cli.app import cli
 from tpulaunch.job.imports import ImportPathError, resolve
 from tpulaunch.job.load import load_job
 from tpulaunch.checks.validate import validate_job
+from tpulaunch.job.yamlfile import SECRET_MASK
 
 GOOD = """\
 name: demo
@@ -132,9 +133,9 @@ def test_job_copy_in_model_dir_holds_no_secret(tmp_path):
     import yaml
 
     saved = yaml.safe_load(text)
-    assert saved["model"]["params"] == {"num_classes": 2, "api_key": runner.MASK,
-                                        "auth": {"password": runner.MASK, "user": "me"}}
-    assert saved["model"]["optimizer"]["args"] == {"access_token": runner.MASK}
+    assert saved["model"]["params"] == {"num_classes": 2, "api_key": SECRET_MASK,
+                                        "auth": {"password": SECRET_MASK, "user": "me"}}
+    assert saved["model"]["optimizer"]["args"] == {"access_token": SECRET_MASK}
 
 
 # ----------------------------------------------------------------------------------- import strings

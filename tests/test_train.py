@@ -23,6 +23,7 @@ from tpulaunch.engine.estimator import runner
 from tpulaunch.errors import ExitCode, TpuLaunchError
 from tpulaunch.job.load import load_job
 from tpulaunch.run.signals import TrainingStopped
+from tpulaunch.job.yamlfile import SECRET_MASK
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_COMMAND = [sys.executable, "-m", "tpulaunch", "train"]
@@ -139,7 +140,7 @@ def test_rerun_resumes_and_adds_no_steps(project, runs):
 def test_model_dir_keeps_the_resolved_job_with_secrets_masked(project, runs):
     with open(os.path.join(model_dir(project), runner.JOB_COPY)) as handle:
         copy = yaml.safe_load(handle)
-    assert copy["model"]["params"] == {"num_classes": 2, "service_api_key": runner.MASK}
+    assert copy["model"]["params"] == {"num_classes": 2, "service_api_key": SECRET_MASK}
     assert copy["train"] == {"batch_size": 8, "steps": 8}
     assert copy["run"]["model_dir"] == model_dir(project)
     assert copy["data"]["train"] == str(project / "data" / "train.tfrecord")

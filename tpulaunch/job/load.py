@@ -19,7 +19,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from tpulaunch.errors import JobFileError, Problem
 from tpulaunch.job.schema import SECTIONS, Job
-from tpulaunch.job.yamlfile import DOCUMENT_PATH, Mark, Marks, dotted, looks_secret, parse_yaml, read_job_text
+from tpulaunch.job.yamlfile import (DOCUMENT_PATH, SECRET_MASK, Mark, Marks, dotted, looks_secret, parse_yaml,
+                                    read_job_text)
 
 
 @dataclass
@@ -218,7 +219,6 @@ def _real_path(loc: tuple, data: Any) -> tuple:
     return tuple(path)
 
 
-SECRET_MASK = "***"
 
 
 def _secret_from_env(path: tuple, marks: Marks) -> bool:

@@ -17,19 +17,14 @@ from typing import Optional
 from tpulaunch.job.schema import DTYPE_BYTES, Job, Partition
 from tpulaunch.plan import partition as rules
 from tpulaunch.plan.auto import auto_partition
-from tpulaunch.tpu.types import TpuType, UnknownTpuType, parse_tpu_type
+from tpulaunch.tpu.types import TpuType, lookup
 
 
 # ------------------------------------------------------------------------------- the arithmetic
 
 def tpu_type_for(tpu) -> Optional[TpuType]:
     """The accelerator type of a `tpu:` section, or None (no section, or a name no generation offers)."""
-    if tpu is None:
-        return None
-    try:
-        return parse_tpu_type(tpu.type)
-    except UnknownTpuType:
-        return None
+    return lookup(tpu.type) if tpu is not None else None
 
 
 def layout_for(tpu) -> Optional[rules.SliceLayout]:
@@ -109,10 +104,7 @@ class Plan:
     memory: Optional[dict] = None  # the memory section (MemoryPlan.to_dict()), when asked for
     feed_partition: Optional[Partition] = None  # the dims the engine feeds; None: no spatial partitioning
     auto_partition: bool = False  # feed_partition was chosen by `partition: auto`
-
-    @property
-    def cores_per_replica(self) -> int:
-        return self.slice.cores_per_replica if self.slice else 1
+    cores_per_replica: int = 1  # as the job declares it (the checks say whether the slice allows it)
 
     @property
     def replicas(self) -> int:
@@ -204,8 +196,8 @@ def build_plan(job: Job, *, local: bool = False) -> Plan:
             continue
         share = per_replica(spec.batch_size, layout)
         batches.append(BatchPlan(split, spec.batch_size, share, per_host=share * replicas_per_host, params_batch_size=share))
-    plan = Plan(job.name, tpu is not None, slice_plan, batches, [])
-    cores = layout.cores_per_replica if layout else 1
+    cores = tpu.cores_per_replica if tpu is not None else 1
+    plan = Plan(job.name, tpu is not None, slice_plan, batches, [], cores_per_replica=cores)
     if cores > 1 and job.partition is not None:
         plan.feed_partition = resolve_partition(job.partition, job.data.features, job.data.labels, cores,
                                                 plan.per_replica_batch)

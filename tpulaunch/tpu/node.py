@@ -479,14 +479,10 @@ def _findings(ref: NodeRef, status: NodeStatus, wait: float) -> list:
 
 def devices_in(accelerator_type: Optional[str]) -> Optional[int]:
     """TPU devices TensorFlow sees in a slice (cores on v2/v3, chips on v4/v5p/v5e/v6e); None if unknown."""
-    from tpulaunch.tpu.types import UnknownTpuType, parse_tpu_type
+    from tpulaunch.tpu.types import lookup
 
-    if not accelerator_type:
-        return None
-    try:
-        return parse_tpu_type(accelerator_type).devices
-    except UnknownTpuType:
-        return None
+    found = lookup(accelerator_type)
+    return found.devices if found else None
 
 
 def _major_minor(version: Optional[str]) -> Optional[tuple]:

@@ -100,6 +100,16 @@ def known_names(generation: Generation) -> list:
     return [f"{generation.prefix}-{n}" for n in generation.sizes]
 
 
+def lookup(name: Optional[str]) -> Optional[TpuType]:
+    """The accelerator type named `name`, or None when there is no name or no generation offers it."""
+    if not name:
+        return None
+    try:
+        return parse_tpu_type(name)
+    except UnknownTpuType:
+        return None
+
+
 def parse_tpu_type(name: str) -> TpuType:
     """Parse an accelerator type name such as `v3-32`, `v4-8`, `v5litepod-16`.
 

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 JOB_COPY = "tpulaunch-job.yaml"
 """The resolved job, written into model_dir by `train` (secrets masked)."""
 
-MASK = "***"
 
 # Sections of the job that define what a checkpoint contains: resuming with other values would
 # restore variables into a different model or feed it different tensors.
@@ -156,20 +155,13 @@ _FREE_FORM = (("model", "params"), ("model", "optimizer", "args"))
 
 def job_document(job: Job) -> dict:
     """The resolved job as plain data, with values under secret-looking keys in free-form mappings masked."""
-    from tpulaunch.job.yamlfile import looks_secret
-
-    def mask(value):
-        if isinstance(value, dict):
-            return {k: MASK if looks_secret(str(k)) else mask(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [mask(v) for v in value]
-        return value
+    from tpulaunch.job.yamlfile import mask_secrets
 
     document = job.model_dump(mode="json", exclude_none=True)
     for keys in _FREE_FORM:
         parent = _get(document, keys[:-1])
         if isinstance(parent, dict) and keys[-1] in parent:
-            parent[keys[-1]] = mask(parent[keys[-1]])
+            parent[keys[-1]] = mask_secrets(parent[keys[-1]])
     return document
 
 
