@@ -112,11 +112,16 @@ def _schema_fields(path: tuple) -> Optional[set]:
 
 
 def _unwrap(annotation):
-    """Optional[X] -> X."""
+    """Optional[X] -> X; Annotated[X, ...] -> X; a union of one model and literals (partition: auto | dims) -> the model."""
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
     if typing.get_origin(annotation) is typing.Union:
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        args = [_unwrap(a) for a in typing.get_args(annotation) if a is not type(None)]
+        models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
         if len(args) == 1:
             return args[0]
+        if len(models) == 1:
+            return models[0]
     return annotation
 
 
@@ -335,6 +340,33 @@ def _anchor_relative_paths(data: dict, marks: Marks, job_dir: str) -> None:
             fixed.append(entry)
         node[key] = fixed if isinstance(value, list) else fixed[0]
 
+def _tensorflow_partition_forms(data: dict, marks: Marks) -> None:
+    """TensorFlow's own forms of `input_partition_dims`, as tpulaunch's: a plain dims list for a job's only
+    feature (or only label) becomes `{name: dims}`, and `null` for a group replicates all of it (`{}`).
+
+    The list's marks are copied to the named path, so problems with its entries stay located.
+    """
+    part, declared = data.get("partition"), data.get("data")
+    if not isinstance(part, dict) or not isinstance(declared, dict):
+        return
+    for group in ("features", "labels"):
+        if group in part and part[group] is None:
+            part[group] = {}
+            continue
+        tensors = declared.get(group)
+        if not isinstance(part.get(group), list) or not isinstance(tensors, dict) or len(tensors) != 1:
+            continue  # several tensors: the schema asks for dims by name
+        (name,) = tensors
+        part[group] = {name: part[group]}
+        prefix = ("partition", group)
+        for table in (marks.keys, marks.values, marks.sources):
+            for path in [p for p in table if p[:2] == prefix and len(p) > 2]:
+                table[prefix + (name,) + path[2:]] = table[path]
+        for table in (marks.values, marks.sources):
+            if prefix in table:
+                table.setdefault(prefix + (name,), table[prefix])
+
+
 def load_job(filename: str, overrides: Sequence[str] = (), env: Optional[Mapping[str, str]] = None) -> LoadedJob:
     """Read, interpolate, override and validate a job file.
 
@@ -358,6 +390,7 @@ def load_job(filename: str, overrides: Sequence[str] = (), env: Optional[Mapping
         return loaded
     data, override_problems = apply_overrides(data, marks, parsed)
     _anchor_relative_paths(data, marks, os.path.dirname(os.path.abspath(filename)))
+    _tensorflow_partition_forms(data, marks)
     loaded.data = data
     problems += override_problems
     try:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, WithJsonSchema,
+                      field_validator, model_validator)
 from typing_extensions import Annotated
 
 IMPORT_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -172,10 +173,23 @@ class Tpu(Strict):
 
 PartitionDims = Optional[List[int]]
 
+# The job file also takes TensorFlow's own forms (the loader turns them into dims by name): a plain
+# dims list for a job's only feature or label, and null for "replicate the whole group".
+_TENSORFLOW_FORMS = WithJsonSchema({"anyOf": [
+    {"type": "object", "additionalProperties": {"anyOf": [{"type": "array", "items": {"type": "integer"}},
+                                                          {"type": "null"}]}},
+    {"type": "array", "items": {"type": "integer"}}, {"type": "null"}]})
+
 
 class Partition(Strict):
-    features: Dict[str, PartitionDims] = Field(default_factory=dict, description="dims per feature (rank incl. batch); null = replicate")
-    labels: Dict[str, PartitionDims] = Field(default_factory=dict, description="dims per label; null = replicate; [1] = core 0 only")
+    features: Annotated[Dict[str, PartitionDims], _TENSORFLOW_FORMS] = Field(
+        default_factory=dict,
+        description="dims per feature name (rank incl. batch; null = replicate); a job with one feature may give "
+                    "its dims list alone, as TensorFlow's input_partition_dims does")
+    labels: Annotated[Dict[str, PartitionDims], _TENSORFLOW_FORMS] = Field(
+        default_factory=dict,
+        description="dims per label name (null = replicate; [1] = core 0 only); null replicates every label; a job "
+                    "with one label may give its dims list alone")
 
 
 def _partition_form(value) -> str:
