@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from typing import Optional, Sequence
 
@@ -72,7 +73,7 @@ def _resolver(job, local: bool, wait_s: float):
     """The TPU's cluster resolver, after checking the node is ready for the job; None when local."""
     if local or not job.on_tpu:
         return None
-    from tpulaunch import cluster
+    from tpulaunch.tpu import node as cluster
 
     ref = cluster.resolve_node(job.tpu)
     cluster.check_node(ref, job.tpu, wait=wait_s).raise_if_unusable()
@@ -99,7 +100,7 @@ def _watch_plan(job, *, local: bool, watch_node: bool, wait_s: float, interval: 
             raise TpuLaunchError("--watch-node needs the job's tpu: section (the node to watch)",
                                  hint="add tpu: {name: ..., zone: ..., project: ..., type: ...}, or drop --watch-node")
         return None
-    from tpulaunch import cluster
+    from tpulaunch.tpu import node as cluster
     from tpulaunch.run.watchdog import WatchPlan
 
     ref = cluster.resolve_node(job.tpu)
@@ -107,6 +108,31 @@ def _watch_plan(job, *, local: bool, watch_node: bool, wait_s: float, interval: 
         cluster.check_node(ref, job.tpu, wait=wait_s).raise_if_unusable()
     return WatchPlan(ref=ref, job_tpu=job.tpu, interval=interval, auto_resume=auto_resume, resume_wait=resume_wait,
                      discovery_url=cluster.discovery_url_for())
+
+
+def _recorder(console, **settings):
+    """A run recorder with a renderer on `console`: fixed-format lines when the output is not a terminal
+    or under CI, a live display otherwise."""
+    from tpulaunch.run.events import RunRecorder
+
+    recorder = RunRecorder(**settings)
+    if not console.is_terminal or os.environ.get("CI"):
+        from tpulaunch.run.render_plain import PlainRenderer
+
+        recorder.subscribe(PlainRenderer(console))
+    else:
+        from tpulaunch.run.render_live import LiveRenderer
+
+        recorder.subscribe(LiveRenderer(console, get_time=recorder.get_time))
+    return recorder
+
+
+def _evaluate_command(job_file: str, sets: Sequence[str], local: bool, checkpoint: Optional[str] = None) -> str:
+    """The `tpulaunch evaluate` command line for the same job, settings and model_dir."""
+    words = ["tpulaunch", "evaluate", job_file, *(["--local"] if local else [])]
+    for value in sets:
+        words += ["--set", value]
+    return shlex.join(words + (["--checkpoint", checkpoint] if checkpoint else []))
 
 
 def _model_dir_override(model_dir: Optional[str]) -> list:
@@ -152,27 +178,34 @@ def train(job_file: str, local: bool, overrides, model_dir: Optional[str], force
       tpulaunch train job.yaml --model-dir runs/try2 # a fresh run next to the first
       tpulaunch train job.yaml --auto-resume 5       # survive up to 5 preemptions
     """
-    from tpulaunch.run.progress import TrainProgress
-    from tpulaunch.run.signals import TrainingStopped
+    from tpulaunch.run.signals import EvaluationStopped, TrainingStopped
     from tpulaunch.run.watchdog import NodeLost
 
     obj = _streams()
-    job = _load(job_file, overrides, _model_dir_override(model_dir), local=local)
-    from tpulaunch import runner
+    sets = [*overrides, *_model_dir_override(model_dir)]
+    job = _load(job_file, sets, local=local)
+    from tpulaunch.engine.estimator import runner
 
     resolver = _resolver(job, local, wait_s)
     watch = _watch_plan(job, local=local, watch_node=watch_node, wait_s=wait_s, interval=watch_interval,
                         auto_resume=auto_resume, resume_wait=resume_wait)
-    progress = TrainProgress(obj.out, total_steps=job.train.steps if job.train else 0,
-                             batch_size=job.train.batch_size if job.train else 0,
-                             log_every_steps=runner.log_every_steps(job), model_dir=job.run.model_dir)
+    recorder = _recorder(obj.out, total_steps=job.train.steps if job.train else 0,
+                         batch_size=job.train.batch_size if job.train else 0,
+                         log_every_steps=runner.log_every_steps(job), model_dir=job.run.model_dir)
     try:
-        runner.train(job, local=local, progress=progress, cluster_resolver=resolver,
+        runner.train(job, local=local, recorder=recorder, cluster_resolver=resolver,
                      search_path=_search_path(job_file), force=force, watch=watch)
     except (TrainingStopped, NodeLost) as stopped:
+        hint = stopped.hint
+        if isinstance(stopped, EvaluationStopped):
+            # Only this command line knows how to name the same job, settings and model_dir again.
+            if stopped.final:
+                hint = f"to evaluate that checkpoint: {_evaluate_command(job_file, sets, local)}"
+            else:
+                hint = f"to evaluate it: {_evaluate_command(job_file, sets, local, stopped.checkpoint)}"
         obj.err.print(stopped.message, highlight=False, markup=False, soft_wrap=True)
-        if stopped.hint:
-            obj.err.print(f"hint: {stopped.hint}", highlight=False, markup=False, soft_wrap=True)
+        if hint:
+            obj.err.print(f"hint: {hint}", highlight=False, markup=False, soft_wrap=True)
         sys.exit(int(stopped.exit_code))
 
 
@@ -190,16 +223,13 @@ def evaluate(job_file: str, local: bool, overrides, checkpoint: Optional[str], w
       tpulaunch evaluate job.yaml --local
       tpulaunch evaluate job.yaml --local --checkpoint runs/cnn/model.ckpt-300
     """
-    from tpulaunch.run.progress import plain_output, render_eval
-
     obj = _streams()
     job = _load(job_file, overrides, local=local)
-    from tpulaunch import runner
+    from tpulaunch.engine.estimator import runner
 
     resolver = _resolver(job, local, wait_s)
-    result = runner.evaluate(job, local=local, checkpoint=checkpoint, cluster_resolver=resolver,
-                             search_path=_search_path(job_file))
-    render_eval(obj.out, result, plain=plain_output(obj.out))
+    runner.evaluate(job, local=local, checkpoint=checkpoint, recorder=_recorder(obj.out), cluster_resolver=resolver,
+                    search_path=_search_path(job_file))
 
 
 @click.command()
@@ -220,7 +250,7 @@ def export(job_file: str, out_dir: str, overrides, checkpoint: Optional[str]):
     """
     obj = _streams()
     job = _load(job_file, overrides, local=True)  # export builds a CPU serving graph
-    from tpulaunch import runner
+    from tpulaunch.engine.estimator import runner
 
     path = runner.export(job, out_dir, checkpoint=checkpoint, search_path=_search_path(job_file))
     obj.out.print(f"exported {path}", highlight=False, markup=False, soft_wrap=True)
