@@ -4,7 +4,8 @@ Both train the quickstart CNN (tpulaunch.models.cnn) on the same synthetic TFRec
 batch, optimizer, iterations_per_loop and checkpoint cadence, on this machine's CPU, in this process,
 alternating, best of --rounds each. The hand-written side is the plain TPUEstimator program a user
 would write (use_tpu=False): a tf.data pipeline parsing batches, the Keras model inside a model_fn,
-TPUEstimatorSpec. The tpulaunch side is runner.train with its live-progress hooks and checkpoint checks.
+TPUEstimatorSpec. The tpulaunch side is runner.train with its progress hooks (plain lines into a buffer) and
+checkpoint checks.
 
     .venv/bin/python benchmarks/train_overhead.py [--steps 200] [--rounds 2]
 
@@ -29,7 +30,8 @@ from rich.console import Console  # noqa: E402
 from tpulaunch.engine.estimator import runner  # noqa: E402
 from tpulaunch.job.load import load_job  # noqa: E402
 from tpulaunch.models import cnn  # noqa: E402
-from tpulaunch.run.progress import TrainProgress  # noqa: E402
+from tpulaunch.run.events import RunRecorder  # noqa: E402
+from tpulaunch.run.render_plain import PlainRenderer  # noqa: E402
 from tpulaunch.data.synth import write_example  # noqa: E402
 
 BATCH = 64
@@ -89,10 +91,10 @@ def with_tpulaunch(data_dir: str, model_dir: str, steps: int, job_dir: str) -> f
     with open(path, "w") as handle:
         handle.write(JOB.format(data=data_dir, batch=BATCH, steps=steps, model_dir=model_dir))
     job = load_job(path).job
-    progress = TrainProgress(Console(file=io.StringIO()), total_steps=steps, batch_size=BATCH,
-                             log_every_steps=100, model_dir=model_dir)
+    recorder = RunRecorder(total_steps=steps, batch_size=BATCH, log_every_steps=100, model_dir=model_dir)
+    recorder.subscribe(PlainRenderer(Console(file=io.StringIO())))
     started = time.perf_counter()
-    runner.train(job, local=True, progress=progress)
+    runner.train(job, local=True, recorder=recorder)
     return time.perf_counter() - started
 
 

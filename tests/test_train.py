@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -22,13 +24,16 @@ from tpulaunch.cli import run as cli_run
 from tpulaunch.engine.estimator import runner
 from tpulaunch.errors import ExitCode, TpuLaunchError
 from tpulaunch.job.load import load_job
-from tpulaunch.run.signals import TrainingStopped
 from tpulaunch.job.yamlfile import SECRET_MASK
+from tpulaunch.run.signals import EvaluationStopped, TrainingStopped
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_COMMAND = [sys.executable, "-m", "tpulaunch", "train"]
 
 MODELS = textwrap.dedent('''
+    import os
+    import time
+
     import tensorflow as tf
 
     def classifier(num_classes=2, input_shape=(8, 8, 1), **unused):
@@ -36,6 +41,27 @@ MODELS = textwrap.dedent('''
         x = tf.keras.layers.Conv2D(4, 3, padding="same", activation="relu")(image)
         x = tf.keras.layers.GlobalAveragePooling2D()(x)
         return tf.keras.Model(image, tf.keras.layers.Dense(num_classes)(x))
+
+    class EvalWitness(tf.keras.layers.Layer):
+        """Identity. Outside training (evaluation) each batch pauses 50 ms, and the first one creates
+        the file $EVAL_MARKER names: proof, for a test, that an evaluation is running."""
+
+        def call(self, x, training=None):
+            if training:
+                return x
+
+            def announce(value):
+                marker = os.environ.get("EVAL_MARKER")
+                if marker and not os.path.exists(marker):
+                    open(marker, "w").close()
+                time.sleep(0.05)
+                return value
+
+            return tf.ensure_shape(tf.numpy_function(announce, [x], x.dtype), x.shape)
+
+    def witnessed_classifier(num_classes=2, input_shape=(8, 8, 1), **unused):
+        image = tf.keras.Input(shape=tuple(input_shape), name="image")
+        return tf.keras.Model(image, classifier(num_classes, input_shape)(EvalWitness()(image)))
 ''')
 
 JOB = textwrap.dedent('''
@@ -190,17 +216,17 @@ def test_invalid_job_is_refused_with_its_location(project, tmp_path):
 
 
 def test_sigint_saves_a_checkpoint_and_the_rerun_finishes_exactly(project, tmp_path):
-    target = 400
-    command = [*TRAIN_COMMAND, str(project / "job.yaml"), "--local",
-               "--model-dir", str(tmp_path / "run"), "--set", f"train.steps={target}",
-               "--set", "eval.every_steps=null", "--set", "run.log_every_steps=1000"]
+    """Ctrl-C once a progress line shows training under way, in a run far longer than the test lasts,
+    so the signal lands in training however fast this machine is."""
+    command = [*TRAIN_COMMAND, str(project / "job.yaml"), "--local", "--model-dir", str(tmp_path / "run"),
+               "--set", "eval.every_steps=null", "--set", "run.log_every_steps=10"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", CI="1", PYTHONPATH=str(ROOT))
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    started = child.stdout.readline()
-    while started and not started.startswith("train | start"):
-        started = child.stdout.readline()
-    assert started.startswith("train | start | step 0/400"), child.stderr.read()
-    time.sleep(0.5)
+    child = subprocess.Popen([*command, "--set", "train.steps=1000000"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    under_way = child.stdout.readline()
+    while under_way and not under_way.startswith("train | step "):
+        under_way = child.stdout.readline()
+    assert under_way.startswith("train | step 10/1000000 | "), child.stderr.read()
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=120)
 
@@ -208,15 +234,96 @@ def test_sigint_saves_a_checkpoint_and_the_rerun_finishes_exactly(project, tmp_p
     stopped = re.search(r"stopped at step (\d+), checkpoint saved; rerun the same command to resume", err)
     assert stopped, err
     step = int(stopped.group(1))
-    assert 0 < step < target
+    assert 10 <= step < 1000000
     assert runner.checkpoint_step(str(tmp_path / "run")) == step
+    (summary,) = lines(out, "stopped (SIGINT)")
+    assert summary.startswith(f"stopped (SIGINT) | step {step}/1000000 | "), summary
 
-    rerun = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    target = step + 20
+    rerun = subprocess.run([*command, "--set", f"train.steps={target}"], capture_output=True, text=True, env=env,
+                           timeout=300)
     assert rerun.returncode == 0, rerun.stderr
     assert f"resumed from step {step} ({tmp_path / 'run'})" in rerun.stdout.splitlines()
     (done,) = lines(rerun.stdout, "done")
-    assert done.startswith(f"done | step {target}/{target} | {target - step} steps in "), done
+    assert done.startswith(f"done | step {target}/{target} | 20 steps in "), done
     assert runner.checkpoint_step(str(tmp_path / "run")) == target
+
+
+@pytest.fixture(scope="module")
+def long_eval(project) -> Path:
+    """Eval records for 500 batches of 8: with `witnessed_classifier` (50 ms a batch), a 25 s evaluation."""
+    path = project / "data" / "long_eval.tfrecord"
+    write_records(path, 4000, seed=4)
+    return path
+
+
+def test_sigint_during_the_final_evaluation_exits_130_and_says_how_to_evaluate(project, long_eval, tmp_path):
+    """Ctrl-C while the final evaluation runs: training's checkpoint stays, the unfinished evaluation is
+    not reported, and the hint's command evaluates the checkpoint."""
+    marker = tmp_path / "evaluating"
+    sets = ["--set", "model.builder=train_models:witnessed_classifier", "--set", "train.steps=4",
+            "--set", "eval.every_steps=null", "--set", "eval.steps=100000", "--set", f"data.eval={long_eval}"]
+    job = str(project / "job.yaml")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", CI="1", PYTHONPATH=str(ROOT), EVAL_MARKER=str(marker))
+    child = subprocess.Popen([*TRAIN_COMMAND, job, "--local", "--model-dir", str(tmp_path / "run"), *sets],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 240
+    while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), child.communicate(timeout=60)
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=120)
+
+    assert child.returncode == ExitCode.INTERRUPTED == 130, err
+    model_dir = tmp_path / "run"
+    model_dir_set = f"run.model_dir={json.dumps(str(model_dir))}"
+    command = shlex.join(["tpulaunch", "evaluate", job, "--local", *sets, "--set", model_dir_set])
+    assert err.splitlines()[-2:] == [
+        "stopped at step 4, checkpoint saved; training is complete, but the final evaluation did not finish and is "
+        "not reported",
+        f"hint: to evaluate that checkpoint: {command}"]
+    assert lines(out, "eval") == []
+    (summary,) = lines(out, "stopped (SIGINT)")
+    assert summary.startswith("stopped (SIGINT) | step 4/4 | 4 steps in "), summary
+    assert runner.checkpoint_step(str(model_dir)) == 4
+    assert not list(model_dir.glob("eval/events.out.tfevents.*"))  # no partial metrics for TensorBoard either
+
+    # The hint's command works (here on 2 batches rather than the whole long file).
+    hinted = shlex.split(command)
+    evaluated = subprocess.run([sys.executable, "-m", *hinted, "--set", "eval.steps=2"], capture_output=True,
+                               text=True, env=env, timeout=300)
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert re.fullmatch(r"eval \| step 4 \| accuracy [0-9.]+ \| loss [0-9.e-]+", evaluated.stdout.strip())
+
+
+def test_sigint_during_a_periodic_evaluation_stops_there_without_reporting_it(project, long_eval, tmp_path,
+                                                                             monkeypatch):
+    marker = tmp_path / "evaluating"
+    monkeypatch.setenv("EVAL_MARKER", str(marker))
+    run_dir = tmp_path / "periodic"
+    loaded = load_job(str(project / "job.yaml"), [f"run.model_dir={run_dir}", "train.steps=8", "eval.every_steps=4",
+                                                  "eval.steps=100000", f"data.eval={long_eval}",
+                                                  "model.builder=train_models:witnessed_classifier"])
+
+    def interrupt_once_evaluating():
+        deadline = time.monotonic() + 120
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    killer = threading.Thread(target=interrupt_once_evaluating, daemon=True)
+    killer.start()
+    with pytest.raises(EvaluationStopped) as stopped:
+        runner.train(loaded.job, local=True, search_path=[str(project)])
+    killer.join()
+
+    assert (stopped.value.exit_code, stopped.value.step, stopped.value.final) == (ExitCode.INTERRUPTED, 4, False)
+    assert stopped.value.message == ("stopped at step 4, checkpoint saved; the evaluation at that step did not finish "
+                                     "and is not reported; rerun the same command to resume training")
+    assert stopped.value.checkpoint == str(run_dir / "model.ckpt-4")
+    assert (stopped.value.summary.stopped_by, stopped.value.summary.evals) == ("SIGINT", [])
+    assert runner.checkpoint_step(str(run_dir)) == 4
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_sigterm_stops_training_with_exit_code_143_and_a_checkpoint(project, tmp_path):

@@ -31,9 +31,11 @@ from tpulaunch.tpu.node import NodeRef, NodeStatus, resolve_node
 from tpulaunch.errors import ExitCode, TpuLaunchError
 from tpulaunch.job.schema import Tpu
 from tpulaunch.job.load import load_job
-from tpulaunch.run.progress import NodeEvent, TrainProgress
+from tpulaunch.engine.estimator.hooks import is_lost_tpu_error
+from tpulaunch.run.events import NodeEvent, RunRecorder
+from tpulaunch.run.render_plain import PlainRenderer
 from tpulaunch.run.signals import TrainingStopped
-from tpulaunch.run.watchdog import NodeLost, Watchdog, WatchPlan, is_lost_tpu_error, lost_reason, wait_until_ready
+from tpulaunch.run.watchdog import NodeLost, Watchdog, WatchPlan, lost_reason, wait_until_ready
 
 MODELS = textwrap.dedent('''
     import time
@@ -163,7 +165,7 @@ def test_which_tensorflow_errors_mean_a_lost_tpu():
 
 
 def test_watchdog_trips_on_preemption_and_keeps_the_first_event(api):
-    dog = Watchdog(plan_for(api)).start()
+    dog = Watchdog(plan_for(api), is_lost_error=is_lost_tpu_error).start()
     try:
         time.sleep(0.3)
         assert dog.tripped is None and dog.last_status.state == "READY"
@@ -179,7 +181,7 @@ def test_watchdog_trips_on_preemption_and_keeps_the_first_event(api):
 
 
 def test_a_lost_tpu_error_trips_the_watchdog_without_api():
-    dog = Watchdog(WatchPlan(ref=NodeRef("local"))).start()
+    dog = Watchdog(WatchPlan(ref=NodeRef("local")), is_lost_error=is_lost_tpu_error).start()
     assert dog.record_error(tf.errors.UnavailableError(None, None, "Socket closed\nmore")) is True
     assert dog.tripped == NodeEvent(kind="error", detail="UnavailableError: Socket closed")
 
@@ -300,8 +302,8 @@ def test_sigterm_while_waiting_for_the_node_exits_143_and_keeps_the_checkpoint(p
     model_dir = tmp_path / "run"
     loaded = load_job(str(project / "job.yaml"), [f"run.model_dir={model_dir}"])
     output = io.StringIO()
-    progress = TrainProgress(Console(file=output, width=200), total_steps=120, batch_size=8, plain=True,
-                             log_every_steps=1000)
+    recorder = RunRecorder(total_steps=120, batch_size=8, log_every_steps=1000)
+    recorder.subscribe(PlainRenderer(Console(file=output, width=200)))
     flip = preempt_when_checkpoint_appears(api, model_dir, 20)  # and never back
 
     def terminate_while_waiting():
@@ -314,7 +316,7 @@ def test_sigterm_while_waiting_for_the_node_exits_143_and_keeps_the_checkpoint(p
     killer.start()
     plan = plan_for(api, interval=0.1, auto_resume=3, resume_wait=300, poll_s=0.1)
     with pytest.raises(TrainingStopped) as stopped:
-        runner.train(loaded.job, local=True, progress=progress, search_path=[str(project)], watch=plan)
+        runner.train(loaded.job, local=True, recorder=recorder, search_path=[str(project)], watch=plan)
     killer.join()
     flip.join()
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional
+import shlex
+from typing import Optional, Sequence
 
 import click
 
@@ -68,6 +69,31 @@ def _watch_plan(job, *, local: bool, watch_node: bool, wait_s: float, interval: 
                      discovery_url=cluster.discovery_url_for())
 
 
+def _recorder(console, **settings):
+    """A run recorder with a renderer on `console`: fixed-format lines when the output is not a terminal
+    or under CI, a live display otherwise."""
+    from tpulaunch.run.events import RunRecorder
+
+    recorder = RunRecorder(**settings)
+    if not console.is_terminal or os.environ.get("CI"):
+        from tpulaunch.run.render_plain import PlainRenderer
+
+        recorder.subscribe(PlainRenderer(console))
+    else:
+        from tpulaunch.run.render_live import LiveRenderer
+
+        recorder.subscribe(LiveRenderer(console, get_time=recorder.get_time))
+    return recorder
+
+
+def _evaluate_command(job_file: str, sets: Sequence[str], local: bool, checkpoint: Optional[str] = None) -> str:
+    """The `tpulaunch evaluate` command line for the same job, settings and model_dir."""
+    words = ["tpulaunch", "evaluate", job_file, *(["--local"] if local else [])]
+    for value in sets:
+        words += ["--set", value]
+    return shlex.join(words + (["--checkpoint", checkpoint] if checkpoint else []))
+
+
 def _model_dir_override(model_dir: Optional[str]) -> list:
     # Relative to where the command runs (the job file's own paths are relative to the job file).
     return [f"run.model_dir={json.dumps(os.path.abspath(model_dir))}"] if model_dir else []
@@ -113,24 +139,31 @@ def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Option
       tpulaunch train job.yaml --auto-resume 5       # survive up to 5 preemptions
     """
     from tpulaunch.engine.base import engine_for
-    from tpulaunch.run.progress import TrainProgress
-    from tpulaunch.run.signals import TrainingStopped
+    from tpulaunch.run.signals import EvaluationStopped, TrainingStopped
     from tpulaunch.run.watchdog import NodeLost
 
-    checked = _checked(obj, job_file, overrides, _model_dir_override(model_dir), local=local)
+    sets = [*overrides, *_model_dir_override(model_dir)]
+    checked = _checked(obj, job_file, sets, local=local)
     job, engine = checked.job, engine_for(checked.job)
     resolver = _resolver(job, local, wait_s)
     watch = _watch_plan(job, local=local, watch_node=watch_node, wait_s=wait_s, interval=watch_interval,
                         auto_resume=auto_resume, resume_wait=resume_wait)
-    progress = TrainProgress(obj.out, total_steps=job.train.steps if job.train else 0,
-                             batch_size=job.train.batch_size if job.train else 0,
-                             log_every_steps=engine.log_every_steps(job), model_dir=job.run.model_dir)
+    recorder = _recorder(obj.out, total_steps=job.train.steps if job.train else 0,
+                         batch_size=job.train.batch_size if job.train else 0,
+                         log_every_steps=engine.log_every_steps(job), model_dir=job.run.model_dir)
     try:
-        engine.train(job, checked.plan, progress=progress, cluster_resolver=resolver, force=force, watch=watch)
+        engine.train(job, checked.plan, recorder=recorder, cluster_resolver=resolver, force=force, watch=watch)
     except (TrainingStopped, NodeLost) as stopped:
+        hint = stopped.hint
+        if isinstance(stopped, EvaluationStopped):
+            # Only this command line knows how to name the same job, settings and model_dir again.
+            if stopped.final:
+                hint = f"to evaluate that checkpoint: {_evaluate_command(job_file, sets, local)}"
+            else:
+                hint = f"to evaluate it: {_evaluate_command(job_file, sets, local, stopped.checkpoint)}"
         obj.err.print(stopped.message, highlight=False, markup=False, soft_wrap=True)
-        if stopped.hint:
-            obj.err.print(f"hint: {stopped.hint}", highlight=False, markup=False, soft_wrap=True)
+        if hint:
+            obj.err.print(f"hint: {hint}", highlight=False, markup=False, soft_wrap=True)
         raise AlreadyReported(stopped.exit_code) from None
 
 
@@ -150,13 +183,11 @@ def evaluate(obj: Context, job_file: str, local: bool, overrides, checkpoint: Op
       tpulaunch evaluate job.yaml --local --checkpoint runs/cnn/model.ckpt-300
     """
     from tpulaunch.engine.base import engine_for
-    from tpulaunch.run.progress import plain_output, render_eval
 
     checked = _checked(obj, job_file, overrides, local=local)
     resolver = _resolver(checked.job, local, wait_s)
-    result = engine_for(checked.job).evaluate(checked.job, checked.plan, checkpoint=checkpoint,
-                                              cluster_resolver=resolver)
-    render_eval(obj.out, result, plain=plain_output(obj.out))
+    engine_for(checked.job).evaluate(checked.job, checked.plan, recorder=_recorder(obj.out), checkpoint=checkpoint,
+                                     cluster_resolver=resolver)
 
 
 @command()

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from tpulaunch.job.load import LoadedJob
     from tpulaunch.job.schema import Job
     from tpulaunch.plan.build import Plan
+    from tpulaunch.run.events import RunRecorder
 
 
 class Engine(abc.ABC):
@@ -33,13 +34,15 @@ class Engine(abc.ABC):
         """
 
     @abc.abstractmethod
-    def train(self, job: "Job", plan: "Plan", *, progress: Any, cluster_resolver: Any = None, force: bool = False,
-              watch: Any = None) -> Any:
-        """Train to `job.train.steps` (resuming), evaluating as the job says; returns the run's summary."""
+    def train(self, job: "Job", plan: "Plan", *, recorder: "RunRecorder", cluster_resolver: Any = None,
+              force: bool = False, watch: Any = None) -> Any:
+        """Train to `job.train.steps` (resuming), evaluating as the job says, telling `recorder` what happens;
+        returns the run's summary."""
 
     @abc.abstractmethod
-    def evaluate(self, job: "Job", plan: "Plan", *, checkpoint: Optional[str] = None, cluster_resolver: Any = None) -> Any:
-        """Evaluate the latest (or the given) checkpoint; returns the metrics."""
+    def evaluate(self, job: "Job", plan: "Plan", *, recorder: "RunRecorder", checkpoint: Optional[str] = None,
+                 cluster_resolver: Any = None) -> Any:
+        """Evaluate the latest (or the given) checkpoint, telling `recorder`; returns the metrics."""
 
     @abc.abstractmethod
     def export(self, job: "Job", plan: "Plan", out_dir: str, *, checkpoint: Optional[str] = None) -> str:

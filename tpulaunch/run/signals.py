@@ -1,16 +1,18 @@
-"""Ctrl-C and SIGTERM during training: finish the current step, save a checkpoint there, then stop.
+"""Ctrl-C and SIGTERM during a run: finish the current step, save a checkpoint there, then stop.
 
-Python runs a signal handler only between session runs, so the handler just records the signal; a
-SessionRunHook sees the record after the step and asks the session to stop. The Estimator's
+Python runs a signal handler only between session runs, so the handler just records the signal; the
+engine's stop hook sees the record after the step and asks the session to stop. The Estimator's
 CheckpointSaverHook then saves at the current step when the session ends, and the runner raises
-`TrainingStopped`, whose exit code is 130 (SIGINT) or 143 (SIGTERM). A second Ctrl-C stops at once.
+`TrainingStopped`, whose exit code is 130 (SIGINT) or 143 (SIGTERM). During an evaluation the
+evaluation is abandoned instead (its partial metrics are not reported) and the runner raises
+`EvaluationStopped`. A second Ctrl-C stops at once.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from tpulaunch.errors import ExitCode, TpuLaunchError
 
@@ -26,7 +28,22 @@ class TrainingStopped(TpuLaunchError):
         super().__init__(message, hint=hint, exit_code=code)
         self.signum = signum
         self.step = step
-        self.summary = summary  # the progress.TrainSummary up to the stop
+        self.summary = summary  # the events.TrainSummary up to the stop
+
+
+class EvaluationStopped(TrainingStopped):
+    """A signal stopped the run during an evaluation, or just before the final one.
+
+    Training's checkpoint at `step` is saved; the evaluation of `checkpoint` did not finish and is not
+    reported. `final`: it was the evaluation after the last training step (a rerun of `train` has
+    nothing left to do, so only `tpulaunch evaluate` scores that checkpoint).
+    """
+
+    def __init__(self, message: str, *, signum: int, step: Optional[int], checkpoint: Optional[str], final: bool,
+                 hint: Optional[str] = None, summary: Any = None):
+        super().__init__(message, signum=signum, step=step, hint=hint, summary=summary)
+        self.checkpoint = checkpoint
+        self.final = final
 
 
 class StopSignal:
@@ -59,37 +76,3 @@ class StopSignal:
         if self.received is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: the user does not want to wait for the step
         self.received = signum
-
-
-def stop_hook(stop: StopSignal):
-    """A SessionRunHook that requests a stop after the step during which a signal arrived."""
-    return request_stop_hook(lambda: stop.received is not None)
-
-
-def request_stop_hook(should_stop: Callable[[], bool]):
-    """A SessionRunHook that asks the session to stop after any run where `should_stop()` is true.
-
-    The session then ends as after its last step: the Estimator's CheckpointSaverHook saves at
-    the current step. The TPU watchdog uses it too.
-    """
-    return _stop_hook_class()(should_stop)
-
-
-_CLASS = None
-
-
-def _stop_hook_class():
-    global _CLASS
-    if _CLASS is None:
-        import tensorflow as tf
-
-        class RequestStopHook(tf.compat.v1.train.SessionRunHook):
-            def __init__(self, should_stop: Callable[[], bool]):
-                self._should_stop = should_stop
-
-            def after_run(self, run_context, run_values):
-                if self._should_stop():
-                    run_context.request_stop()
-
-        _CLASS = RequestStopHook
-    return _CLASS

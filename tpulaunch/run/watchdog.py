@@ -13,27 +13,26 @@ Two signs that the TPU is gone, turned into the same `NodeEvent`:
 when it is recreated, by hand or by a queued resource), giving up after `WatchPlan.resume_wait`
 seconds, and returning early when a signal asks training to stop.
 
-Pure Python at import time: TensorFlow is imported inside `is_lost_tpu_error` and the hook.
+No TensorFlow here: which TensorFlow errors mean a lost TPU, and the hook that ends a session once
+the watchdog has tripped, belong to the engine (`engine.estimator.hooks`).
 """
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from tpulaunch.tpu import node as cluster
 from tpulaunch.errors import ExitCode, TpuLaunchError
-from tpulaunch.run.progress import NodeEvent
+from tpulaunch.run.events import NodeEvent
+from tpulaunch.tpu import node as cluster
 
 DEFAULT_WATCH_INTERVAL_S = 60.0
 DEFAULT_RESUME_WAIT_S = 3600.0
 LOST_HEALTH = {"TIMEOUT", "DEPRECATED_UNHEALTHY"}  # besides every UNHEALTHY_* value
 # A signal arriving during a pause is noticed within this long.
 _SLEEP_SLICE_S = 0.2
-_TPU_WORDS = re.compile(r"\btpu|socket|connection", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -85,27 +84,20 @@ def lost_reason(status: cluster.NodeStatus) -> Optional[str]:
     return None
 
 
-def is_lost_tpu_error(exc: BaseException) -> bool:
-    """Whether a TensorFlow error is what a TPU that went away raises."""
-    import tensorflow as tf
-
-    if isinstance(exc, (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError)):
-        return True
-    if isinstance(exc, tf.errors.InternalError):
-        return bool(_TPU_WORDS.search(str(getattr(exc, "message", exc))))
-    return False
-
-
 class Watchdog:
     """Trips on the first sign of a lost TPU during one training attempt.
 
-    Use `start()` before a training session and `stop()` after it; pass `hook()` to
-    `estimator.train`; `tripped` holds the event (None while all is well). `reset()` clears it
-    before a resumed attempt.
+    Use `start()` before a training session and `stop()` after it, and end the session once
+    `tripped` holds an event (None while all is well). `reset()` clears it before a resumed attempt.
+
+    Args:
+        plan: the node and how to watch it.
+        is_lost_error: whether an exception the engine raised means the TPU went away.
     """
 
-    def __init__(self, plan: WatchPlan):
+    def __init__(self, plan: WatchPlan, *, is_lost_error: Callable[[BaseException], bool]):
         self.plan = plan
+        self._is_lost_error = is_lost_error
         self.tripped: Optional[NodeEvent] = None
         self.last_status: Optional[cluster.NodeStatus] = None
         self._watch: Optional[cluster.NodeWatch] = None
@@ -127,15 +119,9 @@ class Watchdog:
         with self._lock:
             self.tripped = None
 
-    def hook(self):
-        """A SessionRunHook that ends the training session once the watchdog has tripped."""
-        from tpulaunch.run.signals import request_stop_hook
-
-        return request_stop_hook(lambda: self.tripped is not None)
-
     def record_error(self, exc: BaseException) -> bool:
-        """Trip on a lost-TPU TensorFlow error (kept only if nothing tripped before); False for other errors."""
-        if not is_lost_tpu_error(exc):
+        """Trip on a lost-TPU error (kept only if nothing tripped before); False for other errors."""
+        if not self._is_lost_error(exc):
             return False
         message = str(getattr(exc, "message", exc)).strip().splitlines()
         self._trip(NodeEvent(kind="error", detail=f"{type(exc).__name__}: {message[0] if message else ''}".rstrip(": ")))

@@ -16,17 +16,17 @@ class EstimatorEngine(Engine):
 
         return tf_problems(loaded, search_path=loaded.job.search_path if loaded.job else ())
 
-    def train(self, job, plan, *, progress, cluster_resolver=None, force=False, watch=None):
+    def train(self, job, plan, *, recorder, cluster_resolver=None, force=False, watch=None):
         from tpulaunch.engine.estimator import runner
 
-        return runner.train(job, local=not plan.on_tpu, progress=progress, cluster_resolver=cluster_resolver,
+        return runner.train(job, local=not plan.on_tpu, recorder=recorder, cluster_resolver=cluster_resolver,
                             search_path=job.search_path, force=force, watch=watch)
 
-    def evaluate(self, job, plan, *, checkpoint: Optional[str] = None, cluster_resolver: Any = None):
+    def evaluate(self, job, plan, *, recorder, checkpoint: Optional[str] = None, cluster_resolver: Any = None):
         from tpulaunch.engine.estimator import runner
 
-        return runner.evaluate(job, local=not plan.on_tpu, checkpoint=checkpoint, cluster_resolver=cluster_resolver,
-                               search_path=job.search_path)
+        return runner.evaluate(job, local=not plan.on_tpu, checkpoint=checkpoint, recorder=recorder,
+                               cluster_resolver=cluster_resolver, search_path=job.search_path)
 
     def export(self, job, plan, out_dir: str, *, checkpoint: Optional[str] = None) -> str:
         from tpulaunch.engine.estimator import runner

@@ -17,8 +17,8 @@ from tpulaunch.data.pipeline import naming_read_errors
 from tpulaunch.errors import TpuLaunchError, first_line
 from tpulaunch.job.schema import Job
 from tpulaunch.plan.build import Plan, build_plan
-from tpulaunch.run.progress import EvalResult, TrainProgress, TrainSummary
-from tpulaunch.run.signals import StopSignal, TrainingStopped
+from tpulaunch.run.events import EvalResult, RunRecorder, TrainSummary
+from tpulaunch.run.signals import EvaluationStopped, StopSignal, TrainingStopped
 
 if TYPE_CHECKING:
     from tpulaunch.run.watchdog import WatchPlan
@@ -210,7 +210,7 @@ def _boundaries(start: int, steps: int, every: Optional[int]) -> List[int]:
     return points + [steps]
 
 
-def train(job: Job, *, local: bool, progress: Optional[TrainProgress] = None, stop: Optional[StopSignal] = None,
+def train(job: Job, *, local: bool, recorder: Optional[RunRecorder] = None, stop: Optional[StopSignal] = None,
           cluster_resolver: Any = None, search_path: Sequence[str] = (), force: bool = False,
           watch: Optional["WatchPlan"] = None) -> TrainSummary:
     """Train to `job.train.steps`, resuming from model_dir's latest complete checkpoint, evaluating as the job says.
@@ -222,7 +222,7 @@ def train(job: Job, *, local: bool, progress: Optional[TrainProgress] = None, st
     Args:
         job: the validated job (needs `train` and `data.train`).
         local: run on this machine (use_tpu=False) even when the job has a `tpu:` section.
-        progress: receives the events; a silent one when None.
+        recorder: receives the run's events (its renderers show them); a silent one when None.
         stop: records SIGINT/SIGTERM while training runs (a new one when None).
         cluster_resolver: the TPU's cluster resolver (TPU runs only).
         search_path: directories for the job's import paths (the job file's directory).
@@ -232,11 +232,13 @@ def train(job: Job, *, local: bool, progress: Optional[TrainProgress] = None, st
             fresh cluster resolver for each resume. None: no watching.
 
     Returns:
-        The summary (also printed by `progress`), with the TPU events and resumes.
+        The summary (also the recorder's last event), with the TPU events and resumes.
 
     Raises:
         TrainingStopped: a signal arrived; a checkpoint was saved at the step where training stopped
             (or, while waiting for the TPU, the last complete checkpoint is kept).
+        EvaluationStopped: a signal arrived during an evaluation (or just before the final one): the
+            evaluation is abandoned, not reported; training's checkpoint is saved.
         watchdog.NodeLost: the TPU was lost and no automatic resume was left (exit code 3).
         TpuLaunchError: the job cannot train (no train section or data, a model_dir of another job),
             or the TPU did not come back in time.
@@ -245,45 +247,42 @@ def train(job: Job, *, local: bool, progress: Optional[TrainProgress] = None, st
         raise TpuLaunchError("the job has nothing to train on", hint="add a train: section and data.train")
     use_tpu = job.on_tpu and not local
     model_dir = job.run.model_dir
-    if progress is None:
-        from rich.console import Console
-
-        progress = TrainProgress(Console(quiet=True), total_steps=job.train.steps, batch_size=job.train.batch_size,
-                                 disable=True, model_dir=model_dir)
+    if recorder is None:
+        recorder = RunRecorder(total_steps=job.train.steps, batch_size=job.train.batch_size,
+                               log_every_steps=log_every_steps(job), model_dir=model_dir)
     stop = stop or StopSignal()
 
     with model_dir_errors(model_dir):
-        _repair_checkpoints(model_dir, progress)
+        _repair_checkpoints(model_dir, recorder)
         write_job_copy(job, model_dir, force=force)
     start = checkpoint_step(model_dir) or 0
     if start >= job.train.steps:
-        progress.at_step(start)
-        progress.note(f"already at step {start} of {job.train.steps} in {model_dir}; nothing to train")
+        recorder.at_step(start)
+        recorder.note(f"already at step {start} of {job.train.steps} in {model_dir}; nothing to train")
     elif start:
-        progress.note(f"resumed from step {start} ({model_dir})")
+        recorder.note(f"resumed from step {start} ({model_dir})")
     train_input = _input_fn(job, "train", use_tpu, search_path)
 
-    from tpulaunch.run.progress import progress_hooks, skipped_records_hook
-    from tpulaunch.run.signals import stop_hook
+    from tpulaunch.engine.estimator import hooks as tf_hooks
 
     steps_per_run = job.tpu.iterations_per_loop if use_tpu else 1
-    hook, listener = progress_hooks(progress, steps_per_run=steps_per_run)
-    hooks = [hook, stop_hook(stop), skipped_records_hook(progress)]
+    hook, listener = tf_hooks.progress_hooks(recorder, steps_per_run=steps_per_run, model_dir=model_dir)
+    hooks = [hook, tf_hooks.RequestStopHook(lambda: stop.received is not None), tf_hooks.skipped_records_hook(recorder)]
     dog = None
     if watch is not None:
         from tpulaunch.run.watchdog import Watchdog
 
-        dog = Watchdog(watch)
-        hooks.append(dog.hook())
+        dog = Watchdog(watch, is_lost_error=tf_hooks.is_lost_tpu_error)
+        hooks.append(tf_hooks.RequestStopHook(lambda: dog.tripped is not None))
     with stop:
         while True:
             estimator = make_estimator(job, use_tpu=use_tpu, cluster_resolver=cluster_resolver, search_path=search_path)
             with model_dir_errors(model_dir):
-                event = _train_segments(estimator, job, train_input, hooks, listener, progress, stop, dog,
+                event = _train_segments(estimator, job, train_input, hooks, listener, recorder, stop, dog,
                                         use_tpu, search_path)
             if event is None:
-                return progress.finish()
-            cluster_resolver = _recover(event, job, watch, progress, stop, use_tpu)
+                return recorder.finish()
+            cluster_resolver = _recover(event, job, watch, recorder, stop, use_tpu)
             dog.reset()
 
 
@@ -322,19 +321,21 @@ def _about(model_dir: str, text: str) -> bool:
     return False
 
 
-def _repair_checkpoints(model_dir: str, progress: TrainProgress):
+def _repair_checkpoints(model_dir: str, recorder: RunRecorder):
     """Point the checkpoint state at the newest complete checkpoint, saying what was skipped."""
     from tpulaunch.engine.estimator.checkpoints import describe_repair, repair_checkpoint_state
 
     repair = repair_checkpoint_state(model_dir)
     for line in describe_repair(repair):
-        progress.note(line)
+        recorder.note(line)
     return repair
 
 
-def _train_segments(estimator, job: Job, train_input, hooks: list, listener, progress: TrainProgress,
+def _train_segments(estimator, job: Job, train_input, hooks: list, listener, recorder: RunRecorder,
                     stop: StopSignal, dog, use_tpu: bool, search_path: Sequence[str]):
     """Train (and evaluate) from the latest checkpoint to the end; the NodeEvent if the TPU was lost, else None."""
+    from tpulaunch.engine.estimator.hooks import EvaluationInterrupted, InterruptEvaluationHook
+
     model_dir = job.run.model_dir
     evaluates = job.eval is not None and (job.data.eval is not None or bool(job.data.input_fn))
     every = job.eval.every_steps if evaluates else None
@@ -356,9 +357,11 @@ def _train_segments(estimator, job: Job, train_input, hooks: list, listener, pro
         tripped = dog.tripped if dog is not None else None
         if stop.received is not None:
             if tripped is not None:  # the TPU went too: the save at the stop may be incomplete
-                _repair_checkpoints(model_dir, progress)
+                _repair_checkpoints(model_dir, recorder)
             step = checkpoint_step(model_dir) or step
-            summary = progress.finish(stopped_by=stop.name)
+            if step >= job.train.steps and evaluates:  # a rerun would not evaluate: say so
+                raise _evaluation_stopped(job, step, stop, recorder)
+            summary = recorder.finish(stopped_by=stop.name)
             raise TrainingStopped(
                 f"stopped at step {step}, checkpoint saved; rerun the same command to resume",
                 signum=stop.received, step=step, summary=summary)
@@ -367,7 +370,10 @@ def _train_segments(estimator, job: Job, train_input, hooks: list, listener, pro
         step = checkpoint_step(model_dir) or step
         if every or (boundary == job.train.steps and evaluates):
             try:
-                _evaluate_into(estimator, job, use_tpu, search_path, progress)
+                _evaluate_into(estimator, job, use_tpu, search_path, recorder,
+                               hooks=[InterruptEvaluationHook(lambda: stop.received is not None)])
+            except EvaluationInterrupted:
+                raise _evaluation_stopped(job, step, stop, recorder) from None
             except Exception as exc:
                 if dog is None or not dog.record_error(exc):
                     raise
@@ -375,20 +381,34 @@ def _train_segments(estimator, job: Job, train_input, hooks: list, listener, pro
     return None
 
 
-def _recover(event, job: Job, watch, progress: TrainProgress, stop: StopSignal, use_tpu: bool):
+def _evaluation_stopped(job: Job, step: int, stop: StopSignal, recorder: RunRecorder) -> EvaluationStopped:
+    """A signal arrived during the evaluation of the checkpoint at `step` (or just before the final one)."""
+    summary = recorder.finish(stopped_by=stop.name)
+    final = step >= job.train.steps
+    if final:
+        message = (f"stopped at step {step}, checkpoint saved; training is complete, but the final evaluation did "
+                   "not finish and is not reported")
+    else:
+        message = (f"stopped at step {step}, checkpoint saved; the evaluation at that step did not finish and is not "
+                   "reported; rerun the same command to resume training")
+    return EvaluationStopped(message, signum=stop.received, step=step, summary=summary, final=final,
+                             checkpoint=os.path.join(job.run.model_dir, f"model.ckpt-{step}"))
+
+
+def _recover(event, job: Job, watch, recorder: RunRecorder, stop: StopSignal, use_tpu: bool):
     """After a lost TPU: keep the last complete checkpoint, then stop (NodeLost) or wait and return a resolver."""
     from tpulaunch.run.watchdog import NodeLost, wait_until_ready
 
     model_dir = job.run.model_dir
-    event.step = progress.step
-    repair = _repair_checkpoints(model_dir, progress)
+    event.step = recorder.step
+    repair = _repair_checkpoints(model_dir, recorder)
     event.checkpoint_step = repair.step or 0
-    progress.node_event(event)
+    recorder.node_lost(event)
     name = watch.ref.name
-    if progress.resumes >= watch.auto_resume:
-        summary = progress.finish(stopped_by=f"TPU {event.detail}")
-        tried = f" after {progress.resumes} automatic resume{'s' if progress.resumes != 1 else ''}" \
-            if progress.resumes else ""
+    if recorder.resumes >= watch.auto_resume:
+        summary = recorder.finish(stopped_by=f"TPU {event.detail}")
+        tried = f" after {recorder.resumes} automatic resume{'s' if recorder.resumes != 1 else ''}" \
+            if recorder.resumes else ""
         raise NodeLost(
             f"TPU node '{name}' lost ({event.detail}) at step {event.step}{tried}; the last complete checkpoint is "
             f"at step {event.checkpoint_step} ({event.steps_lost} steps lost)",
@@ -398,16 +418,16 @@ def _recover(event, job: Job, watch, progress: TrainProgress, stop: StopSignal, 
             event=event, summary=summary)
 
     def waiting(status, problem, left):
-        progress.node_waiting(problem or (lost_state(status) if status else "no answer"), left)
+        recorder.node_waiting(problem or (lost_state(status) if status else "no answer"), left)
 
     status = wait_until_ready(watch, should_stop=lambda: stop.received is not None, on_wait=waiting)
     if status is None:
-        summary = progress.finish(stopped_by=stop.name)
+        summary = recorder.finish(stopped_by=stop.name)
         raise TrainingStopped(
             f"stopped while waiting for TPU node '{name}'; the checkpoint at step {event.checkpoint_step} is kept: "
             "rerun the same command to resume",
             signum=stop.received, step=event.checkpoint_step, summary=summary)
-    progress.node_ready(f"{status.state}/{status.health}", event.checkpoint_step, watch.auto_resume)
+    recorder.node_ready(f"{status.state}/{status.health}", event.checkpoint_step, watch.auto_resume)
     if not use_tpu:
         return None
     from tpulaunch.tpu import node as cluster
@@ -422,24 +442,22 @@ def lost_state(status) -> str:
     return str(status.state)
 
 
-def _evaluate_into(estimator, job: Job, use_tpu: bool, search_path: Sequence[str], progress: Optional[TrainProgress],
-                   checkpoint: Optional[str] = None) -> EvalResult:
-    from tpulaunch.run.progress import skipped_records_counter
+def _evaluate_into(estimator, job: Job, use_tpu: bool, search_path: Sequence[str], recorder: RunRecorder,
+                   checkpoint: Optional[str] = None, hooks: Sequence = ()) -> EvalResult:
+    from tpulaunch.engine.estimator.hooks import skipped_records_counter
 
     hook, skipped = skipped_records_counter()
     with naming_read_errors(job, "eval"):
         results = estimator.evaluate(_input_fn(job, "eval", use_tpu, search_path), steps=job.eval.steps,
-                                     checkpoint_path=checkpoint, hooks=[hook])
-    step = int(results.get("global_step", 0))
-    metrics = {k: float(v) for k, v in results.items() if k != "global_step"}
-    if progress is not None:
-        return progress.evaluated(step, metrics, skipped())
-    return EvalResult(step, metrics, skipped())
+                                     checkpoint_path=checkpoint, hooks=[hook, *hooks])
+    return recorder.evaluated(int(results.get("global_step", 0)), results, skipped())
 
 
-def evaluate(job: Job, *, local: bool, checkpoint: Optional[str] = None, progress: Optional[TrainProgress] = None,
+def evaluate(job: Job, *, local: bool, checkpoint: Optional[str] = None, recorder: Optional[RunRecorder] = None,
              cluster_resolver: Any = None, search_path: Sequence[str] = ()) -> EvalResult:
     """Evaluate the latest checkpoint in model_dir (or `checkpoint`) for `eval.steps` batches.
+
+    The result is also handed to `recorder` (its renderers show it), when given.
 
     Raises:
         TpuLaunchError: no eval section or data, or no checkpoint to evaluate.
@@ -451,7 +469,7 @@ def evaluate(job: Job, *, local: bool, checkpoint: Optional[str] = None, progres
                              hint="train first, or pass --checkpoint PATH")
     use_tpu = job.on_tpu and not local
     estimator = make_estimator(job, use_tpu=use_tpu, cluster_resolver=cluster_resolver, search_path=search_path)
-    return _evaluate_into(estimator, job, use_tpu, search_path, progress, checkpoint)
+    return _evaluate_into(estimator, job, use_tpu, search_path, recorder or RunRecorder(), checkpoint)
 
 
 # ----------------------------------------------------------------------------------------- export

@@ -1,0 +1,368 @@
+"""What happens during a run, as plain data, and the recorder that keeps the run's state.
+
+The engine's hooks and the runner tell a `RunRecorder` what happened (a training session began at
+step 0, a session run ended at step 37 with loss 0.61, a checkpoint was written, an evaluation
+finished, the TPU was lost...). The recorder accumulates the run's state — steps, rates, the
+smoothed loss, evaluations, TPU events and resumes, skipped records — which the runner asks for its
+decisions, and hands each event below to its subscribers: the renderers (`render_plain`,
+`render_live`). A quiet run has no subscriber. Nothing here knows about TensorFlow or a console;
+the clock is a parameter, as in rich's Progress, so a test can drive a whole run by hand.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+# ------------------------------------------------------------------------------------------ events
+
+
+@dataclass(frozen=True)
+class TrainingStarted:
+    """The run's first training session opened at `step` (after restoring any checkpoint)."""
+
+    step: int
+    total_steps: int
+    batch_size: int
+    model_dir: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Note:
+    """A one-line message between progress output (where training resumes, a skipped checkpoint...)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class StepProgress:
+    """Where training is: `step`, its rates, the smoothed loss.
+
+    `eta_s` is 0 once `step` reaches `total_steps` and None while no rate is known; `skipped` is the
+    records dropped under data.skip_corrupt so far (None: nobody counts them).
+    """
+
+    step: int
+    total_steps: int
+    steps_per_sec: Optional[float]
+    examples_per_sec: Optional[float]
+    loss: Optional[float]
+    eta_s: Optional[float]
+    skipped: Optional[int]
+
+
+@dataclass(frozen=True)
+class StepsRun(StepProgress):
+    """A session run finished; rates over the current session."""
+
+
+@dataclass(frozen=True)
+class StepsLogged(StepProgress):
+    """A log point (every `log_every_steps`, and the last step); rates since the previous log point."""
+
+
+@dataclass(frozen=True)
+class CheckpointSaved:
+    """A checkpoint was written at `step` (not the save that only restates where a session began)."""
+
+    step: int
+    path: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class RecordsSkipped:
+    """The input pipelines dropped the run's first records under data.skip_corrupt (`count` so far).
+
+    Later counts ride on `StepsRun.skipped` and the summary.
+    """
+
+    count: int
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """One evaluation: the global step it scored and its metrics (loss included)."""
+
+    step: int
+    metrics: Dict[str, float]
+    records_skipped: Optional[int] = None  # eval records dropped under data.skip_corrupt; None: not counted
+
+
+@dataclass
+class NodeEvent:
+    """The TPU was lost during training (the API reported it, or TensorFlow raised a lost-TPU error).
+
+    Attributes:
+        kind: "node" (the TPU API's state/health) or "error" (a TensorFlow error).
+        detail: "PREEMPTED", "READY/UNHEALTHY_TENSORFLOW", "UnavailableError: Socket closed", ...
+        step: the global step training had reached when it stopped.
+        checkpoint_step: the step of the last complete checkpoint after the stop (0: none).
+        resumed: whether training resumed after it.
+    """
+
+    kind: str
+    detail: str
+    step: Optional[int] = None
+    checkpoint_step: Optional[int] = None
+    resumed: bool = False
+
+    @property
+    def steps_lost(self) -> int:
+        """Steps trained after the last complete checkpoint: they are run again after a resume."""
+        if self.step is None or self.checkpoint_step is None:
+            return 0
+        return max(0, self.step - self.checkpoint_step)
+
+
+@dataclass(frozen=True)
+class NodeWaiting:
+    """Waiting for the TPU to be usable again; `state` is what it is now ("PREEMPTED", an API error...).
+
+    `new_state`: the first wait in this state (a line is worth writing; otherwise only the countdown moved).
+    """
+
+    state: str
+    seconds_left: float
+    new_state: bool
+
+
+@dataclass(frozen=True)
+class NodeReady:
+    """The TPU is usable again; training resumes from the checkpoint at `step` (resume `resume` of `allowed`)."""
+
+    state: str
+    step: int
+    resume: int
+    allowed: int
+
+
+@dataclass(frozen=True)
+class TrainSummary:
+    """What a training run did (the last event of a run). Rates count only time spent in training sessions."""
+
+    start_step: int
+    final_step: int
+    total_steps: int
+    steps_run: int
+    seconds: float
+    steps_per_sec: Optional[float]
+    examples_per_sec: Optional[float]
+    loss: Optional[float]
+    last_checkpoint: Optional[str]
+    evals: List[EvalResult] = field(default_factory=list)
+    stopped_by: Optional[str] = None  # "SIGINT" / "SIGTERM" / "TPU PREEMPTED" when training was interrupted
+    events: List[NodeEvent] = field(default_factory=list)  # TPU losses, in order
+    resumes: int = 0  # automatic resumes after them
+    records_skipped: Optional[int] = None  # records dropped under data.skip_corrupt; None: not counted
+
+    @property
+    def steps_lost(self) -> int:
+        return sum(event.steps_lost for event in self.events)
+
+
+Subscriber = Callable[[object], None]
+
+# ---------------------------------------------------------------------------------------- recorder
+
+
+class RunRecorder:
+    """The state of one `train` (possibly several sessions, with evaluations and resumes in between) or `evaluate`.
+
+    Args:
+        total_steps: the global step training stops at.
+        batch_size: global batch size (for examples/s).
+        log_every_steps: a log point every this many steps (and the loss smoothing window).
+        model_dir: where checkpoints go (named by the start event).
+        get_time: the clock, in seconds. Defaults to time.monotonic.
+    """
+
+    def __init__(self, *, total_steps: int = 0, batch_size: int = 0, log_every_steps: int = 100,
+                 model_dir: Optional[str] = None, get_time: Callable[[], float] = time.monotonic):
+        if log_every_steps < 1:
+            raise ValueError(f"`log_every_steps` must be >= 1, got {log_every_steps}")
+        self.total_steps = total_steps
+        self.batch_size = batch_size
+        self.log_every_steps = log_every_steps
+        self.model_dir = model_dir
+        self.get_time = get_time
+        self._subscribers: List[Subscriber] = []
+        self._losses: collections.deque = collections.deque(maxlen=log_every_steps)
+        self.start_step: Optional[int] = None
+        self.step = 0
+        self.last_checkpoint: Optional[str] = None
+        self.evals: List[EvalResult] = []
+        self.events: List[NodeEvent] = []
+        self.resumes = 0
+        self._seconds = 0.0  # training time over finished segments
+        self._steps_run = 0
+        self._segment: Optional[tuple] = None  # (step, time) when the current session began
+        self._last_update: Optional[tuple] = None
+        self._logged: Optional[tuple] = None  # (step, time) of the last log point, for the interval rate
+        self._next_log = 0
+        self._waiting: Optional[str] = None  # the state the last wait for the TPU reported
+        self._skipped_before: Optional[int] = None  # records skipped in finished sessions (None: not counted)
+        self._skipped_now = 0  # ... and in the current one
+
+    def subscribe(self, subscriber: Subscriber) -> Subscriber:
+        """Hand every later event to `subscriber` (a renderer)."""
+        self._subscribers.append(subscriber)
+        return subscriber
+
+    def _emit(self, event) -> None:
+        for subscriber in self._subscribers:
+            subscriber(event)
+
+    # ------------------------------------------------------------------------------- training
+
+    def session_began(self, step: int) -> None:
+        """A training session starts at global step `step` (after restoring any checkpoint)."""
+        now = self.get_time()
+        first = self.start_step is None
+        if first:
+            self.start_step = step
+        self.step = max(self.step, step)
+        self._segment = self._logged = self._last_update = (step, now)
+        self._next_log = (step // self.log_every_steps + 1) * self.log_every_steps
+        if first:
+            self._emit(TrainingStarted(step, self.total_steps, self.batch_size, self.model_dir))
+
+    def at_step(self, step: int) -> None:
+        """Training is already at `step` (no session will run): the summary starts and ends there."""
+        if self.start_step is None:
+            self.start_step = step
+        self.step = max(self.step, step)
+
+    def note(self, text: str) -> None:
+        self._emit(Note(text))
+
+    def wants_exact_step(self, estimate: int) -> bool:
+        """Whether `steps_run(estimate)` would be a log point (so the caller should read the exact step)."""
+        return estimate >= self._next_log or estimate >= self.total_steps
+
+    def steps_run(self, step: int, loss: Optional[float]) -> None:
+        """A session run finished; the global step is now `step`."""
+        now = self.get_time()
+        if self._segment is None:
+            self.session_began(step)
+        previous_step, previous_time = self._last_update
+        self._steps_run += max(0, step - previous_step)
+        self._seconds += max(0.0, now - previous_time)
+        self._last_update = (max(step, previous_step), now)
+        self.step = max(self.step, step)
+        if loss is not None:
+            self._losses.append(float(loss))
+        self._emit(self._steps(StepsRun, step, _rate(*self._segment, step, now)))
+        if step >= self._next_log or step >= self.total_steps:
+            self._emit(self._steps(StepsLogged, step, _rate(*self._logged, step, now)))
+            self._logged = (step, now)
+            self._next_log = (step // self.log_every_steps + 1) * self.log_every_steps
+
+    def session_ended(self) -> None:
+        """The training session closed (evaluation or the end of training follows)."""
+        self._segment = None
+
+    def checkpoint_saved(self, step: int, path: Optional[str] = None) -> None:
+        """A checkpoint was written at `step`. The save that only restates the starting point is no event.
+
+        That save happens as a session opens: before the progress hook's `session_began` (no
+        segment yet) or just after it (at the segment's first step), depending on hook order.
+        """
+        self.last_checkpoint = path or self.last_checkpoint
+        if self._segment is None or step == self._segment[0]:
+            return
+        self._emit(CheckpointSaved(step, path))
+
+    @property
+    def smoothed_loss(self) -> Optional[float]:
+        return sum(self._losses) / len(self._losses) if self._losses else None
+
+    def _steps(self, kind, step: int, rate: Optional[float]) -> StepProgress:
+        if step >= self.total_steps:
+            eta = 0.0
+        else:
+            eta = (self.total_steps - step) / rate if rate else None
+        return kind(step=step, total_steps=self.total_steps, steps_per_sec=rate,
+                    examples_per_sec=rate * self.batch_size if rate is not None else None,
+                    loss=self.smoothed_loss, eta_s=eta, skipped=self.skipped)
+
+    # ------------------------------------------------------------------------- skipped records
+
+    def skip_counting_began(self) -> None:
+        """A session starts whose input pipelines count records skipped under data.skip_corrupt (from 0)."""
+        self._skipped_before = (self._skipped_before or 0) + self._skipped_now  # a session cut short included
+        self._skipped_now = 0
+
+    def records_skipped(self, in_session: int, *, session_ended: bool = False) -> None:
+        """The input pipeline has skipped `in_session` bad records in this session (data.skip_corrupt)."""
+        before = self._skipped_before or 0
+        first = before + self._skipped_now == 0 and in_session > 0
+        if session_ended:
+            self._skipped_before, self._skipped_now = before + in_session, 0
+        else:
+            self._skipped_before, self._skipped_now = before, in_session
+        if first:
+            self._emit(RecordsSkipped(in_session))
+
+    @property
+    def skipped(self) -> Optional[int]:
+        """Records skipped so far, over all sessions; None when nobody counts them."""
+        return None if self._skipped_before is None else self._skipped_before + self._skipped_now
+
+    # ------------------------------------------------------------------------------ evaluation
+
+    def evaluated(self, step: int, metrics: Dict[str, float], records_skipped: Optional[int] = None) -> EvalResult:
+        """An evaluation of the checkpoint at `step` finished."""
+        result = EvalResult(step, {k: float(v) for k, v in metrics.items() if k != "global_step"}, records_skipped)
+        self.evals.append(result)
+        self._emit(result)
+        return result
+
+    # ------------------------------------------------------------------------------------- TPU
+
+    def node_lost(self, event: NodeEvent) -> None:
+        """Training stopped because the TPU was lost; `event` has the step and the checkpoint step."""
+        self.events.append(event)
+        self._segment = None
+        self._waiting = None
+        self._emit(event)
+
+    def node_waiting(self, state: str, seconds_left: float) -> None:
+        """Waiting for the TPU to be usable again; `state` is what it is now."""
+        new_state = self._waiting != state
+        self._waiting = state
+        self._emit(NodeWaiting(state, seconds_left, new_state))
+
+    def node_ready(self, state: str, step: int, allowed: int) -> None:
+        """The TPU is usable again; training resumes from the checkpoint at `step`."""
+        self.resumes += 1
+        if self.events:
+            self.events[-1].resumed = True
+        self._waiting = None
+        self._emit(NodeReady(state, step, self.resumes, allowed))
+
+    # ------------------------------------------------------------------------------------- end
+
+    def finish(self, stopped_by: Optional[str] = None) -> TrainSummary:
+        """Training ended (or stopped): the summary, also handed to the subscribers."""
+        self._segment = None
+        summary = self.summary(stopped_by)
+        self._emit(summary)
+        return summary
+
+    def summary(self, stopped_by: Optional[str] = None) -> TrainSummary:
+        rate = self._steps_run / self._seconds if self._seconds > 0 and self._steps_run else None
+        return TrainSummary(
+            start_step=self.start_step if self.start_step is not None else self.step,
+            final_step=self.step, total_steps=self.total_steps, steps_run=self._steps_run,
+            seconds=self._seconds, steps_per_sec=rate,
+            examples_per_sec=rate * self.batch_size if rate is not None else None,
+            loss=self.smoothed_loss, last_checkpoint=self.last_checkpoint, evals=list(self.evals),
+            stopped_by=stopped_by, events=list(self.events), resumes=self.resumes, records_skipped=self.skipped)
+
+
+def _rate(from_step: int, from_time: float, step: int, now: float) -> Optional[float]:
+    if now <= from_time or step <= from_step:
+        return None
+    return (step - from_step) / (now - from_time)

@@ -1,0 +1,97 @@
+"""The words and numbers of run events, as both renderers write them (one copy of each wording)."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+from tpulaunch.run.events import (EvalResult, NodeEvent, NodeReady, NodeWaiting, StepProgress, TrainingStarted,
+                                  TrainSummary)
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def format_value(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def format_rate(value: float) -> str:
+    """Whole numbers for fast rates; decimals where a whole number would read 0 (big volumes on a CPU)."""
+    return f"{value:.0f}" if value >= 10 else f"{value:.2g}"
+
+
+def format_eta(steps: StepProgress) -> str:
+    return "-" if steps.eta_s is None else format_duration(steps.eta_s)
+
+
+def skipped_text(count: int) -> str:
+    """How summaries and evaluations state the records dropped under data.skip_corrupt."""
+    return f"{count} record{'s' if count != 1 else ''} skipped (data.skip_corrupt)"
+
+
+def first_skipped_text(count: int) -> str:
+    return f"data.skip_corrupt: skipping records that fail to parse ({count} so far)"
+
+
+def start_text(event: TrainingStarted) -> str:
+    where = f" | model_dir {event.model_dir}" if event.model_dir else ""
+    return f"train | start | step {event.step}/{event.total_steps} | batch {event.batch_size}{where}"
+
+
+def train_text(steps: StepProgress) -> str:
+    parts = [f"train | step {steps.step}/{steps.total_steps}"]
+    if steps.steps_per_sec is None:
+        parts += ["- steps/s", "- examples/s"]
+    else:
+        parts += [f"{steps.steps_per_sec:.1f} steps/s", f"{format_rate(steps.examples_per_sec)} examples/s"]
+    parts.append(f"loss {format_value(steps.loss)}")
+    parts.append(f"eta {format_eta(steps)}")
+    if steps.skipped:
+        parts.append(f"skipped {steps.skipped}")
+    return " | ".join(parts)
+
+
+def metric_names(result: EvalResult) -> List[str]:
+    """The metrics in the order they are shown: by name, loss last."""
+    shown = result.metrics
+    return sorted(k for k in shown if k != "loss") + (["loss"] if "loss" in shown else [])
+
+
+def eval_text(result: EvalResult) -> str:
+    parts = [f"eval | step {result.step}"] + [f"{k} {format_value(result.metrics[k])}" for k in metric_names(result)]
+    if result.records_skipped is not None:
+        parts.append(skipped_text(result.records_skipped))
+    return " | ".join(parts)
+
+
+def node_lost_text(event: NodeEvent) -> str:
+    checkpoint = f"checkpoint step {event.checkpoint_step}" if event.checkpoint_step else "no checkpoint"
+    return f"tpu | {event.detail} | step {event.step} | {checkpoint} | {event.steps_lost} steps lost"
+
+
+def node_waiting_text(event: NodeWaiting) -> str:
+    return f"tpu | waiting for READY/HEALTHY | {event.state} | {event.seconds_left:.0f} s left"
+
+
+def node_ready_text(event: NodeReady) -> str:
+    return f"tpu | {event.state} | resuming from step {event.step} (resume {event.resume} of {event.allowed})"
+
+
+def summary_text(s: TrainSummary) -> str:
+    head = f"stopped ({s.stopped_by})" if s.stopped_by else "done"
+    rate = "-" if s.steps_per_sec is None else f"{s.steps_per_sec:.1f}"
+    examples = "-" if s.examples_per_sec is None else format_rate(s.examples_per_sec)
+    parts = [f"{head} | step {s.final_step}/{s.total_steps}", f"{s.steps_run} steps in {s.seconds:.1f} s",
+             f"{rate} steps/s", f"{examples} examples/s", f"loss {format_value(s.loss)}"]
+    if s.last_checkpoint:
+        parts.append(f"checkpoint {s.last_checkpoint}")
+    if s.events:
+        lost = "; ".join(f"{e.detail} at step {e.step}" for e in s.events)
+        parts.append(f"{len(s.events)} TPU event{'s' if len(s.events) != 1 else ''} ({lost})")
+        parts.append(f"{s.resumes} resume{'s' if s.resumes != 1 else ''}")
+        parts.append(f"{s.steps_lost} steps lost")
+    if s.records_skipped is not None:
+        parts.append(skipped_text(s.records_skipped))
+    return " | ".join(parts)
