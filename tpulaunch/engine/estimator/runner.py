@@ -11,9 +11,11 @@ import contextlib
 import re
 
 import os
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from tpulaunch.data.pipeline import naming_read_errors
+from tpulaunch.engine.estimator.plain import (  # noqa: F401  (partition_dims, log_every_steps: for callers)
+    config_settings, estimator_settings, log_every_steps, partition_dims)
 from tpulaunch.errors import TpuLaunchError, first_line
 from tpulaunch.job.schema import Job
 from tpulaunch.run.progress import EvalResult, TrainProgress, TrainSummary
@@ -31,48 +33,8 @@ MASK = "***"
 # restore variables into a different model or feed it different tensors.
 _IDENTITY = (("model",), ("data", "features"), ("data", "labels"))
 
-# Plain progress lines on CPU/GPU when the job does not say (a TPU job uses iterations_per_loop).
-DEFAULT_LOG_EVERY_STEPS = 100
-
 
 # ------------------------------------------------------------------------------------------ configs
-
-def partition_dims(job: Job) -> Optional[list]:
-    """`TPUConfig.input_partition_dims` for the job: `[features_dims, labels_dims]`, or None.
-
-    Each part mirrors the structure the input_fn yields (see interfaces): the dims list (or None)
-    for a single tensor, a dict with every tensor's name for several (None = replicated), None for
-    no labels. None overall when the job has no `partition:` section or one replica uses one core.
-
-    Raises:
-        TpuLaunchError: a single feature left unpartitioned while labels are partitioned (TF needs
-            `input_partition_dims[0]` to be set whenever partitioning is on).
-    """
-    if job.partition is None or job.tpu is None or job.tpu.cores_per_replica <= 1:
-        return None
-    if job.partition == "auto":  # the dims `tpulaunch plan` shows: smallest split that fits, largest axes first
-        from tpulaunch.plan.memory import resolve_auto_partition
-
-        job = job.model_copy(update={"partition": resolve_auto_partition(job)})
-    feature_dims = _mirror(job.data.features, job.partition.features)
-    label_dims = _mirror(job.data.labels, job.partition.labels) if job.data.labels else None
-    if feature_dims is None and label_dims is None:
-        return None
-    if feature_dims is None:
-        raise TpuLaunchError(
-            "partition.labels is set but the only feature is not partitioned",
-            hint="TensorFlow needs the feature's dims when labels are partitioned; give partition.features "
-                 "the feature's dims (all 1s to keep it whole)")
-    return [feature_dims, label_dims]
-
-
-def _mirror(specs: dict, dims: dict):
-    if len(specs) == 1:
-        (name,) = specs
-        value = dims.get(name)
-        return list(value) if value is not None else None
-    return {name: (list(dims[name]) if dims.get(name) is not None else None) for name in specs}
-
 
 def run_config(job: Job, *, use_tpu: bool, cluster_resolver: Any = None, model_dir: Optional[str] = None):
     """The `tf.compat.v1.estimator.tpu.RunConfig` for `job`.
@@ -83,52 +45,23 @@ def run_config(job: Job, *, use_tpu: bool, cluster_resolver: Any = None, model_d
         cluster_resolver: a TPUClusterResolver for the TPU (None: nothing is contacted here).
         model_dir: overrides `job.run.model_dir`.
     """
-    import tensorflow as tf
+    from tpulaunch.engine.estimator import standalone
 
-    tpu_lib = tf.compat.v1.estimator.tpu
-    tpu_kwargs: dict = {"iterations_per_loop": job.tpu.iterations_per_loop if job.tpu else 1}
-    if use_tpu:
-        tpu_kwargs["per_host_input_for_training"] = tpu_lib.InputPipelineConfig.PER_HOST_V2
-        if job.tpu is not None and job.tpu.cores_per_replica > 1:
-            tpu_kwargs["num_cores_per_replica"] = job.tpu.cores_per_replica
-            tpu_kwargs["input_partition_dims"] = partition_dims(job)
-    log_every = log_every_steps(job)
-    return tpu_lib.RunConfig(
-        cluster=cluster_resolver if use_tpu else None,
-        model_dir=model_dir or job.run.model_dir,
-        save_checkpoints_steps=job.run.save_checkpoints_steps,
-        keep_checkpoint_max=job.run.keep_checkpoint_max,
-        tf_random_seed=job.run.seed,
-        log_step_count_steps=log_every,
-        save_summary_steps=log_every,
-        tpu_config=tpu_lib.TPUConfig(**tpu_kwargs),
-    )
-
-
-def log_every_steps(job: Job) -> int:
-    if job.run.log_every_steps:
-        return job.run.log_every_steps
-    return job.tpu.iterations_per_loop if job.tpu else DEFAULT_LOG_EVERY_STEPS
+    settings = config_settings(job, use_tpu=use_tpu)
+    settings["model_dir"] = model_dir or settings["model_dir"]
+    return standalone.run_config(use_tpu=use_tpu, cluster_resolver=cluster_resolver, **settings)
 
 
 def make_estimator(job: Job, *, use_tpu: bool, cluster_resolver: Any = None, search_path: Sequence[str] = (),
                    model_dir: Optional[str] = None, export_to_tpu: bool = False):
     """A TPUEstimator for `job` with the portable model_fn (or the job's own `model.model_fn`)."""
-    import tensorflow as tf
-
+    from tpulaunch.engine.estimator import standalone
     from tpulaunch.engine.estimator.model_fn import make_model_fn
 
-    eval_batch = job.eval.batch_size if job.eval else None
-    return tf.compat.v1.estimator.tpu.TPUEstimator(
-        model_fn=make_model_fn(job, use_tpu=use_tpu, search_path=search_path),
-        config=run_config(job, use_tpu=use_tpu, cluster_resolver=cluster_resolver, model_dir=model_dir),
-        use_tpu=use_tpu,
-        train_batch_size=job.train.batch_size if job.train else (eval_batch or 1),
-        eval_batch_size=eval_batch,
-        predict_batch_size=None,
-        eval_on_tpu=use_tpu,
-        export_to_tpu=export_to_tpu and use_tpu,
-    )
+    return standalone.tpu_estimator(
+        make_model_fn(job, use_tpu=use_tpu, search_path=search_path),
+        run_config(job, use_tpu=use_tpu, cluster_resolver=cluster_resolver, model_dir=model_dir),
+        use_tpu=use_tpu, export_to_tpu=export_to_tpu, **estimator_settings(job))
 
 
 def _input_fn(job: Job, mode: str, use_tpu: bool, search_path: Sequence[str]):
@@ -214,14 +147,6 @@ def _get(document: Any, keys: tuple):
 
 
 # ------------------------------------------------------------------------------------------ train
-
-def _boundaries(start: int, steps: int, every: Optional[int]) -> List[int]:
-    """Global steps to train to, one segment each; evaluation follows each when `every` is set."""
-    if not every:
-        return [steps]
-    points = list(range((start // every + 1) * every, steps, every))
-    return points + [steps]
-
 
 def train(job: Job, *, local: bool, progress: Optional[TrainProgress] = None, stop: Optional[StopSignal] = None,
           cluster_resolver: Any = None, search_path: Sequence[str] = (), force: bool = False,
@@ -348,11 +273,13 @@ def _repair_checkpoints(model_dir: str, progress: TrainProgress):
 def _train_segments(estimator, job: Job, train_input, hooks: list, listener, progress: TrainProgress,
                     stop: StopSignal, dog, use_tpu: bool, search_path: Sequence[str]):
     """Train (and evaluate) from the latest checkpoint to the end; the NodeEvent if the TPU was lost, else None."""
+    from tpulaunch.engine.estimator import standalone
+
     model_dir = job.run.model_dir
     evaluates = job.eval is not None and (job.data.eval is not None or bool(job.data.input_fn))
     every = job.eval.every_steps if evaluates else None
     step = checkpoint_step(model_dir) or 0
-    for boundary in _boundaries(step, job.train.steps, every):
+    for boundary in standalone.boundaries(step, job.train.steps, every):
         if step >= boundary:
             continue
         try:
