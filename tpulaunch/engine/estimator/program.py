@@ -174,14 +174,15 @@ def _assignment(name: str, value: Any, where: str, note: Optional[str] = None) -
     return [f"{text}  {comment}"]
 
 
-def _settings_lines(title: str, settings: dict, at, written: set, notes: Optional[dict] = None) -> list:
+def _settings_lines(title: str, settings: dict, at, written: dict, notes: dict) -> list:
+    """One constant per setting not yet `written` (learning_rate and model_dir feed two functions)."""
     lines = [f"# {title}"]
     for name, value in settings.items():
-        if name in written:  # learning_rate and model_dir feed two functions
+        if name in written:
+            assert written[name] == value, (name, written[name], value)  # one constant must serve both
             continue
-        written.add(name)
-        note = {**_NOTES, **(notes or {})}.get(name)
-        lines += _assignment(name, value, at(*plain.SOURCES[name]), note)
+        written[name] = value
+        lines += _assignment(name, value, at(*plain.SOURCES[name]), {**_NOTES, **notes}.get(name))
     return lines + [""]
 
 
@@ -225,7 +226,7 @@ def explain_script(loaded: LoadedJob, *, search_path: Sequence[str] = ()) -> str
     if on_tpu and not config["num_cores_per_replica"]:
         config_notes["num_cores_per_replica"] = "1 core per replica = no model parallelism"
 
-    written: set = set()
+    written: dict = {}
     lines = [
         "#!/usr/bin/env python3",
         f'"""The TPUEstimator program of job {job.name!r} ({os.path.basename(loaded.file)}), written by `tpulaunch explain`.',
@@ -262,9 +263,9 @@ def explain_script(loaded: LoadedJob, *, search_path: Sequence[str] = ()) -> str
         f"PRECISION = {job.model.precision!r}  # {at('model', 'precision')}",
         "",
     ]
-    lines += _settings_lines("make_input_fn", inputs, at, written)
-    lines += _settings_lines("optimizer_factory and make_model_fn", {**optimizer, **model}, at, written)
-    lines += _settings_lines("run_config and tpu_estimator", {**config, **estimator}, at, written, config_notes)
+    for title, settings in (("make_input_fn", inputs), ("optimizer_factory and make_model_fn", {**optimizer, **model}),
+                            ("run_config and tpu_estimator", {**config, **estimator})):
+        lines += _settings_lines(f"keywords of {title} (below)", settings, at, written, config_notes)
     if on_tpu:
         tpu = job.tpu
         lines += [
