@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpulaunch.data.pipeline import host_shard, make_input_fn, parse_example_fn
+from tpulaunch.data.pipeline import make_input_fn, parse_example_fn
+from tpulaunch.engine.estimator.standalone import host_shard
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.schema import Job
 from tpulaunch.data.synth import shard_name

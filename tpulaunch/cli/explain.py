@@ -18,8 +18,10 @@ from tpulaunch.cli.base import Context, command, job_argument, pass_obj, set_opt
 def explain(obj: Context, job_file: str, overrides, output):
     """Print a standalone TensorFlow 2.15 script that does what `tpulaunch train` does for JOB.yaml.
 
-    The script imports only TensorFlow and the job's own model code; each value taken from the job
-    file is commented with its key and line.
+    The script imports only TensorFlow and the job's own model code. Its middle is the module
+    `tpulaunch train` runs (input pipeline, model_fn, TPUEstimator), verbatim; each value taken from
+    the job file is commented with its key and line. `python SCRIPT evaluate` evaluates the latest
+    checkpoint, as `tpulaunch evaluate` does.
     """
     from tpulaunch.cli.gate import load_checked
     from tpulaunch.engine.base import engine_for

@@ -36,7 +36,7 @@ class EstimatorEngine(Engine):
     def program(self, loaded, plan) -> str:
         from tpulaunch.engine.estimator.program import explain_script
 
-        return explain_script(loaded, search_path=loaded.job.search_path)
+        return explain_script(loaded, plan, search_path=loaded.job.search_path)
 
     def log_every_steps(self, job) -> int:
         from tpulaunch.engine.estimator.runner import log_every_steps

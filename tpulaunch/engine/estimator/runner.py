@@ -11,9 +11,11 @@ import contextlib
 import re
 
 import os
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from tpulaunch.data.pipeline import naming_read_errors
+from tpulaunch.engine.estimator.plain import (  # noqa: F401  (partition_dims, log_every_steps: for callers)
+    config_settings, estimator_settings, log_every_steps, partition_dims)
 from tpulaunch.errors import TpuLaunchError, first_line
 from tpulaunch.job.schema import Job
 from tpulaunch.plan.build import Plan, build_plan
@@ -31,42 +33,11 @@ JOB_COPY = "tpulaunch-job.yaml"
 # restore variables into a different model or feed it different tensors.
 _IDENTITY = (("model",), ("data", "features"), ("data", "labels"))
 
-# Plain progress lines on CPU/GPU when the job does not say (a TPU job uses iterations_per_loop).
-DEFAULT_LOG_EVERY_STEPS = 100
-
 
 # ------------------------------------------------------------------------------------------ configs
 
-def partition_dims(job: Job, plan: Optional["Plan"] = None) -> Optional[list]:
-    """`TPUConfig.input_partition_dims` for the job: `[features_dims, labels_dims]`, or None.
-
-    Each part mirrors the structure the input_fn yields: the dims list (or None) for a single
-    tensor, a dict with every tensor's name for several (None = replicated), None for no labels.
-    None overall when the plan feeds no partition (no `partition:`, one core per replica, local).
-    The checks have refused the one structure TensorFlow cannot take (labels split beside a single
-    unsplit feature: `partition-labels-without-feature`).
-    """
-    plan = plan or build_plan(job)
-    feed = plan.feed_partition
-    if feed is None:
-        return None
-    feature_dims = _mirror(job.data.features, feed.features)
-    label_dims = _mirror(job.data.labels, feed.labels) if job.data.labels else None
-    if feature_dims is None and label_dims is None:
-        return None
-    return [feature_dims, label_dims]
-
-
-def _mirror(specs: dict, dims: dict):
-    if len(specs) == 1:
-        (name,) = specs
-        value = dims.get(name)
-        return list(value) if value is not None else None
-    return {name: (list(dims[name]) if dims.get(name) is not None else None) for name in specs}
-
-
 def run_config(job: Job, *, use_tpu: bool, cluster_resolver: Any = None, model_dir: Optional[str] = None,
-               plan: Optional["Plan"] = None):
+               plan: Optional[Plan] = None):
     """The `tf.compat.v1.estimator.tpu.RunConfig` for `job`.
 
     Args:
@@ -76,53 +47,24 @@ def run_config(job: Job, *, use_tpu: bool, cluster_resolver: Any = None, model_d
         model_dir: overrides `job.run.model_dir`.
         plan: the job's plan for this target (built from the job when None).
     """
-    import tensorflow as tf
+    from tpulaunch.engine.estimator import standalone
 
-    tpu_lib = tf.compat.v1.estimator.tpu
-    tpu_kwargs: dict = {"iterations_per_loop": job.tpu.iterations_per_loop if job.tpu else 1}
-    if use_tpu:
-        plan = plan or build_plan(job)
-        tpu_kwargs["per_host_input_for_training"] = tpu_lib.InputPipelineConfig.PER_HOST_V2
-        if plan.cores_per_replica > 1:
-            tpu_kwargs["num_cores_per_replica"] = plan.cores_per_replica
-            tpu_kwargs["input_partition_dims"] = partition_dims(job, plan)
-    log_every = log_every_steps(job)
-    return tpu_lib.RunConfig(
-        cluster=cluster_resolver if use_tpu else None,
-        model_dir=model_dir or job.run.model_dir,
-        save_checkpoints_steps=job.run.save_checkpoints_steps,
-        keep_checkpoint_max=job.run.keep_checkpoint_max,
-        tf_random_seed=job.run.seed,
-        log_step_count_steps=log_every,
-        save_summary_steps=log_every,
-        tpu_config=tpu_lib.TPUConfig(**tpu_kwargs),
-    )
-
-
-def log_every_steps(job: Job) -> int:
-    if job.run.log_every_steps:
-        return job.run.log_every_steps
-    return job.tpu.iterations_per_loop if job.tpu else DEFAULT_LOG_EVERY_STEPS
+    settings = config_settings(job, plan or build_plan(job, local=not use_tpu), use_tpu=use_tpu)
+    settings["model_dir"] = model_dir or settings["model_dir"]
+    return standalone.run_config(use_tpu=use_tpu, cluster_resolver=cluster_resolver, **settings)
 
 
 def make_estimator(job: Job, *, use_tpu: bool, cluster_resolver: Any = None, search_path: Sequence[str] = (),
                    model_dir: Optional[str] = None, export_to_tpu: bool = False):
     """A TPUEstimator for `job` with the portable model_fn (or the job's own `model.model_fn`)."""
-    import tensorflow as tf
-
+    from tpulaunch.engine.estimator import standalone
     from tpulaunch.engine.estimator.model_fn import make_model_fn
 
     plan = build_plan(job, local=not use_tpu)
-    return tf.compat.v1.estimator.tpu.TPUEstimator(
-        model_fn=make_model_fn(job, use_tpu=use_tpu, search_path=search_path),
-        config=run_config(job, use_tpu=use_tpu, cluster_resolver=cluster_resolver, model_dir=model_dir, plan=plan),
-        use_tpu=use_tpu,
-        train_batch_size=plan.train_batch_size,
-        eval_batch_size=plan.eval_batch_size,
-        predict_batch_size=None,
-        eval_on_tpu=use_tpu,
-        export_to_tpu=export_to_tpu and use_tpu,
-    )
+    return standalone.tpu_estimator(
+        make_model_fn(job, use_tpu=use_tpu, search_path=search_path),
+        run_config(job, use_tpu=use_tpu, cluster_resolver=cluster_resolver, model_dir=model_dir, plan=plan),
+        use_tpu=use_tpu, export_to_tpu=export_to_tpu, **estimator_settings(plan))
 
 
 def _input_fn(job: Job, mode: str, use_tpu: bool, search_path: Sequence[str]):
@@ -201,14 +143,6 @@ def _get(document: Any, keys: tuple):
 
 
 # ------------------------------------------------------------------------------------------ train
-
-def _boundaries(start: int, steps: int, every: Optional[int]) -> List[int]:
-    """Global steps to train to, one segment each; evaluation follows each when `every` is set."""
-    if not every:
-        return [steps]
-    points = list(range((start // every + 1) * every, steps, every))
-    return points + [steps]
-
 
 def train(job: Job, *, local: bool, recorder: Optional[RunRecorder] = None, stop: Optional[StopSignal] = None,
           cluster_resolver: Any = None, search_path: Sequence[str] = (), force: bool = False,
@@ -335,12 +269,13 @@ def _train_segments(estimator, job: Job, train_input, hooks: list, listener, rec
                     stop: StopSignal, dog, use_tpu: bool, search_path: Sequence[str]):
     """Train (and evaluate) from the latest checkpoint to the end; the NodeEvent if the TPU was lost, else None."""
     from tpulaunch.engine.estimator.hooks import EvaluationInterrupted, InterruptEvaluationHook
+    from tpulaunch.engine.estimator import standalone
 
     model_dir = job.run.model_dir
     evaluates = job.eval is not None and (job.data.eval is not None or bool(job.data.input_fn))
     every = job.eval.every_steps if evaluates else None
     step = checkpoint_step(model_dir) or 0
-    for boundary in _boundaries(step, job.train.steps, every):
+    for boundary in standalone.boundaries(step, job.train.steps, every):
         if step >= boundary:
             continue
         try:

@@ -1,0 +1,150 @@
+"""The boundary to `standalone.py`: the plain values it runs with, converted from a Job in one place,
+and its errors turned into TpuLaunchError.
+
+The engine (data/pipeline.py, model_fn.py, runner.py) passes these values to standalone.py;
+`tpulaunch explain` writes the same values into the program, each under the upper-case name of its
+keyword, commented with the job key in `SOURCES`. Pure Python: TensorFlow is not imported here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Optional
+
+from tpulaunch.errors import TpuLaunchError
+from tpulaunch.job.schema import Job
+
+if TYPE_CHECKING:
+    from tpulaunch.plan.build import Plan
+
+# Plain progress lines (and RunConfig's step logging) on CPU/GPU when the job does not say; a TPU job
+# uses iterations_per_loop.
+DEFAULT_LOG_EVERY_STEPS = 100
+
+# Summaries are recorded every this many steps by default (writing one per step costs time on CPU).
+DEFAULT_SUMMARY_STEPS = 100
+
+
+def tensor_specs(group: dict) -> dict:
+    """The job's tensor specs as standalone.py reads them: record key, stored form, shape, dtype."""
+    return {name: {"key": spec.key or name, "stored_as": spec.stored_as, "shape": list(spec.shape),
+                   "dtype": spec.dtype} for name, spec in group.items()}
+
+
+def input_settings(job: Job) -> dict:
+    """Keywords of `standalone.make_input_fn`, besides the files, the mode and use_tpu."""
+    data = job.data
+    return {"features": tensor_specs(data.features), "labels": tensor_specs(data.labels),
+            "compression": data.compression or "", "shuffle_buffer": data.shuffle_buffer, "cache": data.cache,
+            "skip_corrupt": data.skip_corrupt}
+
+
+def optimizer_settings(job: Job) -> dict:
+    """Keywords of `standalone.optimizer_factory`, besides the job's own constructor."""
+    spec = job.model.optimizer
+    return {"optimizer": spec.name, "learning_rate": spec.learning_rate, "optimizer_args": dict(spec.args)}
+
+
+def model_settings(job: Job) -> dict:
+    """Keywords of `standalone.make_model_fn`, besides the builder, the callables, use_tpu and the policy."""
+    spec = job.model
+    return {"loss": spec.loss, "metrics": list(spec.metrics), "learning_rate": spec.optimizer.learning_rate,
+            "model_dir": job.run.model_dir, "summary_steps": job.run.log_every_steps or DEFAULT_SUMMARY_STEPS}
+
+
+def log_every_steps(job: Job) -> int:
+    if job.run.log_every_steps:
+        return job.run.log_every_steps
+    return job.tpu.iterations_per_loop if job.tpu else DEFAULT_LOG_EVERY_STEPS
+
+
+def config_settings(job: Job, plan: "Plan", *, use_tpu: bool) -> dict:
+    """Keywords of `standalone.run_config`, besides use_tpu and the cluster resolver.
+
+    Cores per replica and the partition dims only when `use_tpu` (a TPU job run locally has neither).
+    """
+    cores = plan.cores_per_replica if use_tpu else 1
+    return {
+        "model_dir": job.run.model_dir,
+        "iterations_per_loop": job.tpu.iterations_per_loop if job.tpu else 1,
+        "num_cores_per_replica": cores if cores > 1 else None,
+        "input_partition_dims": partition_dims(job, plan) if cores > 1 else None,
+        "save_checkpoints_steps": job.run.save_checkpoints_steps,
+        "keep_checkpoint_max": job.run.keep_checkpoint_max,
+        "seed": job.run.seed,
+        "log_every_steps": log_every_steps(job),
+    }
+
+
+def estimator_settings(plan: "Plan") -> dict:
+    """Keywords of `standalone.tpu_estimator`, besides the model_fn, the config and use_tpu."""
+    return {"train_batch_size": plan.train_batch_size, "eval_batch_size": plan.eval_batch_size}
+
+
+# The job key each value above comes from.
+SOURCES = {
+    "features": ("data", "features"),
+    "labels": ("data", "labels"),
+    "compression": ("data", "compression"),
+    "shuffle_buffer": ("data", "shuffle_buffer"),
+    "cache": ("data", "cache"),
+    "skip_corrupt": ("data", "skip_corrupt"),
+    "optimizer": ("model", "optimizer", "name"),
+    "learning_rate": ("model", "optimizer", "learning_rate"),
+    "optimizer_args": ("model", "optimizer", "args"),
+    "loss": ("model", "loss"),
+    "metrics": ("model", "metrics"),
+    "model_dir": ("run", "model_dir"),
+    "summary_steps": ("run", "log_every_steps"),
+    "iterations_per_loop": ("tpu", "iterations_per_loop"),
+    "num_cores_per_replica": ("tpu", "cores_per_replica"),
+    "input_partition_dims": ("partition",),
+    "save_checkpoints_steps": ("run", "save_checkpoints_steps"),
+    "keep_checkpoint_max": ("run", "keep_checkpoint_max"),
+    "seed": ("run", "seed"),
+    "log_every_steps": ("run", "log_every_steps"),
+    "train_batch_size": ("train", "batch_size"),
+    "eval_batch_size": ("eval", "batch_size"),
+}
+
+
+def partition_dims(job: Job, plan: Optional["Plan"] = None) -> Optional[list]:
+    """`TPUConfig.input_partition_dims` for the job: `[features_dims, labels_dims]`, or None.
+
+    Each part mirrors the structure the input_fn yields: the dims list (or None) for a single
+    tensor, a dict with every tensor's name for several (None = replicated), None for no labels.
+    None overall when the plan feeds no partition (no `partition:`, one core per replica, local).
+    The checks have refused the one structure TensorFlow cannot take (labels split beside a single
+    unsplit feature: `partition-labels-without-feature`).
+    """
+    if plan is None:
+        from tpulaunch.plan.build import build_plan
+
+        plan = build_plan(job)
+    feed = plan.feed_partition
+    if feed is None:
+        return None
+    feature_dims = _mirror(job.data.features, feed.features)
+    label_dims = _mirror(job.data.labels, feed.labels) if job.data.labels else None
+    if feature_dims is None and label_dims is None:
+        return None
+    return [feature_dims, label_dims]
+
+
+def _mirror(specs: dict, dims: dict):
+    if len(specs) == 1:
+        (name,) = specs
+        value = dims.get(name)
+        return list(value) if value is not None else None
+    return {name: (list(dims[name]) if dims.get(name) is not None else None) for name in specs}
+
+
+@contextlib.contextmanager
+def spec_errors():
+    """standalone.SpecError (declared data or model settings that cannot work together) as a TpuLaunchError."""
+    from tpulaunch.engine.estimator.standalone import SpecError
+
+    try:
+        yield
+    except SpecError as exc:
+        raise TpuLaunchError(str(exc), hint=exc.hint) from None

@@ -1,0 +1,663 @@
+"""The input pipeline, model_fn and TPUEstimator settings that `tpulaunch train` runs, on plain values.
+
+This module imports only TensorFlow and the Python standard library, and takes plain values (dicts,
+lists, strings, numbers) plus the job's own callables (its Keras builder, a custom loss, metric or
+optimizer). tpulaunch calls it with values converted from the job file (engine/estimator/plain.py),
+and `tpulaunch explain` prints it verbatim inside the standalone program, so the program runs exactly
+this code.
+
+A tensor spec is a dict: {"key": the record's feature key, "stored_as": "float_list" | "int64_list" |
+"raw" | "png" | "jpeg", "shape": per-example dims (None = unknown), "dtype": "float32", ...}.
+Every tensor comes out shaped `shape` with dtype `dtype`, so batches have static shapes, as XLA on a
+TPU needs:
+
+- float_list / int64_list: a list, reshaped to `shape` (float_list holds float32: bfloat16 and float16
+  are read as float32 and cast; int64_list likewise);
+- raw: one bytes value holding the tensor's little-endian bytes in its own dtype;
+- png / jpeg: one encoded image, decoded to uint8 [height, width, channels].
+"""
+
+import math
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+
+class SpecError(ValueError):
+    """Declared data or model settings that cannot work together; `hint` says what to change."""
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.hint = hint
+
+
+class FilesError(ValueError):
+    """A file pattern that matches nothing (`reason` None) or cannot be listed (`reason`: TensorFlow's message)."""
+
+    def __init__(self, pattern: str, reason: Optional[str] = None):
+        super().__init__(f"cannot list {pattern!r}: {reason}" if reason else f"no files match {pattern!r}")
+        self.pattern = pattern
+        self.reason = reason
+
+
+# ------------------------------------------------------------------------------------------ files
+
+def expand_files(patterns: Sequence[str]) -> List[str]:
+    """Every file matched by the paths or globs (local or gs://), sorted per pattern, without repeats."""
+    found: List[str] = []
+    for pattern in patterns:
+        try:
+            matches = tf.io.gfile.glob(pattern)
+        except tf.errors.OpError as exc:
+            raise FilesError(pattern, exc.message) from None
+        if not matches:
+            raise FilesError(pattern)
+        found.extend(m for m in sorted(matches) if m not in found)
+    return found
+
+
+# ------------------------------------------------------------------------------------------ parsing
+
+def _is_static(spec: dict) -> bool:
+    return all(d is not None for d in spec["shape"])
+
+
+def _reshape_shape(name: str, spec: dict) -> List[int]:
+    """The shape for tf.reshape: one unknown dim becomes -1."""
+    if sum(d is None for d in spec["shape"]) > 1:
+        raise SpecError(f"data: {name} has shape {spec['shape']} with more than one unknown dim; "
+                        f"its stored form {spec['stored_as']} cannot be reshaped",
+                        hint="declare the full shape (a TPU needs static shapes anyway)")
+    return [-1 if d is None else d for d in spec["shape"]]
+
+
+def _feature_config(name: str, spec: dict):
+    """The tf.io feature parsing one tensor's stored value."""
+    stored = spec["stored_as"]
+    if stored in ("png", "jpeg"):
+        return tf.io.FixedLenFeature([], tf.string)
+    _reshape_shape(name, spec)  # raises for several unknown dims
+    if stored == "raw":
+        return tf.io.FixedLenFeature([], tf.string)
+    kind = tf.float32 if stored == "float_list" else tf.int64
+    return tf.io.FixedLenFeature(spec["shape"], kind) if _is_static(spec) else tf.io.VarLenFeature(kind)
+
+
+def _parse_config(specs: Dict[str, dict]) -> dict:
+    return {spec["key"]: _feature_config(name, spec) for name, spec in specs.items()}  # one key may feed two tensors
+
+
+def _decode(name: str, spec: dict, value):
+    """The parsed value of one tensor -> a tensor of its declared shape and dtype."""
+    stored = spec["stored_as"]
+    dtype = tf.as_dtype(spec["dtype"])
+    if stored in ("float_list", "int64_list"):
+        if isinstance(value, tf.SparseTensor):
+            value = tf.reshape(tf.sparse.to_dense(value), _reshape_shape(name, spec))
+        return tf.cast(value, dtype) if value.dtype != dtype else value
+    if stored == "raw":
+        return tf.reshape(tf.io.decode_raw(value, dtype), _reshape_shape(name, spec))
+    channels = spec["shape"][-1] or 0  # 0: as stored
+    image = tf.io.decode_image(value, channels=channels, dtype=tf.uint8, expand_animations=False)
+    return tf.ensure_shape(image, spec["shape"])
+
+
+def _decode_batch(spec: dict, value, batch: int):
+    dtype = tf.as_dtype(spec["dtype"])
+    if spec["stored_as"] == "raw":  # the static batch keeps shapes fully defined for XLA
+        return tf.reshape(tf.io.decode_raw(value, dtype), [batch, *spec["shape"]])
+    return tf.cast(value, dtype) if value.dtype != dtype else value
+
+
+def _structure(tensors: dict):
+    """The structure rule: one entry -> that tensor; several -> dict; none -> None."""
+    if not tensors:
+        return None
+    if len(tensors) == 1:
+        return next(iter(tensors.values()))
+    return dict(tensors)
+
+
+def _split(tensors: dict, features: dict, labels: dict):
+    return (_structure({n: tensors[n] for n in features}), _structure({n: tensors[n] for n in labels}))
+
+
+def parse_example_fn(features: Dict[str, dict], labels: Dict[str, dict]) -> Callable:
+    """A function parsing one serialized tf.train.Example into (features, labels).
+
+    Each side is the single tensor when it declares one, a dict by name for several, None for none.
+    """
+    specs = {**features, **labels}
+    config = _parse_config(specs)
+
+    def parse(serialized):
+        parsed = tf.io.parse_single_example(serialized, config)
+        return _split({name: _decode(name, spec, parsed[spec["key"]]) for name, spec in specs.items()},
+                      features, labels)
+
+    return parse
+
+
+def parse_batch_fn(features: Dict[str, dict], labels: Dict[str, dict]) -> Callable:
+    """Like `parse_example_fn`, for a vector of serialized records: every tensor gets a leading batch dim."""
+    specs = {**features, **labels}
+    config = _parse_config(specs)
+
+    def parse(serialized):
+        parsed = tf.io.parse_example(serialized, config)
+        batch = serialized.shape[0] if serialized.shape[0] is not None else -1
+        return _split({name: _decode_batch(spec, parsed[spec["key"]], batch) for name, spec in specs.items()},
+                      features, labels)
+
+    return parse
+
+
+def batch_parse_possible(specs: Dict[str, dict], *, skip_corrupt: bool, cache: bool) -> bool:
+    """Whole batches can be parsed at once when every tensor is static and none is an image.
+
+    One vectorised tf.io.parse_example per batch is about twice as fast as a parse per record; images
+    still decode one by one, and skip_corrupt needs records that fail alone.
+    """
+    return (not skip_corrupt and not cache
+            and all(_is_static(s) and s["stored_as"] not in ("png", "jpeg") for s in specs.values()))
+
+
+def host_shard(context) -> Tuple[int, int]:
+    """(this input pipeline's index, number of input pipelines) from what params["context"] holds.
+
+    TPUEstimator passes a TPUContext whose `current_input_fn_deployment()` is (host device, invocation
+    index, invocation count, replicas fed); under PER_HOST_V2 that is one invocation per host.
+    tf.distribute passes an InputContext (input_pipeline_id, num_input_pipelines). Anything else, or
+    None, means a single pipeline.
+    """
+    if context is None:
+        return 0, 1
+    if hasattr(context, "current_input_fn_deployment"):
+        _, index, count, _ = context.current_input_fn_deployment()
+        return int(index), int(count)
+    if hasattr(context, "input_pipeline_id") and hasattr(context, "num_input_pipelines"):
+        return int(context.input_pipeline_id), int(context.num_input_pipelines)
+    return 0, 1
+
+
+# ------------------------------------------------------------------------------------------ input_fn
+
+# How many bytes TFRecordDataset reads ahead per file. With one reader per core interleaved, 8 MiB
+# buffers cost ~20 % throughput locally (benchmarks/data_pipeline.py); gs:// reads have their own
+# read-ahead in TensorFlow's GCS filesystem.
+READ_BUFFER_BYTES = 256 * 1024
+
+
+def make_input_fn(files: Sequence[str], *, training: bool, use_tpu: bool, features: Dict[str, dict],
+                  labels: Dict[str, dict], compression: str, shuffle_buffer: int, cache: bool,
+                  skip_corrupt: bool) -> Callable:
+    """An `input_fn(params)` for TPUEstimator reading `files` (TFRecords of tf.train.Example).
+
+    `params["batch_size"]` is the batch this pipeline produces: per host under TPUEstimator
+    PER_HOST_V2, global on CPU. With `params["context"]` each host reads its own share: whole files
+    when there are at least as many files as hosts, else every n-th record. Training shuffles files
+    and records and repeats forever; evaluation reads in a fixed order, and repeats only on a TPU,
+    where running out of data mid-loop is an error rather than the end of evaluation. `skip_corrupt`
+    drops records that fail to read or parse (see `_parse_skipping_bad_records`). Batches always drop
+    the remainder, so shapes are static.
+    """
+    files = list(files)
+    parse = parse_example_fn(features, labels)
+    specs = {**features, **labels}
+    batch_parse = batch_parse_possible(specs, skip_corrupt=skip_corrupt, cache=cache)
+    parse_batch = parse_batch_fn(features, labels) if batch_parse else None
+    count_block = skip_count_block(specs)
+
+    def input_fn(params):
+        autotune = tf.data.AUTOTUNE
+        index, count = host_shard(params.get("context"))
+        dataset = tf.data.Dataset.from_tensor_slices(files)
+        shard_files = count > 1 and len(files) >= count
+        if shard_files:
+            dataset = dataset.shard(count, index)
+        if training:
+            dataset = dataset.shuffle(len(files), reshuffle_each_iteration=True)
+            if not cache:
+                dataset = dataset.repeat()
+        dataset = dataset.interleave(
+            lambda f: tf.data.TFRecordDataset(f, compression_type=compression, buffer_size=READ_BUFFER_BYTES),
+            cycle_length=autotune, num_parallel_calls=autotune, deterministic=not training)
+        if count > 1 and not shard_files:
+            dataset = dataset.shard(count, index)
+        if not batch_parse:  # records parsed one by one: images, skip_corrupt, cache
+            if skip_corrupt:
+                dataset = _parse_skipping_bad_records(dataset, parse, count_block)
+            else:
+                dataset = dataset.map(parse, num_parallel_calls=autotune, deterministic=not training)
+            if cache:
+                dataset = dataset.cache()
+                if training:
+                    dataset = dataset.repeat()
+        if training and shuffle_buffer > 0:
+            dataset = dataset.shuffle(shuffle_buffer)
+        if not training and use_tpu:
+            dataset = dataset.repeat()
+        dataset = dataset.batch(params["batch_size"], drop_remainder=True)
+        if batch_parse:  # serialized records were shuffled and batched: one vectorised parse per batch
+            dataset = dataset.map(parse_batch, num_parallel_calls=autotune, deterministic=not training)
+        return dataset.prefetch(autotune)
+
+    return input_fn
+
+
+# The graph collection holding each input pipeline's count of records skipped under skip_corrupt
+# (one variable per input_fn call: one per host on a TPU slice); `tpulaunch train` sums and shows them.
+SKIPPED_RECORDS = "skipped_input_records"
+
+# Records per counting step under skip_corrupt: blocks of about this many bytes (at most 64 records,
+# at least one, so a block of CT volumes stays one volume). Counting record by record cost a third
+# of the examples/s on 48 KiB records; by blocks, with the in-order parse it needs, about a fifth
+# there and nothing on 40-byte records (benchmarks/data_pipeline.py).
+SKIP_COUNT_BLOCK_BYTES = 256 * 1024
+
+
+def skip_count_block(specs: Dict[str, dict]) -> int:
+    example_bytes = sum((math.prod(s["shape"]) if _is_static(s) else 1) * tf.as_dtype(s["dtype"]).size
+                        for s in specs.values())
+    return max(1, min(64, SKIP_COUNT_BLOCK_BYTES // max(1, example_bytes)))
+
+
+def _parse_skipping_bad_records(dataset, parse: Callable, block: int):
+    """Parse records one by one, dropping those that fail, and count what was dropped.
+
+    Records are numbered before parsing and kept in order through the (parallel) parse, so after the
+    failures are dropped, the last record number of each block of `block` kept records minus the
+    records kept so far is how many were skipped so far in this pass. The increase is added to a
+    local variable in `SKIPPED_RECORDS`, which so keeps counting when the dataset is repeated after
+    this point (evaluation on a TPU). The count is of what the pipeline has read, read-ahead into
+    shuffle and prefetch buffers included. A record that fails its CRC or is cut short counts as one
+    and ends the read of its file (TFRecord framing cannot be trusted past it): the records after it
+    are never read, so they are not counted. Each skip is logged as a TensorFlow warning "Ignoring
+    error: ...".
+    """
+    skipped = tf.compat.v1.Variable(
+        0, dtype=tf.int64, trainable=False, use_resource=True, name="records_skipped",
+        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES, SKIPPED_RECORDS])
+    dataset = dataset.enumerate().map(lambda number, record: (number, parse(record)),
+                                      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    dataset = dataset.ignore_errors(log_warning=True).batch(block)
+
+    def count_gaps(state, numbered):
+        kept, counted = state  # records kept and skips already counted, in this pass
+        numbers, examples = numbered
+        kept += tf.cast(tf.shape(numbers)[0], tf.int64)
+        gaps = numbers[-1] + 1 - kept
+        with tf.control_dependencies([skipped.assign_add(gaps - counted, read_value=False)]):
+            examples = tf.nest.map_structure(lambda t: t if t is None else tf.identity(t), examples)
+        return (kept, gaps), examples
+
+    zero = tf.constant(0, tf.int64)
+    return dataset.scan((zero, zero), count_gaps).unbatch()
+
+
+# ------------------------------------------------------------------------------------------ precision
+
+def policy_name(precision: str, *, use_tpu: bool, has_gpu: Optional[bool] = None) -> str:
+    """The Keras mixed-precision policy for `precision` (float32 | bfloat16 | mixed_float16) on this device.
+
+    bfloat16 means mixed_bfloat16 on a TPU and on a CPU, and mixed_float16 on a GPU (where fp16 is
+    the fast half-precision type).
+    """
+    if precision == "float32":
+        return "float32"
+    if precision == "mixed_float16":
+        return "mixed_float16"
+    if not use_tpu:
+        gpu = bool(tf.config.list_physical_devices("GPU")) if has_gpu is None else has_gpu
+        if gpu:
+            return "mixed_float16"
+    return "mixed_bfloat16"
+
+
+# ------------------------------------------------------------------------------------------ optimizer
+
+V1_OPTIMIZERS = {
+    "sgd": tf.compat.v1.train.GradientDescentOptimizer,
+    "momentum": tf.compat.v1.train.MomentumOptimizer,
+    "adam": tf.compat.v1.train.AdamOptimizer,
+    "adagrad": tf.compat.v1.train.AdagradOptimizer,
+    "rmsprop": tf.compat.v1.train.RMSPropOptimizer,
+}
+
+# MomentumOptimizer has no default momentum; 0.9 is what nearly every reference model uses.
+OPTIMIZER_DEFAULTS = {"momentum": {"momentum": 0.9}}
+
+
+def optimizer_factory(optimizer: str, learning_rate: float, optimizer_args: dict,
+                      make: Optional[Callable] = None) -> Callable:
+    """A function returning a fresh v1 optimizer (one per graph): `make` (the job's own constructor, with
+    `optimizer_args`), else the one V1_OPTIMIZERS names `optimizer`, with its defaults under `optimizer_args`."""
+    args = dict(optimizer_args)
+    if make is None:
+        make = V1_OPTIMIZERS[optimizer]
+        args = {**OPTIMIZER_DEFAULTS.get(optimizer, {}), **args}
+
+    def factory():
+        return make(learning_rate=learning_rate, **args)
+
+    return factory
+
+
+# ----------------------------------------------------------------------------------------------- loss
+
+_CROSSENTROPY = {
+    "sparse_categorical_crossentropy": (tf.keras.losses.SparseCategoricalCrossentropy, "sparse"),
+    "categorical_crossentropy": (tf.keras.losses.CategoricalCrossentropy, "onehot"),
+    "binary_crossentropy": (tf.keras.losses.BinaryCrossentropy, "binary"),
+}
+_REGRESSION = {
+    "mean_squared_error": tf.keras.losses.MeanSquaredError,
+    "mean_absolute_error": tf.keras.losses.MeanAbsoluteError,
+    "huber": tf.keras.losses.Huber,
+}
+
+
+def _outputs_are_probabilities(model) -> bool:
+    """Whether the model ends in softmax/sigmoid (so crossentropy must not apply it again)."""
+    last = model.layers[-1] if getattr(model, "layers", None) else None
+    if last is None:
+        return False
+    if isinstance(last, tf.keras.layers.Softmax):
+        return True
+    activation = getattr(last, "activation", None)
+    return getattr(activation, "__name__", "") in ("softmax", "sigmoid")
+
+
+class Head(NamedTuple):
+    """How outputs relate to labels: the loss, and what class predictions mean for the metrics."""
+
+    loss_name: str
+    kind: Optional[str]  # "sparse" | "onehot" | "binary" for classification, None for regression
+    from_logits: bool
+
+
+def head_for(loss_name: str, model) -> Head:
+    if loss_name in _CROSSENTROPY:
+        return Head(loss_name, _CROSSENTROPY[loss_name][1], not _outputs_are_probabilities(model))
+    if loss_name in _REGRESSION:
+        return Head(loss_name, None, False)
+    # An import-path loss: metrics infer classes from the shapes.
+    return Head(loss_name, "shapes", not _outputs_are_probabilities(model))
+
+
+def _single_loss(head: Head, labels, outputs, custom: Optional[Callable]):
+    if custom is not None:
+        value = custom(labels, outputs)
+    elif head.loss_name in _CROSSENTROPY:
+        cls = _CROSSENTROPY[head.loss_name][0]
+        value = cls(from_logits=head.from_logits, reduction=tf.keras.losses.Reduction.SUM_OVER_BATCH_SIZE)(labels, outputs)
+    else:
+        value = _REGRESSION[head.loss_name](reduction=tf.keras.losses.Reduction.SUM_OVER_BATCH_SIZE)(labels, outputs)
+    # Reduce whatever came back to one float32 scalar (a custom loss may return per-example values).
+    return tf.reduce_mean(tf.cast(value, tf.float32))
+
+
+def compute_loss(head: Head, labels, outputs, custom: Optional[Callable] = None):
+    """The scalar float32 loss.
+
+    A custom loss is called once with the whole labels and outputs, dicts included: it defines how
+    its heads pair up (RetinaNet's {cls_targets, box_targets} against {cls_logits, box_regression}).
+    A named loss needs dict outputs keyed like dict labels, and the per-key losses are summed.
+    """
+    if custom is not None:
+        return _single_loss(head, labels, outputs, custom)
+    if isinstance(labels, dict) != isinstance(outputs, dict):
+        raise SpecError(
+            f"the model returns {_describe(outputs)} but the job declares {_describe(labels)} as labels",
+            hint="return a dict of outputs keyed like data.labels, or give model.loss as an import path fn(labels, outputs)")
+    if isinstance(labels, dict):
+        if sorted(labels) != sorted(outputs):
+            raise SpecError(f"the model's outputs {sorted(outputs)} do not match the labels {sorted(labels)}",
+                            hint="key the model's outputs by the names in data.labels")
+        return tf.add_n([_single_loss(head, labels[k], outputs[k], custom) for k in sorted(labels)])
+    return _single_loss(head, labels, outputs, custom)
+
+
+def _describe(value) -> str:
+    if value is None:
+        return "no tensor"
+    if isinstance(value, dict):
+        return f"a dict {sorted(value)}"
+    return "one tensor"
+
+
+# -------------------------------------------------------------------------------------------- metrics
+
+def _classes(head: Head, labels, outputs):
+    """(label classes, predicted classes, probabilities, number of classes) for one head.
+
+    Binary: one output per example (or per pixel), or a binary crossentropy loss. Sparse: integer
+    labels with one output per class. One-hot: labels with the same shape as the outputs.
+    """
+    extra_axis = outputs.shape.rank == labels.shape.rank + 1
+    if head.kind == "binary" or (extra_axis and outputs.shape[-1] == 1):
+        if extra_axis:
+            outputs = tf.squeeze(outputs, -1)
+        probabilities = tf.sigmoid(outputs) if head.from_logits else outputs
+        truth = labels > 0.5 if labels.dtype.is_floating else labels
+        return tf.cast(truth, tf.int32), tf.cast(probabilities > 0.5, tf.int32), probabilities, 2
+    probabilities = tf.nn.softmax(outputs) if head.from_logits else outputs
+    num_classes = int(outputs.shape[-1])
+    if not extra_axis:
+        if head.kind == "sparse":  # labels [N, 1] against outputs [N, C]
+            labels = tf.squeeze(labels, -1)
+        else:
+            labels = tf.argmax(labels, axis=-1, output_type=tf.int32)
+    return tf.cast(labels, tf.int32), tf.argmax(outputs, axis=-1, output_type=tf.int32), probabilities, num_classes
+
+
+def _values_like_labels(labels, outputs):
+    if outputs.shape.rank == labels.shape.rank + 1 and outputs.shape[-1] == 1:
+        outputs = tf.squeeze(outputs, -1)
+    return tf.cast(labels, tf.float32), outputs
+
+
+def _one_metric(name: str, head: Head, labels, outputs, custom: Optional[Callable]):
+    m = tf.compat.v1.metrics
+    if custom is not None:
+        return custom(labels, outputs)
+    if name in ("mean_squared_error", "mean_absolute_error"):
+        fn = m.mean_squared_error if name == "mean_squared_error" else m.mean_absolute_error
+        return fn(*_values_like_labels(labels, outputs))
+    if head.kind is None:
+        raise SpecError(f"metric {name!r} needs a classification loss; model.loss is {head.loss_name!r}",
+                        hint="use mean_squared_error or mean_absolute_error, or a crossentropy loss")
+    truth, predicted, probabilities, num_classes = _classes(head, labels, outputs)
+    if name == "accuracy":
+        return m.accuracy(truth, predicted)
+    if name == "mean_iou":
+        return m.mean_iou(truth, predicted, num_classes)
+    binary = probabilities.shape.rank == truth.shape.rank
+    if name == "auc":
+        if binary:
+            return m.auc(truth, probabilities)
+        return m.auc(tf.one_hot(truth, num_classes), probabilities)  # micro-averaged over classes
+    if name in ("precision", "recall"):
+        fn = m.precision if name == "precision" else m.recall
+        if binary:
+            return fn(truth, predicted)
+        return fn(tf.one_hot(truth, num_classes), tf.one_hot(predicted, num_classes))  # micro-averaged
+    raise SpecError(f"unknown metric {name!r}", hint="use a metric name model.metrics accepts, or an import path")
+
+
+def make_metric_fn(head: Head, metric_names: Sequence[str], custom_metrics: Dict[str, Callable]):
+    """`metric_fn(**tensors)` for `eval_metrics`; tensors are flat: 'label' / 'label/<k>', 'output' / 'output/<k>'."""
+
+    def metric_fn(**tensors):
+        labels = _unflatten(tensors, "label")
+        outputs = _unflatten(tensors, "output")
+        results = {}
+        for name in metric_names:
+            custom = custom_metrics.get(name)
+            key = custom.__name__ if custom is not None else name
+            if isinstance(labels, dict):
+                for k in sorted(labels):
+                    results[f"{k}/{key}"] = _one_metric(name, head, labels[k], outputs[k], custom)
+            else:
+                results[key] = _one_metric(name, head, labels, outputs, custom)
+        return results
+
+    return metric_fn
+
+
+def _flatten(prefix: str, value) -> dict:
+    if isinstance(value, dict):
+        return {f"{prefix}/{k}": _tpu_friendly(v) for k, v in value.items()}
+    return {prefix: _tpu_friendly(value)}
+
+
+def _tpu_friendly(tensor):
+    # The TPU outfeed handles int32 natively; int64 labels are narrowed.
+    return tf.cast(tensor, tf.int32) if tensor.dtype == tf.int64 else tensor
+
+
+def _unflatten(tensors: dict, prefix: str):
+    if prefix in tensors:
+        return tensors[prefix]
+    return {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + "/")}
+
+
+# ------------------------------------------------------------------------------------------- model_fn
+
+def make_model_fn(builder: Callable, builder_kwargs: dict, *, use_tpu: bool, policy: str, loss: str,
+                  metrics: Sequence[str], make_optimizer: Callable, learning_rate: float, model_dir: str,
+                  summary_steps: int, custom_loss: Optional[Callable] = None,
+                  custom_metrics: Optional[Dict[str, Callable]] = None) -> Callable:
+    """The TPUEstimator model_fn around a Keras builder: `model_fn(features, labels, mode, params, config=None)`.
+
+    It follows the one pattern known to work for Keras inside TPUEstimator: the model is built once
+    per call inside `tf.init_scope()` and called with `training=(mode == TRAIN)`; outputs are cast to
+    float32 before the loss (mixed precision computes in bf16/fp16); a v1 optimizer (from
+    `make_optimizer`, wrapped in a loss-scale optimizer under mixed_float16 and in CrossShardOptimizer
+    on a TPU) minimizes over `model.trainable_variables` with the batch-norm updates as control
+    dependencies; eval metrics are tf.compat.v1.metrics in `eval_metrics`; loss and learning rate go
+    to TensorBoard every `summary_steps` steps through `host_call`.
+
+    Args:
+        builder: returns the (inference-only) tf.keras.Model, called as `builder(**builder_kwargs)`.
+        use_tpu: build for a TPU (CrossShardOptimizer) or for CPU/GPU.
+        policy: the Keras precision policy in effect (see `policy_name`).
+        loss: a Keras loss name, or any name when `custom_loss` is given.
+        metrics: metric names; those in `custom_metrics` are the job's own functions.
+        model_dir: where summaries go when RunConfig has none.
+    """
+    custom_metrics = dict(custom_metrics or {})
+
+    def model_fn(features, labels, mode, params, config=None):
+        del params  # batch size and context come from TPUEstimator; the model needs neither
+        training = mode == tf.estimator.ModeKeys.TRAIN
+        # Outside any TPU loop or control-flow context: the Keras Input placeholders must not land
+        # inside the compiled loop, and one build per call keeps train/eval/resume variables identical.
+        with tf.init_scope():
+            model = builder(**builder_kwargs)
+        outputs = model(features, training=training)
+        outputs = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), outputs)
+
+        if mode == tf.estimator.ModeKeys.PREDICT:
+            predictions = outputs if isinstance(outputs, dict) else {"outputs": outputs}
+            return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(mode, predictions=predictions)
+
+        head = head_for(loss, model)
+        total = compute_loss(head, labels, outputs, custom_loss)
+        extra = model.get_losses_for(None) + model.get_losses_for(features)  # regularizers
+        if extra:
+            total = total + tf.add_n([tf.cast(t, tf.float32) for t in extra])
+
+        if mode == tf.estimator.ModeKeys.EVAL:
+            eval_metrics = None
+            if metrics:
+                tensors = {**_flatten("label", labels), **_flatten("output", outputs)}
+                eval_metrics = (make_metric_fn(head, metrics, custom_metrics), tensors)
+            return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(mode, loss=total, eval_metrics=eval_metrics)
+
+        optimizer = make_optimizer()
+        if policy == "mixed_float16":
+            optimizer = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(optimizer, "dynamic")
+        if use_tpu:
+            # Sums the gradients over replicas; without it each replica trains on its own.
+            optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        # Batch-norm moving statistics are update ops; without these dependencies they never move.
+        updates = model.get_updates_for(None) + model.get_updates_for(features)
+        with tf.control_dependencies(updates):
+            train_op = optimizer.minimize(total, global_step=global_step, var_list=model.trainable_variables)
+        summary_dir = config.model_dir if config is not None and config.model_dir else model_dir
+        host_call = (_summary_fn(summary_dir, summary_steps),
+                     [tf.reshape(global_step, [1]), tf.reshape(total, [1]),
+                      tf.reshape(tf.constant(learning_rate, tf.float32), [1])])
+        return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(mode, loss=total, train_op=train_op, host_call=host_call)
+
+    return model_fn
+
+
+def _summary_fn(model_dir: str, every_steps: int):
+    """host_call body (runs on the host, outside the TPU loop): loss and learning rate as TensorBoard scalars."""
+
+    def host_call_fn(global_step, loss, learning_rate):
+        step = global_step[0]
+        writer = tf.compat.v2.summary.create_file_writer(model_dir, max_queue=every_steps)
+        with writer.as_default(), tf.compat.v2.summary.record_if(tf.equal(step % every_steps, 0)):
+            tf.compat.v2.summary.scalar("train/loss", loss[0], step=step)
+            tf.compat.v2.summary.scalar("train/learning_rate", learning_rate[0], step=step)
+            return tf.compat.v1.summary.all_v2_summary_ops()
+
+    return host_call_fn
+
+
+# ------------------------------------------------------------------------------------------ estimator
+
+def run_config(*, use_tpu: bool, cluster_resolver, model_dir: str, iterations_per_loop: int,
+               num_cores_per_replica: Optional[int], input_partition_dims, save_checkpoints_steps: int,
+               keep_checkpoint_max: int, seed: Optional[int], log_every_steps: int):
+    """The tf.compat.v1.estimator.tpu.RunConfig; the TPU parts only with `use_tpu`.
+
+    `num_cores_per_replica` (None: one core, no model parallelism) comes with `input_partition_dims`:
+    [features dims, labels dims], each mirroring the structure input_fn yields (a dict for several
+    tensors, None = replicated to every core of a replica).
+    """
+    tpu = tf.compat.v1.estimator.tpu
+    tpu_kwargs = {"iterations_per_loop": iterations_per_loop}
+    if use_tpu:
+        # PER_HOST_V2: input_fn runs once per host (once per replica when a replica spans hosts);
+        # the only mode that supports input_partition_dims.
+        tpu_kwargs["per_host_input_for_training"] = tpu.InputPipelineConfig.PER_HOST_V2
+        if num_cores_per_replica:
+            tpu_kwargs["num_cores_per_replica"] = num_cores_per_replica
+            tpu_kwargs["input_partition_dims"] = input_partition_dims
+    return tpu.RunConfig(
+        cluster=cluster_resolver if use_tpu else None,
+        model_dir=model_dir,
+        save_checkpoints_steps=save_checkpoints_steps,
+        keep_checkpoint_max=keep_checkpoint_max,
+        tf_random_seed=seed,
+        log_step_count_steps=log_every_steps,
+        save_summary_steps=log_every_steps,
+        tpu_config=tpu.TPUConfig(**tpu_kwargs),
+    )
+
+
+def tpu_estimator(model_fn: Callable, config, *, use_tpu: bool, train_batch_size: int,
+                  eval_batch_size: Optional[int], export_to_tpu: bool = False):
+    """The TPUEstimator; batch sizes are global (over all replicas), evaluation runs where training does."""
+    return tf.compat.v1.estimator.tpu.TPUEstimator(
+        model_fn=model_fn,
+        config=config,
+        use_tpu=use_tpu,
+        train_batch_size=train_batch_size,
+        eval_batch_size=eval_batch_size,
+        predict_batch_size=None,
+        eval_on_tpu=use_tpu,
+        export_to_tpu=export_to_tpu and use_tpu,
+    )
+
+
+def boundaries(start: int, steps: int, every: Optional[int]) -> List[int]:
+    """Global steps to train to, one segment each; an evaluation follows each when `every` is set."""
+    if not every:
+        return [steps]
+    return list(range((start // every + 1) * every, steps, every)) + [steps]
