@@ -1,0 +1,160 @@
+"""The model layer of `validate`: build the graphs `train` builds, on this machine, and stop before a session.
+
+For each mode the job runs (train, eval), in a fresh graph: the features and labels the input_fn
+yields (the job's own input_fn called and its dataset's element spec taken; tpulaunch's pipeline
+parses a placeholder of serialized records with the same parse code), then the job's real model_fn
+(made from the builder, or the user's own) with the params TPUEstimator would pass, the eval metrics
+built from `eval_metrics` as TPUEstimator builds them. Nothing is read and no step runs, so a 256^3
+volume costs what a small one does. What the model_fn refuses here, `train` would refuse: the error
+is reported at the job key its code comes from, with TensorFlow's (or the user's) message.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+from typing import Optional
+
+from tpulaunch.errors import TpuLaunchError, first_line
+
+STANDALONE = "standalone.py"
+
+# Which job key a failure inside standalone.py's model_fn belongs to, by the function it failed in.
+_KEY_OF_FUNCTION = {
+    "compute_loss": ("model", "loss"), "_single_loss": ("model", "loss"), "head_for": ("model", "loss"),
+    "metric_fn": ("model", "metrics"), "_one_metric": ("model", "metrics"), "_classes": ("model", "metrics"),
+    "_values_like_labels": ("model", "metrics"),
+    "factory": ("model", "optimizer"), "optimizer_factory": ("model", "optimizer"),
+}
+# ... and, in model_fn itself, by the line it failed on.
+_KEY_OF_LINE = (("builder(", ("model", "builder")), ("model(features", ("data", "features")),
+                ("minimize(", ("model", "optimizer")), ("make_optimizer(", ("model", "optimizer")))
+
+
+@dataclass
+class ModeBuild:
+    mode: str
+    ok: bool
+    key: Optional[tuple] = None  # the job key a failure is reported at
+    message: Optional[str] = None
+    hint: Optional[str] = None
+    trace: Optional[str] = None  # the formatted traceback, for --debug
+    features: dict = field(default_factory=dict)  # name -> [shape, dtype] the model_fn received
+    labels: dict = field(default_factory=dict)
+    trainable_params: Optional[int] = None
+
+
+def build_modes(job, plan, modes=("train", "eval")) -> list:
+    """One `ModeBuild` per mode the job runs, each from a fresh graph."""
+    return [_build(job, plan, mode) for mode in modes if getattr(job, mode, None) is not None]
+
+
+def _build(job, plan, mode: str) -> ModeBuild:
+    import tensorflow as tf
+
+    from tpulaunch.engine.estimator.model_fn import make_model_fn
+
+    keys = {"train": tf.estimator.ModeKeys.TRAIN, "eval": tf.estimator.ModeKeys.EVAL}
+    batch = plan.batch(mode)
+    params = {"batch_size": batch.params_batch_size if plan.on_tpu else batch.global_batch, "use_tpu": False}
+    params.update(_user_params(job))
+    graph = tf.Graph()
+    stage = ("data", "input_fn") if job.data.input_fn else ("data", "features")
+    try:
+        with graph.as_default():
+            features, labels = _inputs(job, mode, params)
+            result = ModeBuild(mode, True, features=_describe(features), labels=_describe(labels))
+            stage = ("model", "model_fn") if job.model.model_fn else ("model", "builder")
+            model_fn = make_model_fn(job, use_tpu=False, search_path=job.search_path)
+            spec = model_fn(features, labels, keys[mode], params, _config(job))
+            if mode == "eval" and getattr(spec, "eval_metrics", None):
+                stage = ("model", "metrics")
+                fn, tensors = spec.eval_metrics
+                fn(**tensors) if isinstance(tensors, dict) else fn(*tensors)
+            result.trainable_params = sum(int(v.shape.num_elements() or 0)
+                                          for v in graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES))
+            return result
+    except Exception as exc:  # noqa: BLE001 (any failure of the user's code or TF's is the verdict)
+        key, message, hint = _blame(exc, stage, job)
+        return ModeBuild(mode, False, key, message, hint, "".join(traceback.format_exception(exc)))
+
+
+def _user_params(job) -> dict:
+    """What a model_fn job's `params` hold beyond TensorFlow's keys (model.params, when the schema has it)."""
+    extra = getattr(job.model, "params", None) or {}
+    return dict(extra) if job.model.model_fn else {}
+
+
+def _config(job):
+    import tensorflow as tf
+
+    return tf.compat.v1.estimator.tpu.RunConfig(model_dir=job.run.model_dir)
+
+
+def _inputs(job, mode: str, params: dict):
+    """(features, labels) as the input_fn yields them, as graph placeholders of its element spec."""
+    import tensorflow as tf
+
+    if job.data.input_fn:
+        from tpulaunch.engine.estimator.runner import _input_fn
+
+        dataset = _input_fn(job, mode, False, job.search_path)(params)
+        spec = dataset.element_spec
+    else:
+        from tpulaunch.engine.estimator import standalone
+        from tpulaunch.engine.estimator.plain import spec_errors, tensor_specs
+
+        with spec_errors():
+            parse = standalone.parse_batch_fn(tensor_specs(job.data.features), tensor_specs(job.data.labels))
+        records = tf.compat.v1.placeholder(tf.string, [params["batch_size"]], name="serialized_records")
+        return parse(records)
+    if not isinstance(spec, tuple) or len(spec) != 2:
+        spec = (spec, None)
+
+    def placeholder(s):
+        return tf.compat.v1.placeholder(s.dtype, s.shape, name=None)
+
+    return tuple(tf.nest.map_structure(placeholder, part) if part is not None else None for part in spec)
+
+
+def _describe(value) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        value = {"": value}
+    return {name: [list(t.shape.as_list()), t.dtype.name] for name, t in value.items()}
+
+
+def _blame(exc: BaseException, stage: tuple, job) -> tuple:
+    """(job key, message, hint) for a failure while building: the key of the code it failed in."""
+    if isinstance(exc, TpuLaunchError):
+        return _key_in_trace(exc, stage, job), exc.message, exc.hint
+    message = f"{type(exc).__name__}: {first_line(exc)}"
+    key = _key_in_trace(exc, stage, job)
+    hints = {("model", "loss"): "the loss must take the labels as declared and the model's outputs",
+             ("model", "metrics"): "each metric must fit the labels and outputs (classification metrics need a "
+                                   "classification loss)",
+             ("model", "optimizer"): "check model.optimizer and its args",
+             ("data", "features"): "the model must accept the declared features: one tensor, or a dict by name",
+             ("model", "builder"): "check model.params against the builder, and the builder itself "
+                                   "(validate --debug shows the traceback)",
+             ("model", "model_fn"): "the error is in the job's model_fn (validate --debug shows the traceback)",
+             ("data", "input_fn"): "the error is in the job's input_fn (validate --debug shows the traceback)"}
+    return key, message, hints.get(key)
+
+
+def _key_in_trace(exc: BaseException, stage: tuple, job) -> tuple:
+    if stage in (("data", "input_fn"), ("model", "model_fn"), ("data", "features")):
+        return stage
+    frames = traceback.extract_tb(exc.__traceback__)
+    inside = [f for f in frames if f.filename.endswith(STANDALONE)]
+    for frame in reversed(inside):
+        if frame.name in _KEY_OF_FUNCTION:
+            return _KEY_OF_FUNCTION[frame.name]
+        if frame.name == "model_fn":
+            for text, key in _KEY_OF_LINE:
+                if text in (frame.line or ""):
+                    return key
+    if stage == ("model", "builder") and ":" in job.model.loss and any(f.name == "_single_loss" for f in inside):
+        return ("model", "loss")
+    return stage
