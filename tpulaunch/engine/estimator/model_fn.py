@@ -19,6 +19,8 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 import tensorflow as tf
 
+from tpulaunch.engine.estimator.flags import apply_flags
+from tpulaunch.engine.estimator.weights import builder_weights_scaffold_fn, download_error, download_failure
 from tpulaunch.job.builder_args import builder_kwargs
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.imports import resolve
@@ -308,12 +310,15 @@ def make_model_fn(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -
             file's directory, so model code next to the YAML file imports as is).
 
     Returns:
-        The model_fn. With `model.model_fn` set (the escape hatch) it is the user's own, unchanged.
+        The model_fn. With `model.model_fn` set it is the user's own, unchanged (TPUEstimator hands it
+        `model.params`, see params.py). Either way the job's `flags:` are set first.
 
     Raises:
-        TpuLaunchError: an import path that cannot be resolved, an unknown optimizer or loss.
+        TpuLaunchError: an import path that cannot be resolved, an unknown optimizer or loss, a flag
+            that the job's modules do not define or that does not take its value.
     """
     spec = job.model
+    apply_flags(job, search_path=search_path)
     if spec.model_fn:
         return resolve(spec.model_fn, search_path=search_path, what="model_fn")
     builder = resolve(spec.builder, search_path=search_path, what="model builder")
@@ -331,6 +336,12 @@ def make_model_fn(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -
         except TypeError as exc:
             raise TpuLaunchError(f"model builder {spec.builder!r} rejected its arguments: {exc}",
                                  hint="check model.params against the builder's signature") from None
+        except Exception as exc:  # pylint: disable=broad-except  # only a failed download is explained here
+            failure = download_failure(exc)
+            if failure is None:
+                raise
+            message, hint = download_error(spec.builder, failure)
+            raise TpuLaunchError(message, hint=hint) from exc
         if not isinstance(model, tf.keras.Model):
             raise TpuLaunchError(f"model builder {spec.builder!r} returned {type(model).__name__}, not a tf.keras.Model")
         return model
@@ -376,7 +387,10 @@ def make_model_fn(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -
         host_call = (_summary_fn(model_dir, summary_steps),
                      [tf.reshape(global_step, [1]), tf.reshape(loss, [1]),
                       tf.reshape(tf.constant(learning_rate, tf.float32), [1])])
-        return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(mode, loss=loss, train_op=train_op, host_call=host_call)
+        # What the builder returned (weights it loaded included) is what a fresh run starts from.
+        scaffold_fn = builder_weights_scaffold_fn(build_model, model, seed=job.run.seed, warm_start=job.run.warm_start)
+        return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(mode, loss=loss, train_op=train_op, host_call=host_call,
+                                                           scaffold_fn=scaffold_fn)
 
     return model_fn
 
