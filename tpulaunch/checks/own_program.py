@@ -57,7 +57,7 @@ def input_fn_problems(loaded: LoadedJob) -> list:
             named = ", ".join(m for m in ("train", "eval", "predict") if data.input_fn_for(m))
             problems.append(loaded.problem(
                 ("data", "input_fn"), "input-fn-mode-missing",
-                f"the job has a {mode}: section but data.input_fn names functions only for {named}",
+                f"the job has {'an' if mode == 'eval' else 'a'} {mode}: section but data.input_fn names functions only for {named}",
                 f"add {mode}: pkg.mod:{mode}_input_fn under data.input_fn, or remove the {mode}: section"))
         elif getattr(data, mode) is not None:
             problems.append(loaded.problem(
