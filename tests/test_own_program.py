@@ -264,3 +264,17 @@ def test_a_failed_export_leaves_nothing_behind(probe):
     (out / "older").mkdir()
     result = CliRunner().invoke(cli, ["export", str(probe / "job.yaml"), str(out), "--set", "data.features.x.dtype=int32"])
     assert result.exit_code == 1 and sorted(os.listdir(out)) == ["older"]
+
+
+def test_on_a_tpu_model_fn_gets_the_job_params_beside_tensorflows(probe):
+    """The README's TPU column for model_fn, from TensorFlow's own TPU graph for a v3-8 (validate --tf)."""
+    job = probe / "job.yaml"
+    job.write_text(job.read_text().replace("eval: {batch_size: 4", "eval: {batch_size: 16")
+                   .replace("run: {model_dir: runs/probe}", "tpu: {type: v3-8, iterations_per_loop: 2}\n"
+                                                            "run: {model_dir: gs://bucket/runs/probe}"))
+    result = validate_job(str(job), static=True, use_tf=True)
+    assert result.ok, result.problems
+    assert [(r["who"], r["mode"], r["keys"], r["batch_size"], r["use_tpu"]) for r in records(probe)] == [
+        ("model_fn", "train", ["batch_size", "context", "record_to", "scale", "use_tpu"], 1, True),
+        ("model_fn", "eval", ["batch_size", "context", "record_to", "scale", "use_tpu"], 2, True),
+    ]

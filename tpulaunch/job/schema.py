@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 from typing_extensions import Annotated
 
 IMPORT_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -151,7 +151,7 @@ class InputFns(Strict):
 
 
 def _input_fn_form(value) -> str:
-    return "input-fn-path" if isinstance(value, str) else "input-fn-by-mode"
+    return "input-fn-by-mode" if isinstance(value, (dict, InputFns)) else "input-fn-path"
 
 
 # As for partition: one branch per form, so a mistake is reported once, against the form written.
@@ -266,7 +266,14 @@ class Run(Strict):
                                                               "(a resumed run restores its own)")
 
 
-FlagValue = Union[bool, int, float, str, List[Union[bool, int, float, str]]]
+def _flag_value(value):
+    scalar = (bool, int, float, str)
+    if isinstance(value, scalar) or (isinstance(value, list) and all(isinstance(v, scalar) for v in value)):
+        return value
+    raise ValueError(f"{value!r} is not a flag value: give true/false, a number, a string, or a list of them")
+
+
+FlagValue = Annotated[Union[bool, int, float, str, List[Union[bool, int, float, str]]], BeforeValidator(_flag_value)]
 
 
 class Job(Strict):

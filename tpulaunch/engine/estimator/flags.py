@@ -116,6 +116,8 @@ def _bad_value(name: str, flag, value: Any, exc: Exception) -> FlagFinding:
     if reason.startswith(prefix) and ": " in reason:
         reason = reason.split(": ", 1)[1]
     kind = flag.flag_type()
+    if kind == "bool":  # absl's own message is a tuple's repr
+        reason = "give true or false"
     hint = f"{flag.help} (default: {flag.default!r})" if flag.help else f"default: {flag.default!r}"
     if kind == "string" and not isinstance(value, str):
         hint = f"quote it: '{value}'; {hint}"
