@@ -518,24 +518,26 @@ def export(job: Job, out_dir: str, *, checkpoint: Optional[str] = None, search_p
     try:
         path = estimator.export_saved_model(out_dir, serving_input_receiver_fn(job), checkpoint_path=checkpoint)
     except (TypeError, ValueError) as exc:  # building the serving graph on the declared features failed
-        _remove_new_entries(out_dir, before, existed)
+        _remove_failed_export(out_dir, before, existed)
         raise TpuLaunchError(
             f"export failed building the serving graph from data.features: {type(exc).__name__}: {first_line(exc)}",
             hint="data.features must describe what the model receives (what the input_fn yields, for an input_fn "
                  "job): `tpulaunch validate` compares them") from exc
     except BaseException:
-        _remove_new_entries(out_dir, before, existed)
+        _remove_failed_export(out_dir, before, existed)
         raise
     return path.decode() if isinstance(path, bytes) else str(path)
 
 
-def _remove_new_entries(out_dir: str, before: set, existed: bool) -> None:
-    """Remove what a failed export wrote under `out_dir` (and `out_dir` itself when it was new and is now empty)."""
+def _remove_failed_export(out_dir: str, before: set, existed: bool) -> None:
+    """Remove the `temp-*` directory a failed export left under `out_dir` (TensorFlow writes there and renames
+    it at the end), and `out_dir` itself when this export created it and it is now empty."""
     import tensorflow as tf
 
     if not tf.io.gfile.exists(out_dir):
         return
     for name in set(tf.io.gfile.listdir(out_dir)) - before:
-        tf.io.gfile.rmtree(os.path.join(out_dir, name.rstrip("/")))
+        if name.startswith("temp-"):
+            tf.io.gfile.rmtree(os.path.join(out_dir, name.rstrip("/")))
     if not existed and not tf.io.gfile.listdir(out_dir):
         tf.io.gfile.rmtree(out_dir)
