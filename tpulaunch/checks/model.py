@@ -35,6 +35,13 @@ def model_problems(loaded: LoadedJob, search_path: Sequence[str] = ()) -> list:
             problems.append(loaded.problem(key, "import-failed", exc.message, exc.hint))
             return None
 
+    data = loaded.section("data")
+    if data is not None and isinstance(data.input_fn, str):
+        importable(("data", "input_fn"), data.input_fn, "input_fn")
+    elif data is not None and data.input_fn is not None:
+        for mode in ("train", "eval", "predict"):
+            if data.input_fn_for(mode):
+                importable(("data", "input_fn", mode), data.input_fn_for(mode), f"{mode} input_fn")
     if model.model_fn:
         importable(("model", "model_fn"), model.model_fn, "model_fn")
         return problems
@@ -46,9 +53,6 @@ def model_problems(loaded: LoadedJob, search_path: Sequence[str] = ()) -> list:
             importable(("model", "metrics", i), metric, "metric")
     if ":" in model.optimizer.name:
         importable(("model", "optimizer", "name"), model.optimizer.name, "optimizer")
-    data = loaded.section("data")
-    if data is not None and data.input_fn:
-        importable(("data", "input_fn"), data.input_fn, "input_fn")
     if builder is None:
         return problems
     param_problems = _params_problems(loaded, builder, model)
@@ -93,6 +97,11 @@ def _built_model_problems(loaded: LoadedJob, builder, model, data) -> list:
     try:
         keras_model = builder(**builder_kwargs(builder, model.params, data.features))
     except Exception as exc:  # the user's builder failed: report it at the builder, with the message
+        from tpulaunch.engine.estimator.weights import download_error, download_failure
+
+        failure = download_failure(exc)
+        if failure is not None:
+            return [loaded.problem(("model", "builder"), "builder-download-failed", *download_error(model.builder, failure))]
         return [loaded.problem(("model", "builder"), "builder-failed",
                                f"{model.builder} raised {type(exc).__name__}: {_first_line(exc)}",
                                "rerun with --debug for the traceback; check model.params and the feature shapes")]

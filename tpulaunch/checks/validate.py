@@ -57,19 +57,41 @@ def validate_job(
     if not isinstance(loaded.data, dict):
         return result
 
+    from tpulaunch.checks.own_program import own_program_problems
     from tpulaunch.checks.static import static_problems
 
     stage("partition and batch arithmetic")
     result.problems.extend(static_problems(loaded))
+    result.problems.extend(own_program_problems(loaded))
     result.checked += ["slice", "partition", "batch", "paths"]
 
     if not static:
+        search_path = [os.path.dirname(os.path.abspath(filename))]
+        if loaded.usable("model", "data", "flags"):
+            stage("flags")  # first: the job's functions called below read the flags it sets
+            from tpulaunch.checks.flags import flag_problems
+
+            result.problems.extend(flag_problems(loaded, search_path))
+            result.checked.append("flags")
         if loaded.usable("model", "data"):
             stage("model")
             from tpulaunch.checks.model import model_problems
 
-            result.problems.extend(model_problems(loaded, search_path=[os.path.dirname(os.path.abspath(filename))]))
+            result.problems.extend(model_problems(loaded, search_path=search_path))
             result.checked.append("model")
+        if loaded.job is not None and loaded.job.data.input_fn is not None and result.ok:
+            stage("input_fn")
+            from tpulaunch.checks.input_signature import input_signature_problems
+
+            result.problems.extend(input_signature_problems(loaded, search_path))
+            result.checked.append("input_fn")
+        if loaded.usable("run", "model", "data") and loaded.section("run") and loaded.section("run").warm_start:
+            stage("warm start")
+            from tpulaunch.checks.warm_start import warm_start_problems
+
+            # The model is built again only when the model check passed (no second failure, no second download).
+            result.problems.extend(warm_start_problems(loaded, search_path, build=result.ok))
+            result.checked.append("warm_start")
         if loaded.usable("data", "tpu", "train", "eval"):
             stage("data")
             from tpulaunch.checks.data import dry_run

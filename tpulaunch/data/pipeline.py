@@ -85,7 +85,7 @@ def make_input_fn(job: Job, mode: str, *, use_tpu: bool) -> Callable:
     with -vv). Without it the first bad record stops the run: wrap the training call in
     `naming_read_errors` so the message names the file.
 
-    With `data.input_fn` set, that function is imported and returned unchanged.
+    With `data.input_fn` set, the mode's function is imported and returned unchanged.
 
     Raises:
         TpuLaunchError: unknown mode, no files for the mode, a glob that matches nothing, unknown dims
@@ -96,7 +96,10 @@ def make_input_fn(job: Job, mode: str, *, use_tpu: bool) -> Callable:
     if job.data.input_fn:
         from tpulaunch.job.imports import resolve
 
-        return resolve(job.data.input_fn, what="data.input_fn")
+        path = job.data.input_fn_for(mode)
+        if path is None:
+            raise TpuLaunchError(f"data.input_fn names no {mode} function", hint=f"add data.input_fn.{mode}")
+        return resolve(path, what=f"{mode} input_fn")
     if use_tpu:
         _check_static(job)
     files = _files_for(job, mode)

@@ -87,7 +87,12 @@ def _override_error(file, index, key, code, message, hint) -> JobFileError:
 
 def _free_form(path: tuple) -> bool:
     """Whether new keys may be created at `path` (free keyword arguments, not schema fields)."""
-    return path in {("model", "params"), ("model", "optimizer", "args")}
+    return path in {("model", "params"), ("model", "optimizer", "args"), ("flags",)}
+
+
+def _keys_of(model: type) -> dict:
+    """The keys a pydantic model takes in a job file (a field's alias when it has one: `from`) -> field info."""
+    return {info.alias or name: info for name, info in model.model_fields.items()}
 
 
 def _schema_fields(path: tuple) -> Optional[set]:
@@ -96,9 +101,9 @@ def _schema_fields(path: tuple) -> Optional[set]:
     for part in path:
         annotation = _unwrap(annotation)
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            if part not in annotation.model_fields:
+            if part not in _keys_of(annotation):
                 return None
-            annotation = annotation.model_fields[part].annotation
+            annotation = _keys_of(annotation)[part].annotation
         else:
             args = typing.get_args(annotation)
             if typing.get_origin(annotation) is dict and len(args) == 2:
@@ -107,19 +112,20 @@ def _schema_fields(path: tuple) -> Optional[set]:
                 return None
     annotation = _unwrap(annotation)
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return set(annotation.model_fields)
+        return set(_keys_of(annotation))
     return None
 
 
 def _unwrap(annotation):
-    """Optional[X] -> X; Annotated[X, ...] -> X; a union of one model and literals (partition: auto | dims) -> the model."""
+    """Optional[X] -> X; Annotated[X, ...] -> X; a union of one model (or mapping form) and plain values
+    (partition: auto | dims, data.input_fn: path | by mode) -> the model."""
     while typing.get_origin(annotation) is typing.Annotated:
         annotation = typing.get_args(annotation)[0]
     if typing.get_origin(annotation) is typing.Union:
-        args = [_unwrap(a) for a in typing.get_args(annotation) if a is not type(None)]
-        models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
-        if len(args) == 1:
-            return args[0]
+        forms = [_unwrap(a) for a in typing.get_args(annotation) if a is not type(None)]
+        models = [a for a in forms if isinstance(a, type) and issubclass(a, BaseModel)]
+        if len(forms) == 1:
+            return forms[0]
         if len(models) == 1:
             return models[0]
     return annotation
@@ -300,8 +306,8 @@ def _field_description(path: tuple) -> Optional[str]:
     info = None
     for part in path:
         annotation = _unwrap(annotation)
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel) and part in annotation.model_fields:
-            info = annotation.model_fields[part]
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel) and part in _keys_of(annotation):
+            info = _keys_of(annotation)[part]
             annotation = info.annotation
         elif typing.get_origin(annotation) is dict:
             annotation = typing.get_args(annotation)[1]
@@ -313,7 +319,7 @@ def _field_description(path: tuple) -> Optional[str]:
 
 # ------------------------------------------------------------------------------------------- loading
 
-PATH_KEYS = (("data", "train"), ("data", "eval"), ("run", "model_dir"))
+PATH_KEYS = (("data", "train"), ("data", "eval"), ("run", "model_dir"), ("run", "warm_start", "from"))
 
 
 def _is_remote(path: str) -> bool:
@@ -322,15 +328,18 @@ def _is_remote(path: str) -> bool:
 
 def _anchor_relative_paths(data: dict, marks: Marks, job_dir: str) -> None:
     """Relative local paths in the file are relative to the file; those from --set, to the current directory."""
-    for section, key in PATH_KEYS:
-        node = data.get(section)
+    for keys in PATH_KEYS:
+        node = data
+        for part in keys[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        key = keys[-1]
         if not isinstance(node, dict) or key not in node:
             continue
         value = node[key]
         entries = value if isinstance(value, list) else [value]
         fixed = []
         for i, entry in enumerate(entries):
-            path = (section, key, i) if isinstance(value, list) else (section, key)
+            path = (*keys, i) if isinstance(value, list) else keys
             if isinstance(entry, str) and entry.strip() and not _is_remote(entry) and not os.path.isabs(os.path.expanduser(entry)):
                 from_override = marks.locate(path)[0] == "--set"
                 base = os.getcwd() if from_override else job_dir

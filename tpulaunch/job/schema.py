@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, WithJsonSchema,
-                      field_validator, model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, PrivateAttr, Tag,
+                      WithJsonSchema, field_validator, model_validator)
 from typing_extensions import Annotated
 
 IMPORT_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -97,7 +97,8 @@ def _check_metric(value: str) -> str:
 
 class Model(Strict):
     builder: Optional[str] = Field(None, description="module:function returning an inference-only tf.keras.Model")
-    params: Dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the builder")
+    params: Dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the builder; with model_fn: "
+                                   "extra keys of the params dict TPUEstimator hands to model_fn and input_fn")
     loss: str = Field("sparse_categorical_crossentropy", description=f"one of {', '.join(LOSSES)}, or 'pkg.mod:fn(labels, outputs) -> scalar'")
     optimizer: Optimizer = Field(default_factory=Optimizer)
     metrics: List[Annotated[str, AfterValidator(_check_metric)]] = Field(default_factory=list, description=f"any of {', '.join(METRICS)}, or import paths")
@@ -131,6 +132,35 @@ class Model(Strict):
 
 Files = Union[str, List[str]]
 
+INPUT_MODES = ("train", "eval", "predict")
+
+
+class InputFns(Strict):
+    """One input_fn per mode, as a TPUEstimator program has them."""
+
+    train: Optional[str] = Field(None, description="'pkg.mod:train_input_fn(params)'")
+    eval: Optional[str] = Field(None, description="'pkg.mod:eval_input_fn(params)'")
+    predict: Optional[str] = Field(None, description="'pkg.mod:predict_input_fn(params)' (used by no command yet)")
+
+    _forms = field_validator("train", "eval", "predict")(check_import_path)
+
+    @model_validator(mode="after")
+    def _at_least_one(self):
+        if not (self.train or self.eval or self.predict):
+            raise ValueError("name at least one of train, eval, predict")
+        return self
+
+
+def _input_fn_form(value) -> str:
+    return "input-fn-by-mode" if isinstance(value, (dict, InputFns)) else "input-fn-path"
+
+
+# As for partition: one branch per form, so a mistake is reported once, against the form written.
+InputFnOrByMode = Annotated[
+    Union[Annotated[str, AfterValidator(check_import_path), Tag("input-fn-path")],
+          Annotated[InputFns, Tag("input-fn-by-mode")]],
+    Discriminator(_input_fn_form)]
+
 
 class Data(Strict):
     train: Optional[Files] = Field(None, description="TFRecord file, glob, or list of them (local or gs://)")
@@ -141,9 +171,16 @@ class Data(Strict):
     shuffle_buffer: int = Field(1024, ge=0)
     cache: bool = False
     skip_corrupt: bool = Field(False, description="skip unreadable records instead of stopping")
-    input_fn: Optional[str] = Field(None, description="escape hatch: 'pkg.mod:input_fn(params)' returning a tf.data.Dataset")
+    input_fn: Optional[InputFnOrByMode] = Field(
+        None, description="your own input pipeline instead of records: 'pkg.mod:input_fn(params)' returning a "
+                          "tf.data.Dataset, or one per mode {train: ..., eval: ...}; data.features and data.labels "
+                          "then describe what it yields")
 
-    _input_fn_form = field_validator("input_fn")(check_import_path)
+    def input_fn_for(self, mode: str) -> Optional[str]:
+        """The import path of the input_fn for `mode` ("train", "eval", "predict"), or None."""
+        if isinstance(self.input_fn, InputFns):
+            return getattr(self.input_fn, mode)
+        return self.input_fn
 
     @field_validator("features")
     @classmethod
@@ -214,12 +251,43 @@ class Eval(Strict):
     every_steps: Optional[int] = Field(None, ge=1, description="evaluate every N train steps (default: once, at the end)")
 
 
+class WarmStart(Strict):
+    """TensorFlow's WarmStartSettings: a fresh run starts from another run's checkpoint."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
+
+    from_: str = Field(alias="from", description="a checkpoint (model.ckpt-N) or a model_dir (its latest checkpoint)")
+    vars: str = Field(".*", description="regular expression: the trainable variables taken from the checkpoint "
+                                        "(matched from the start of the name); the rest start as the model builds them")
+
+    @field_validator("vars")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"{value!r} is not a regular expression: {exc}") from None
+        return value
+
+
 class Run(Strict):
     model_dir: str = Field(description="checkpoints, summaries and the resolved job (gs:// for a Cloud TPU)")
     save_checkpoints_steps: int = Field(1000, ge=1)
     keep_checkpoint_max: int = Field(5, ge=1)
     log_every_steps: Optional[int] = Field(None, ge=1, description="progress line cadence (default: iterations_per_loop)")
     seed: Optional[int] = None
+    warm_start: Optional[WarmStart] = Field(None, description="start a fresh run from another run's checkpoint "
+                                                              "(a resumed run restores its own)")
+
+
+def _flag_value(value):
+    scalar = (bool, int, float, str)
+    if isinstance(value, scalar) or (isinstance(value, list) and all(isinstance(v, scalar) for v in value)):
+        return value
+    raise ValueError(f"{value!r} is not a flag value: give true/false, a number, a string, or a list of them")
+
+
+FlagValue = Annotated[Union[bool, int, float, str, List[Union[bool, int, float, str]]], BeforeValidator(_flag_value)]
 
 
 class Job(Strict):
@@ -233,6 +301,9 @@ class Job(Strict):
     train: Optional[Train] = None
     eval: Optional[Eval] = None
     run: Run
+    flags: Dict[str, FlagValue] = Field(
+        default_factory=dict, description="absl flags the job's modules define, set before any of their functions "
+                                          "runs (the rest keep their defaults)")
     _source_dir: Optional[str] = PrivateAttr(None)  # the job file's directory, set by load_job
 
     @property

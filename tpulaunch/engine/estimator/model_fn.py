@@ -15,6 +15,8 @@ import tensorflow as tf
 from tpulaunch.engine.estimator import standalone
 from tpulaunch.engine.estimator.plain import model_settings, optimizer_settings, spec_errors
 from tpulaunch.engine.estimator.standalone import Head, compute_loss  # noqa: F401  (the loss, for callers and tests)
+from tpulaunch.engine.estimator.flags import apply_flags
+from tpulaunch.engine.estimator.weights import builder_weights_scaffold_fn, download_error, download_failure
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.builder_args import builder_kwargs
 from tpulaunch.job.imports import resolve
@@ -90,15 +92,20 @@ def make_model_fn(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -
             file's directory, so model code next to the YAML file imports as is).
 
     Returns:
-        The model_fn. With `model.model_fn` set (the escape hatch) it is the user's own, unchanged.
+        The model_fn. With `model.model_fn` set it is the user's own, unchanged (TPUEstimator hands it
+        `model.params`, see params.py). Either way the job's `flags:` are set first.
 
     Raises:
-        TpuLaunchError: an import path that cannot be resolved, an unknown optimizer or loss.
+        TpuLaunchError: an import path that cannot be resolved, an unknown optimizer or loss, a flag
+            that the job's modules do not define or that does not take its value.
     """
     spec = job.model
+    apply_flags(job, search_path=search_path)
     if spec.model_fn:
         return resolve(spec.model_fn, search_path=search_path, what="model_fn")
     builder = resolve(spec.builder, search_path=search_path, what="model builder")
+    kwargs = builder_kwargs(builder, spec.params, job.data.features)
+    built: dict = {}  # the model the current graph's model_fn built, for its weights' scaffold
 
     def checked_builder(**kwargs):
         try:
@@ -106,20 +113,32 @@ def make_model_fn(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -
         except TypeError as exc:
             raise TpuLaunchError(f"model builder {spec.builder!r} rejected its arguments: {exc}",
                                  hint="check model.params against the builder's signature") from None
+        except Exception as exc:  # pylint: disable=broad-except  # only a failed download is explained here
+            failure = download_failure(exc)
+            if failure is None:
+                raise
+            message, hint = download_error(spec.builder, failure)
+            raise TpuLaunchError(message, hint=hint) from exc
         if not isinstance(model, tf.keras.Model):
             raise TpuLaunchError(f"model builder {spec.builder!r} returned {type(model).__name__}, not a tf.keras.Model")
+        built["model"] = model
         return model
 
     custom_loss = resolve(spec.loss, search_path=search_path, what="loss") if ":" in spec.loss else None
     custom_metrics = {name: resolve(name, search_path=search_path, what="metric") for name in spec.metrics if ":" in name}
     make_optimizer = make_optimizer_factory(job, search_path=search_path)
     model_fn = standalone.make_model_fn(
-        checked_builder, builder_kwargs(builder, spec.params, job.data.features), use_tpu=use_tpu,
+        checked_builder, kwargs, use_tpu=use_tpu,
         policy=apply_precision(spec.precision, use_tpu=use_tpu), make_optimizer=make_optimizer,
         custom_loss=custom_loss, custom_metrics=custom_metrics, **model_settings(job))
 
     def job_model_fn(features, labels, mode, params, config=None):
         with spec_errors():
-            return model_fn(features, labels, mode, params, config)
+            estimator_spec = model_fn(features, labels, mode, params, config)
+        if mode == tf.estimator.ModeKeys.TRAIN:
+            # What the builder returned (weights it loaded included) is what a fresh run starts from.
+            estimator_spec = estimator_spec._replace(scaffold_fn=builder_weights_scaffold_fn(
+                lambda: checked_builder(**kwargs), built["model"], seed=job.run.seed, warm_start=job.run.warm_start))
+        return estimator_spec
 
     return job_model_fn

@@ -76,9 +76,14 @@ def config_settings(job: Job, plan: "Plan", *, use_tpu: bool) -> dict:
     }
 
 
-def estimator_settings(plan: "Plan") -> dict:
+def estimator_settings(job: Job, plan: "Plan") -> dict:
     """Keywords of `standalone.tpu_estimator`, besides the model_fn, the config and use_tpu."""
-    return {"train_batch_size": plan.train_batch_size, "eval_batch_size": plan.eval_batch_size}
+    from tpulaunch.engine.estimator.params import estimator_params
+
+    warm = job.run.warm_start
+    return {"train_batch_size": plan.train_batch_size, "eval_batch_size": plan.eval_batch_size,
+            "params": estimator_params(job), "warm_start_from": warm.from_ if warm else None,
+            "warm_start_vars": warm.vars if warm else ".*"}
 
 
 # The job key each value above comes from.
@@ -104,6 +109,9 @@ SOURCES = {
     "seed": ("run", "seed"),
     "log_every_steps": ("run", "log_every_steps"),
     "train_batch_size": ("train", "batch_size"),
+    "params": ("model", "params"),
+    "warm_start_from": ("run", "warm_start", "from"),
+    "warm_start_vars": ("run", "warm_start", "vars"),
     "eval_batch_size": ("eval", "batch_size"),
 }
 

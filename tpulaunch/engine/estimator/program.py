@@ -228,7 +228,7 @@ def explain_script(loaded: LoadedJob, plan: Optional["Plan"] = None, *, search_p
     optimizer = plain.optimizer_settings(job)
     model = plain.model_settings(job)
     config = plain.config_settings(job, plan, use_tpu=on_tpu)
-    estimator = plain.estimator_settings(plan)
+    estimator = plain.estimator_settings(job, plan)
     config_notes = {"iterations_per_loop": "no TPU: one step per session run"} if not on_tpu else {}
     if on_tpu and not config["num_cores_per_replica"]:
         config_notes["num_cores_per_replica"] = "1 core per replica = no model parallelism"

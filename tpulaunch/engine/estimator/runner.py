@@ -56,7 +56,7 @@ def run_config(job: Job, *, use_tpu: bool, cluster_resolver: Any = None, model_d
 
 def make_estimator(job: Job, *, use_tpu: bool, cluster_resolver: Any = None, search_path: Sequence[str] = (),
                    model_dir: Optional[str] = None, export_to_tpu: bool = False):
-    """A TPUEstimator for `job` with the portable model_fn (or the job's own `model.model_fn`)."""
+    """A TPUEstimator for `job` with the portable model_fn (or the job's own `model.model_fn` and its params)."""
     from tpulaunch.engine.estimator import standalone
     from tpulaunch.engine.estimator.model_fn import make_model_fn
 
@@ -64,15 +64,20 @@ def make_estimator(job: Job, *, use_tpu: bool, cluster_resolver: Any = None, sea
     return standalone.tpu_estimator(
         make_model_fn(job, use_tpu=use_tpu, search_path=search_path),
         run_config(job, use_tpu=use_tpu, cluster_resolver=cluster_resolver, model_dir=model_dir, plan=plan),
-        use_tpu=use_tpu, export_to_tpu=export_to_tpu, **estimator_settings(plan))
+        use_tpu=use_tpu, export_to_tpu=export_to_tpu, **estimator_settings(job, plan))
 
 
 def _input_fn(job: Job, mode: str, use_tpu: bool, search_path: Sequence[str]):
     if job.data.input_fn:
         # Resolved here rather than in data.py: the job file's directory must be on the search path.
+        # TPUEstimator itself passes `mode` (and `config`) to a function that names them.
         from tpulaunch.job.imports import resolve
 
-        return resolve(job.data.input_fn, search_path=search_path, what="input_fn")
+        path = job.data.input_fn_for(mode)
+        if path is None:
+            raise TpuLaunchError(f"data.input_fn names no {mode} function",
+                                 hint=f"add data.input_fn.{mode}: pkg.mod:{mode}_input_fn")
+        return resolve(path, search_path=search_path, what=f"{mode} input_fn")
     from tpulaunch.data.pipeline import make_input_fn
 
     return make_input_fn(job, mode, use_tpu=use_tpu)
@@ -92,7 +97,7 @@ def checkpoint_step(model_dir: str) -> Optional[int]:
 
 # Where a job holds mappings of the user's own keys: the only places a secret-looking name can be
 # (everywhere else the schema fixes the key names, and `key` there is a TFRecord feature key).
-_FREE_FORM = (("model", "params"), ("model", "optimizer", "args"))
+_FREE_FORM = (("model", "params"), ("model", "optimizer", "args"), ("flags",))
 
 
 def job_document(job: Job) -> dict:
@@ -429,14 +434,46 @@ def serving_input_receiver_fn(job: Job):
 def export(job: Job, out_dir: str, *, checkpoint: Optional[str] = None, search_path: Sequence[str] = ()) -> str:
     """Write a SavedModel (CPU/GPU serving graph) of the latest checkpoint under `out_dir`.
 
+    The serving signature takes `data.features` as declared. A failed export leaves `out_dir` as it
+    was: TensorFlow's half-written `temp-*` directory is removed (and `out_dir` too when this export
+    created it).
+
     Returns:
         The SavedModel's directory (a timestamped subdirectory of `out_dir`).
 
     Raises:
-        TpuLaunchError: no checkpoint to export.
+        TpuLaunchError: no checkpoint to export, or the model cannot be built on the declared features.
     """
+    import tensorflow as tf
+
     if checkpoint is None and checkpoint_step(job.run.model_dir) is None:
         raise TpuLaunchError(f"no checkpoint in {job.run.model_dir} to export", hint="train first")
     estimator = make_estimator(job, use_tpu=False, search_path=search_path)
-    path = estimator.export_saved_model(out_dir, serving_input_receiver_fn(job), checkpoint_path=checkpoint)
+    existed = tf.io.gfile.exists(out_dir)
+    before = set(tf.io.gfile.listdir(out_dir)) if existed else set()
+    try:
+        path = estimator.export_saved_model(out_dir, serving_input_receiver_fn(job), checkpoint_path=checkpoint)
+    except (TypeError, ValueError) as exc:  # building the serving graph on the declared features failed
+        _remove_failed_export(out_dir, before, existed)
+        raise TpuLaunchError(
+            f"export failed building the serving graph from data.features: {type(exc).__name__}: {first_line(exc)}",
+            hint="data.features must describe what the model receives (what the input_fn yields, for an input_fn "
+                 "job): `tpulaunch validate` compares them") from exc
+    except BaseException:
+        _remove_failed_export(out_dir, before, existed)
+        raise
     return path.decode() if isinstance(path, bytes) else str(path)
+
+
+def _remove_failed_export(out_dir: str, before: set, existed: bool) -> None:
+    """Remove the `temp-*` directory a failed export left under `out_dir` (TensorFlow writes there and renames
+    it at the end), and `out_dir` itself when this export created it and it is now empty."""
+    import tensorflow as tf
+
+    if not tf.io.gfile.exists(out_dir):
+        return
+    for name in set(tf.io.gfile.listdir(out_dir)) - before:
+        if name.startswith("temp-"):
+            tf.io.gfile.rmtree(os.path.join(out_dir, name.rstrip("/")))
+    if not existed and not tf.io.gfile.listdir(out_dir):
+        tf.io.gfile.rmtree(out_dir)

@@ -642,11 +642,22 @@ def run_config(*, use_tpu: bool, cluster_resolver, model_dir: str, iterations_pe
 
 
 def tpu_estimator(model_fn: Callable, config, *, use_tpu: bool, train_batch_size: int,
-                  eval_batch_size: Optional[int], export_to_tpu: bool = False):
-    """The TPUEstimator; batch sizes are global (over all replicas), evaluation runs where training does."""
+                  eval_batch_size: Optional[int], export_to_tpu: bool = False, params: Optional[dict] = None,
+                  warm_start_from: Optional[str] = None, warm_start_vars: str = ".*"):
+    """The TPUEstimator; batch sizes are global (over all replicas), evaluation runs where training does.
+
+    `params` reach model_fn and input_fn beside the keys TPUEstimator sets; `warm_start_from` starts a
+    new run's trainable variables matching `warm_start_vars` from that checkpoint.
+    """
+    warm_start = None
+    if warm_start_from:
+        warm_start = tf.estimator.WarmStartSettings(ckpt_to_initialize_from=warm_start_from,
+                                                    vars_to_warm_start=warm_start_vars)
     return tf.compat.v1.estimator.tpu.TPUEstimator(
         model_fn=model_fn,
         config=config,
+        params=params or None,
+        warm_start_from=warm_start,
         use_tpu=use_tpu,
         train_batch_size=train_batch_size,
         eval_batch_size=eval_batch_size,

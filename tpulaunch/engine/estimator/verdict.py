@@ -112,7 +112,11 @@ class JobModelFn:
         except Exception as exc:  # pylint: disable=broad-except  # import paths, optimizer: nothing TF checks
             raise ModelBuildFailed(_describe(exc)) from exc
         # As Estimator._call_model_fn does: only the arguments the function names (estimator.py:1160-1173).
+        # The harness's TPUEstimator has no params=: the job's own (model.params) are added as a run adds them.
+        from tpulaunch.engine.estimator.params import estimator_params
+
         accepted = inspect.signature(model_fn).parameters
+        params = {**(estimator_params(self.job) or {}), **(params or {})}
         given = {"labels": labels, "mode": mode, "params": params, "config": config}
         kwargs = {name: value for name, value in given.items() if name in accepted}
         try:

@@ -1,0 +1,280 @@
+"""A job file in front of an existing TPUEstimator program: model_fn, input_fns by mode, params, absl flags.
+
+tests/programs/mnist_tpu.py is such a program (module-level absl FLAGS, model_fn reading FLAGS, one
+input_fn per mode reading params["data_dir"]); it runs unmodified, next to the job file as a user's
+would, on TFRecords this file writes. Everything is real: TPUEstimator on the CPU, absl flags, TFRecords.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from click.testing import CliRunner
+
+from tpulaunch.checks.validate import validate_job
+from tpulaunch.cli.app import cli
+
+PROGRAMS = Path(__file__).resolve().parent / "programs"
+
+JOB = textwrap.dedent('''
+    name: mnist-tpu
+    model:
+      model_fn: mnist_tpu:model_fn
+      params: {data_dir: DATA_DIR}
+    data:
+      input_fn: {train: mnist_tpu:train_input_fn, eval: mnist_tpu:eval_input_fn}
+      features: {image: {shape: [784], dtype: float32}}
+      labels: {label: {shape: [], dtype: int32}}
+    train: {batch_size: 32, steps: 120}
+    eval: {batch_size: 32, steps: 2}
+    run: {model_dir: runs/mnist, save_checkpoints_steps: 60, log_every_steps: 60}
+    flags: {learning_rate: 0.05, use_tpu: false}
+''')
+
+
+def write_digits(path: Path, count: int, seed: int) -> None:
+    """MNIST-shaped records as the program reads them: 784 raw pixel bytes and a label; the digit is where a bar is."""
+    rng = np.random.default_rng(seed)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for _ in range(count):
+            label = int(rng.integers(10))
+            image = rng.integers(0, 60, size=(28, 28))
+            image[label * 2:label * 2 + 6, 4:24] = 255
+            writer.write(tf.train.Example(features=tf.train.Features(feature={
+                "image_raw": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image.astype(np.uint8).tobytes()])),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+            })).SerializeToString())
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("own_program")
+    shutil.copy(PROGRAMS / "mnist_tpu.py", root / "mnist_tpu.py")
+    (root / "data").mkdir()
+    write_digits(root / "data" / "train.tfrecord", 256, seed=1)
+    write_digits(root / "data" / "eval.tfrecord", 64, seed=2)
+    (root / "job.yaml").write_text(JOB.replace("DATA_DIR", str(root / "data")))
+    return root
+
+
+def tpulaunch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tpulaunch", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"})
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def trained(project):
+    """`tpulaunch train` in a fresh process, as a user runs it."""
+    return tpulaunch("train", "job.yaml", cwd=project)
+
+
+def test_the_program_trains_and_evaluates_unmodified(project, trained):
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    assert "Traceback" not in trained.stdout + trained.stderr
+    (evaluation,) = [line for line in trained.stdout.splitlines() if line.startswith("eval |")]
+    accuracy = float(re.search(r"accuracy ([0-9.]+)", evaluation).group(1))
+    assert evaluation.startswith("eval | step 120 |") and accuracy >= 0.9, trained.stdout
+    assert tf.train.latest_checkpoint(str(project / "runs" / "mnist")).endswith("model.ckpt-120")
+
+
+def test_evaluate_and_export_run_the_same_program(project, trained):
+    evaluated = invoke("evaluate", str(project / "job.yaml"))
+    assert evaluated.exit_code == 0, evaluated.output
+    assert re.search(r"^eval \| step 120 \| accuracy (0\.9\d*|1) \| loss ", evaluated.output, re.M), evaluated.output
+
+    exported = invoke("export", str(project / "job.yaml"), str(project / "exported"))
+    assert exported.exit_code == 0, exported.output
+    path = re.search(r"^exported (\S+)$", exported.output, re.M).group(1)
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    (signature,) = serve.structured_input_signature[1].values()
+    assert (signature.shape.as_list(), signature.dtype) == ([None, 784], tf.float32)
+    # A bar in rows 10-15 is digit 5 in the data the program learned from.
+    image = np.zeros((1, 28, 28), np.float32)
+    image[0, 10:16, 4:24] = 1.0
+    assert serve(tf.constant(image.reshape(1, 784)))["class_ids"].numpy().tolist() == [5]
+
+
+def test_flags_reach_the_program_before_it_runs(project, tmp_path):
+    """learning_rate 0 through flags: one step leaves every weight where it started."""
+    result = invoke("train", str(project / "job.yaml"), "--model-dir", str(tmp_path / "frozen"),
+                    "--set", "flags.learning_rate=0.0", "--set", "train.steps=1", "--set", "eval=null")
+    assert result.exit_code == 0, result.output
+    start, after = (tf.train.load_checkpoint(str(tmp_path / "frozen" / f"model.ckpt-{n}")) for n in (0, 1))
+    kernels = [name for name in start.get_variable_to_shape_map() if name.endswith("kernel")]
+    assert kernels
+    for name in kernels:
+        np.testing.assert_array_equal(start.get_tensor(name), after.get_tensor(name))
+
+
+def test_a_flag_typo_is_located_with_a_did_you_mean(project, tmp_path):
+    job = tmp_path / "typo.yaml"
+    job.write_text((project / "job.yaml").read_text().replace("learning_rate: 0.05", "learning_rte: 0.05"))
+    shutil.copy(project / "mnist_tpu.py", tmp_path / "mnist_tpu.py")
+    result = validate_job(str(job))
+    [problem] = [p for p in result.problems if p.is_error]
+    line = job.read_text().splitlines().index("flags: {learning_rte: 0.05, use_tpu: false}") + 1
+    assert (problem.code, problem.path, problem.line, problem.column) == ("flag-unknown", "flags.learning_rte", line, 9)
+    assert problem.hint == "did you mean 'learning_rate'?"
+
+    proc = tpulaunch("validate", str(job), cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
+    assert f"{job}:{line}:9: flags.learning_rte: no module of this job defines a flag 'learning_rte'" in proc.stdout
+
+
+def test_a_wrongly_typed_flag_value_is_located(project, tmp_path):
+    job = tmp_path / "typed.yaml"
+    job.write_text((project / "job.yaml").read_text().replace("learning_rate: 0.05", "learning_rate: fast")
+                   .replace("use_tpu: false}", "use_tpu: false, train_steps: 1.5, verbosity: 1}"))
+    shutil.copy(project / "mnist_tpu.py", tmp_path / "mnist_tpu.py")
+    found = [(p.code, p.path, p.column) for p in validate_job(str(job)).problems if p.is_error]
+    assert found == [("flag-value", "flags.learning_rate", 24), ("flag-value", "flags.train_steps", 59),
+                     ("flag-unknown", "flags.verbosity", 64)]
+    messages = {p.path: p for p in validate_job(str(job)).problems}
+    assert messages["flags.learning_rate"].message.startswith("--learning_rate is a float flag; 'fast' is not one")
+    assert "absl.logging" in messages["flags.verbosity"].hint
+
+
+def test_features_describe_what_the_input_fn_yields(project, tmp_path):
+    """Declaring the stored bytes (uint8) for what the input_fn yields decoded (float32) is refused at its place."""
+    job = tmp_path / "stored.yaml"
+    job.write_text((project / "job.yaml").read_text().replace("dtype: float32", "dtype: uint8")
+                   .replace("shape: [784]", "shape: [28, 28]"))
+    shutil.copy(project / "mnist_tpu.py", tmp_path / "mnist_tpu.py")
+    found = [(p.code, p.path, p.message) for p in validate_job(str(job)).problems]
+    assert found == [
+        ("input-fn-shape", "data.features.image.shape",
+         "the train input_fn (mnist_tpu:train_input_fn) yields 'image' with [784] per example (batch dim left out), "
+         "but it is declared [28, 28]"),
+        ("input-fn-dtype", "data.features.image.dtype",
+         "the train input_fn (mnist_tpu:train_input_fn) yields 'image' as float32, but it is declared uint8"),
+    ]
+
+
+def test_keys_a_model_fn_job_cannot_use_are_refused(project, tmp_path):
+    job = tmp_path / "keys.yaml"
+    job.write_text((project / "job.yaml").read_text()
+                   .replace("  params: {data_dir:", "  loss: huber\n  precision: bfloat16\n  params: {batch_size: 8, data_dir:")
+                   .replace("eval: mnist_tpu:eval_input_fn", "predict: mnist_tpu:predict_input_fn"))
+    found = [(p.severity, p.code, p.path) for p in validate_job(str(job), static=True).problems]
+    assert found == [("error", "model-fn-job-key", "model.loss"), ("error", "model-fn-job-key", "model.precision"),
+                     ("error", "params-set-by-tensorflow", "model.params.batch_size"),
+                     ("error", "input-fn-mode-missing", "data.input_fn")]
+
+
+# ------------------------------------------------------------------------------------------ params
+
+PROBE = textwrap.dedent('''
+    """Records what params (and mode) TPUEstimator hands its model_fn and input_fn."""
+    import json
+
+    import tensorflow as tf
+
+
+    def _record(params, who, mode):
+        with open(params["record_to"], "a") as handle:
+            handle.write(json.dumps({"who": who, "mode": str(mode), "keys": sorted(params),
+                                     "batch_size": params.get("batch_size"), "use_tpu": params.get("use_tpu")}) + "\\n")
+
+
+    def input_fn(params, mode):
+        _record(params, "input_fn", mode)
+        return tf.data.Dataset.from_tensors((tf.ones([4]), tf.constant(1))).repeat().batch(
+            params["batch_size"], drop_remainder=True)
+
+
+    def model_fn(features, labels, mode, params):
+        _record(params, "model_fn", mode)
+        logits = tf.matmul(features, tf.compat.v1.get_variable("w", [4, 2])) * params["scale"]
+        spec = tf.compat.v1.estimator.tpu.TPUEstimatorSpec
+        if mode == tf.estimator.ModeKeys.PREDICT:
+            return spec(mode, predictions={"logits": logits})
+        loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+        if mode == tf.estimator.ModeKeys.EVAL:
+            return spec(mode, loss=loss)
+        step = tf.compat.v1.train.get_global_step()
+        return spec(mode, loss=loss, train_op=tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, step))
+''')
+
+PROBE_JOB = textwrap.dedent('''
+    name: probe
+    model:
+      model_fn: probe:model_fn
+      params: {record_to: RECORD, scale: 2.0}
+    data:
+      input_fn: probe:input_fn
+      features: {x: {shape: [4]}}
+      labels: {label: {shape: [], dtype: int32}}
+    train: {batch_size: 8, steps: 2}
+    eval: {batch_size: 4, steps: 1}
+    run: {model_dir: runs/probe}
+''')
+
+
+@pytest.fixture
+def probe(tmp_path) -> Path:
+    (tmp_path / "probe.py").write_text(PROBE)
+    (tmp_path / "job.yaml").write_text(PROBE_JOB.replace("RECORD", str(tmp_path / "params.jsonl")))
+    return tmp_path
+
+
+def records(root: Path) -> list:
+    with open(root / "params.jsonl") as handle:
+        return [json.loads(line) for line in handle]
+
+
+def test_what_model_fn_and_input_fn_receive_locally(probe):
+    """The README's table, locally: model.params beside batch_size (and use_tpu for model_fn); one input_fn that
+    names `mode` gets each mode; export calls model_fn in infer mode without batch_size."""
+    assert invoke("train", str(probe / "job.yaml")).exit_code == 0
+    assert invoke("export", str(probe / "job.yaml"), str(probe / "exported")).exit_code == 0
+    own = ["record_to", "scale"]
+    assert records(probe) == [
+        {"who": "input_fn", "mode": "train", "keys": ["batch_size", *own], "batch_size": 8, "use_tpu": None},
+        {"who": "model_fn", "mode": "train", "keys": ["batch_size", *own, "use_tpu"], "batch_size": 8, "use_tpu": False},
+        {"who": "input_fn", "mode": "eval", "keys": ["batch_size", *own], "batch_size": 4, "use_tpu": None},
+        {"who": "model_fn", "mode": "eval", "keys": ["batch_size", *own, "use_tpu"], "batch_size": 4, "use_tpu": False},
+        {"who": "model_fn", "mode": "infer", "keys": [*own, "use_tpu"], "batch_size": None, "use_tpu": False},
+    ]
+
+
+def test_a_failed_export_leaves_nothing_behind(probe):
+    assert invoke("train", str(probe / "job.yaml"), "--set", "eval=null").exit_code == 0
+    out = probe / "exported"
+    # Declared int32 while the model multiplies float32 weights: the serving graph cannot be built.
+    result = CliRunner().invoke(cli, ["export", str(probe / "job.yaml"), str(out), "--set", "data.features.x.dtype=int32"])
+    assert result.exit_code == 1, result.output
+    assert "error: export failed building the serving graph from data.features:" in result.output
+    assert "unexpected" not in result.output and not out.exists()
+
+    out.mkdir()
+    (out / "older").mkdir()
+    result = CliRunner().invoke(cli, ["export", str(probe / "job.yaml"), str(out), "--set", "data.features.x.dtype=int32"])
+    assert result.exit_code == 1 and sorted(os.listdir(out)) == ["older"]
+
+
+def test_on_a_tpu_model_fn_gets_the_job_params_beside_tensorflows(probe):
+    """The README's TPU column for model_fn, from TensorFlow's own TPU graph for a v3-8 (validate --tf)."""
+    job = probe / "job.yaml"
+    job.write_text(job.read_text().replace("eval: {batch_size: 4", "eval: {batch_size: 16")
+                   .replace("run: {model_dir: runs/probe}", "tpu: {type: v3-8, iterations_per_loop: 2}\n"
+                                                            "run: {model_dir: gs://bucket/runs/probe}"))
+    result = validate_job(str(job), static=True, use_tf=True)
+    assert result.ok, result.problems
+    assert [(r["who"], r["mode"], r["keys"], r["batch_size"], r["use_tpu"]) for r in records(probe)] == [
+        ("model_fn", "train", ["batch_size", "context", "record_to", "scale", "use_tpu"], 1, True),
+        ("model_fn", "eval", ["batch_size", "context", "record_to", "scale", "use_tpu"], 2, True),
+    ]
