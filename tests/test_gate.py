@@ -16,7 +16,7 @@ from tpulaunch.plan.build import build_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CT = os.path.join(ROOT, "tests", "jobs", "good", "tpu_ct.yaml")
-LABELS_ONLY = os.path.join(ROOT, "tests", "jobs", "bad", "49_labels_split_feature_whole.yaml")
+LABELS_ONLY = os.path.join(ROOT, "tests", "jobs", "bad", "52_labels_split_feature_whole.yaml")
 
 
 @pytest.mark.parametrize("verb", [["validate", "--static"], ["plan", "--no-memory"], ["train"], ["evaluate"],

@@ -84,20 +84,21 @@ def test_rejection_is_located_at_the_tensor_with_tensorflows_message(tmp_path):
     assert "_check_input_partition_dims" in last_lines[0] and last_lines[-1] == tf_message
 
 
-def test_unbuildable_model_falls_back_and_uneven_pieces_are_warned(tmp_path):
+def test_unbuildable_model_is_an_error_and_uneven_pieces_are_still_warned(tmp_path):
+    """--tf never says OK for a job whose own model cannot be built; the slice is still checked with a stand-in."""
     # needs_rgb refuses one channel; image rows 6 split 4 ways give 2,2,2,0; mask columns 7 split 2 give 4,3.
     loaded = _job(tmp_path, builder="needs_rgb", image="[6, 8, 1]", image_dims="[1, 4, 1, 1]",
                   mask="[8, 7]", mask_dims="[1, 1, 4]", batch=2)
     problems, built = tf_problems(loaded, search_path=[str(tmp_path)])
-    stand_in = ("the model could not be built at the declared shapes (ValueError: needs 3 channels, got 1); "
-                "TensorFlow checked the {} graph with a one-variable stand-in model_fn instead")
+    stand_in = ("the job's model could not be built for the {} graph (ValueError: needs 3 channels, got 1); "
+                "TensorFlow checked the partitioning and batches with a one-variable stand-in model_fn instead")
     empty = ("TensorFlow split 'image' ({}) into per-core pieces [1, 2, 8, 1], [1, 2, 8, 1], [1, 2, 8, 1], "
              "[1, 0, 8, 1]: 1 of 4 cores get an empty piece")
     uneven = ("TensorFlow split 'mask' ({}) unevenly into per-core pieces [1, 8, 2], [1, 8, 2], [1, 8, 2], "
               "[1, 8, 1]; XLA pads each to the largest")
     assert _summary(problems) == [
         row for mode in ("train", "eval") for row in (
-            ("warning", "model.builder", 3, "tensorflow-stand-in-model", stand_in.format(mode)),
+            ("error", "model.builder", 3, "tensorflow-stand-in-model", stand_in.format(mode)),
             ("warning", "partition.features.image", 18, "tensorflow-empty-pieces", empty.format(mode)),
             ("warning", "partition.labels.mask", 19, "tensorflow-uneven-pieces", uneven.format(mode)))]
     assert [(mode, info["accepted"], info["model"]) for mode, info in built.items()] == [

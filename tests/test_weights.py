@@ -157,7 +157,8 @@ def test_a_builder_that_cannot_download_its_weights_is_a_located_validate_error(
     [problem] = validate_job(str(job)).problems
     line = job.read_text().splitlines().index("  builder: weight_models:pretrained") + 1
     assert (problem.code, problem.path, problem.line) == ("builder-download-failed", "model.builder", line)
-    assert problem.message.startswith("weight_models:pretrained downloads https://weights.invalid/classifier.h5 "
+    assert problem.message.startswith("building the train graph: weight_models:pretrained downloads "
+                                      "https://weights.invalid/classifier.h5 "
                                       "and the download failed")
 
     result = CliRunner().invoke(cli, ["train", str(job)])

@@ -75,10 +75,12 @@ class TpuLaunchError(Exception):
         hint: Optional[str] = None,
         problems: Optional[list[Problem]] = None,
         exit_code: Optional[ExitCode] = None,
+        code: Optional[str] = None,
     ):
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.code = code  # the problem code validate reports this under, when it has its own
         self.problems = list(problems or [])
         if exit_code is not None:
             self.exit_code = exit_code

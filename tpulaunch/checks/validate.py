@@ -85,6 +85,13 @@ def validate_job(
 
             result.problems.extend(input_signature_problems(loaded, search_path))
             result.checked.append("input_fn")
+        if loaded.job is not None and result.ok:
+            stage("build")  # the engine's own graphs, as train builds them: what fails here fails there
+            from tpulaunch.engine.base import engine_for
+            from tpulaunch.plan.build import build_plan
+
+            result.problems.extend(engine_for(loaded.job).check_build(loaded, build_plan(loaded.job, local=local)))
+            result.checked.append("build")
         if loaded.usable("run", "model", "data") and loaded.section("run") and loaded.section("run").warm_start:
             stage("warm start")
             from tpulaunch.checks.warm_start import warm_start_problems

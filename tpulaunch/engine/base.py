@@ -26,6 +26,11 @@ class Engine(abc.ABC):
     name: str
 
     @abc.abstractmethod
+    def check_build(self, loaded: "LoadedJob", plan: "Plan") -> list:
+        """Build the graphs `train` builds for each mode the job runs, on this machine, and stop before a
+        session; what fails is a problem located at the job key its code comes from."""
+
+    @abc.abstractmethod
     def preflight(self, loaded: "LoadedJob") -> tuple:
         """Build the job's train/eval graphs for its declared TPU slice, offline, and stop before a session.
 

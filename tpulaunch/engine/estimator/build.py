@@ -39,9 +39,21 @@ class ModeBuild:
     message: Optional[str] = None
     hint: Optional[str] = None
     trace: Optional[str] = None  # the formatted traceback, for --debug
+    code: Optional[str] = None  # a problem code of its own (e.g. builder-download-failed)
     features: dict = field(default_factory=dict)  # name -> [shape, dtype] the model_fn received
     labels: dict = field(default_factory=dict)
     trainable_params: Optional[int] = None
+
+
+def build_problems(loaded, plan) -> list:
+    """The failed builds as problems: one per job key and message, naming the graphs that failed."""
+    failed: dict = {}
+    for build in build_modes(loaded.job, plan):
+        if not build.ok:
+            failed.setdefault((build.key, build.message, build.hint, build.code), []).append(build.mode)
+    return [loaded.problem(key, code or "model-build-failed", f"building the {' and '.join(modes)} graph: {message}",
+                           hint)
+            for (key, message, hint, code), modes in failed.items()]
 
 
 def build_modes(job, plan, modes=("train", "eval")) -> list:
@@ -76,7 +88,8 @@ def _build(job, plan, mode: str) -> ModeBuild:
             return result
     except Exception as exc:  # noqa: BLE001 (any failure of the user's code or TF's is the verdict)
         key, message, hint = _blame(exc, stage, job)
-        return ModeBuild(mode, False, key, message, hint, "".join(traceback.format_exception(exc)))
+        return ModeBuild(mode, False, key, message, hint, "".join(traceback.format_exception(exc)),
+                         code=getattr(exc, "code", None) if isinstance(exc, TpuLaunchError) else None)
 
 
 def _user_params(job) -> dict:

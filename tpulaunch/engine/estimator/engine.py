@@ -11,6 +11,11 @@ from tpulaunch.engine.base import Engine
 class EstimatorEngine(Engine):
     name = "estimator"
 
+    def check_build(self, loaded, plan) -> list:
+        from tpulaunch.engine.estimator.build import build_problems
+
+        return build_problems(loaded, plan)
+
     def preflight(self, loaded) -> tuple:
         from tpulaunch.engine.estimator.verdict import tf_problems
 

@@ -118,7 +118,7 @@ def make_model_fn(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -
             if failure is None:
                 raise
             message, hint = download_error(spec.builder, failure)
-            raise TpuLaunchError(message, hint=hint) from exc
+            raise TpuLaunchError(message, hint=hint, code="builder-download-failed") from exc
         if not isinstance(model, tf.keras.Model):
             raise TpuLaunchError(f"model builder {spec.builder!r} returned {type(model).__name__}, not a tf.keras.Model")
         built["model"] = model

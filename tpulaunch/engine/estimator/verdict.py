@@ -205,12 +205,13 @@ def tf_problems(loaded: LoadedJob, search_path: Sequence[str] = ()) -> tuple:
         verdict, model = own, "job"
         if own.error_type == MODEL_BUILD_FAILED:
             verdict, model = stand_in, "stand-in"
+            # The slice's partition and batch rules were still checked (with a one-variable stand-in), but a
+            # job whose own model cannot be built never passes.
             problems.append(loaded.problem(
                 _model_key(job), STAND_IN,
-                f"the model could not be built at the declared shapes ({own.message}); TensorFlow checked the "
-                f"{mode} graph with a one-variable stand-in model_fn instead",
-                "fix the builder (see the model problems of plain `validate`) to have TensorFlow check the real model",
-                severity="warning"))
+                f"the job's model could not be built for the {mode} graph ({own.message}); TensorFlow checked the "
+                "partitioning and batches with a one-variable stand-in model_fn instead",
+                "fix the model (plain `tpulaunch validate` locates the failure; --debug shows the traceback)"))
         built[mode] = _built(verdict, model)
         if not verdict.accepted:
             problems.append(rejection_problem(loaded, mode, verdict))
