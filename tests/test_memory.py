@@ -26,16 +26,21 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def make_job(model: str, size: int, tpu_type: str = "v3-8", cores: int = 1, global_batch: int = 8,
              dims=None, optimizer: str = "momentum", precision: str = "bfloat16") -> Job:
     if model == "retinanet":
-        builder, params = "tpulaunch.models.retinanet:build", {"num_classes": 90}
+        from tpulaunch.models.retinanet import anchor_count
+
+        builder, params, loss = "tpulaunch.models.retinanet:build", {"num_classes": 90}, "tpulaunch.models.retinanet:loss"
         features = {"image": {"shape": [size, size, 3], "dtype": "uint8", "encoding": "raw"}}
-        labels = {}
+        anchors = anchor_count(size)
+        labels = {"cls_targets": {"shape": [anchors], "dtype": "int32", "encoding": "raw"},
+                  "box_targets": {"shape": [anchors, 4], "dtype": "float32", "encoding": "raw"}}
     else:
-        builder, params = "tpulaunch.models.unet3d:build", {"num_classes": 3}
+        builder, params, loss = "tpulaunch.models.unet3d:build", {"num_classes": 3}, "sparse_categorical_crossentropy"
         features = {"image": {"shape": [size, size, size, 1], "encoding": "raw"}}
         labels = {"mask": {"shape": [size, size, size], "dtype": "uint8", "encoding": "raw"}}
     job = {
         "name": f"{model}-{size}",
-        "model": {"builder": builder, "params": params, "optimizer": {"name": optimizer}, "precision": precision},
+        "model": {"builder": builder, "params": params, "loss": loss, "optimizer": {"name": optimizer},
+                  "precision": precision},
         "data": {"features": features, "labels": labels},
         "tpu": {"type": tpu_type, "cores_per_replica": cores},
         "train": {"batch_size": global_batch, "steps": 10},
@@ -81,7 +86,8 @@ def test_published_fact_is_reproduced(published_plans, name):
 def test_published_tiles_and_weights(published_plans):
     plan = published_plans["retinanet-2560-x8-8way"]
     assert plan.tile == [8, 640, 1280, 3]
-    assert plan.method == "built at tile"
+    # The anchor targets depend on the image size, so the step is built at 2560^2 and scaled to the tile.
+    assert plan.method == "scaled from [2560, 2560, 3]"
     # ResNet-50 FPN RetinaNet: every core holds all ~38M weights, their gradient and one momentum slot.
     assert plan.params == published_plans["retinanet-1280-x8-one-core"].params
     assert 30e6 < plan.params < 45e6
@@ -192,7 +198,7 @@ def test_auto_partition_chooses_the_published_dims():
     unet = build_plan(make_job("unet3d", 256, "v3-32", 16, 2, "auto")).feed_partition
     assert unet == Partition(features={"image": [1, 4, 2, 2, 1]}, labels={"mask": [1, 4, 2, 2]})
     retinanet = build_plan(make_job("retinanet", 2560, "v3-64", 8, 64, "auto")).feed_partition
-    assert retinanet == Partition(features={"image": [1, 4, 2, 1]}, labels={})
+    assert retinanet == Partition(features={"image": [1, 4, 2, 1]}, labels={"cls_targets": None, "box_targets": None})
 
 
 def test_auto_partition_fits_and_is_shown(published_plans):
@@ -207,12 +213,82 @@ def test_auto_partition_that_cannot_split_feeds_nothing():
     assert build_plan(job).feed_partition is None  # validate refuses it: partition-auto-impossible
 
 
-def test_model_fn_jobs_are_unknown():
-    job = make_job("unet3d", 32).model_copy(update={"model": make_job("unet3d", 32).model.model_copy(
-        update={"builder": None, "model_fn": "my.pkg:model_fn"})})
-    plan = memory.plan_memory(job)
-    assert plan.to_dict() == dict(memory.MemoryPlan("unknown", None, None,
-                                                    reason="model_fn jobs have no Keras model to measure").to_dict())
+NETWORKS = textwrap.dedent('''
+    """One small conv net written the ways people write it: functional, Sequential without Input, subclassed,
+    with a custom layer wrapping its convolutions, and as a hand-written TPUEstimator model_fn."""
+    import tensorflow as tf
+
+    def _layers():
+        return [tf.keras.layers.Conv2D(16, 3, padding="same", activation="relu"), tf.keras.layers.MaxPool2D(),
+                tf.keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+                tf.keras.layers.GlobalAveragePooling2D(), tf.keras.layers.Dense(10)]
+
+    def functional(input_shape):
+        inputs = tf.keras.Input(shape=tuple(input_shape))
+        x = inputs
+        for layer in _layers():
+            x = layer(x)
+        return tf.keras.Model(inputs, x)
+
+    def sequential():
+        return tf.keras.Sequential(_layers())
+
+    class Net(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.stack = _layers()
+
+        def call(self, x, training=False):
+            for layer in self.stack:
+                x = layer(x)
+            return x
+
+    def subclassed():
+        return Net()
+
+    class ConvBlock(tf.keras.layers.Layer):
+        def __init__(self, filters, **kwargs):
+            super().__init__(**kwargs)
+            self.conv = tf.keras.layers.Conv2D(filters, 3, padding="same", activation="relu")
+
+        def call(self, x):
+            return self.conv(x)
+
+    def custom_layer():
+        return tf.keras.Sequential([ConvBlock(16), tf.keras.layers.MaxPool2D(), ConvBlock(32),
+                                    tf.keras.layers.GlobalAveragePooling2D(), tf.keras.layers.Dense(10)])
+
+    def model_fn(features, labels, mode, params):
+        model = functional([64, 64, 3])
+        logits = model(features, training=mode == tf.estimator.ModeKeys.TRAIN)
+        loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+        step = tf.compat.v1.train.get_or_create_global_step()
+        train_op = tf.compat.v1.train.AdamOptimizer(1e-3).minimize(loss, global_step=step,
+                                                                   var_list=model.trainable_variables)
+        return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(mode, loss=loss, train_op=train_op)
+''')
+
+
+def test_the_same_network_written_every_way_gets_the_same_estimate(tmp_path):
+    """Memory comes from the training step the engine builds, so how the model is written does not matter."""
+    (tmp_path / "networks.py").write_text(NETWORKS)
+    base = {"name": "ways", "model": {"optimizer": {"name": "adam"}},
+            "data": {"features": {"image": {"shape": [64, 64, 3]}}, "labels": {"label": {"shape": [], "dtype": "int64"}}},
+            "tpu": {"type": "v3-8"}, "train": {"batch_size": 64, "steps": 10}, "run": {"model_dir": "gs://bucket/run"}}
+    estimates = {}
+    for way in ("functional", "sequential", "subclassed", "custom_layer", "model_fn"):
+        document = json.loads(json.dumps(base))
+        document["model"]["builder" if way != "model_fn" else "model_fn"] = f"networks:{way}"
+        job = Job.model_validate(document).located_at(str(tmp_path))
+        plan = memory.plan_memory(job)
+        assert plan.verdict == "fits", (way, plan.reason)
+        estimates[way] = plan
+    reference = estimates["functional"]
+    assert reference.params == 3 * 3 * 3 * 16 + 16 + 3 * 3 * 16 * 32 + 32 + 32 * 10 + 10
+    for way, plan in estimates.items():
+        assert plan.params == reference.params, way
+        assert abs(plan.per_core_bytes - reference.per_core_bytes) <= 0.1 * reference.per_core_bytes, (way, plan.breakdown)
+    assert reference.breakdown["activations"] > 0
 
 
 # ------------------------------------------------------------------------------------ plan command

@@ -31,6 +31,11 @@ class Engine(abc.ABC):
         session; what fails is a problem located at the job key its code comes from."""
 
     @abc.abstractmethod
+    def step_tensors(self, job: "Job", *, use_tpu: bool) -> Any:
+        """Build one training step of the job (its real model, loss and optimizer) and list what the backward
+        pass reads from the forward pass (`engine/estimator/build.py`'s StepTensors): the memory estimate's input."""
+
+    @abc.abstractmethod
     def preflight(self, loaded: "LoadedJob") -> tuple:
         """Build the job's train/eval graphs for its declared TPU slice, offline, and stop before a session.
 

@@ -5,15 +5,16 @@ spatial partitioning splits only activations) + a bfloat16 copy of the weights u
 precision + the activations the backward pass keeps for the core's tile, with TPU layout padding.
 The runtime's own reserve is already out of `TpuType.usable_bytes_per_device`.
 
-What the backward pass keeps (checked against the published Cloud TPU runs, see DESIGN.md "Memory
-model"): the inputs of convolutions and dense layers, batch-norm inputs, ReLU (activation) outputs,
-pooling inputs and outputs, and the model's outputs (the loss reads them, in float32). Add, concat,
-up-sampling, padding and reshapes keep nothing. Activations are bfloat16 when the job trains in
-bfloat16. A lower bound separates "may-fit" (only with XLA rematerialisation: slower) from
-"does-not-fit": no layout padding, and activation/pooling outputs recomputed from their inputs.
-It is deliberately tight rather than "keep only convolution inputs": XLA's own out-of-memory report
-for UNet3D 256^3 on one v3 core ("Used 27.90G") shows its rematerialisation recovers little of a
-conv-BN-ReLU network's memory.
+What the backward pass keeps is read from the training step the job's engine builds (its real
+model_fn, loss and optimizer, `Engine.step_tensors`), not from a model of it: the forward tensors
+that the gradient computation's non-elementwise ops read (convolution, matmul and batch-norm
+inputs; ReLU outputs and pooling tensors, which XLA could recompute), in the dtype the graph gives
+them. Elementwise chains (a loss's sigmoids and products, casts) fuse and are recomputed, so they
+keep nothing. The same network written functionally, as a Sequential, as a subclass or as a
+hand-written model_fn gets the same estimate; custom layers are seen through. A lower bound
+separates "may-fit" (only with XLA rematerialisation: slower) from "does-not-fit": no layout padding,
+and ReLU/pooling tensors recomputed. Checked against the published Cloud TPU runs (DESIGN.md
+"Memory model"), including XLA's own out-of-memory report for UNet3D 256^3 on one v3 core ("Used 27.90G").
 
 Spatial partitioning: each core keeps its tile of every activation; a convolution's input on a split
 axis also holds the halo it reads from the neighbouring tiles ((kernel - 1) * dilation rows, unpadded).
@@ -24,8 +25,8 @@ padding is real when every axis is small (thin tiles, e.g. a one-channel 3D tile
 Charging the channel dim as minor for every tensor contradicts the published runs (RetinaNet 1280^2
 x 8 and UNet3D 128^3 x 4 would not fit a v3 core; they do).
 
-TensorFlow is imported only to build the Keras model's layer shapes: once per (builder, kwargs),
-symbolically in a throw-away graph (no weights are initialised).
+TensorFlow is imported only to build the step: once per job and target, symbolically in a throw-away
+graph at two examples (no weights are initialised, no step runs), then scaled to the tile.
 """
 
 from __future__ import annotations
@@ -58,14 +59,6 @@ HEADROOM_SHARE = 0.5
 
 VERDICTS = ("fits", "may-fit", "does-not-fit")
 
-_CONV_LIKE = {"Conv", "Conv1D", "Conv2D", "Conv3D", "Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose",
-              "DepthwiseConv1D", "DepthwiseConv2D", "SeparableConv1D", "SeparableConv2D", "Dense", "EinsumDense",
-              "LocallyConnected1D", "LocallyConnected2D"}
-_NORMALIZATION = {"BatchNormalization", "LayerNormalization", "GroupNormalization", "SyncBatchNormalization"}
-_ACTIVATION_OUTPUT = {"ReLU", "Softmax", "ELU", "LeakyReLU", "PReLU", "ThresholdedReLU"}
-_LINEAR = {"linear", None}
-
-
 # ------------------------------------------------------------------------------------ small rules
 def optimizer_slots(name: str, args: Optional[Mapping] = None) -> int:
     """Slot variables per weight of the job's v1 optimizer (RMSProp centered keeps one more)."""
@@ -78,128 +71,22 @@ def optimizer_slots(name: str, args: Optional[Mapping] = None) -> int:
     return slots
 
 
-def activation_bytes(precision: str) -> int:
-    """Bytes per activation element: bfloat16 and mixed_float16 compute in 16 bits."""
-    return 4 if precision == "float32" else 2
-
-
 padded_elements = rules.padded_elements
 
 
-# ---------------------------------------------------------------------------- the model's shapes
-@dataclass(frozen=True)
-class KeptTensor:
-    """One tensor the backward pass keeps, per example (no batch dim)."""
-
-    shape: tuple
-    output: bool  # a model output: float32, read by the loss
-    required: bool  # kept even with rematerialisation (convolution/dense/normalization input, output)
-    halo: tuple = ()  # per spatial axis: the rows a convolution reads from the neighbouring tile
-
-
-@dataclass(frozen=True)
-class ModelShapes:
-    """What the estimate needs from a Keras model, built once for one input shape."""
-
-    input_shape: tuple  # per example: the input the kept shapes belong to
-    params: int
-    trainable_params: int
-    kept: tuple  # KeptTensor, per example
-
-
+# ----------------------------------------------------------------------- what the training step keeps
 _SHAPES_CACHE: dict = {}
 
 
-def _cache_key(builder: str, kwargs: Mapping, search_path: Sequence[str]) -> tuple:
-    return builder, repr(sorted((k, repr(v)) for k, v in kwargs.items())), tuple(search_path)
-
-
-def model_shapes(builder: str, kwargs: Mapping, search_path: Sequence[str] = ()) -> ModelShapes:
-    """Build the Keras model `builder(**kwargs)` symbolically and list the tensors training keeps.
-
-    Cached by (builder, kwargs): a 2560^2 RetinaNet costs one symbolic build, no weights run.
-    """
-    key = _cache_key(builder, kwargs, search_path)
+def step_shapes(job: Job, *, use_tpu: bool):
+    """What one training step of `job` keeps for its backward pass, read from the graph its engine builds
+    (`Engine.step_tensors`): per example, with dtypes and convolution halos. Cached per job and target."""
+    key = (job.model_dump_json(), tuple(job.search_path), use_tpu)
     if key not in _SHAPES_CACHE:
-        _SHAPES_CACHE[key] = _build_shapes(builder, dict(kwargs), search_path)
+        from tpulaunch.engine.base import engine_for
+
+        _SHAPES_CACHE[key] = engine_for(job).step_tensors(job, use_tpu=use_tpu)
     return _SHAPES_CACHE[key]
-
-
-def _build_shapes(builder: str, kwargs: dict, search_path: Sequence[str]) -> ModelShapes:
-    from tpulaunch.job.imports import resolve
-    from tpulaunch.tf_env import import_tensorflow
-
-    tf = import_tensorflow()
-
-    make = resolve(builder, search_path=search_path, what="model builder")
-    # Keras' functional API traces symbolic tensors only: no step runs, whatever the input size.
-    # (A v1 graph would avoid initialising the weights but builds several times slower.)
-    model = make(**kwargs)
-    kept: dict = {}
-    _collect(model, kept)
-    for tensor in tf.nest.flatten(model.outputs):
-        kept[id(tensor)] = KeptTensor(_per_example(tensor), output=True, required=True)
-    params = int(sum(math.prod(w.shape) for w in model.weights))
-    trainable = int(sum(math.prod(w.shape) for w in model.trainable_weights))
-    input_shape = _per_example(tf.nest.flatten(model.inputs)[0])
-    del model
-    tf.keras.backend.clear_session()
-    return ModelShapes(input_shape, params, trainable, tuple(kept.values()))
-
-
-def _per_example(tensor) -> tuple:
-    return tuple(int(d) for d in tensor.shape[1:])
-
-
-def _kind(layer) -> set:
-    return {cls.__name__ for cls in type(layer).__mro__}
-
-
-def _collect(model, kept: dict) -> None:
-    """Walk every call of every layer (shared layers are called once per input) and note what it keeps."""
-    import tensorflow as tf
-
-    for layer in model.layers:
-        if isinstance(layer, tf.keras.Model):
-            _collect(layer, kept)
-            continue
-        kinds = _kind(layer)
-        for node in layer._inbound_nodes:  # noqa: SLF001 (Keras has no public per-call graph API)
-            inputs = tf.nest.flatten(node.input_tensors)
-            outputs = tf.nest.flatten(node.output_tensors)
-            required, optional = [], []
-            halo = _halo(layer) if kinds & _CONV_LIKE else ()
-            if kinds & _CONV_LIKE:
-                required += inputs
-                if getattr(layer, "activation", None) is not None and _activation_name(layer) not in _LINEAR:
-                    optional += outputs  # a fused activation keeps its output
-            elif kinds & _NORMALIZATION:
-                required += inputs
-            elif kinds & _ACTIVATION_OUTPUT or ("Activation" in kinds and _activation_name(layer) not in _LINEAR):
-                optional += outputs
-            elif any("Pool" in k for k in kinds):
-                optional += inputs + outputs
-            for tensor in required:
-                before = kept.get(id(tensor))
-                if before is not None and before.halo:
-                    halo = tuple(max(a, b) for a, b in zip(before.halo, halo)) if halo else before.halo
-                kept[id(tensor)] = KeptTensor(_per_example(tensor), output=False, required=True, halo=halo)
-            for tensor in optional:
-                kept.setdefault(id(tensor), KeptTensor(_per_example(tensor), output=False, required=False))
-
-
-def _halo(layer) -> tuple:
-    """Rows beyond its own tile a spatially partitioned convolution reads: (kernel - 1) * dilation."""
-    kernel = getattr(layer, "kernel_size", None)
-    if not kernel:
-        return ()
-    dilation = getattr(layer, "dilation_rate", None) or (1,) * len(kernel)
-    return tuple((k - 1) * d for k, d in zip(kernel, dilation))
-
-
-def _activation_name(layer):
-    activation = getattr(layer, "activation", None)
-    return getattr(activation, "__name__", activation)
 
 
 # ------------------------------------------------------------------------------------ the estimate
@@ -259,39 +146,48 @@ def tile_for(job: Job, per_replica_batch: int, dims: Optional[Sequence[int]], co
     return Tile(per_replica_batch, tuple(spec.shape), cores_per_replica, None)
 
 
-def _builder_takes_input_shape(builder: str, search_path: Sequence[str] = ()) -> bool:
+def _builder_takes_input_shape(job: Job) -> bool:
     import inspect
 
     from tpulaunch.job.imports import resolve
 
+    if not job.model.builder:
+        return False
     try:
-        return "input_shape" in inspect.signature(resolve(builder, search_path=search_path,
-                                                          what="model builder")).parameters
+        builder = resolve(job.model.builder, search_path=job.search_path, what="model builder")
+        return "input_shape" in inspect.signature(builder).parameters
     except (TypeError, ValueError):
         return False
 
 
-def _declared_kwargs(job: Job) -> dict:
-    from tpulaunch.job.builder_args import builder_kwargs
-    from tpulaunch.job.imports import resolve
-
-    return builder_kwargs(resolve(job.model.builder, search_path=job.search_path, what="model builder"),
-                          job.model.params, job.data.features)
+def at_tile(job: Job, tile_shape: tuple) -> Job:
+    """The job with its main feature declared at the tile's shape, and each label that shares the feature's
+    spatial axes (a per-voxel mask) at the same spatial size: the step one core computes."""
+    name = main_feature(job)
+    feature = job.data.features[name]
+    spatial, tile_spatial = list(feature.shape[:-1]), list(tile_shape[:-1])
+    labels = {}
+    for label_name, label in job.data.labels.items():
+        shape = list(label.shape)
+        if spatial and shape[:len(spatial)] == spatial:
+            shape = tile_spatial + shape[len(spatial):]
+        labels[label_name] = label.model_copy(update={"shape": shape})
+    features = dict(job.data.features, **{name: feature.model_copy(update={"shape": list(tile_shape)})})
+    data = job.data.model_copy(update={"features": features, "labels": labels})
+    return job.model_copy(update={"data": data})
 
 
 def shapes_for_tile(job: Job, tile: Tile) -> tuple:
-    """(ModelShapes, method): built at the tile when the builder takes `input_shape`, else declared."""
-    declared = _declared_kwargs(job)
-    if len(job.data.features) == 1 and _builder_takes_input_shape(job.model.builder, job.search_path):
-        kwargs = dict(declared, input_shape=tuple(tile.shape))
+    """(StepTensors, method): the step built at the tile when the builder takes `input_shape` (and the model
+    builds there), else built at the declared shapes and scaled to the tile."""
+    use_tpu = job.on_tpu
+    if len(job.data.features) == 1 and _builder_takes_input_shape(job):
         try:
-            return model_shapes(job.model.builder, kwargs, job.search_path), "built at tile"
-        except ValueError:
-            pass  # e.g. a tile the model's pyramid cannot divide: scale the declared build instead
-    # Scale from the main feature's declared shape (the model may take several inputs, in any order).
+            return step_shapes(at_tile(job, tuple(tile.shape)), use_tpu=use_tpu), "built at tile"
+        except Exception:  # noqa: BLE001 (e.g. a tile the model's pyramid cannot divide: scale the declared build)
+            pass
     reference = tuple(job.data.features[main_feature(job)].shape)
-    shapes = dataclasses.replace(model_shapes(job.model.builder, declared, job.search_path), input_shape=reference)
-    return shapes, f"scaled from {list(reference)}"
+    return step_shapes(job, use_tpu=use_tpu), f"scaled from {list(reference)}"
 
 
 def _scaled(shape: tuple, built: tuple, target: tuple) -> tuple:
@@ -320,7 +216,7 @@ def _with_halo(shape: tuple, halo: tuple, split: Sequence[int]) -> tuple:
     return tuple(d + h if ways > 1 else d for d, h, ways in zip(shape[:-1], halo, split)) + (shape[-1],)
 
 
-def estimate(job: Job, tile: Tile, shapes: Optional[ModelShapes] = None, method: Optional[str] = None) -> MemoryEstimate:
+def estimate(job: Job, tile: Tile, shapes=None, method: Optional[str] = None) -> MemoryEstimate:
     """The per-core memory of one training step of `job` for `tile`.
 
     Args:
@@ -333,14 +229,13 @@ def estimate(job: Job, tile: Tile, shapes: Optional[ModelShapes] = None, method:
         shapes, method = shapes_for_tile(job, tile)
     elif method is None:
         method = f"scaled from {list(shapes.input_shape)}"
-    act = activation_bytes(job.model.precision)
     activations = padded = required = 0
     split = tile.dims[1:1 + len(tile.shape) - 1] if tile.dims else ()  # ways per spatial axis
     for kept in shapes.kept:
         shape = (tile.batch,) + _scaled(kept.shape, shapes.input_shape, tile.shape)
         # The halo rows are exchanged slices next to the tile, charged unpadded on top of it.
         halo = math.prod((tile.batch,) + _with_halo(shape[1:], kept.halo, split)) - math.prod(shape)
-        size = 4 if kept.output else act
+        size = kept.bytes_per_element
         activations += (math.prod(shape) + halo) * size
         padded += (padded_elements(shape) + halo) * size
         if kept.required:
@@ -362,7 +257,7 @@ def suggest_dims(job: Job, cores: int, per_replica_batch: int) -> Optional[tuple
 
 
 def smallest_fitting_partition(job: Job, devices: int, usable: int, per_replica_batch: int,
-                               start: int = 1, shapes: Optional[ModelShapes] = None) -> Optional[dict]:
+                               start: int = 1, shapes=None) -> Optional[dict]:
     """The fewest cores per replica (and their dims) whose estimate fits, keeping the per-replica batch.
 
     Candidates are TF's valid cores_per_replica values that divide the slice; each is first sized by
@@ -386,7 +281,7 @@ def smallest_fitting_partition(job: Job, devices: int, usable: int, per_replica_
     return None
 
 
-def largest_batch(job: Job, tile: Tile, usable: int, shapes: ModelShapes) -> int:
+def largest_batch(job: Job, tile: Tile, usable: int, shapes) -> int:
     """The largest per-core batch whose estimate still fits (binary search: memory grows with the batch).
 
     Padding per example can shrink as the batch grows (the batch becomes a well-filled layout dim),
@@ -444,8 +339,6 @@ def plan_memory(job: Job, plan: Optional["Plan"] = None) -> MemoryPlan:
         from tpulaunch.plan.build import build_plan
 
         plan = build_plan(job)
-    if not job.model.builder:
-        return MemoryPlan("unknown", None, None, reason="model_fn jobs have no Keras model to measure")
     spec = job.data.features[main_feature(job)]
     if not spec.is_static:
         return MemoryPlan("unknown", None, None, reason="the feature's shape has unknown dims")
@@ -513,8 +406,12 @@ def xla_step_bytes(job: Job, tile: Tile, timeout: int = XLA_TIMEOUT_S) -> dict:
     import sys
     import time
 
-    kwargs = _declared_kwargs(job)
-    if len(job.data.features) == 1 and _builder_takes_input_shape(job.model.builder, job.search_path):
+    from tpulaunch.job.builder_args import builder_kwargs
+    from tpulaunch.job.imports import resolve
+
+    kwargs = builder_kwargs(resolve(job.model.builder, search_path=job.search_path, what="model builder"),
+                            job.model.params, job.data.features)
+    if len(job.data.features) == 1 and _builder_takes_input_shape(job):
         kwargs["input_shape"] = list(tile.shape)
     request = {"builder": job.model.builder, "kwargs": kwargs, "batch": tile.batch, "search_path": job.search_path,
                "slots": optimizer_slots(job.model.optimizer.name, job.model.optimizer.args)}

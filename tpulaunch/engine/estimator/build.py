@@ -78,7 +78,7 @@ def _build(job, plan, mode: str) -> ModeBuild:
             result = ModeBuild(mode, True, features=_describe(features), labels=_describe(labels))
             stage = ("model", "model_fn") if job.model.model_fn else ("model", "builder")
             model_fn = make_model_fn(job, use_tpu=False, search_path=job.search_path)
-            spec = model_fn(features, labels, keys[mode], params, _config(job))
+            spec = _call_model_fn(model_fn, features, labels, keys[mode], params, _config(job))
             if mode == "eval" and getattr(spec, "eval_metrics", None):
                 stage = ("model", "metrics")
                 fn, tensors = spec.eval_metrics
@@ -90,6 +90,18 @@ def _build(job, plan, mode: str) -> ModeBuild:
         key, message, hint = _blame(exc, stage, job)
         return ModeBuild(mode, False, key, message, hint, "".join(traceback.format_exception(exc)),
                          code=getattr(exc, "code", None) if isinstance(exc, TpuLaunchError) else None)
+
+
+def _call_model_fn(model_fn, features, labels, mode, params, config):
+    """Call a model_fn as TPUEstimator does: `labels`, `mode`, `params` and `config` only when it names them."""
+    import inspect
+
+    try:
+        names = set(inspect.signature(model_fn).parameters)
+    except (TypeError, ValueError):
+        names = {"labels", "mode", "params", "config"}
+    offered = {"labels": labels, "mode": mode, "params": params, "config": config}
+    return model_fn(features, **{name: value for name, value in offered.items() if name in names})
 
 
 def _user_params(job) -> dict:
@@ -171,3 +183,146 @@ def _key_in_trace(exc: BaseException, stage: tuple, job) -> tuple:
     if stage == ("model", "builder") and ":" in job.model.loss and any(f.name == "_single_loss" for f in inside):
         return ("model", "loss")
     return stage
+
+
+# ---------------------------------------------------------------------- what one training step keeps
+
+# What the backward pass keeps is what its non-elementwise ops read from the forward pass: XLA fuses
+# elementwise chains (a loss's sigmoid, exp and products; casts) forward and backward and recomputes
+# them from their inputs, so their intermediates are never held for the step. Calibrated against the
+# published Cloud TPU runs (DESIGN.md "Memory model"): convolution, matmul and batch-norm inputs are
+# required; ReLU outputs and pooling inputs/outputs are kept but could be rematerialised (the lower bound).
+_REQUIRED_READERS = {"Conv2DBackpropFilter", "Conv2DBackpropInput", "Conv3DBackpropFilter", "Conv3DBackpropFilterV2",
+                     "Conv3DBackpropInputV2", "DepthwiseConv2dNativeBackpropFilter",
+                     "DepthwiseConv2dNativeBackpropInput", "Conv2D", "Conv3D", "MatMul", "BatchMatMul",
+                     "BatchMatMulV2", "BatchMatMulV3", "Einsum", "FusedBatchNormGrad", "FusedBatchNormGradV2",
+                     "FusedBatchNormGradV3"}
+_REMATERIALISABLE = {"ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "LeakyReluGrad", "MaxPoolGrad", "MaxPoolGradV2",
+                     "MaxPool3DGrad", "AvgPoolGrad", "AvgPool3DGrad"}
+# A dtype conversion or identity is fused by XLA into whatever reads it: the tensor kept is its source.
+_PASS_THROUGH = {"Cast", "Identity"}
+_WEIGHT_SOURCES = {"ReadVariableOp", "VarHandleOp", "VariableV2", "Const", "Placeholder", "PlaceholderWithDefault"}
+_CONVOLUTIONS = {"Conv2D", "Conv3D", "DepthwiseConv2dNative", "Conv2DBackpropInput", "Conv3DBackpropInputV2"}
+# Built with this static batch: a tensor whose first dim is it holds examples (weights and constants are excluded by
+# where they come from, so a [2, n] kernel is not mistaken for one).
+PROBE_BATCH = 2
+
+
+@dataclass(frozen=True)
+class KeptTensor:
+    """One tensor the backward pass of a training step reads, per example (no batch dim)."""
+
+    shape: tuple
+    bytes_per_element: int
+    required: bool  # read by a gradient op that cannot recompute it cheaply
+    halo: tuple = ()  # per spatial axis: the rows a convolution reads beyond its tile, when spatially partitioned
+
+
+@dataclass(frozen=True)
+class StepTensors:
+    """What the memory estimate needs from one built training step."""
+
+    input_shape: tuple  # per example: the main feature's shape the graph was built for
+    params: int
+    trainable_params: int
+    kept: tuple  # KeptTensor, per example
+
+
+def step_tensors(job, *, use_tpu: bool) -> StepTensors:
+    """Build the job's training step (its real model_fn, TRAIN mode, loss, optimizer) for PROBE_BATCH examples of
+    the declared shapes and list what its gradient computation reads from the forward pass.
+
+    Raises:
+        TpuLaunchError, or whatever the job's code raises while building (the caller reports it).
+    """
+    import tensorflow as tf
+
+    from tpulaunch.engine.estimator.model_fn import make_model_fn
+    from tpulaunch.plan.auto import main_feature
+
+    graph = tf.Graph()
+    with graph.as_default():
+        params = {"batch_size": PROBE_BATCH, "use_tpu": False, **_user_params(job)}
+        features, labels = _inputs(job, "train", params)
+        model_fn = make_model_fn(job, use_tpu=use_tpu, search_path=job.search_path)
+        _call_model_fn(model_fn, features, labels, tf.estimator.ModeKeys.TRAIN, params, _config(job))
+        kept = _kept_by_backward(graph)
+        variables = [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+                     if "global_step" not in v.name]
+        trainable = graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
+        params_count = _model_params(trainable, variables)
+    shape = tuple(job.data.features[main_feature(job.data.features)].shape)
+    return StepTensors(shape, params_count, sum(_elements(v) for v in trainable), tuple(kept))
+
+
+def _elements(variable) -> int:
+    return int(variable.shape.num_elements() or 0)
+
+
+def _model_params(trainable, variables) -> int:
+    """The model's own weights: the trainable ones, and non-trainable ones beside them (batch-norm statistics).
+
+    Optimizer slots are named after their variable ('.../kernel/Adam') and the optimizer's own state
+    ('beta1_power') sits outside the model's scopes: neither is a weight.
+    """
+    names = {v.op.name for v in trainable}
+    scopes = {n.split("/")[0] for n in names if "/" in n}
+    model = list(trainable)
+    for v in variables:
+        name = v.op.name
+        if name in names or any(name.startswith(n + "/") for n in names):
+            continue
+        if "/" in name and name.split("/")[0] in scopes:
+            model.append(v)
+    return sum(_elements(v) for v in model)
+
+
+def _kept_by_backward(graph) -> list:
+    found: dict = {}
+    for op in graph.get_operations():
+        if not op.name.startswith("gradients") or op.type not in _REQUIRED_READERS | _REMATERIALISABLE:
+            continue
+        for tensor in op.inputs:
+            tensor = _source(tensor)
+            if (tensor.op.name.startswith("gradients") or not tensor.dtype.is_floating
+                    or tensor.op.type in _WEIGHT_SOURCES or tensor.shape.rank in (None, 0)
+                    or tensor.shape[0] != PROBE_BATCH or not tensor.shape.is_fully_defined()):
+                continue
+            entry = found.setdefault(tensor.name, {"tensor": tensor, "required": False})
+            entry["required"] |= op.type in _REQUIRED_READERS
+    out = []
+    for entry in found.values():
+        tensor = entry["tensor"]
+        out.append(KeptTensor(tuple(int(d) for d in tensor.shape[1:]), tensor.dtype.size, entry["required"],
+                              _halo(tensor)))
+    return out
+
+
+def _source(tensor):
+    while tensor.op.type in _PASS_THROUGH and tensor.op.inputs:
+        tensor = tensor.op.inputs[0]
+    return tensor
+
+
+def _halo(tensor) -> tuple:
+    """The widest halo of the convolutions that read `tensor`: (kernel - 1) * dilation per spatial axis."""
+    best: tuple = ()
+    for consumer in _consumers_through_casts(tensor):
+        if consumer.type not in _CONVOLUTIONS or consumer.name.startswith("gradients"):
+            continue
+        kernel = consumer.inputs[1].shape.as_list()[:-2]  # the filter: spatial dims, then in/out channels
+        dilations = list(consumer.get_attr("dilations"))[1:-1] if "dilations" in consumer.node_def.attr else []
+        dilations = dilations or [1] * len(kernel)
+        halo = tuple(max(0, (k - 1) * d) for k, d in zip(kernel, dilations) if k is not None)
+        best = tuple(max(a, b) for a, b in zip(best, halo)) if best else halo
+    return best
+
+
+def _consumers_through_casts(tensor) -> list:
+    out = []
+    for consumer in tensor.consumers():
+        if consumer.type in _PASS_THROUGH:
+            out += _consumers_through_casts(consumer.outputs[0])
+        else:
+            out.append(consumer)
+    return out

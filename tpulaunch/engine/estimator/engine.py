@@ -16,6 +16,11 @@ class EstimatorEngine(Engine):
 
         return build_problems(loaded, plan)
 
+    def step_tensors(self, job, *, use_tpu: bool):
+        from tpulaunch.engine.estimator.build import step_tensors
+
+        return step_tensors(job, use_tpu=use_tpu)
+
     def preflight(self, loaded) -> tuple:
         from tpulaunch.engine.estimator.verdict import tf_problems
 
