@@ -651,9 +651,15 @@ def builder_weights_scaffold_fn(builder: Callable, builder_kwargs: dict, model, 
         del scaffold
         values = built_weights(builder, builder_kwargs, seed)
         variables = model.weights
-        if len(values) != len(variables) or any(tuple(v.shape) != tuple(x.shape) for v, x in zip(variables, values)):
-            raise SpecError(f"the builder gave {len(values)} weights on a second call, the model in the graph has "
-                            f"{len(variables)} (or their shapes differ)",
+        differ = [(v.name, list(x.shape), v.shape.as_list()) for v, x in zip(variables, values)
+                  if list(x.shape) != v.shape.as_list()]
+        if len(values) != len(variables) or differ:
+            if differ:
+                name, built, in_graph = differ[0]
+                detail = f"{name} is {built} in the second build, {in_graph} in the graph"
+            else:
+                detail = f"{len(values)} weights, the model in the graph has {len(variables)}"
+            raise SpecError(f"the builder built another model on a second call: {detail}",
                             hint="the builder must build the same model every time it is called")
         skip = set()
         if warm_start_from:  # TensorFlow's own selection: trainable variables matched from the start of the name
