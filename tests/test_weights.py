@@ -4,6 +4,7 @@ back from the checkpoints the runs write (model.ckpt-0 holds the values training
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -164,4 +165,35 @@ def test_a_builder_that_cannot_download_its_weights_is_a_located_validate_error(
     result = CliRunner().invoke(cli, ["train", str(job)])
     assert result.exit_code == 1
     assert "error: weight_models:pretrained downloads https://weights.invalid/classifier.h5" in result.output
+    assert "unexpected" not in result.output
+
+
+GROWING = textwrap.dedent('''
+    import tensorflow as tf
+
+    calls = []
+
+
+    def growing(input_shape=(8, 8, 1)):
+        """A builder that builds a wider model every time it is called."""
+        calls.append(1)
+        image = tf.keras.Input(shape=tuple(input_shape), name="image")
+        x = tf.keras.layers.GlobalAveragePooling2D()(image)
+        return tf.keras.Model(image, tf.keras.layers.Dense(2 + len(calls))(x))
+''')
+
+
+def test_a_builder_that_builds_another_model_on_a_second_call_is_a_clear_error(project, tmp_path):
+    """A fresh run builds the model twice (in the run's graph, and for its starting weights): they must match."""
+    (tmp_path / "growing_models.py").write_text(GROWING)
+    (tmp_path / "train.tfrecord").write_bytes((project / "train.tfrecord").read_bytes())
+    job = tmp_path / "growing.yaml"
+    job.write_text((project / "job.yaml").read_text().replace("weight_models:classifier", "growing_models:growing")
+                   .replace(f"  params: {{weights: {project / 'kernels-0.0123.h5'}}}\n", ""))
+    result = CliRunner().invoke(cli, ["train", str(job), "--set", f"run.model_dir={tmp_path / 'run'}"])
+    assert result.exit_code == 1, result.output
+    found = re.search(r"error: the builder built another model on a second call: "
+                      r"dense/kernel:0 is \[1, (\d+)\] in the second build, \[1, (\d+)\] in the graph", result.output)
+    assert found and int(found[1]) == int(found[2]) + 1, result.output  # one unit wider, built once more
+    assert "hint: the builder must build the same model every time it is called" in result.output
     assert "unexpected" not in result.output

@@ -16,7 +16,7 @@ from tpulaunch.engine.estimator import standalone
 from tpulaunch.engine.estimator.plain import model_settings, optimizer_settings, spec_errors
 from tpulaunch.engine.estimator.standalone import Head, compute_loss  # noqa: F401  (the loss, for callers and tests)
 from tpulaunch.engine.estimator.flags import apply_flags
-from tpulaunch.engine.estimator.weights import builder_weights_scaffold_fn, download_error, download_failure
+from tpulaunch.engine.estimator.weights import download_error, download_failure
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.builder_args import builder_kwargs
 from tpulaunch.job.imports import resolve
@@ -105,7 +105,6 @@ def make_model_fn(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -
         return resolve(spec.model_fn, search_path=search_path, what="model_fn")
     builder = resolve(spec.builder, search_path=search_path, what="model builder")
     kwargs = builder_kwargs(builder, spec.params, job.data.features)
-    built: dict = {}  # the model the current graph's model_fn built, for its weights' scaffold
 
     def checked_builder(**kwargs):
         try:
@@ -121,7 +120,6 @@ def make_model_fn(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -
             raise TpuLaunchError(message, hint=hint, code="builder-download-failed") from exc
         if not isinstance(model, tf.keras.Model):
             raise TpuLaunchError(f"model builder {spec.builder!r} returned {type(model).__name__}, not a tf.keras.Model")
-        built["model"] = model
         return model
 
     custom_loss = resolve(spec.loss, search_path=search_path, what="loss") if ":" in spec.loss else None
@@ -134,11 +132,6 @@ def make_model_fn(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -
 
     def job_model_fn(features, labels, mode, params, config=None):
         with spec_errors():
-            estimator_spec = model_fn(features, labels, mode, params, config)
-        if mode == tf.estimator.ModeKeys.TRAIN:
-            # What the builder returned (weights it loaded included) is what a fresh run starts from.
-            estimator_spec = estimator_spec._replace(scaffold_fn=builder_weights_scaffold_fn(
-                lambda: checked_builder(**kwargs), built["model"], seed=job.run.seed, warm_start=job.run.warm_start))
-        return estimator_spec
+            return model_fn(features, labels, mode, params, config)
 
     return job_model_fn

@@ -46,10 +46,21 @@ def optimizer_settings(job: Job) -> dict:
 
 
 def model_settings(job: Job) -> dict:
-    """Keywords of `standalone.make_model_fn`, besides the builder, the callables, use_tpu and the policy."""
+    """Keywords of `standalone.make_model_fn`, besides the builder, the callables, use_tpu and the policy.
+
+    The seed and the warm start are the run's: the builder's weights that start a fresh run are built
+    with the same seed, and leave the warm-started variables alone.
+    """
     spec = job.model
     return {"loss": spec.loss, "metrics": list(spec.metrics), "learning_rate": spec.optimizer.learning_rate,
-            "model_dir": job.run.model_dir, "summary_steps": job.run.log_every_steps or DEFAULT_SUMMARY_STEPS}
+            "model_dir": job.run.model_dir, "summary_steps": job.run.log_every_steps or DEFAULT_SUMMARY_STEPS,
+            "seed": job.run.seed, **warm_start_settings(job)}
+
+
+def warm_start_settings(job: Job) -> dict:
+    """`warm_start_from` and `warm_start_vars` for `run.warm_start` (None and '.*' without one)."""
+    warm = job.run.warm_start
+    return {"warm_start_from": warm.from_ if warm else None, "warm_start_vars": warm.vars if warm else ".*"}
 
 
 def log_every_steps(job: Job) -> int:
@@ -80,10 +91,8 @@ def estimator_settings(job: Job, plan: "Plan") -> dict:
     """Keywords of `standalone.tpu_estimator`, besides the model_fn, the config and use_tpu."""
     from tpulaunch.engine.estimator.params import estimator_params
 
-    warm = job.run.warm_start
     return {"train_batch_size": plan.train_batch_size, "eval_batch_size": plan.eval_batch_size,
-            "params": estimator_params(job), "warm_start_from": warm.from_ if warm else None,
-            "warm_start_vars": warm.vars if warm else ".*"}
+            "params": estimator_params(job), **warm_start_settings(job)}
 
 
 # The job key each value above comes from.

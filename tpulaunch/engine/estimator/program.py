@@ -19,8 +19,10 @@ import textwrap
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 from tpulaunch.engine.estimator import plain
+from tpulaunch.engine.estimator.flags import job_import_paths
 from tpulaunch.job.builder_args import builder_kwargs
 from tpulaunch.job.load import LoadedJob
+from tpulaunch.job.schema import INPUT_MODES
 
 if TYPE_CHECKING:
     from tpulaunch.plan.build import Plan
@@ -35,7 +37,7 @@ def standalone_source() -> str:
 
 
 class _Keys:
-    """Where a job value came from: 'tpu.cores_per_replica (job.yaml:22)', or '(default)'."""
+    """Where a job value came from: 'tpu.cores_per_replica (job.yaml:22)', '(--set)' or '(default)'."""
 
     def __init__(self, loaded: LoadedJob):
         self.loaded = loaded
@@ -44,8 +46,10 @@ class _Keys:
     def __call__(self, *path: Any) -> str:
         marks = self.loaded.marks
         key = ".".join(str(p) for p in path)
+        source, mark = marks.locate(tuple(path))
+        if source != marks.file:  # set (or inside a mapping set) on the command line
+            return f"{key} ({source})"
         if tuple(path) in marks.values or tuple(path) in marks.keys:
-            _, mark = marks.locate(tuple(path))
             return f"{key} ({self.base}:{mark.line})"
         return f"{key} (default)"
 
@@ -114,37 +118,72 @@ def _builder_kwargs(job, search_path: Sequence[str]) -> dict:
 def _own_code(job, at, search_path: Sequence[str]) -> list:
     spec = job.model
     lines = ["# ------------------------------------------------------------------------ the job's own code", ""]
-    specs = [s for s in (spec.builder, spec.model_fn, spec.loss, spec.optimizer.name, *spec.metrics, job.data.input_fn)
-             if s and ":" in s]
-    lines += _reference_blocks(specs)
+    lines += _reference_blocks([path for _, path in job_import_paths(spec, job.data)])
     if spec.model_fn:
         lines += [f"# {at('model', 'model_fn')}: the job's own TPUEstimator model_fn, used unchanged.",
-                  _import_line(spec.model_fn, "user_model_fn"), "build_model = None", "BUILDER_KWARGS = {}"]
+                  _import_line(spec.model_fn, "user_model_fn")]
     else:
         lines += [f"# {at('model', 'builder')}: returns an inference-only tf.keras.Model.",
                   _import_line(spec.builder, "build_model"),
                   f"# {at('model', 'params')}, plus input_shape(s) from data.features when the builder takes them",
-                  f"BUILDER_KWARGS = {_literal(_builder_kwargs(job, search_path), 17)}",
-                  "user_model_fn = None"]
-    if ":" in spec.optimizer.name:
-        lines += [f"# {at('model', 'optimizer', 'name')}", _import_line(spec.optimizer.name, "custom_optimizer")]
-    else:
-        lines.append("custom_optimizer = None  # OPTIMIZER names one of V1_OPTIMIZERS")
-    if ":" in spec.loss:
-        lines += [f"# {at('model', 'loss')}", _import_line(spec.loss, "custom_loss")]
-    else:
-        lines.append("custom_loss = None  # LOSS is a Keras loss name")
-    customs = [(i, m) for i, m in enumerate(spec.metrics) if ":" in m]
-    for i, metric in customs:
-        lines.append(_import_line(metric, f"custom_metric_{i}") + f"  # {at('model', 'metrics', i)}")
-    lines.append("CUSTOM_METRICS = {" + ", ".join(f"{m!r}: custom_metric_{i}" for i, m in customs) + "}")
+                  f"BUILDER_KWARGS = {_literal(_builder_kwargs(job, search_path), 17)}"]
+        if ":" in spec.optimizer.name:
+            lines += [f"# {at('model', 'optimizer', 'name')}", _import_line(spec.optimizer.name, "custom_optimizer")]
+        else:
+            lines.append("custom_optimizer = None  # OPTIMIZER names one of V1_OPTIMIZERS")
+        if ":" in spec.loss:
+            lines += [f"# {at('model', 'loss')}", _import_line(spec.loss, "custom_loss")]
+        else:
+            lines.append("custom_loss = None  # LOSS is a Keras loss name")
+        customs = [(i, m) for i, m in enumerate(spec.metrics) if ":" in m]
+        for i, metric in customs:
+            lines.append(_import_line(metric, f"custom_metric_{i}") + f"  # {at('model', 'metrics', i)}")
+        lines.append("CUSTOM_METRICS = {" + ", ".join(f"{m!r}: custom_metric_{i}" for i, m in customs) + "}")
     if job.data.input_fn:
-        lines += [f"# {at('data', 'input_fn')}: the job's own input_fn, used instead of make_input_fn below.",
-                  _import_line(job.data.input_fn, "user_input_fn")]
+        lines += _input_fn_lines(job.data, at)
+    return lines + [""]
+
+
+def _input_fn_lines(data, at) -> list:
+    """INPUT_FNS: the job's own input_fn for each mode it names, imported once per function."""
+    if isinstance(data.input_fn, str):
+        return [f"# {at('data', 'input_fn')}: the job's own input_fn for every mode, used instead of make_input_fn.",
+                _import_line(data.input_fn, "user_input_fn"),
+                "INPUT_FNS = {'train': user_input_fn, 'eval': user_input_fn, 'predict': user_input_fn}"]
+    lines = [f"# {at('data', 'input_fn')}: the job's own input_fn per mode, used instead of make_input_fn."]
+    aliases: dict = {}
+    for mode in INPUT_MODES:
+        path = data.input_fn_for(mode)
+        if path and path not in aliases:
+            aliases[path] = f"user_{mode}_input_fn"
+            lines.append(f"{_import_line(path, aliases[path])}  # {at('data', 'input_fn', mode)}")
+    by_mode = ", ".join(f"{mode!r}: {aliases[data.input_fn_for(mode)]}" for mode in INPUT_MODES
+                        if data.input_fn_for(mode))
+    return lines + ["INPUT_FNS = {" + by_mode + "}"]
+
+
+def _flag_lines(job, at) -> list:
+    """The job's absl flags, set as flags.py sets them for `tpulaunch train`, in plain absl calls.
+
+    Written when the job has `flags:` or names a module of its own (which may read FLAGS: the engine
+    marks them parsed for every job). A fresh process has every flag at its default already.
+    """
+    own_modules = [path for _, path in job_import_paths(job.model, job.data) if not path.startswith(REFERENCE_PACKAGE)]
+    if not job.flags and not own_modules:
+        return []
+    lines = ["# ---------------------------------------------------------------------------------- absl flags", ""]
+    if job.flags:
+        lines += [f"# {at('flags')}: the absl flags the job's modules define (importing them above defined them), set",
+                  "# before any of their functions runs: each value parsed by its flag's own parser, the other",
+                  "# flags at their defaults; then FLAGS is marked parsed and the flags' validators run."]
     else:
-        lines.append("user_input_fn = None")
+        lines += ["# The job sets no flags: whatever absl flags the job's modules define stay at their defaults;",
+                  "# FLAGS is marked parsed (so reading one works) and the flags' validators run."]
+    lines.append("from absl import flags as absl_flags")
     lines.append("")
-    return lines
+    for name, value in job.flags.items():
+        lines.append(f"absl_flags.FLAGS[{name!r}].parse({value!r})  # {at('flags', name)}")
+    return lines + ["absl_flags.FLAGS.mark_as_parsed()", "absl_flags.FLAGS.validate_all_flags()", ""]
 
 
 # ------------------------------------------------------------------------------------ the job values
@@ -211,6 +250,10 @@ def _files(value) -> Optional[list]:
 def explain_script(loaded: LoadedJob, plan: Optional["Plan"] = None, *, search_path: Sequence[str] = ()) -> str:
     """The standalone script for the (valid) job in `loaded`, on its plan (built from the job when None).
 
+    A job with its own `model.model_fn` gets it unchanged, with `model.params` as TPUEstimator's
+    `params=`; a job with its own `data.input_fn` gets its function for each mode; either way the
+    job's `flags:` are set first. Only the values the program uses are written.
+
     Raises:
         ValueError: the job did not validate (`loaded.job` is None).
     """
@@ -223,15 +266,20 @@ def explain_script(loaded: LoadedJob, plan: Optional["Plan"] = None, *, search_p
         plan = build_plan(job)
     at = _Keys(loaded)
     on_tpu = plan.on_tpu
+    own_model_fn, own_input_fn = bool(job.model.model_fn), bool(job.data.input_fn)
     job_dir = os.path.dirname(os.path.abspath(loaded.file))
-    inputs = plain.input_settings(job)
-    optimizer = plain.optimizer_settings(job)
-    model = plain.model_settings(job)
+    inputs = {} if own_input_fn else plain.input_settings(job)
+    optimizer = {} if own_model_fn else plain.optimizer_settings(job)
+    model = {} if own_model_fn else plain.model_settings(job)
     config = plain.config_settings(job, plan, use_tpu=on_tpu)
     estimator = plain.estimator_settings(job, plan)
-    config_notes = {"iterations_per_loop": "no TPU: one step per session run"} if not on_tpu else {}
-    if on_tpu and not config["num_cores_per_replica"]:
-        config_notes["num_cores_per_replica"] = "1 core per replica = no model parallelism"
+    notes = {"params": ("TPUEstimator's params=: model_fn and every input_fn get these keys beside batch_size "
+                        "(and use_tpu in model_fn, context on a TPU)" if own_model_fn else
+                        "None: a builder job's model.params are BUILDER_KWARGS, not TPUEstimator's params")}
+    if not on_tpu:
+        notes["iterations_per_loop"] = "no TPU: one step per session run"
+    elif not config["num_cores_per_replica"]:
+        notes["num_cores_per_replica"] = "1 core per replica = no model parallelism"
 
     written: dict = {}
     lines = [
@@ -262,17 +310,22 @@ def explain_script(loaded: LoadedJob, plan: Optional["Plan"] = None, *, search_p
         "# ------------------------------------------------------------------------------------ job values",
         "",
         f"USE_TPU = {on_tpu!r}  # {'tpu: section present' if on_tpu else 'no tpu: section: runs locally'}",
-        f"TRAIN_FILES = {_files(job.data.train)!r}  # {at('data', 'train')}",
-        f"EVAL_FILES = {_files(job.data.eval)!r}  # {at('data', 'eval')}",
+    ]
+    if not own_input_fn:
+        lines += [f"TRAIN_FILES = {_files(job.data.train)!r}  # {at('data', 'train')}",
+                  f"EVAL_FILES = {_files(job.data.eval)!r}  # {at('data', 'eval')}"]
+    lines += [
         f"TRAIN_STEPS = {job.train.steps if job.train else None!r}  # {at('train', 'steps')}: train until this global step",
         f"EVAL_STEPS = {job.eval.steps if job.eval else None!r}  # {at('eval', 'steps')}",
         f"EVAL_EVERY_STEPS = {job.eval.every_steps if job.eval else None!r}  # {at('eval', 'every_steps')}",
-        f"PRECISION = {job.model.precision!r}  # {at('model', 'precision')}",
-        "",
     ]
+    if not own_model_fn:
+        lines.append(f"PRECISION = {job.model.precision!r}  # {at('model', 'precision')}")
+    lines.append("")
     for title, settings in (("make_input_fn", inputs), ("optimizer_factory and make_model_fn", {**optimizer, **model}),
                             ("run_config and tpu_estimator", {**config, **estimator})):
-        lines += _settings_lines(f"keywords of {title} (below)", settings, at, written, config_notes)
+        if settings:
+            lines += _settings_lines(f"keywords of {title} (below)", settings, at, written, notes)
     if on_tpu:
         tpu = job.tpu
         lines += [
@@ -284,6 +337,7 @@ def explain_script(loaded: LoadedJob, plan: Optional["Plan"] = None, *, search_p
             "",
         ]
     lines += _own_code(job, at, search_path)
+    lines += _flag_lines(job, at)
     lines += [
         "# " + "=" * 98,
         f"# {STANDALONE.replace('.', '/')}.py, verbatim: the input pipeline, model_fn and estimator settings",
@@ -299,21 +353,48 @@ def explain_script(loaded: LoadedJob, plan: Optional["Plan"] = None, *, search_p
     return "\n".join(lines) + "\n"
 
 
-def _tail(inputs: dict, optimizer: dict, model: dict, config: dict, estimator: dict) -> str:
-    """make_estimator, the input_fns and main(): what runner.py does with the functions above."""
-    return f'''# Running: what `tpulaunch train` and `tpulaunch evaluate` do with the functions above.
-
-
-def job_model_fn():
-    """The job's own model_fn, else make_model_fn around its builder."""
-    if user_model_fn is not None:
-        return user_model_fn
+def _job_model_fn(optimizer: dict, model: dict) -> str:
+    """job_model_fn(): the job's own model_fn (`model` empty), else make_model_fn around its builder."""
+    if not model:
+        return '''def job_model_fn():
+    """The job's own model_fn, unchanged: TPUEstimator hands it PARAMS beside the keys it sets itself."""
+    return user_model_fn'''
+    return f'''def job_model_fn():
+    """make_model_fn around the job's builder."""
     policy = policy_name(PRECISION, use_tpu=USE_TPU)
     tf.keras.mixed_precision.set_global_policy(policy)
     make_optimizer = {_call("optimizer_factory", [*_keywords(optimizer), "make=custom_optimizer"], 4)}
     return {_call("make_model_fn", ["build_model", "BUILDER_KWARGS", "use_tpu=USE_TPU", "policy=policy",
                                     "make_optimizer=make_optimizer", "custom_loss=custom_loss",
-                                    "custom_metrics=CUSTOM_METRICS", *_keywords(model)], 4)}
+                                    "custom_metrics=CUSTOM_METRICS", *_keywords(model)], 4)}'''
+
+
+def _job_input_fn(inputs: dict) -> str:
+    """job_input_fn(mode): the job's own input_fn for the mode (`inputs` empty), else make_input_fn on its files."""
+    if not inputs:
+        return '''def job_input_fn(mode):
+    """The job's own input_fn for the mode, unchanged; None when it has none. TPUEstimator calls it with
+    params (PARAMS beside batch_size), and with `mode` and `config` when it names them."""
+    return INPUT_FNS.get(mode)'''
+    return f'''def job_input_fn(mode):
+    """make_input_fn on the mode's files; None when the job has none."""
+    training = mode == "train"
+    patterns = TRAIN_FILES if training else EVAL_FILES
+    if not patterns:
+        return None
+    try:
+        files = expand_files(patterns)
+    except FilesError as exc:
+        raise SystemExit(f"data.{{mode}}: {{exc}}") from None
+    return {_call("make_input_fn", ["files", "training=training", "use_tpu=USE_TPU", *_keywords(inputs)], 4)}'''
+
+
+def _tail(inputs: dict, optimizer: dict, model: dict, config: dict, estimator: dict) -> str:
+    """make_estimator, the input_fns and main(): what runner.py does with the functions above."""
+    return f'''# Running: what `tpulaunch train` and `tpulaunch evaluate` do with the functions above.
+
+
+{_job_model_fn(optimizer, model)}
 
 
 def make_estimator():
@@ -326,19 +407,7 @@ def make_estimator():
     return {_call("tpu_estimator", ["job_model_fn()", "config", "use_tpu=USE_TPU", *_keywords(estimator)], 4)}
 
 
-def job_input_fn(mode):
-    """The job's own input_fn, else make_input_fn on the mode's files; None when the job has none."""
-    if user_input_fn is not None:
-        return user_input_fn
-    training = mode == "train"
-    patterns = TRAIN_FILES if training else EVAL_FILES
-    if not patterns:
-        return None
-    try:
-        files = expand_files(patterns)
-    except FilesError as exc:
-        raise SystemExit(f"data.{{mode}}: {{exc}}") from None
-    return {_call("make_input_fn", ["files", "training=training", "use_tpu=USE_TPU", *_keywords(inputs)], 4)}
+{_job_input_fn(inputs)}
 
 
 def main(argv=None):
@@ -350,12 +419,12 @@ def main(argv=None):
     eval_input = job_input_fn("eval") if EVAL_STEPS else None
     if mode == "evaluate":
         if eval_input is None:
-            raise SystemExit("the job has nothing to evaluate: it needs an eval: section and data.eval")
+            raise SystemExit("the job has nothing to evaluate: it needs an eval: section and its data")
         print(estimator.evaluate(eval_input, steps=EVAL_STEPS))
         return
     train_input = job_input_fn("train") if TRAIN_STEPS else None
     if train_input is None:
-        raise SystemExit("the job has nothing to train on: it needs a train: section and data.train")
+        raise SystemExit("the job has nothing to train on: it needs a train: section and its data")
     checkpoint = tf.train.latest_checkpoint(MODEL_DIR)
     step = int(tf.train.load_variable(checkpoint, "global_step")) if checkpoint else 0
     for boundary in boundaries(step, TRAIN_STEPS, EVAL_EVERY_STEPS if eval_input else None):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from tpulaunch.data.pipeline import naming_read_errors
 from tpulaunch.engine.estimator.plain import (  # noqa: F401  (partition_dims, log_every_steps: for callers)
-    config_settings, estimator_settings, log_every_steps, partition_dims)
+    config_settings, estimator_settings, log_every_steps, partition_dims, spec_errors)
 from tpulaunch.errors import TpuLaunchError, first_line
 from tpulaunch.job.schema import Job
 from tpulaunch.plan.build import Plan, build_plan
@@ -286,7 +286,8 @@ def _train_segments(estimator, job: Job, train_input, hooks: list, listener, rec
         try:
             if dog is not None:
                 dog.start()
-            with naming_read_errors(job, "train"):
+            # spec_errors: the model_fn's scaffold checks the builder's weights when the session starts.
+            with naming_read_errors(job, "train"), spec_errors():
                 estimator.train(train_input, max_steps=boundary, hooks=hooks, saving_listeners=[listener])
         except Exception as exc:  # only a lost TPU is handled here; anything else propagates unchanged
             if dog is None or not dog.record_error(exc):

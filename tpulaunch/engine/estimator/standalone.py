@@ -527,7 +527,8 @@ def _unflatten(tensors: dict, prefix: str):
 def make_model_fn(builder: Callable, builder_kwargs: dict, *, use_tpu: bool, policy: str, loss: str,
                   metrics: Sequence[str], make_optimizer: Callable, learning_rate: float, model_dir: str,
                   summary_steps: int, custom_loss: Optional[Callable] = None,
-                  custom_metrics: Optional[Dict[str, Callable]] = None) -> Callable:
+                  custom_metrics: Optional[Dict[str, Callable]] = None, seed: Optional[int] = None,
+                  warm_start_from: Optional[str] = None, warm_start_vars: str = ".*") -> Callable:
     """The TPUEstimator model_fn around a Keras builder: `model_fn(features, labels, mode, params, config=None)`.
 
     It follows the one pattern known to work for Keras inside TPUEstimator: the model is built once
@@ -536,7 +537,8 @@ def make_model_fn(builder: Callable, builder_kwargs: dict, *, use_tpu: bool, pol
     `make_optimizer`, wrapped in a loss-scale optimizer under mixed_float16 and in CrossShardOptimizer
     on a TPU) minimizes over `model.trainable_variables` with the batch-norm updates as control
     dependencies; eval metrics are tf.compat.v1.metrics in `eval_metrics`; loss and learning rate go
-    to TensorBoard every `summary_steps` steps through `host_call`.
+    to TensorBoard every `summary_steps` steps through `host_call`. A fresh run starts from the values
+    the builder gives its model, weights it loaded included (see `builder_weights_scaffold_fn`).
 
     Args:
         builder: returns the (inference-only) tf.keras.Model, called as `builder(**builder_kwargs)`.
@@ -545,6 +547,7 @@ def make_model_fn(builder: Callable, builder_kwargs: dict, *, use_tpu: bool, pol
         loss: a Keras loss name, or any name when `custom_loss` is given.
         metrics: metric names; those in `custom_metrics` are the job's own functions.
         model_dir: where summaries go when RunConfig has none.
+        seed, warm_start_from, warm_start_vars: as given to `run_config` and `tpu_estimator`.
     """
     custom_metrics = dict(custom_metrics or {})
 
@@ -590,7 +593,10 @@ def make_model_fn(builder: Callable, builder_kwargs: dict, *, use_tpu: bool, pol
         host_call = (_summary_fn(summary_dir, summary_steps),
                      [tf.reshape(global_step, [1]), tf.reshape(total, [1]),
                       tf.reshape(tf.constant(learning_rate, tf.float32), [1])])
-        return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(mode, loss=total, train_op=train_op, host_call=host_call)
+        scaffold_fn = builder_weights_scaffold_fn(builder, builder_kwargs, model, seed=seed,
+                                                  warm_start_from=warm_start_from, warm_start_vars=warm_start_vars)
+        return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(mode, loss=total, train_op=train_op, host_call=host_call,
+                                                           scaffold_fn=scaffold_fn)
 
     return model_fn
 
@@ -607,6 +613,65 @@ def _summary_fn(model_dir: str, every_steps: int):
             return tf.compat.v1.summary.all_v2_summary_ops()
 
     return host_call_fn
+
+
+# -------------------------------------------------------------------------------------------- weights
+
+def built_weights(builder: Callable, builder_kwargs: dict, seed: Optional[int]) -> list:
+    """The values the builder gives its model (loaded or freshly initialised), built in a scratch graph.
+
+    In graph mode Keras writes the values a builder loads (`model.load_weights(path)`, Keras
+    Applications' `weights=`, `set_weights`) into a session of its own; here that is the scratch
+    graph's session, and `get_weights()` reads them back from it.
+    """
+    with tf.Graph().as_default() as graph, tf.compat.v1.Session(graph=graph):
+        if seed is not None:
+            tf.compat.v1.set_random_seed(seed)  # as RunConfig(tf_random_seed=) seeds the run's own graph
+        return builder(**builder_kwargs).get_weights()
+
+
+def builder_weights_scaffold_fn(builder: Callable, builder_kwargs: dict, model, *, seed: Optional[int],
+                                warm_start_from: Optional[str], warm_start_vars: str) -> Callable:
+    """A TPUEstimatorSpec `scaffold_fn` whose `init_fn` starts `model`'s variables from the builder's values.
+
+    The Estimator initialises every variable of its graph with its initializer, so values the builder
+    loaded would never reach training. TensorFlow runs `init_fn` only on a fresh run (a resumed run
+    restores its checkpoint): it builds the model again in a scratch graph (`built_weights`) and feeds
+    those values into the initializers of `model`'s variables. Nothing is embedded in the graph. With
+    `warm_start_from`, the trainable variables `warm_start_vars` selects keep the checkpoint's values.
+
+    Args:
+        builder, builder_kwargs: what `model` was built with, in the run's graph.
+        model: the Keras model built in the run's graph.
+        seed: the run's graph-level seed (RunConfig's tf_random_seed), given to the scratch graph too.
+        warm_start_from, warm_start_vars: as given to `tpu_estimator`.
+    """
+
+    def init_fn(scaffold, session):
+        del scaffold
+        values = built_weights(builder, builder_kwargs, seed)
+        variables = model.weights
+        differ = [(v.name, list(x.shape), v.shape.as_list()) for v, x in zip(variables, values)
+                  if list(x.shape) != v.shape.as_list()]
+        if len(values) != len(variables) or differ:
+            if differ:
+                name, built, in_graph = differ[0]
+                detail = f"{name} is {built} in the second build, {in_graph} in the graph"
+            else:
+                detail = f"{len(values)} weights, the model in the graph has {len(variables)}"
+            raise SpecError(f"the builder built another model on a second call: {detail}",
+                            hint="the builder must build the same model every time it is called")
+        skip = set()
+        if warm_start_from:  # TensorFlow's own selection: trainable variables matched from the start of the name
+            trainable = tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES
+            skip = {v.ref() for v in session.graph.get_collection(trainable, scope=warm_start_vars)}
+        chosen = [(v, x) for v, x in zip(variables, values) if v.ref() not in skip]
+        session.run([v.initializer for v, _ in chosen], feed_dict={v.initial_value: x for v, x in chosen})
+
+    def scaffold_fn():
+        return tf.compat.v1.train.Scaffold(init_fn=init_fn)
+
+    return scaffold_fn
 
 
 # ------------------------------------------------------------------------------------------ estimator

@@ -1,0 +1,179 @@
+"""`tpulaunch explain` of a job in front of the user's own code: the program it prints imports the job's
+model_fn and input_fns, hands them the job's params, sets the job's absl flags, and starts a builder's
+run from the weights the builder loaded, as `tpulaunch train` does.
+
+Each program runs in a fresh interpreter in which nothing of tpulaunch can be imported, on real
+TFRecords, with TPUEstimator on the CPU; what it did is read back from its checkpoints and output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from click.testing import CliRunner
+
+from tpulaunch.cli.app import cli
+from test_explain import RUN_WITHOUT_TPULAUNCH, _evaluation_of
+from test_own_program import JOB as MNIST_JOB, PROBE, PROBE_JOB, PROGRAMS, write_digits
+from test_weights import JOB as WEIGHTS_JOB, MODEL_VARIABLES, MODELS as WEIGHT_MODELS, values
+
+
+def explain(job: Path, *overrides: str) -> str:
+    """The program `tpulaunch explain` writes for `job` (with `--set` overrides), as a file beside the job."""
+    program = job.parent / f"program-{len(list(job.parent.glob('program-*.py')))}.py"
+    result = CliRunner().invoke(cli, ["explain", str(job), "-o", str(program),
+                                      *(arg for override in overrides for arg in ("--set", override))])
+    assert result.exit_code == 0, result.output
+    return str(program)
+
+
+def run(program: str, *args: str) -> str:
+    """Run the program from / with no tpulaunch importable; its stdout."""
+    runner = Path(program).parent / "run_without_tpulaunch.py"
+    runner.write_text(RUN_WITHOUT_TPULAUNCH)
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    child = subprocess.run([sys.executable, "-I", str(runner), program, *args], cwd="/", env=env,
+                           capture_output=True, text=True, timeout=300, check=False)
+    assert child.returncode == 0, child.stderr[-3000:]
+    return child.stdout
+
+
+def line_of(job: Path, text: str) -> int:
+    return next(i for i, line in enumerate(job.read_text().splitlines(), 1) if text in line)
+
+
+# --------------------------------------------------------------------- an existing TPUEstimator program
+
+@pytest.fixture(scope="module")
+def mnist(tmp_path_factory) -> Path:
+    """tests/programs/mnist_tpu.py beside its job file, as in test_own_program.py."""
+    root = tmp_path_factory.mktemp("explain_mnist")
+    shutil.copy(PROGRAMS / "mnist_tpu.py", root / "mnist_tpu.py")
+    (root / "data").mkdir()
+    write_digits(root / "data" / "train.tfrecord", 256, seed=1)
+    write_digits(root / "data" / "eval.tfrecord", 64, seed=2)
+    (root / "job.yaml").write_text(MNIST_JOB.replace("DATA_DIR", str(root / "data")))
+    return root / "job.yaml"
+
+
+def test_the_program_of_a_model_fn_job_imports_its_functions_and_sets_its_params_and_flags(mnist):
+    program = explain(mnist, f"run.model_dir={mnist.parent / 'explained'}")
+    lines = Path(program).read_text().splitlines()
+    params = line_of(mnist, "params: {data_dir:")
+    assert f"PARAMS = {{'data_dir': '{mnist.parent / 'data'}'}}" in lines
+    assert any(line.startswith(f"# model.params (job.yaml:{params}): TPUEstimator's params=") for line in lines)
+    assert "params=PARAMS" in Path(program).read_text()
+    flags = line_of(mnist, "flags:")
+    assert lines[lines.index("from absl import flags as absl_flags") + 2:][:4] == [
+        f"absl_flags.FLAGS['learning_rate'].parse(0.05)  # flags.learning_rate (job.yaml:{flags})",
+        f"absl_flags.FLAGS['use_tpu'].parse(False)  # flags.use_tpu (job.yaml:{flags})",
+        "absl_flags.FLAGS.mark_as_parsed()",
+        "absl_flags.FLAGS.validate_all_flags()",
+    ]
+    by_mode = line_of(mnist, "input_fn: {train:")
+    assert [line for line in lines if line.startswith(("from mnist_tpu", "INPUT_FNS"))] == [
+        "from mnist_tpu import model_fn as user_model_fn",
+        f"from mnist_tpu import train_input_fn as user_train_input_fn  # data.input_fn.train (job.yaml:{by_mode})",
+        f"from mnist_tpu import eval_input_fn as user_eval_input_fn  # data.input_fn.eval (job.yaml:{by_mode})",
+        "INPUT_FNS = {'train': user_train_input_fn, 'eval': user_eval_input_fn}",
+    ]
+    # Nothing the program does not use: no record specs, no loss or optimizer of a builder's model_fn.
+    assert not [line for line in lines if line.startswith(("FEATURES =", "TRAIN_FILES =", "LOSS =", "OPTIMIZER ="))]
+
+    accuracy, loss, step = trained = _evaluation_of(run(program))
+    assert (step, accuracy >= 0.9) == (120, True), trained
+    assert tf.train.latest_checkpoint(str(mnist.parent / "explained")).endswith("model.ckpt-120")
+    # `evaluate` reads the eval input_fn in order: the checkpoint's metrics again, exactly.
+    assert _evaluation_of(run(program, "evaluate")) == trained
+
+
+def test_the_jobs_flags_reach_the_program(mnist, tmp_path):
+    """learning_rate 0 set with --set: one step of the program leaves every kernel where it started."""
+    program = explain(mnist, "flags.learning_rate=0.0", "train.steps=1", "eval=null", f"run.model_dir={tmp_path}")
+    assert "absl_flags.FLAGS['learning_rate'].parse(0.0)  # flags.learning_rate (--set)" in Path(program).read_text()
+    run(program)
+    start, after = values(tmp_path, 0), values(tmp_path, 1)
+    kernels = [name for name in start if name.endswith("kernel")]
+    assert len(kernels) == 4
+    for name in kernels:
+        np.testing.assert_array_equal(start[name], after[name], err_msg=name)
+
+
+def test_one_input_fn_that_names_mode_gets_each_mode_and_the_params(tmp_path):
+    """The probe of test_own_program.py, run by the explained program: what model_fn and the one input_fn
+    receive is what they receive under `tpulaunch train` (that test's records, less export's)."""
+    (tmp_path / "probe.py").write_text(PROBE)
+    job = tmp_path / "job.yaml"
+    job.write_text(PROBE_JOB.replace("RECORD", str(tmp_path / "params.jsonl")))
+    program = explain(job)
+    assert "INPUT_FNS = {'train': user_input_fn, 'eval': user_input_fn, 'predict': user_input_fn}" in \
+        Path(program).read_text().splitlines()
+    run(program)
+    own = ["record_to", "scale"]
+    with open(tmp_path / "params.jsonl") as handle:
+        assert [json.loads(line) for line in handle] == [
+            {"who": "input_fn", "mode": "train", "keys": ["batch_size", *own], "batch_size": 8, "use_tpu": None},
+            {"who": "model_fn", "mode": "train", "keys": ["batch_size", *own, "use_tpu"], "batch_size": 8,
+             "use_tpu": False},
+            {"who": "input_fn", "mode": "eval", "keys": ["batch_size", *own], "batch_size": 4, "use_tpu": None},
+            {"who": "model_fn", "mode": "eval", "keys": ["batch_size", *own, "use_tpu"], "batch_size": 4,
+             "use_tpu": False},
+        ]
+
+
+# ---------------------------------------------------------------------------------- builder weights
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory) -> Path:
+    """The builder of test_weights.py, loading kernels-0.0123.h5 (every weight 0.0123), and its records."""
+    root = tmp_path_factory.mktemp("explain_weights")
+    (root / "weight_models.py").write_text(WEIGHT_MODELS)
+    namespace: dict = {}
+    exec(WEIGHT_MODELS, namespace)  # pylint: disable=exec-used  # the same builder writes the files the jobs load
+    namespace["save_constant_weights"](str(root / "kernels-0.0123.h5"), 0.0123)
+    namespace["save_constant_weights"](str(root / "kernels-0.5.h5"), 0.5)
+    rng = np.random.default_rng(0)
+    with tf.io.TFRecordWriter(str(root / "train.tfrecord")) as writer:
+        for _ in range(32):
+            label = int(rng.integers(2))
+            writer.write(tf.train.Example(features=tf.train.Features(feature={
+                "image": tf.train.Feature(float_list=tf.train.FloatList(value=(rng.normal(size=64) + label).tolist())),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+            })).SerializeToString())
+    (root / "job.yaml").write_text(WEIGHTS_JOB.replace("WEIGHTS", str(root / "kernels-0.0123.h5")))
+    return root / "job.yaml"
+
+
+def test_the_program_starts_from_the_weights_the_builder_loaded(weights):
+    model_dir = weights.parent / "explained"
+    program = explain(weights, f"run.model_dir={model_dir}")
+    assert re.search(r"^BUILDER_KWARGS = \{.*'weights': '.*kernels-0\.0123\.h5'", Path(program).read_text(), re.M)
+    run(program)
+    start = values(model_dir, 0)
+    assert sorted(start) == MODEL_VARIABLES
+    for name, value in start.items():
+        np.testing.assert_array_equal(value, np.full(value.shape, 0.0123, np.float32), err_msg=name)
+
+
+def test_the_program_warm_starts_the_selected_variables_and_takes_the_rest_from_the_builder(weights, tmp_path):
+    first = weights.parent / "explained-first"
+    run(explain(weights, f"run.model_dir={first}"))
+    warm = tmp_path / "warm"
+    program = explain(weights, f"run.model_dir={warm}", f"model.params.weights={weights.parent / 'kernels-0.5.h5'}",
+                      f"run.warm_start={{from: {first}, vars: conv2d/}}")
+    text = Path(program).read_text()
+    assert f"WARM_START_FROM = '{first}'" in text and "# run.warm_start.from (--set)" in text  # long: comment above
+    assert "warm_start_from=WARM_START_FROM, warm_start_vars=WARM_START_VARS" in re.sub(r"\s+", " ", text)
+    run(program)
+    for name, value in values(warm, 0).items():
+        expected = 0.0123 if name.startswith("conv2d/") else 0.5
+        np.testing.assert_array_equal(value, np.full(value.shape, expected, np.float32), err_msg=name)
