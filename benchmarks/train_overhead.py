@@ -26,7 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from tpulaunch import runner  # noqa: E402
+from tpulaunch.engine.estimator import runner  # noqa: E402
 from tpulaunch.job.load import load_job  # noqa: E402
 from tpulaunch.models import cnn  # noqa: E402
 from tpulaunch.run.progress import TrainProgress  # noqa: E402

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import corrupt_data  # noqa: E402
 
-from tpulaunch import data  # noqa: E402
+from tpulaunch.data import pipeline as data  # noqa: E402
 from tpulaunch.errors import TpuLaunchError  # noqa: E402
 from tpulaunch.job.load import load_job  # noqa: E402
 from tpulaunch.checks.validate import validate_job  # noqa: E402

@@ -13,7 +13,7 @@ import textwrap
 import tensorflow as tf
 from click.testing import CliRunner
 
-from tpulaunch import runner
+from tpulaunch.engine.estimator import runner
 from tpulaunch.cli.app import cli
 from tpulaunch.engine.estimator.program import explain_script
 from tpulaunch.job.load import load_job

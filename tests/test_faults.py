@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import interrupts  # noqa: E402
 
-from tpulaunch import runner  # noqa: E402
+from tpulaunch.engine.estimator import runner  # noqa: E402
 from tpulaunch.cli.app import cli  # noqa: E402
 from tpulaunch.job.load import load_job  # noqa: E402
 

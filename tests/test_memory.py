@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from tpulaunch import memory
+from tpulaunch.plan import memory
 from tpulaunch.job.schema import Job, Partition
 
 GiB = 1024 ** 3

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpulaunch import runner
+from tpulaunch.engine.estimator import runner
 from tpulaunch.data.pipeline import make_input_fn
 from tpulaunch.job.schema import Job
 from tpulaunch.engine.estimator.offline import TensorDecl, TfCase, run_cases_in_subprocess

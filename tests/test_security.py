@@ -120,7 +120,7 @@ def test_secret_in_a_checked_field_is_not_echoed(tmp_path):
 
 
 def test_job_copy_in_model_dir_holds_no_secret(tmp_path):
-    from tpulaunch import runner
+    from tpulaunch.engine.estimator import runner
 
     path = write(tmp_path, SECRET_JOB)
     loaded = load_job(path, env={"API_KEY": SECRET, "DB_PASSWORD": SECRET})

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from click.testing import CliRunner
 
-from tpulaunch import synth
+from tpulaunch.data import synth
 from tpulaunch.cli.data import data
 from tpulaunch.data.pipeline import make_input_fn
 from tpulaunch.errors import TpuLaunchError

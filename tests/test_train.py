@@ -18,7 +18,8 @@ import tensorflow as tf
 import yaml
 from click.testing import CliRunner
 
-from tpulaunch import cli_run, runner
+from tpulaunch.cli import run as cli_run
+from tpulaunch.engine.estimator import runner
 from tpulaunch.errors import ExitCode, TpuLaunchError
 from tpulaunch.job.load import load_job
 from tpulaunch.run.signals import TrainingStopped

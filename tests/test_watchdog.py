@@ -25,7 +25,8 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from tpu_api_server import DEFAULT_PROJECT, DEFAULT_ZONE, tpu_api  # noqa: F401 (the fixture)
-from tpulaunch import cli_run, runner
+from tpulaunch.cli import run as cli_run
+from tpulaunch.engine.estimator import runner
 from tpulaunch.tpu.node import NodeRef, NodeStatus, resolve_node
 from tpulaunch.errors import ExitCode, TpuLaunchError
 from tpulaunch.job.schema import Tpu

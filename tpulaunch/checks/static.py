@@ -10,7 +10,7 @@ import difflib
 import math
 from typing import Optional
 
-from tpulaunch import partition as rules
+from tpulaunch.plan import partition as rules
 from tpulaunch.job.load import LoadedJob
 from tpulaunch.tpu.types import TpuType, UnknownTpuType, parse_tpu_type
 

@@ -56,7 +56,7 @@ def synth(obj: Context, name: str, out_dir: str, records, size, shards, seed: in
     tpulaunch data synth --example unet3d data/ct --size 32 --records 16
     tpulaunch data synth --example retinanet gs://my-bucket/detection --size 256
     """
-    from tpulaunch import synth as synth_module
+    from tpulaunch.data import synth as synth_module
 
     total = synth_module.planned_records(name, records, shards)
     if total >= PROGRESS_THRESHOLD and obj.err.is_terminal:

@@ -72,7 +72,7 @@ def _resolver(job, local: bool, wait_s: float):
     """The TPU's cluster resolver, after checking the node is ready for the job; None when local."""
     if local or not job.on_tpu:
         return None
-    from tpulaunch import cluster
+    from tpulaunch.tpu import node as cluster
 
     ref = cluster.resolve_node(job.tpu)
     cluster.check_node(ref, job.tpu, wait=wait_s).raise_if_unusable()
@@ -99,7 +99,7 @@ def _watch_plan(job, *, local: bool, watch_node: bool, wait_s: float, interval: 
             raise TpuLaunchError("--watch-node needs the job's tpu: section (the node to watch)",
                                  hint="add tpu: {name: ..., zone: ..., project: ..., type: ...}, or drop --watch-node")
         return None
-    from tpulaunch import cluster
+    from tpulaunch.tpu import node as cluster
     from tpulaunch.run.watchdog import WatchPlan
 
     ref = cluster.resolve_node(job.tpu)
@@ -158,7 +158,7 @@ def train(job_file: str, local: bool, overrides, model_dir: Optional[str], force
 
     obj = _streams()
     job = _load(job_file, overrides, _model_dir_override(model_dir), local=local)
-    from tpulaunch import runner
+    from tpulaunch.engine.estimator import runner
 
     resolver = _resolver(job, local, wait_s)
     watch = _watch_plan(job, local=local, watch_node=watch_node, wait_s=wait_s, interval=watch_interval,
@@ -194,7 +194,7 @@ def evaluate(job_file: str, local: bool, overrides, checkpoint: Optional[str], w
 
     obj = _streams()
     job = _load(job_file, overrides, local=local)
-    from tpulaunch import runner
+    from tpulaunch.engine.estimator import runner
 
     resolver = _resolver(job, local, wait_s)
     result = runner.evaluate(job, local=local, checkpoint=checkpoint, cluster_resolver=resolver,
@@ -220,7 +220,7 @@ def export(job_file: str, out_dir: str, overrides, checkpoint: Optional[str]):
     """
     obj = _streams()
     job = _load(job_file, overrides, local=True)  # export builds a CPU serving graph
-    from tpulaunch import runner
+    from tpulaunch.engine.estimator import runner
 
     path = runner.export(job, out_dir, checkpoint=checkpoint, search_path=_search_path(job_file))
     obj.out.print(f"exported {path}", highlight=False, markup=False, soft_wrap=True)

@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from tpulaunch import partition as rules
+from tpulaunch.plan import partition as rules
 from tpulaunch.checks.static import layout_of, per_replica_batch, tpu_type_of
 from tpulaunch.job.schema import DTYPE_BYTES, Job
 from tpulaunch.job.load import LoadedJob
@@ -179,7 +179,7 @@ def add_memory(plan: Plan, job: Job, xla: bool = False) -> Plan:
 
     With `xla`, also XLA's own buffer-assignment total for one training step on the CPU (slow).
     """
-    from tpulaunch import memory
+    from tpulaunch.plan import memory
 
     section = memory.plan_memory(job)
     if xla and section.tile is not None:

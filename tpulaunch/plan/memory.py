@@ -35,7 +35,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Mapping, Optional, Sequence
 
-from tpulaunch import partition as rules
+from tpulaunch.plan import partition as rules
 from tpulaunch.job.schema import Job, Partition
 
 GiB = 1024 ** 3

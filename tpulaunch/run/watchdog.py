@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from tpulaunch import cluster
+from tpulaunch.tpu import node as cluster
 from tpulaunch.errors import ExitCode, TpuLaunchError
 from tpulaunch.run.progress import NodeEvent
 

@@ -423,7 +423,7 @@ def _recover(event, job: Job, watch, progress: TrainProgress, stop: StopSignal, 
     progress.node_ready(f"{status.state}/{status.health}", event.checkpoint_step, watch.auto_resume)
     if not use_tpu:
         return None
-    from tpulaunch import cluster
+    from tpulaunch.tpu import node as cluster
 
     return cluster.cluster_resolver(watch.ref, watch.discovery_url)
 
