@@ -6,43 +6,64 @@ TensorFlow is never imported here at module level: `--help`, `schema`, `plan` an
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import traceback
-from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Union
 
 import click
-from rich.console import Console
 
 from tpulaunch import __version__
 from tpulaunch.errors import ExitCode, TpuLaunchError
-from tpulaunch.cli.render.problems import FORMATS, render_text, to_github, to_json
+from tpulaunch.cli.render.problems import (FORMATS, PIPE_WIDTH, PlainText, plain_text, render_text, to_github,
+                                           to_json, write_line)
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
-@dataclass
 class Context:
-    debug: bool
-    verbose: int
-    out: Console
-    err: Console
+    """The global flags, and the stdout/stderr consoles, made on first use: importing rich costs
+    about as much as all of `validate --static`'s own work, and a report into a pipe needs no rich."""
+
+    def __init__(self, debug: bool, verbose: int, out: Optional["Console"] = None, err: Optional["Console"] = None):
+        self.debug = debug
+        self.verbose = verbose
+        self._out, self._err = out, err
+
+    @property
+    def out(self) -> "Console":
+        if self._out is None:
+            self._out = console(stderr=False)
+        return self._out
+
+    @property
+    def err(self) -> "Console":
+        if self._err is None:
+            self._err = console(stderr=True)
+        return self._err
+
+    def text_out(self, stderr: bool = False) -> Union["Console", PlainText]:
+        """Where a text report goes: plain lines when rich would add nothing (a pipe, a file), else the console."""
+        rich_console = (lambda: self.err) if stderr else (lambda: self.out)
+        return plain_text(stderr, rich_console) or rich_console()
 
 
-# Width of output that goes to a file or a CI log (rich would assume 80 columns and cut tensor names).
-PIPE_WIDTH = 120
+def console(stderr: bool = False) -> "Console":
+    """A console for stdout (or stderr): no colour under CI or NO_COLOR, PIPE_WIDTH columns when not a
+    terminal (unless COLUMNS says otherwise), and no `:name:` emoji codes (`job.yaml:100:3` is a place)."""
+    from rich.console import Console
 
-
-def consoles() -> tuple[Console, Console]:
-    """(stdout, stderr) consoles: no colour under CI or NO_COLOR, and 120 columns when not a terminal
-    (unless COLUMNS says otherwise)."""
     plain = bool(os.environ.get("CI")) or os.environ.get("NO_COLOR") is not None
     kwargs = {"no_color": True} if plain else {}
-    pair = Console(highlight=False, **kwargs), Console(stderr=True, highlight=False, **kwargs)
-    for console in pair:
-        if not console.is_terminal and not os.environ.get("COLUMNS"):
-            console.width = PIPE_WIDTH
-    return pair
+    made = Console(stderr=stderr, highlight=False, emoji=False, **kwargs)
+    if not made.is_terminal and not os.environ.get("COLUMNS"):
+        made.width = PIPE_WIDTH
+    return made
+
+
+def consoles() -> tuple["Console", "Console"]:
+    """(stdout, stderr) consoles."""
+    return console(stderr=False), console(stderr=True)
 
 
 # Commands that live in their own modules, imported only when named (keeps `--help` fast).
@@ -85,15 +106,17 @@ class TpuLaunchGroup(click.Group):
             return super().invoke(ctx)
         except TpuLaunchError as exc:
             obj: Optional[Context] = ctx.obj
-            err = obj.err if obj else Console(stderr=True)
+            err = (obj or Context(debug=False, verbose=0)).text_out(stderr=True)
             if obj and obj.debug:
+                import traceback
+
                 traceback.print_exc()
             if exc.problems:
                 render_text(err, exc.problems, file=exc.problems[0].file, snippets=True)
             else:
-                err.print(f"[bold red]error:[/] {_escape(exc.message)}", highlight=False, soft_wrap=True)
+                write_line(err, [("error:", "bold red"), f" {exc.message}"])
                 if exc.hint:
-                    err.print(f"  [cyan]hint:[/] {_escape(exc.hint)}", highlight=False, soft_wrap=True)
+                    write_line(err, ["  ", ("hint:", "cyan"), f" {exc.hint}"])
             ctx.exit(int(exc.exit_code))
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
@@ -106,12 +129,6 @@ class TpuLaunchGroup(click.Group):
                 raise
             click.echo(f"error: unexpected {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", err=True)
             ctx.exit(int(ExitCode.PROBLEMS))
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
 
 
 set_option = click.option(
@@ -140,8 +157,7 @@ def cli(ctx: click.Context, debug: bool, verbose: int):
     from tpulaunch.tf_env import quiet_tensorflow
 
     quiet_tensorflow(verbose)
-    out, err = consoles()
-    ctx.obj = Context(debug=debug, verbose=verbose, out=out, err=err)
+    ctx.obj = Context(debug=debug, verbose=verbose)
 
 
 @cli.command()
@@ -173,8 +189,9 @@ def validate(obj: Context, job_files, overrides, fmt, static, records_per_file, 
     results = []
     for job_file in job_files:
         status = None
-        if fmt == "text" and obj.err.is_terminal:
-            status = obj.err.status(f"validating {job_file}")
+        err = obj.text_out(stderr=True)
+        if fmt == "text" and not isinstance(err, PlainText) and err.is_terminal:
+            status = err.status(f"validating {job_file}")
             status.start()
 
         def on_stage(name: str, status=status, job_file=job_file):
@@ -191,6 +208,8 @@ def validate(obj: Context, job_files, overrides, fmt, static, records_per_file, 
         if fmt == "text":
             _render_validation(obj, result)
     if fmt == "json":
+        import json
+
         docs = [json.loads(to_json(r.problems, file=r.file, extra=_json_extra(r))) for r in results]
         click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
     elif fmt == "github":
@@ -212,7 +231,7 @@ def _json_extra(result) -> dict:
 
 
 def _render_validation(obj: Context, result) -> None:
-    render_text(obj.out, result.problems, file=result.file, checked=result.checked)
+    render_text(obj.text_out(), result.problems, file=result.file, checked=result.checked)
     if result.data_reports or result.extra.get("tensorflow"):
         from tpulaunch.cli.render.plan import render_data_report, render_tf_built
 
@@ -260,14 +279,17 @@ def plan(obj: Context, job_file, overrides, fmt, memory, xla, use_tf):
         if fmt == "json":
             click.echo(to_json(result.problems, file=job_file))
         else:
-            render_text(obj.err, result.problems, file=job_file)
-            obj.err.print("fix these first: the plan needs a valid job", highlight=False)
+            err = obj.text_out(stderr=True)
+            render_text(err, result.problems, file=job_file)
+            write_line(err, ["fix these first: the plan needs a valid job"], soft_wrap=False)
         sys.exit(int(ExitCode.PROBLEMS))
     the_plan = build_plan(result.loaded, result.problems)
     if memory or xla:
         add_memory(the_plan, result.loaded.job, xla=xla)
     built = result.extra.get("tensorflow")
     if fmt == "json":
+        import json
+
         doc = the_plan.to_dict()
         if built is not None:
             doc["tensorflow"] = {mode: {k: v for k, v in info.items() if k != "traceback"} for mode, info in built.items()}
@@ -288,6 +310,8 @@ def schema(output):
       # yaml-language-server: $schema=./tpulaunch.schema.json
     after: tpulaunch schema -o tpulaunch.schema.json
     """
+    import json
+
     from tpulaunch.job.schema import json_schema
 
     text = json.dumps(json_schema(), indent=2)
