@@ -6,12 +6,11 @@ mistake in one section does not hide a partitioning mistake in another.
 
 from __future__ import annotations
 
-import difflib
 import math
 from typing import Optional
 
 from tpulaunch.plan import partition as rules
-from tpulaunch.job.load import LoadedJob
+from tpulaunch.job.load import LoadedJob, did_you_mean
 from tpulaunch.tpu.types import TpuType, UnknownTpuType, parse_tpu_type
 
 
@@ -119,9 +118,7 @@ def check_partition(loaded: LoadedJob) -> list:
         for name, dims in getattr(part, group).items():
             path = ("partition", group, name)
             if name not in declared:
-                close = difflib.get_close_matches(name, list(declared), n=1)
-                hint = f"did you mean '{close[0]}'?" if close else (
-                    f"data.{group} declares: {', '.join(declared) or 'nothing'}")
+                hint = did_you_mean(name, list(declared)) or f"data.{group} declares: {', '.join(declared) or 'nothing'}"
                 problems.append(loaded.problem(path, "partition-unknown-tensor",
                                                f"'{name}' is not in data.{group}", hint, at_key=True))
                 continue
