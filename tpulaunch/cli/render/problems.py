@@ -89,9 +89,9 @@ def wrapped(text: str, width: int) -> list:
 def plain_text(stderr: bool, console: Callable[[], "Console"]) -> Optional[PlainText]:
     """A PlainText for stdout (or stderr) when rich would write it without colour, else None.
 
-    Mirrors rich's `Console.is_terminal` and the width `cli.app.consoles` gives a console that is
-    not a terminal; anything unusual (FORCE_COLOR, Jupyter, Windows, a COLUMNS that is not a
-    number) keeps the rich console.
+    Mirrors rich's `Console.is_terminal` and the width `cli.app.console` gives a console that is not
+    a terminal; anything unusual (FORCE_COLOR, Jupyter, Windows, a COLUMNS that is not a number)
+    keeps the rich console.
     """
     stream = sys.stderr if stderr else sys.stdout
     if os.name == "nt" or "get_ipython" in vars(builtins) or hasattr(stream, "rich_proxied_file"):
