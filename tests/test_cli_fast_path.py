@@ -73,7 +73,6 @@ def test_reports_into_a_pipe_do_not_import_rich(args):
     proc, loaded = _imported_by(args)
     assert proc.returncode in (0, 1), proc.stderr
     assert not {m for m in loaded if m == "rich" or m.startswith("rich.")}
-    assert "yaml" not in loaded or args[0] != "--help"  # --help reads no job
 
 
 def test_help_imports_neither_pydantic_nor_yaml():
