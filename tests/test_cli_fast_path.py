@@ -58,12 +58,12 @@ def test_example_jobs_validate_clean(name):
     assert [(p.severity, p.code) for p in result.problems] == []
 
 
-def _imported_by(args, env=None):
+def _imported_by(args):
     """The modules a `tpulaunch ...` process imported, with its stdout going into a pipe."""
     probe = PROBE.replace('("tensorflow", "numpy", "tensorflow_estimator", "cloud_tpu_client")', "sys.modules")
     child_env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
     proc = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**child_env, **(env or {})})
+                          env=child_env)
     return proc, set(proc.stdout.strip().splitlines()[-1][len("LOADED="):].split(","))
 
 
