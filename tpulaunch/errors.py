@@ -10,6 +10,9 @@ import enum
 from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
+DOCUMENT_PATH = "(file)"
+"""The path of a problem about the whole file (unreadable, not YAML, empty) rather than one key."""
+
 
 class ExitCode(enum.IntEnum):
     """Process exit codes, mapped in one place (cli/base.py)."""

@@ -6,15 +6,16 @@ errors only by default, warnings with -v, everything with -vv.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
-_level = logging.ERROR
+_level = 40  # logging.ERROR; `logging` itself is imported only when a command starts (`--help` never needs it)
 
 
 def quiet_tensorflow(verbose: int = 0) -> None:
     """Must run before TensorFlow is imported: the C++ level is read once, at import."""
+    import logging
+
     global _level
     if verbose >= 2:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")

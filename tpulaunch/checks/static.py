@@ -6,11 +6,10 @@ mistake in one section does not hide a partitioning mistake in another.
 
 from __future__ import annotations
 
-import difflib
 import math
 from typing import Optional
 
-from tpulaunch.job.load import LoadedJob
+from tpulaunch.job.load import LoadedJob, did_you_mean
 from tpulaunch.plan import partition as rules
 from tpulaunch.plan.build import layout_for, per_replica
 from tpulaunch.tpu.types import UnknownTpuType, parse_tpu_type
@@ -106,9 +105,7 @@ def check_partition(loaded: LoadedJob) -> list:
         for name, dims in getattr(part, group).items():
             path = ("partition", group, name)
             if name not in declared:
-                close = difflib.get_close_matches(name, list(declared), n=1)
-                hint = f"did you mean '{close[0]}'?" if close else (
-                    f"data.{group} declares: {', '.join(declared) or 'nothing'}")
+                hint = did_you_mean(name, list(declared)) or f"data.{group} declares: {', '.join(declared) or 'nothing'}"
                 problems.append(loaded.problem(path, "partition-unknown-tensor",
                                                f"'{name}' is not in data.{group}", hint, at_key=True))
                 continue

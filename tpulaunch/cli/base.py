@@ -9,62 +9,67 @@ then one call into the package. Errors are raised, never exited on: `Command.inv
 from __future__ import annotations
 
 import os
-import traceback
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Union
 
 import click
 
+from tpulaunch.cli.render.problems import FORMATS, PIPE_WIDTH, PlainText, plain_text, write_line
 from tpulaunch.errors import AlreadyReported, ExitCode, TpuLaunchError
 
-# Width of output that goes to a file or a CI log (rich would assume 80 columns and cut tensor names).
-PIPE_WIDTH = 120
-
-FORMATS = ("text", "json", "github")
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
-def consoles():
-    """(stdout, stderr) rich consoles: no colour under CI or NO_COLOR, and 120 columns when not a terminal
-    (unless COLUMNS says otherwise)."""
+def console(stderr: bool = False) -> "Console":
+    """A rich console for stdout (or stderr): no colour under CI or NO_COLOR, PIPE_WIDTH columns when not a
+    terminal (unless COLUMNS says otherwise), and no `:name:` emoji codes (`job.yaml:100:3` is a place)."""
     from rich.console import Console
 
     plain = bool(os.environ.get("CI")) or os.environ.get("NO_COLOR") is not None
     kwargs = {"no_color": True} if plain else {}
-    pair = Console(highlight=False, **kwargs), Console(stderr=True, highlight=False, **kwargs)
-    for console in pair:
-        if not console.is_terminal and not os.environ.get("COLUMNS"):
-            console.width = PIPE_WIDTH
-    return pair
+    made = Console(stderr=stderr, highlight=False, emoji=False, **kwargs)
+    if not made.is_terminal and not os.environ.get("COLUMNS"):
+        made.width = PIPE_WIDTH
+    return made
+
+
+def consoles() -> tuple:
+    """(stdout, stderr) consoles."""
+    return console(stderr=False), console(stderr=True)
 
 
 class Context:
-    """The object every command receives (`@pass_obj`); made with defaults when a command runs on its own."""
+    """The object every command receives (`@pass_obj`); made with defaults when a command runs on its own.
+
+    Its consoles are made on first use: importing rich costs about as much as all of `validate --static`'s
+    own work, and a report into a pipe needs no rich (`text_out`).
+    """
 
     def __init__(self, debug: bool = False, verbose: int = 0):
         self.debug = debug
         self.verbose = verbose
-        self._consoles = None
-
-    def _pair(self):
-        if self._consoles is None:
-            self._consoles = consoles()
-        return self._consoles
+        self._out: Optional["Console"] = None
+        self._err: Optional["Console"] = None
 
     @property
-    def out(self):
-        return self._pair()[0]
+    def out(self) -> "Console":
+        if self._out is None:
+            self._out = console(stderr=False)
+        return self._out
 
     @property
-    def err(self):
-        return self._pair()[1]
+    def err(self) -> "Console":
+        if self._err is None:
+            self._err = console(stderr=True)
+        return self._err
+
+    def text_out(self, stderr: bool = False) -> Union["Console", PlainText]:
+        """Where a text report goes: plain lines when rich would add nothing (a pipe, a file), else the console."""
+        rich_console = (lambda: self.err) if stderr else (lambda: self.out)
+        return plain_text(stderr, rich_console) or rich_console()
 
 
 pass_obj = click.make_pass_decorator(Context, ensure=True)
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
 
 
 def _invoke_mapped(ctx: click.Context, invoke):
@@ -76,16 +81,19 @@ def _invoke_mapped(ctx: click.Context, invoke):
     except TpuLaunchError as exc:
         obj: Context = ctx.ensure_object(Context)
         if obj.debug:
+            import traceback
+
             traceback.print_exc()
+        err = obj.text_out(stderr=True)
         if exc.problems:
             from tpulaunch.cli.render.problems import render_text
 
-            render_text(obj.err, exc.problems, file=exc.problems[0].file, snippets=True)
+            render_text(err, exc.problems, file=exc.problems[0].file, snippets=True)
         if exc.message and (exc.show_message or not exc.problems):
-            prefix = "[bold red]error:[/] " if exc.show_message == "error" else ""
-            obj.err.print(f"{prefix}{_escape(exc.message)}", highlight=False, soft_wrap=True)
+            prefix = [("error:", "bold red"), " "] if exc.show_message == "error" else []
+            write_line(err, [*prefix, exc.message])
             if exc.hint:
-                obj.err.print(f"  [cyan]hint:[/] {_escape(exc.hint)}", highlight=False, soft_wrap=True)
+                write_line(err, ["  ", ("hint:", "cyan"), f" {exc.hint}"])
         ctx.exit(int(exc.exit_code))
     except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
         raise
@@ -140,6 +148,3 @@ wait_option = click.option(
 checkpoint_option = click.option(
     "--checkpoint", type=str, help="Use this checkpoint (model.ckpt-N) instead of the latest.")
 
-
-def escape(text: Optional[str]) -> str:
-    return _escape(text or "")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from tpulaunch.cli.base import Context, command, job_argument, pass_obj, set_option, text_or_json_option
@@ -52,6 +50,8 @@ def plan(obj: Context, job_file, overrides, fmt, memory, xla, use_tf):
     if use_tf:
         built = _tensorflow_verdict(obj, job_file, overrides)
     if fmt == "json":
+        import json
+
         doc = the_plan.to_dict()
         if built is not None:
             doc["tensorflow"] = {mode: {k: v for k, v in info.items() if k != "traceback"} for mode, info in built.items()}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import click
@@ -21,6 +20,8 @@ def schema(output):
       # yaml-language-server: $schema=./tpulaunch.schema.json
     after: tpulaunch schema -o tpulaunch.schema.json
     """
+    import json
+
     from tpulaunch.job.schema import json_schema
 
     text = json.dumps(json_schema(), indent=2)

@@ -23,7 +23,7 @@ def _checked(obj: Context, job_file: str, overrides, extra=(), *, local: bool):
     """The job through the one gate (static checks for this target), with TensorFlow's logging set."""
     from tpulaunch.cli.gate import load_checked
 
-    checked = load_checked(job_file, [*overrides, *extra], local=local, err=obj.err)
+    checked = load_checked(job_file, [*overrides, *extra], local=local, err=obj.text_out(stderr=True))
     quiet_tensorflow(obj.verbose)  # again: the command may run outside the `tpulaunch` group
     return checked
 

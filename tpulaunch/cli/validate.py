@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from tpulaunch.cli.base import Context, command, format_option, pass_obj, set_option
@@ -33,15 +31,16 @@ def validate(obj: Context, job_files, overrides, fmt, static, records_per_file, 
       tpulaunch validate job.yaml --set train.batch_size=48      # try a change without editing
     """
     from tpulaunch.checks.validate import validate_job
-    from tpulaunch.cli.render.problems import render_text, to_github, to_json
+    from tpulaunch.cli.render.problems import PlainText, render_text, to_github, to_json
     from tpulaunch.tf_env import bound_gcs_retries
 
     bound_gcs_retries()
     results = []
     for job_file in job_files:
         status = None
-        if fmt == "text" and obj.err.is_terminal:
-            status = obj.err.status(f"validating {job_file}")
+        err = obj.text_out(stderr=True)
+        if fmt == "text" and not isinstance(err, PlainText) and err.is_terminal:
+            status = err.status(f"validating {job_file}")
             status.start()
 
         def on_stage(name: str, status=status, job_file=job_file):
@@ -56,9 +55,11 @@ def validate(obj: Context, job_files, overrides, fmt, static, records_per_file, 
                 status.stop()
         results.append(result)
         if fmt == "text":
-            render_text(obj.out, result.problems, file=result.file, checked=result.checked)
+            render_text(obj.text_out(), result.problems, file=result.file, checked=result.checked)
             _render_details(obj, result)
     if fmt == "json":
+        import json
+
         docs = [json.loads(to_json(r.problems, file=r.file, extra=_json_extra(r))) for r in results]
         click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
     elif fmt == "github":

@@ -8,7 +8,6 @@ fail, so the cross-section checks can still report everything they can.
 
 from __future__ import annotations
 
-import difflib
 import os
 import typing
 from dataclasses import dataclass, field
@@ -190,7 +189,7 @@ def _unknown_override(index: int, ov: Override, at: tuple, data: Any) -> Problem
         node = node.get(part, {}) if isinstance(node, dict) else {}
     if isinstance(node, dict):
         choices += [k for k in node if isinstance(k, str)]
-    hint = _did_you_mean(str(at[-1]), choices) or (f"known keys here: {', '.join(sorted(set(choices)))}" if choices else None)
+    hint = did_you_mean(str(at[-1]), choices) or (f"known keys here: {', '.join(sorted(set(choices)))}" if choices else None)
     return Problem("error", "--set", index, 1, dotted(ov.path), "override-unknown-path",
                    f"--set {ov.text}: the job has no '{dotted(at)}'", hint)
 
@@ -206,7 +205,10 @@ _TYPE_WORDS = {
 _RANGE = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
 
 
-def _did_you_mean(word: str, choices: Sequence[str]) -> Optional[str]:
+def did_you_mean(word: str, choices: Sequence[str]) -> Optional[str]:
+    """"did you mean 'x'?" for the closest choice, or None."""
+    import difflib  # only a job with a mistake needs it
+
     close = difflib.get_close_matches(word, [c for c in choices if isinstance(c, str)], n=1, cutoff=0.6)
     return f"did you mean '{close[0]}'?" if close else None
 
@@ -258,7 +260,7 @@ def schema_problems(exc: ValidationError, loaded: LoadedJob, prefix: tuple = ())
         shown = SECRET_MASK if secret else _short(err.get("input"))
         if kind == "extra_forbidden":
             allowed = sorted(_schema_fields(path[:-1]) or [])
-            hint = _did_you_mean(name, allowed) or (f"known keys here: {', '.join(allowed)}" if allowed else None)
+            hint = did_you_mean(name, allowed) or (f"known keys here: {', '.join(allowed)}" if allowed else None)
             problems.append(loaded.problem(path, "unknown-key", f"unknown key '{name}'", hint, at_key=True))
         elif kind == "missing":
             problems.append(loaded.problem(path, "missing-key", f"required key '{name}' is missing",
@@ -266,7 +268,7 @@ def schema_problems(exc: ValidationError, loaded: LoadedJob, prefix: tuple = ())
         elif kind in ("literal_error", "enum"):
             expected = err.get("ctx", {}).get("expected", "")
             options = [o.strip().strip("'\"") for o in expected.replace(" or ", ",").split(",") if o.strip()]
-            hint = _did_you_mean(str(err.get("input")), options) or f"expected one of: {', '.join(options)}"
+            hint = did_you_mean(str(err.get("input")), options) or f"expected one of: {', '.join(options)}"
             problems.append(loaded.problem(path, "invalid-value", f"{shown} is not allowed here", hint))
         elif kind in _TYPE_WORDS:
             seen.add((path, "*"))
@@ -290,7 +292,7 @@ def schema_problems(exc: ValidationError, loaded: LoadedJob, prefix: tuple = ())
                 word = str(err.get("input"))
                 if isinstance(err.get("input"), list):
                     word = next((m for m in err["input"] if m not in options and ":" not in str(m)), "")
-                hint = _did_you_mean(str(word), options) or f"one of {', '.join(options)}, or an import path 'pkg.mod:fn'"
+                hint = did_you_mean(str(word), options) or f"one of {', '.join(options)}, or an import path 'pkg.mod:fn'"
             if secret and str(err.get("input")) in message:
                 message = message.replace(repr(err.get("input")), SECRET_MASK).replace(str(err.get("input")), SECRET_MASK)
             problems.append(loaded.problem(path, "invalid-value", message, hint, at_key=isinstance(err.get("input"), dict)))

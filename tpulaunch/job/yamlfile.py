@@ -16,12 +16,9 @@ from typing import Any, Mapping, Optional
 
 import yaml
 
-from tpulaunch.errors import JobFileError, Problem
+from tpulaunch.errors import DOCUMENT_PATH, JobFileError, Problem
 
 Path = tuple  # of str keys and int list indices
-
-DOCUMENT_PATH = "(file)"
-"""The path of a problem about the whole file (unreadable, not YAML, empty) rather than one key."""
 
 MAX_FILE_BYTES = 5 * 1024 * 1024  # a job file is a few KiB; anything this big is a mistake
 MAX_DEPTH = 64

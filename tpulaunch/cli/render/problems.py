@@ -1,18 +1,124 @@
-"""Render problems for people (text), for tools (json) and for GitHub Actions (annotations)."""
+"""Render problems for people (text), for tools (json) and for GitHub Actions (annotations).
+
+Text goes to a rich console on a terminal. Into a pipe or a file (CI logs, editors, pre-commit) rich
+adds nothing (no colour, no cursor), so those lines are written by `PlainText` without importing rich:
+rich is a good part of what `validate --static` costs. Each line is built once, as styled pieces,
+and both writers print the same characters.
+"""
 
 from __future__ import annotations
 
-import json
+import builtins
 import os
-from typing import Iterable, Optional, Sequence
+import re
+import sys
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequence, Union
 
-from rich.console import Console
-from rich.markup import escape
+from tpulaunch.errors import DOCUMENT_PATH, Problem
 
-from tpulaunch.errors import Problem
-from tpulaunch.job.yamlfile import DOCUMENT_PATH
+if TYPE_CHECKING:
+    from rich.console import Console
 
 FORMATS = ("text", "json", "github")
+
+# Width of output that goes to a file or a CI log (rich would assume 80 columns and cut tensor names).
+PIPE_WIDTH = 120
+
+Piece = Union[str, tuple]  # plain text, or (text, rich style)
+
+
+class PlainText:
+    """One output stream that rich would write as plain text, written here without rich.
+
+    A line comes out as rich's console prints it there: as is (soft_wrap), or wrapped at the width as
+    rich wraps. A line with anything rich would change (tabs, control or non-ASCII characters) is
+    handed to the rich console.
+    """
+
+    def __init__(self, stderr: bool, width: int, console: Callable[[], "Console"]):
+        self.stderr = stderr
+        self.width = width
+        self._console = console
+
+    def line(self, pieces: Sequence[Piece], *, soft_wrap: bool = True) -> None:
+        text = "".join(p if isinstance(p, str) else p[0] for p in pieces)
+        if not (text.isascii() and text.isprintable()):
+            write_line(self._console(), pieces, soft_wrap=soft_wrap)
+            return
+        lines = [text] if soft_wrap or len(text) <= self.width else wrapped(text, self.width)
+        stream = sys.stderr if self.stderr else sys.stdout
+        stream.write("\n".join(lines) + "\n")
+        stream.flush()
+
+
+_WORD = re.compile(r"\s*\S+\s*")  # a word and the blanks around it, as rich's wrap splits text
+
+
+def wrapped(text: str, width: int) -> list:
+    """Printable ASCII `text` cut into lines as rich's `Text.wrap` cuts it with its defaults: words
+    fill a line greedily, a word wider than a line is folded, then each line loses the blanks past
+    the width and is cropped to it. (tests/test_cli_fast_path.py holds this to rich's own output.)"""
+    breaks: list = []
+    used = 0
+    for word in _WORD.finditer(text):
+        start, chars = word.start(), word.group()
+        size = len(chars.rstrip())
+        if width - used >= size:
+            used += len(chars)
+        elif size > width:
+            chunks = [chars[i:i + width] for i in range(0, len(chars), width)]
+            for chunk in chunks[:-1]:
+                if start:
+                    breaks.append(start)
+                start += len(chunk)
+            if start:
+                breaks.append(start)
+            used = len(chunks[-1])
+        elif used and start:
+            breaks.append(start)
+            used = len(chars)
+    lines = []
+    for begin, end in zip([0, *breaks], [*breaks, len(text)]):
+        line = text[begin:end]
+        if len(line) > width:
+            line = line[:len(line) - min(len(line) - len(line.rstrip()), len(line) - width)]
+        lines.append(line[:width])
+    return lines
+
+
+def plain_text(stderr: bool, console: Callable[[], "Console"]) -> Optional[PlainText]:
+    """A PlainText for stdout (or stderr) when rich would write it without colour, else None.
+
+    Mirrors rich's `Console.is_terminal` and the width `cli.base.console` gives a console that is not
+    a terminal; anything unusual (FORCE_COLOR, Jupyter, Windows, a COLUMNS that is not a number)
+    keeps the rich console.
+    """
+    stream = sys.stderr if stderr else sys.stdout
+    if os.name == "nt" or "get_ipython" in vars(builtins) or hasattr(stream, "rich_proxied_file"):
+        return None
+    if os.environ.get("FORCE_COLOR") or os.environ.get("TTY_COMPATIBLE") == "1":
+        return None
+    try:
+        if stream is None or stream.isatty():
+            return None
+    except (AttributeError, ValueError):
+        return None
+    columns = os.environ.get("COLUMNS")
+    if not columns:
+        return PlainText(stderr, PIPE_WIDTH, console)
+    if columns.isdigit() and int(columns) > 0:
+        return PlainText(stderr, int(columns), console)
+    return None
+
+
+def write_line(out: Union["Console", PlainText], pieces: Sequence[Piece], *, soft_wrap: bool = True) -> None:
+    """One line of styled pieces to a rich console or a PlainText."""
+    if isinstance(out, PlainText):
+        out.line(pieces, soft_wrap=soft_wrap)
+        return
+    from rich.text import Text
+
+    out.print(Text.assemble(*pieces), highlight=False, soft_wrap=soft_wrap)
 
 
 def _source_line(file: str, line: int, cache: dict) -> Optional[str]:
@@ -34,30 +140,35 @@ def problem_line(p: Problem) -> str:
     return f"{where}: {path}{level}{p.message}"
 
 
-def render_text(console: Console, problems: Sequence[Problem], *, file: str, checked: Iterable[str] = (),
-                snippets: bool = True, summary: bool = True) -> None:
+def report_lines(problems: Sequence[Problem], *, file: str, checked: Iterable[str] = (),
+                 snippets: bool = True) -> Iterator[tuple]:
+    """The text report, one (pieces, soft_wrap) per line: each problem with its source line, a caret
+    under the column and its hint, then the count."""
     cache: dict = {}
     for p in problems:
         style = "bold red" if p.is_error else "yellow"
-        console.print(f"[{style}]{escape(problem_line(p))}[/] [dim]\\[{p.code}][/]", highlight=False, soft_wrap=True)
+        yield [(problem_line(p), style), " ", (f"[{p.code}]", "dim")], True
         if snippets:
             source = _source_line(p.file, p.line, cache) if os.path.isfile(p.file) else None
             if source is not None and source.strip():
-                console.print(f"  {p.line:>4} | {escape(source)}", highlight=False, soft_wrap=True)
-                console.print(f"       | {' ' * (p.column - 1)}[{style}]^[/]", highlight=False)
+                yield [f"  {p.line:>4} | {source}"], True
+                yield [f"       | {' ' * (p.column - 1)}", ("^", style)], False
         if p.hint:
-            console.print(f"    [cyan]hint:[/] {escape(p.hint)}", highlight=False, soft_wrap=True)
-    if not summary:
-        return
+            yield ["    ", ("hint:", "cyan"), f" {p.hint}"], True
     errors = sum(p.is_error for p in problems)
     warnings = sum(1 for p in problems if p.severity == "warning")
     what = f" (checked: {', '.join(checked)})" if checked else ""
     if errors:
-        console.print(f"[bold red]{_count(errors, 'error')}[/], {_count(warnings, 'warning')} in {escape(file)}{what}",
-                      highlight=False)
+        yield [(_count(errors, "error"), "bold red"), f", {_count(warnings, 'warning')} in {file}{what}"], False
     else:
         tail = f", {_count(warnings, 'warning')}" if warnings else ""
-        console.print(f"[bold green]OK[/] {escape(file)}{tail}{what}", highlight=False)
+        yield [("OK", "bold green"), f" {file}{tail}{what}"], False
+
+
+def render_text(out: Union["Console", PlainText], problems: Sequence[Problem], *, file: str,
+                checked: Iterable[str] = (), snippets: bool = True) -> None:
+    for pieces, soft_wrap in report_lines(problems, file=file, checked=checked, snippets=snippets):
+        write_line(out, pieces, soft_wrap=soft_wrap)
 
 
 def _count(n: int, word: str) -> str:
@@ -65,6 +176,8 @@ def _count(n: int, word: str) -> str:
 
 
 def to_json(problems: Sequence[Problem], *, file: str, extra: Optional[dict] = None) -> str:
+    import json
+
     doc = {"ok": not any(p.is_error for p in problems), "file": file, "problems": [p.to_dict() for p in problems]}
     if extra:
         doc.update(extra)
