@@ -85,6 +85,16 @@ def test_duplicate_key_is_an_error_not_last_wins(tmp_path):
     assert "first at line 17" in loaded.problems[0].message
 
 
+def test_a_merge_key_given_a_scalar_is_located(tmp_path):
+    """`<<: *anchor` where the anchor is not a mapping: one located problem, never YAML's internal error."""
+    text = "defaults: &lr 0.1\n" + GOOD.replace("run: {model_dir: /tmp/runs/demo}",
+                                                 "run:\n  <<: *lr\n  model_dir: /tmp/runs/demo")
+    loaded = load_job(write(tmp_path, text), env={})
+    merge = text.splitlines().index("  <<: *lr") + 1
+    assert ("yaml-bad-merge", "run", merge, 3) in summary(loaded.problems)
+    assert loaded.data["run"] == {"model_dir": "/tmp/runs/demo"}  # the rest of the section is kept
+
+
 def test_env_interpolation_resolves_types_and_defaults(tmp_path):
     text = GOOD.replace("steps: 300}", "steps: 1}").replace(
         "train: {batch_size: 64, steps: 1}", "train:\n  batch_size: ${BATCH:-32}\n  steps: ${STEPS}")

@@ -152,7 +152,15 @@ class _Builder:
         return self._scalar(node, path)
 
     def _mapping(self, node, path: Path, depth: int) -> dict:
-        self.loader.flatten_mapping(node)  # resolves `<<: *anchor` merge keys the safe way
+        try:
+            self.loader.flatten_mapping(node)  # resolves `<<: *anchor` merge keys the safe way
+        except yaml.constructor.ConstructorError:  # `<<:` given something that is not a mapping
+            merge = next((k for k, _ in node.value if k.tag == "tag:yaml.org,2002:merge"), node)
+            mark = _mark(merge.start_mark)
+            self.problems.append(_problem(self.marks.file, mark, path, "yaml-bad-merge",
+                                          "a merge key `<<:` must be given a mapping (or a list of mappings)",
+                                          "point `<<: *name` at an anchored mapping, e.g. `base: &name {a: 1}`"))
+            node.value = [(k, v) for k, v in node.value if k.tag != "tag:yaml.org,2002:merge"]
         out: dict = {}
         first_seen: dict = {}
         for key_node, value_node in node.value:
