@@ -42,14 +42,17 @@ def warm_started_variables(spec: Optional[WarmStart]) -> list:
     return tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES, scope=spec.vars)
 
 
-def built_weights(build_model: Callable[[], Any], seed: Optional[int]) -> List[Any]:
-    """The values the builder gives its model (loaded or freshly initialised), built in a scratch graph."""
+def built_weights(build_model: Callable[[], Any], seed: Optional[int]) -> Optional[List[Any]]:
+    """The values the builder gives its model (loaded or freshly initialised), built in a scratch graph; None
+    when the model has no weights until it is first called (subclassed, Sequential without an Input): such a
+    builder cannot have loaded any, so the run's own initializers stand."""
     import tensorflow as tf
 
     with tf.Graph().as_default() as graph, tf.compat.v1.Session(graph=graph):
         if seed is not None:
             tf.compat.v1.set_random_seed(seed)  # as RunConfig(tf_random_seed=) does for the run's own graph
-        return build_model().get_weights()
+        model = build_model()
+        return model.get_weights() if model.built else None
 
 
 def builder_weights_scaffold_fn(build_model: Callable[[], Any], model, *, seed: Optional[int],
@@ -67,6 +70,8 @@ def builder_weights_scaffold_fn(build_model: Callable[[], Any], model, *, seed: 
     def init_fn(scaffold, session):
         del scaffold
         values = built_weights(build_model, seed)
+        if values is None:
+            return
         variables = model.weights
         if len(values) != len(variables) or any(tuple(v.shape) != tuple(x.shape) for v, x in zip(variables, values)):
             raise TpuLaunchError(
