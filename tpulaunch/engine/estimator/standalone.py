@@ -507,15 +507,15 @@ def _label_loss(name: str, head: Head, labels, outputs, custom: Optional[Callabl
     except ValueError as exc:  # the loss's own shape checks, at graph building
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise SpecError(
-            f"loss {head.loss_name!r} cannot score label {name!r} {_shape(labels)} against the model's output "
-            f"{_shape(outputs)}: {detail}",
+            f"loss {head.loss_name!r} cannot score label {name!r} ({_per_example(labels)}) against the model's "
+            f"output ({_per_example(outputs)}): {detail}",
             hint="declare the label's shape and dtype as the loss needs them against this output (sparse "
                  "crossentropy: class ids, one fewer axis than the output), or give that label a loss that fits "
                  "(model.loss: {label: loss})", key=key) from exc
 
 
-def _shape(tensor) -> str:
-    return f"{tensor.shape.as_list()} {tensor.dtype.name}"
+def _per_example(tensor) -> str:
+    return f"{tensor.dtype.name} {tensor.shape.as_list()[1:]} per example"
 
 
 def compute_loss(loss, labels, outputs, pairs: Dict[str, Pair], *, custom_loss: Optional[Callable] = None,
