@@ -35,7 +35,7 @@ def job(model: dict, features: dict = IMAGE, labels: dict = CLASS) -> dict:
     return {"model": model, "data": {"features": features, "labels": labels}}
 
 
-# name: (job, None if train must work, else the job key validate names (and train, unless a second key is given))
+# name: (job, None if train must work, else the job key validate and train name: "key", or ("key", what train says))
 JOBS = {
     "subclassed": (job({"builder": "subclassed:build", "metrics": ["accuracy"]}), None),
     "subclassed_softmax": (job({"builder": "subclassed:build", "params": {"probabilities": True},
@@ -51,6 +51,11 @@ JOBS = {
                                      labels=CLS_AND_BOX), None),
     "two_outputs_dict_per_label_loss": (job({"builder": "two_outputs:as_dict", "loss": PER_LABEL_LOSS,
                                              "metrics": ["accuracy", "mean_squared_error"]}, labels=CLS_AND_BOX), None),
+    "two_outputs_dict_own_loss_and_metric": (job({"builder": "two_outputs:as_dict",
+                                                  "loss": {"cls": "sparse_categorical_crossentropy",
+                                                           "box": "two_outputs:box_distance"},
+                                                  "metrics": {"cls": ["accuracy"], "box": ["two_outputs:box_error"]}},
+                                                 labels=CLS_AND_BOX), None),
     "custom_layer": (job({"builder": "custom_layer:build", "metrics": ["accuracy"]}), None),
     "own_model_fn": (job({"model_fn": "own_model_fn:model_fn", "params": {"num_classes": 3, "learning_rate": 0.1}}),
                      None),
@@ -71,10 +76,13 @@ JOBS = {
     "loss_key_not_a_label": (job({"builder": "two_outputs:as_dict",
                                   "loss": {"cls": "sparse_categorical_crossentropy", "bbox": "huber"}},
                                  labels=CLS_AND_BOX), "model.loss.bbox"),
+    "own_loss_misspelled": (job({"builder": "two_outputs:as_dict",
+                                 "loss": {"cls": "sparse_categorical_crossentropy", "box": "two_outputs:box_distanse"}},
+                                labels=CLS_AND_BOX), ("model.loss.box", "no attribute 'box_distanse'")),
     "misspelled_param_of_kwargs_builder": (job({**MOBILENET, "params": {"weights": None, "input_shape": [32, 32, 3],
                                                                           "clases": 10, "alpha": 0.25}},
                                                {"image": {"shape": [32, 32, 3]}}),
-                                           ("model.params.clases", "model.builder")),  # train runs no param check
+                                           ("model.params.clases", "model.builder:")),  # train runs no param check
     "wrong_number_of_inputs": (job({"builder": "two_inputs:build"}), "data.features"),
 }
 
@@ -85,6 +93,7 @@ EVAL_METRICS = {
     "two_outputs_list_by_order": {"cls/accuracy", "box/mean_absolute_error"},
     "two_outputs_list_by_name": {"cls/accuracy", "box/mean_squared_error"},
     "two_outputs_dict_per_label_loss": {"cls/accuracy", "box/mean_squared_error"},
+    "two_outputs_dict_own_loss_and_metric": {"cls/accuracy", "box/box_error"},
 }
 
 
@@ -151,10 +160,10 @@ def test_validate_agrees_with_train(project, name):
             (line,) = [line for line in trained.output.splitlines() if line.startswith("eval | step 2 |")]
             assert {part.split()[0] for part in line.split(" | ")[2:]} == EVAL_METRICS[name] | {"loss"}, line
     else:
-        validate_key, train_key = broken_at if isinstance(broken_at, tuple) else (broken_at, broken_at)
+        validate_key, train_says = broken_at if isinstance(broken_at, tuple) else (broken_at, f"{broken_at}:")
         assert validated.exit_code == 1, said
         assert f"{path.name}:" in validated.output and f"{validate_key}:" in validated.output, said
-        assert f"{train_key}:" in trained.output, said
+        assert train_says in trained.output, said
 
 
 @pytest.mark.parametrize("builder, params, expected", [

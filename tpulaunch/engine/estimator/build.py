@@ -233,6 +233,7 @@ def _key_in_trace(exc: BaseException, stage: tuple, job) -> tuple:
             for text, key in _KEY_OF_LINE:
                 if text in (frame.line or ""):
                     return key
-    if stage == ("model", "builder") and isinstance(job.model.loss, str) and ":" in job.model.loss and any(f.name == "_single_loss" for f in inside):
+    whole_loss = isinstance(job.model.loss, str) and ":" in job.model.loss
+    if stage == ("model", "builder") and whole_loss and any(f.name == "_single_loss" for f in inside):
         return ("model", "loss")
     return stage

@@ -24,10 +24,11 @@ from tpulaunch.job.schema import CLASSIFICATION_LOSSES, CLASSIFICATION_METRICS, 
 
 ModelFn = Callable[..., Any]
 
-# standalone.py keeps its own copy of these facts (it imports nothing of tpulaunch); the schema's static checks read ours.
+# standalone.py keeps its own copy of these facts (it imports nothing of tpulaunch); the static checks read the schema's.
 assert set(standalone.V1_OPTIMIZERS) == set(OPTIMIZERS)
 assert set(standalone._CROSSENTROPY) == set(CLASSIFICATION_LOSSES)
-assert (standalone.CLASSIFICATION_METRICS, standalone.REGRESSION_METRICS) == (CLASSIFICATION_METRICS, REGRESSION_METRICS)
+assert standalone.CLASSIFICATION_METRICS == CLASSIFICATION_METRICS
+assert standalone.REGRESSION_METRICS == REGRESSION_METRICS
 
 
 # ------------------------------------------------------------------------------------------ precision
@@ -127,7 +128,8 @@ def make_model_fn(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -
         built["model"] = model
         return model
 
-    functions = {(key[1], path): resolve(path, search_path=search_path, what="loss" if key[1] == "loss" else "metric")
+    functions = {(key[1], path): resolve(path, search_path=search_path,
+                                         what="loss" if key[1] == "loss" else "metric")
                  for key, path in spec.function_paths()}
     custom_losses = {path: fn for (kind, path), fn in functions.items() if kind == "loss"}
     custom_metrics = {path: fn for (kind, path), fn in functions.items() if kind == "metrics"}
