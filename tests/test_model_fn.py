@@ -191,11 +191,11 @@ def test_run_config_for_a_partitioned_dict_job_is_what_tensorflow_accepts(workdi
 
 def test_custom_loss_gets_whole_dicts_keyed_differently_from_labels():
     """RetinaNet-style: outputs {cls_logits, box_regression} against labels {cls_targets, box_targets}."""
-    from tpulaunch.engine.estimator.model_fn import Head, compute_loss
+    from tpulaunch.engine.estimator.standalone import compute_loss
     from tpulaunch.models.retinanet import loss as retinanet_loss
 
     labels = {"cls_targets": tf.constant([[1, 0, -1, 0]], tf.int32), "box_targets": tf.zeros([1, 4, 4])}
     outputs = {"cls_logits": tf.zeros([1, 4, 3]), "box_regression": tf.zeros([1, 4, 4])}
-    total = compute_loss(Head("custom", "shapes", True), labels, outputs, retinanet_loss)
+    total = compute_loss("tpulaunch.models.retinanet:loss", labels, outputs, {}, custom_loss=retinanet_loss)
     assert float(total) == pytest.approx(float(retinanet_loss(labels, outputs)))
     assert float(total) > 0

@@ -173,5 +173,6 @@ def test_model_that_does_not_fit_the_labels_is_located_at_the_builder(tmp_path):
     assert [(p.severity, p.path, p.line, p.code) for p in problems] == [
         ("error", "model.builder", 3, "tensorflow-rejected"), ("error", "model.builder", 3, "tensorflow-rejected")]
     assert problems[0].message.startswith(
-        "the model_fn failed while TensorFlow built the train graph for v3-8: ValueError: ")
+        "the model_fn failed while TensorFlow built the train graph for v3-8: loss 'sparse_categorical_crossentropy' "
+        "cannot score label 'mask' (int64 [] per example) against the model's output (float32 [8, 8, 2] per example): ")
     assert [(info["accepted"], info["model"]) for info in built.values()] == [(False, "job"), (False, "job")]

@@ -164,7 +164,8 @@ def test_a_builder_that_cannot_download_its_weights_is_a_located_validate_error(
 
     result = CliRunner().invoke(cli, ["train", str(job)])
     assert result.exit_code == 1
-    assert "error: weight_models:pretrained downloads https://weights.invalid/classifier.h5" in result.output
+    assert ("error: model.builder: building the train graph: weight_models:pretrained downloads "
+            "https://weights.invalid/classifier.h5") in result.output
     assert "unexpected" not in result.output
 
 

@@ -44,11 +44,8 @@ def model_problems(loaded: LoadedJob, search_path: Sequence[str] = ()) -> list:
         importable(("model", "model_fn"), model.model_fn, "model_fn")
         return problems
     builder = importable(("model", "builder"), model.builder, "model builder")
-    if ":" in model.loss:
-        importable(("model", "loss"), model.loss, "loss")
-    for i, metric in enumerate(model.metrics):
-        if ":" in metric:
-            importable(("model", "metrics", i), metric, "metric")
+    for key, path in model.function_paths():
+        importable(key, path, "loss" if key[1] == "loss" else "metric")
     if ":" in model.optimizer.name:
         importable(("model", "optimizer", "name"), model.optimizer.name, "optimizer")
     if builder is None:

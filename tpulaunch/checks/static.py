@@ -284,11 +284,13 @@ STATIC_RULES = (check_slice, check_batches, check_partition, check_static_shapes
 
 def static_problems(loaded: LoadedJob) -> list:
     """Every rule that needs neither TensorFlow nor the network."""
+    from tpulaunch.checks.heads import head_problems
     from tpulaunch.checks.paths import path_form_problems
 
     problems = []
     for rule in STATIC_RULES:
         problems.extend(rule(loaded))
+    problems.extend(head_problems(loaded))
     if loaded.usable("data", "tpu", "run"):
         problems.extend(path_form_problems(loaded))
     return problems

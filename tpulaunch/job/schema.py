@@ -88,6 +88,21 @@ LOSSES = ("sparse_categorical_crossentropy", "categorical_crossentropy", "binary
 METRICS = ("accuracy", "mean_iou", "auc", "precision", "recall", "mean_squared_error", "mean_absolute_error")
 
 
+CLASSIFICATION_LOSSES = ("sparse_categorical_crossentropy", "categorical_crossentropy", "binary_crossentropy")
+# Which metrics fit which losses (standalone.metric_fits applies the same rule in the model_fn):
+# class metrics need a crossentropy loss, value metrics a regression loss; an import-path loss fits both.
+CLASSIFICATION_METRICS = ("accuracy", "mean_iou", "auc", "precision", "recall")
+REGRESSION_METRICS = ("mean_squared_error", "mean_absolute_error")
+
+
+def metric_fits_loss(metric: str, loss: str) -> bool:
+    if ":" in metric or ":" in loss:
+        return True
+    if metric in CLASSIFICATION_METRICS:
+        return loss in CLASSIFICATION_LOSSES
+    return loss not in CLASSIFICATION_LOSSES
+
+
 def _check_metric(value: str) -> str:
     if ":" in value:
         return check_import_path(value)
@@ -96,13 +111,45 @@ def _check_metric(value: str) -> str:
     return value
 
 
+def _check_loss(value: str) -> str:
+    if ":" in value:
+        return check_import_path(value)
+    if value not in LOSSES:
+        raise ValueError(f"unknown loss {value!r}")
+    return value
+
+
+LossName = Annotated[str, AfterValidator(_check_loss)]
+MetricNames = List[Annotated[str, AfterValidator(_check_metric)]]
+
+
+def _per_label_form(value) -> str:
+    return "per-label" if isinstance(value, dict) else "one-for-all"
+
+
+# One branch per form, so a mistake is reported once, against the form written (tags with '-' are
+# skipped in error locations).
+LossOrPerLabel = Annotated[
+    Union[Annotated[LossName, Tag("one-for-all")], Annotated[Dict[str, LossName], Tag("per-label")]],
+    Discriminator(_per_label_form)]
+MetricsOrPerLabel = Annotated[
+    Union[Annotated[MetricNames, Tag("one-for-all")], Annotated[Dict[str, MetricNames], Tag("per-label")]],
+    Discriminator(_per_label_form)]
+
+
 class Model(Strict):
     builder: Optional[str] = Field(None, description="module:function returning an inference-only tf.keras.Model")
     params: Dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the builder; with model_fn: "
                                    "extra keys of the params dict TPUEstimator hands to model_fn and input_fn")
-    loss: str = Field("sparse_categorical_crossentropy", description=f"one of {', '.join(LOSSES)}, or 'pkg.mod:fn(labels, outputs) -> scalar'")
+    loss: LossOrPerLabel = Field(
+        "sparse_categorical_crossentropy",
+        description=f"one of {', '.join(LOSSES)}, or 'pkg.mod:fn(labels, outputs) -> scalar' (it gets all labels and "
+                    "outputs); or a mapping label -> loss, one per label")
     optimizer: Optimizer = Field(default_factory=Optimizer)
-    metrics: List[Annotated[str, AfterValidator(_check_metric)]] = Field(default_factory=list, description=f"any of {', '.join(METRICS)}, or import paths")
+    metrics: MetricsOrPerLabel = Field(
+        default_factory=list,
+        description=f"any of {', '.join(METRICS)}, or import paths: a list (each applied to every label whose loss it "
+                    "fits), or a mapping label -> list")
     precision: Literal["float32", "bfloat16", "mixed_float16"] = "float32"
     model_fn: Optional[str] = Field(None, description="escape hatch: an existing TPUEstimator model_fn, 'pkg.mod:fn'")
 
@@ -113,14 +160,22 @@ class Model(Strict):
     def _optimizer_shorthand(cls, value):
         return {"name": value} if isinstance(value, str) else value
 
-    @field_validator("loss")
-    @classmethod
-    def _known_loss(cls, value: str):
-        if ":" in value:
-            return check_import_path(value)
-        if value not in LOSSES:
-            raise ValueError(f"unknown loss {value!r}")
-        return value
+    def losses_by_label(self, labels) -> Dict[str, str]:
+        """Each label's loss name, for the labels `labels` names."""
+        if isinstance(self.loss, dict):
+            return {name: self.loss[name] for name in labels if name in self.loss}
+        return {name: self.loss for name in labels}
+
+    def function_paths(self) -> List[tuple]:
+        """(job key, import path) for each loss and metric given as an import path, in file order."""
+        losses = self.loss.items() if isinstance(self.loss, dict) else [(None, self.loss)]
+        paths = [(("model", "loss") + ((label,) if label is not None else ()), name)
+                 for label, name in losses if ":" in name]
+        metrics = self.metrics.items() if isinstance(self.metrics, dict) else [(None, self.metrics)]
+        for label, names in metrics:
+            key = ("model", "metrics") + ((label,) if label is not None else ())
+            paths += [(key + (i,), name) for i, name in enumerate(names) if ":" in name]
+        return paths
 
     @model_validator(mode="after")
     def _builder_or_model_fn(self):

@@ -11,6 +11,7 @@ is reported at the job key its code comes from, with TensorFlow's (or the user's
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 from dataclasses import dataclass, field
 from typing import Optional
@@ -21,7 +22,8 @@ STANDALONE = "standalone.py"
 
 # Which job key a failure inside standalone.py's model_fn belongs to, by the function it failed in.
 _KEY_OF_FUNCTION = {
-    "compute_loss": ("model", "loss"), "_single_loss": ("model", "loss"), "head_for": ("model", "loss"),
+    "compute_loss": ("model", "loss"), "_single_loss": ("model", "loss"), "_label_loss": ("model", "loss"),
+    "head_for": ("model", "loss"), "metrics_by_label": ("model", "metrics"),
     "metric_fn": ("model", "metrics"), "_one_metric": ("model", "metrics"), "_classes": ("model", "metrics"),
     "_values_like_labels": ("model", "metrics"),
     "factory": ("model", "optimizer"), "optimizer_factory": ("model", "optimizer"),
@@ -29,6 +31,40 @@ _KEY_OF_FUNCTION = {
 # ... and, in model_fn itself, by the line it failed on.
 _KEY_OF_LINE = (("builder(", ("model", "builder")), ("model(features", ("data", "features")),
                 ("minimize(", ("model", "optimizer")), ("make_optimizer(", ("model", "optimizer")))
+
+
+class BuildError(TpuLaunchError):
+    """The job's model_fn failed to build a graph (at `train` as at `validate`): `key` is the job key the
+    failing code comes from, `detail` the message (TensorFlow's, the job's code's or tpulaunch's)."""
+
+    def __init__(self, key: tuple, mode: str, detail: str, hint: Optional[str], code: Optional[str] = None):
+        super().__init__(f"{'.'.join(map(str, key))}: building the {mode} graph: {detail}", hint=hint, code=code)
+        self.key = key
+        self.detail = detail
+
+
+@contextlib.contextmanager
+def build_errors(job, mode: str, stage: tuple = ("model", "builder")):
+    """Any failure of the model_fn tpulaunch makes around the job's builder (or of its metric_fn: `stage`
+    ("model", "metrics")) as a BuildError at the job key its code comes from."""
+    try:
+        yield
+    except BuildError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (the user's code, Keras or TensorFlow: located, never "unexpected")
+        key, detail, hint = _blame(exc, stage, job)
+        code = exc.code if isinstance(exc, TpuLaunchError) else None
+        raise BuildError(key, {"infer": "predict"}.get(mode, mode), detail, hint, code) from exc
+
+
+def located_metric_fn(job, metric_fn):
+    """`metric_fn` whose failures (TPUEstimator calls it while building the eval graph) are BuildErrors."""
+
+    def job_metric_fn(**tensors):
+        with build_errors(job, "eval", ("model", "metrics")):
+            return metric_fn(**tensors)
+
+    return job_metric_fn
 
 
 @dataclass
@@ -93,15 +129,17 @@ def _build(job, plan, mode: str) -> ModeBuild:
 
 
 def _call_model_fn(model_fn, features, labels, mode, params, config):
-    """Call a model_fn as TPUEstimator does: `labels`, `mode`, `params` and `config` only when it names them."""
-    import inspect
+    """`model_fn` called as TPUEstimator calls it: labels, mode and config only if it takes them, params always."""
+    from tensorflow.python.util import function_utils  # TPUEstimator's own reading of a model_fn's arguments
 
-    try:
-        names = set(inspect.signature(model_fn).parameters)
-    except (TypeError, ValueError):
-        names = {"labels", "mode", "params", "config"}
-    offered = {"labels": labels, "mode": mode, "params": params, "config": config}
-    return model_fn(features, **{name: value for name, value in offered.items() if name in names})
+    accepted = function_utils.fn_args(model_fn)
+    if "labels" not in accepted and labels is not None:  # TPUEstimator's words, here and below
+        raise ValueError("model_fn does not take labels, but input_fn returns labels.")
+    if "params" not in accepted:
+        raise ValueError(f"model_fn ({model_fn}) does not include params argument, required by TPUEstimator to pass "
+                         "batch size as params['batch_size']")
+    given = {"labels": labels, "mode": mode, "params": params, "config": config}
+    return model_fn(features=features, **{name: value for name, value in given.items() if name in accepted})
 
 
 def _user_params(job) -> dict:
@@ -152,8 +190,14 @@ def _describe(value) -> dict:
 
 def _blame(exc: BaseException, stage: tuple, job) -> tuple:
     """(job key, message, hint) for a failure while building: the key of the code it failed in."""
+    from tpulaunch.engine.estimator.standalone import SpecError
+
+    if isinstance(exc, BuildError):
+        return exc.key, exc.detail, exc.hint
     if isinstance(exc, TpuLaunchError):
-        return _key_in_trace(exc, stage, job), exc.message, exc.hint
+        return _named_key(exc) or _key_in_trace(exc, stage, job), exc.message, exc.hint
+    if isinstance(exc, SpecError):
+        return exc.key or _key_in_trace(exc, stage, job), str(exc), exc.hint or None
     message = f"{type(exc).__name__}: {first_line(exc)}"
     key = _key_in_trace(exc, stage, job)
     hints = {("model", "loss"): "the loss must take the labels as declared and the model's outputs",
@@ -168,6 +212,15 @@ def _blame(exc: BaseException, stage: tuple, job) -> tuple:
     return key, message, hints.get(key)
 
 
+def _named_key(exc: BaseException) -> tuple:
+    """The job key a standalone.SpecError names (plain.spec_errors re-raises it, so it is the context)."""
+    while exc is not None:
+        if getattr(exc, "key", None):
+            return tuple(exc.key)
+        exc = exc.__context__
+    return ()
+
+
 def _key_in_trace(exc: BaseException, stage: tuple, job) -> tuple:
     if stage in (("data", "input_fn"), ("model", "model_fn"), ("data", "features")):
         return stage
@@ -180,7 +233,8 @@ def _key_in_trace(exc: BaseException, stage: tuple, job) -> tuple:
             for text, key in _KEY_OF_LINE:
                 if text in (frame.line or ""):
                     return key
-    if stage == ("model", "builder") and ":" in job.model.loss and any(f.name == "_single_loss" for f in inside):
+    whole_loss = isinstance(job.model.loss, str) and ":" in job.model.loss
+    if stage == ("model", "builder") and whole_loss and any(f.name == "_single_loss" for f in inside):
         return ("model", "loss")
     return stage
 

@@ -47,9 +47,7 @@ def job_import_paths(model: Model, data: Data) -> List[Tuple[Tuple, str]]:
     for key in ("builder", "model_fn"):
         if getattr(model, key):
             paths.append((("model", key), getattr(model, key)))
-    if ":" in model.loss:
-        paths.append((("model", "loss"), model.loss))
-    paths += [(("model", "metrics", i), name) for i, name in enumerate(model.metrics) if ":" in name]
+    paths += model.function_paths()
     if ":" in model.optimizer.name:
         paths.append((("model", "optimizer", "name"), model.optimizer.name))
     if isinstance(data.input_fn, str):

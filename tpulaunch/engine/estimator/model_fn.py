@@ -13,18 +13,22 @@ from typing import Any, Callable, Sequence
 import tensorflow as tf
 
 from tpulaunch.engine.estimator import standalone
-from tpulaunch.engine.estimator.plain import model_settings, optimizer_settings, spec_errors
-from tpulaunch.engine.estimator.standalone import Head, compute_loss  # noqa: F401  (the loss, for callers and tests)
+from tpulaunch.engine.estimator.build import build_errors, located_metric_fn
+from tpulaunch.engine.estimator.plain import model_settings, optimizer_settings
 from tpulaunch.engine.estimator.flags import apply_flags
 from tpulaunch.engine.estimator.weights import download_error, download_failure
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.builder_args import builder_kwargs
 from tpulaunch.job.imports import resolve
-from tpulaunch.job.schema import OPTIMIZERS, Job
+from tpulaunch.job.schema import CLASSIFICATION_LOSSES, CLASSIFICATION_METRICS, OPTIMIZERS, REGRESSION_METRICS, Job
 
 ModelFn = Callable[..., Any]
 
+# standalone.py keeps its own copy of these facts (it imports nothing of tpulaunch); the static checks read the schema's.
 assert set(standalone.V1_OPTIMIZERS) == set(OPTIMIZERS)
+assert set(standalone._CROSSENTROPY) == set(CLASSIFICATION_LOSSES)
+assert standalone.CLASSIFICATION_METRICS == CLASSIFICATION_METRICS
+assert standalone.REGRESSION_METRICS == REGRESSION_METRICS
 
 
 # ------------------------------------------------------------------------------------------ precision
@@ -122,16 +126,24 @@ def make_model_fn(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -
             raise TpuLaunchError(f"model builder {spec.builder!r} returned {type(model).__name__}, not a tf.keras.Model")
         return model
 
-    custom_loss = resolve(spec.loss, search_path=search_path, what="loss") if ":" in spec.loss else None
-    custom_metrics = {name: resolve(name, search_path=search_path, what="metric") for name in spec.metrics if ":" in name}
+    functions = {(key[1], path): resolve(path, search_path=search_path,
+                                         what="loss" if key[1] == "loss" else "metric")
+                 for key, path in spec.function_paths()}
+    custom_losses = {path: fn for (kind, path), fn in functions.items() if kind == "loss"}
+    custom_metrics = {path: fn for (kind, path), fn in functions.items() if kind == "metrics"}
+    whole_loss = custom_losses.get(spec.loss) if isinstance(spec.loss, str) else None  # gets all labels and outputs
     make_optimizer = make_optimizer_factory(job, search_path=search_path)
     model_fn = standalone.make_model_fn(
         checked_builder, kwargs, use_tpu=use_tpu,
         policy=apply_precision(spec.precision, use_tpu=use_tpu), make_optimizer=make_optimizer,
-        custom_loss=custom_loss, custom_metrics=custom_metrics, **model_settings(job))
+        custom_loss=whole_loss, custom_losses=custom_losses, custom_metrics=custom_metrics, **model_settings(job))
 
     def job_model_fn(features, labels, mode, params, config=None):
-        with spec_errors():
-            return model_fn(features, labels, mode, params, config)
+        with build_errors(job, mode):  # located at its job key, as validate reports it
+            estimator_spec = model_fn(features, labels, mode, params, config)
+        if estimator_spec.eval_metrics is not None:
+            metric_fn, tensors = estimator_spec.eval_metrics
+            estimator_spec = estimator_spec._replace(eval_metrics=(located_metric_fn(job, metric_fn), tensors))
+        return estimator_spec
 
     return job_model_fn

@@ -48,11 +48,14 @@ def optimizer_settings(job: Job) -> dict:
 def model_settings(job: Job) -> dict:
     """Keywords of `standalone.make_model_fn`, besides the builder, the callables, use_tpu and the policy.
 
-    The seed and the warm start are the run's: the builder's weights that start a fresh run are built
-    with the same seed, and leave the warm-started variables alone.
+    `labels` (the same value as make_input_fn's) names the model's heads, in declared order. The seed and
+    the warm start are the run's: the builder's weights that start a fresh run are built with the same
+    seed, and leave the warm-started variables alone.
     """
     spec = job.model
-    return {"loss": spec.loss, "metrics": list(spec.metrics), "learning_rate": spec.optimizer.learning_rate,
+    metrics = {k: list(v) for k, v in spec.metrics.items()} if isinstance(spec.metrics, dict) else list(spec.metrics)
+    return {"loss": dict(spec.loss) if isinstance(spec.loss, dict) else spec.loss, "metrics": metrics,
+            "labels": tensor_specs(job.data.labels), "learning_rate": spec.optimizer.learning_rate,
             "model_dir": job.run.model_dir, "summary_steps": job.run.log_every_steps or DEFAULT_SUMMARY_STEPS,
             "seed": job.run.seed, **warm_start_settings(job)}
 

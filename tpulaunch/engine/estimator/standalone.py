@@ -18,17 +18,19 @@ TPU needs:
 """
 
 import math
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 
 class SpecError(ValueError):
-    """Declared data or model settings that cannot work together; `hint` says what to change."""
+    """Declared data or model settings that cannot work together; `hint` says what to change, `key` (when
+    known) the job-file key it is about, e.g. ("model", "loss", "box")."""
 
-    def __init__(self, message: str, hint: str = ""):
+    def __init__(self, message: str, hint: str = "", key: Tuple = ()):
         super().__init__(message)
         self.hint = hint
+        self.key = tuple(key)
 
 
 class FilesError(ValueError):
@@ -343,7 +345,7 @@ def optimizer_factory(optimizer: str, learning_rate: float, optimizer_args: dict
     return factory
 
 
-# ----------------------------------------------------------------------------------------------- loss
+# ----------------------------------------------------------------------------------------------- heads
 
 _CROSSENTROPY = {
     "sparse_categorical_crossentropy": (tf.keras.losses.SparseCategoricalCrossentropy, "sparse"),
@@ -356,36 +358,138 @@ _REGRESSION = {
     "huber": tf.keras.losses.Huber,
 }
 
-
-def _outputs_are_probabilities(model) -> bool:
-    """Whether the model ends in softmax/sigmoid (so crossentropy must not apply it again)."""
-    last = model.layers[-1] if getattr(model, "layers", None) else None
-    if last is None:
-        return False
-    if isinstance(last, tf.keras.layers.Softmax):
-        return True
-    activation = getattr(last, "activation", None)
-    return getattr(activation, "__name__", "") in ("softmax", "sigmoid")
+# Which metrics fit which heads: class metrics need a crossentropy loss, value metrics a regression
+# loss; the job's own loss fits both (classes are then read from the shapes), the job's own metric every head.
+CLASSIFICATION_METRICS = ("accuracy", "mean_iou", "auc", "precision", "recall")
+REGRESSION_METRICS = ("mean_squared_error", "mean_absolute_error")
 
 
 class Head(NamedTuple):
-    """How outputs relate to labels: the loss, and what class predictions mean for the metrics."""
+    """One label and the model output scored against it: its loss, and what class predictions mean for the metrics."""
 
     loss_name: str
-    kind: Optional[str]  # "sparse" | "onehot" | "binary" for classification, None for regression
+    kind: Optional[str]  # "sparse" | "onehot" | "binary": classification; None: regression; "shapes": the job's own loss
     from_logits: bool
 
 
-def head_for(loss_name: str, model) -> Head:
+def head_for(loss_name: str, from_logits: bool) -> Head:
     if loss_name in _CROSSENTROPY:
-        return Head(loss_name, _CROSSENTROPY[loss_name][1], not _outputs_are_probabilities(model))
+        return Head(loss_name, _CROSSENTROPY[loss_name][1], from_logits)
     if loss_name in _REGRESSION:
         return Head(loss_name, None, False)
-    # An import-path loss: metrics infer classes from the shapes.
-    return Head(loss_name, "shapes", not _outputs_are_probabilities(model))
+    return Head(loss_name, "shapes", from_logits)  # an import-path loss: metrics infer classes from the shapes
 
 
-def _single_loss(head: Head, labels, outputs, custom: Optional[Callable]):
+def metric_fits(name: str, head: Head) -> bool:
+    if name in CLASSIFICATION_METRICS:
+        return head.kind is not None
+    if name in REGRESSION_METRICS:
+        return head.kind in (None, "shapes")
+    return True  # the job's own metric (an import path): every head
+
+
+# Ops that keep what a tensor means (probabilities stay probabilities).
+_SHAPE_OPS = ("Identity", "Cast", "Reshape", "Squeeze", "ExpandDims", "Transpose")
+
+
+def _layer_gives_probabilities(layer) -> bool:
+    if isinstance(layer, tf.keras.layers.Softmax):
+        return True
+    return getattr(getattr(layer, "activation", None), "__name__", "") in ("softmax", "sigmoid")
+
+
+def _tensor_is_probabilities(tensor) -> bool:
+    """Whether `tensor` comes out of a softmax or sigmoid (through casts and reshapes)."""
+    if hasattr(tensor, "_keras_logits"):  # Keras marks the outputs of its softmax and sigmoid activations
+        return True
+    try:
+        op = tensor.op
+    except AttributeError:  # an eager tensor has no producing op
+        return False
+    while op.type in _SHAPE_OPS and op.inputs:
+        op = op.inputs[0].op
+    return op.type in ("Softmax", "Sigmoid")
+
+
+def _output_layers(model, count: int) -> list:
+    """The layer producing each of the model's `count` (flattened) outputs, None where the model does not record it:
+    a functional model's output layers, a Sequential's last layer; a subclassed model's are unknown."""
+    if isinstance(model, tf.keras.Sequential) and model.layers and count == 1:
+        return [model.layers[-1]]
+    known = list(getattr(model, "outputs", None) or []) if getattr(model, "_is_graph_network", False) else []
+    if len(known) == count:
+        return [getattr(getattr(t, "_keras_history", None), "layer", None) for t in known]
+    return [None] * count
+
+
+def probabilities_of(model, outputs):
+    """For each output (same structure): whether it holds probabilities rather than logits, from the layer that
+    produces it, or else from the op that computes it (subclassed models, custom layers)."""
+    flat = tf.nest.flatten(outputs)
+    layers = _output_layers(model, len(flat))
+    return tf.nest.pack_sequence_as(
+        outputs, [_layer_gives_probabilities(layer) or _tensor_is_probabilities(t) for layer, t in zip(layers, flat)])
+
+
+def outputs_by_label(outputs, label_names: Sequence[str], output_names: Sequence[str] = ()) -> dict:
+    """The model's outputs keyed by the label each is scored against, in the order of `label_names`.
+
+    By name: dict outputs keyed like the labels; a list whose output layers are named like the labels
+    (a functional model's `output_names`). Else by order: a list pairs with the labels as declared,
+    a single tensor with the only label.
+    """
+    names = list(label_names)
+    if not names:
+        raise SpecError("the job declares no labels to score the model's outputs against",
+                        hint="declare data.labels, or give model.loss as an import path fn(labels, outputs)",
+                        key=("data", "labels"))
+    if isinstance(outputs, dict):
+        if set(outputs) != set(names):
+            raise SpecError(f"the model returns outputs {sorted(outputs)}, but data.labels declares {names}",
+                            hint="key the model's outputs by the names in data.labels (or rename the labels)",
+                            key=("data", "labels"))
+        return {n: outputs[n] for n in names}
+    flat = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    if len(flat) != len(names):
+        said = "one tensor" if len(flat) == 1 else f"{len(flat)} outputs"
+        raise SpecError(f"the model returns {said}, but data.labels declares {len(names)}: {names}",
+                        hint="return one output per label: a dict keyed by label, or a list in the order of data.labels",
+                        key=("data", "labels"))
+    given = list(output_names or ())
+    if len(flat) > 1 and len(given) == len(flat):
+        if set(given) == set(names):
+            return {n: flat[given.index(n)] for n in names}
+        if set(given) & set(names):
+            raise SpecError(f"the model's output layers are named {given}: some like the labels {names}, some not",
+                            hint="name every output layer like its label, or none of them (outputs then pair with "
+                                 "data.labels in declared order)", key=("data", "labels"))
+    return dict(zip(names, flat))
+
+
+def _losses_by_label(loss, names: Sequence[str]) -> Dict[str, str]:
+    return {n: loss[n] for n in names} if isinstance(loss, dict) else {n: loss for n in names}
+
+
+class Pair(NamedTuple):
+    """One label's tensor and the model output scored against it, with how they are scored."""
+
+    head: Head
+    labels: Any
+    outputs: Any
+
+
+def pair_heads(labels, outputs, probabilities, loss_names: Dict[str, str], output_names: Sequence[str]) -> dict:
+    """label -> Pair, in declared order (`loss_names`: each label's loss; `probabilities`: as `probabilities_of`)."""
+    names = list(loss_names)
+    by_label = labels if isinstance(labels, dict) else dict(zip(names, [labels]))
+    paired = outputs_by_label(outputs, names, output_names)
+    is_probability = outputs_by_label(probabilities, names, output_names)
+    return {n: Pair(head_for(loss_names[n], not is_probability[n]), by_label[n], paired[n]) for n in names}
+
+
+# ----------------------------------------------------------------------------------------------- loss
+
+def _single_loss(head: Optional[Head], labels, outputs, custom: Optional[Callable]):
     if custom is not None:
         value = custom(labels, outputs)
     elif head.loss_name in _CROSSENTROPY:
@@ -397,33 +501,44 @@ def _single_loss(head: Head, labels, outputs, custom: Optional[Callable]):
     return tf.reduce_mean(tf.cast(value, tf.float32))
 
 
-def compute_loss(head: Head, labels, outputs, custom: Optional[Callable] = None):
+def _label_loss(name: str, head: Head, labels, outputs, custom: Optional[Callable], key: tuple):
+    try:
+        return _single_loss(head, labels, outputs, custom)
+    except ValueError as exc:  # the loss's own shape checks, at graph building
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SpecError(
+            f"loss {head.loss_name!r} cannot score label {name!r} ({_per_example(labels)}) against the model's "
+            f"output ({_per_example(outputs)}): {detail}",
+            hint="declare the label's shape and dtype as the loss needs them against this output (sparse "
+                 "crossentropy: class ids, one fewer axis than the output), or give that label a loss that fits "
+                 "(model.loss: {label: loss})", key=key) from exc
+
+
+def _per_example(tensor) -> str:
+    return f"{tensor.dtype.name} {tensor.shape.as_list()[1:]} per example"
+
+
+def compute_loss(loss, labels, outputs, pairs: Dict[str, Pair], *, custom_loss: Optional[Callable] = None,
+                 custom_losses: Optional[Dict[str, Callable]] = None):
     """The scalar float32 loss.
 
-    A custom loss is called once with the whole labels and outputs, dicts included: it defines how
-    its heads pair up (RetinaNet's {cls_targets, box_targets} against {cls_logits, box_regression}).
-    A named loss needs dict outputs keyed like dict labels, and the per-key losses are summed.
+    An import-path `loss` (a string, its function `custom_loss`) is called once with the whole labels
+    and outputs, dicts included: it defines how its heads pair up (RetinaNet's {cls_targets,
+    box_targets} against {cls_logits, box_regression}). Otherwise each label's loss (one for all, or
+    per label when `loss` is a mapping) scores its Pair, and the losses are summed.
     """
-    if custom is not None:
-        return _single_loss(head, labels, outputs, custom)
-    if isinstance(labels, dict) != isinstance(outputs, dict):
-        raise SpecError(
-            f"the model returns {_describe(outputs)} but the job declares {_describe(labels)} as labels",
-            hint="return a dict of outputs keyed like data.labels, or give model.loss as an import path fn(labels, outputs)")
-    if isinstance(labels, dict):
-        if sorted(labels) != sorted(outputs):
-            raise SpecError(f"the model's outputs {sorted(outputs)} do not match the labels {sorted(labels)}",
-                            hint="key the model's outputs by the names in data.labels")
-        return tf.add_n([_single_loss(head, labels[k], outputs[k], custom) for k in sorted(labels)])
-    return _single_loss(head, labels, outputs, custom)
-
-
-def _describe(value) -> str:
-    if value is None:
-        return "no tensor"
-    if isinstance(value, dict):
-        return f"a dict {sorted(value)}"
-    return "one tensor"
+    if not isinstance(loss, dict) and custom_loss is not None:
+        return _single_loss(None, labels, outputs, custom_loss)
+    total = []
+    for name, pair in pairs.items():
+        loss_name = pair.head.loss_name
+        custom = (custom_losses or {}).get(loss_name)
+        if ":" in loss_name and custom is None:
+            raise SpecError(f"loss {loss_name!r} for label {name!r} was not given as a function",
+                            hint="pass it in custom_losses", key=("model", "loss", name))
+        key = ("model", "loss", name) if isinstance(loss, dict) else ("model", "loss")
+        total.append(_label_loss(name, pair.head, pair.labels, pair.outputs, custom, key))
+    return tf.add_n(total)
 
 
 # -------------------------------------------------------------------------------------------- metrics
@@ -485,30 +600,49 @@ def _one_metric(name: str, head: Head, labels, outputs, custom: Optional[Callabl
     raise SpecError(f"unknown metric {name!r}", hint="use a metric name model.metrics accepts, or an import path")
 
 
-def make_metric_fn(head: Head, metric_names: Sequence[str], custom_metrics: Dict[str, Callable]):
-    """`metric_fn(**tensors)` for `eval_metrics`; tensors are flat: 'label' / 'label/<k>', 'output' / 'output/<k>'."""
+def metrics_by_label(metrics, heads: Dict[str, Head]) -> Dict[str, List[str]]:
+    """The metrics each label gets: a list applies each metric to every head it fits (one that fits none
+    is an error); a mapping names them per label."""
+    if isinstance(metrics, dict):
+        return {name: list(metrics.get(name, ())) for name in heads}
+    chosen: Dict[str, List[str]] = {name: [] for name in heads}
+    for i, metric in enumerate(metrics):
+        fitting = [name for name, head in heads.items() if metric_fits(metric, head)]
+        if not fitting:
+            losses = ", ".join(f"{name}: {head.loss_name}" for name, head in heads.items())
+            raise SpecError(f"metric {metric!r} fits none of the model's heads ({losses})",
+                            hint="remove it, or give metrics per label (model.metrics: {label: [...]})",
+                            key=("model", "metrics", i))
+        for name in fitting:
+            chosen[name].append(metric)
+    return chosen
+
+
+def make_metric_fn(heads: Dict[str, Head], chosen: Dict[str, List[str]], custom_metrics: Dict[str, Callable]):
+    """`metric_fn(**tensors)` for `eval_metrics`; tensors are flat: 'label/<label>' and 'output/<label>'.
+
+    Results are named by metric, and by '<label>/<metric>' when the model has several heads.
+    """
 
     def metric_fn(**tensors):
-        labels = _unflatten(tensors, "label")
-        outputs = _unflatten(tensors, "output")
         results = {}
-        for name in metric_names:
-            custom = custom_metrics.get(name)
-            key = custom.__name__ if custom is not None else name
-            if isinstance(labels, dict):
-                for k in sorted(labels):
-                    results[f"{k}/{key}"] = _one_metric(name, head, labels[k], outputs[k], custom)
-            else:
-                results[key] = _one_metric(name, head, labels, outputs, custom)
+        for label, names in chosen.items():
+            for name in names:
+                custom = custom_metrics.get(name)
+                key = custom.__name__ if custom is not None else name
+                value = _one_metric(name, heads[label], tensors[f"label/{label}"], tensors[f"output/{label}"], custom)
+                results[f"{label}/{key}" if len(heads) > 1 else key] = value
         return results
 
     return metric_fn
 
 
-def _flatten(prefix: str, value) -> dict:
-    if isinstance(value, dict):
-        return {f"{prefix}/{k}": _tpu_friendly(v) for k, v in value.items()}
-    return {prefix: _tpu_friendly(value)}
+def _metric_tensors(pairs: Dict[str, Pair]) -> dict:
+    tensors = {}
+    for name, pair in pairs.items():
+        tensors[f"label/{name}"] = _tpu_friendly(pair.labels)
+        tensors[f"output/{name}"] = _tpu_friendly(pair.outputs)
+    return tensors
 
 
 def _tpu_friendly(tensor):
@@ -516,17 +650,24 @@ def _tpu_friendly(tensor):
     return tf.cast(tensor, tf.int32) if tensor.dtype == tf.int64 else tensor
 
 
-def _unflatten(tensors: dict, prefix: str):
-    if prefix in tensors:
-        return tensors[prefix]
-    return {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + "/")}
+def _predictions(outputs, label_names: Sequence[str], output_names: Sequence[str]) -> dict:
+    """PREDICT's (and export's) outputs by name: a dict as is, one tensor as 'outputs', a list by label."""
+    if isinstance(outputs, dict):
+        return outputs
+    if not isinstance(outputs, (list, tuple)):
+        return {"outputs": outputs}
+    try:
+        return outputs_by_label(outputs, label_names, output_names)
+    except SpecError:
+        return {f"output_{i}": t for i, t in enumerate(outputs)}
 
 
 # ------------------------------------------------------------------------------------------- model_fn
 
-def make_model_fn(builder: Callable, builder_kwargs: dict, *, use_tpu: bool, policy: str, loss: str,
-                  metrics: Sequence[str], make_optimizer: Callable, learning_rate: float, model_dir: str,
-                  summary_steps: int, custom_loss: Optional[Callable] = None,
+def make_model_fn(builder: Callable, builder_kwargs: dict, *, use_tpu: bool, policy: str, loss, metrics,
+                  make_optimizer: Callable, learning_rate: float, model_dir: str, summary_steps: int,
+                  labels: Optional[Dict[str, dict]] = None, custom_loss: Optional[Callable] = None,
+                  custom_losses: Optional[Dict[str, Callable]] = None,
                   custom_metrics: Optional[Dict[str, Callable]] = None, seed: Optional[int] = None,
                   warm_start_from: Optional[str] = None, warm_start_vars: str = ".*") -> Callable:
     """The TPUEstimator model_fn around a Keras builder: `model_fn(features, labels, mode, params, config=None)`.
@@ -540,16 +681,27 @@ def make_model_fn(builder: Callable, builder_kwargs: dict, *, use_tpu: bool, pol
     to TensorBoard every `summary_steps` steps through `host_call`. A fresh run starts from the values
     the builder gives its model, weights it loaded included (see `builder_weights_scaffold_fn`).
 
+    A model with several outputs has one head per label: its outputs pair with the labels by name
+    (dict keys, or output layers named like the labels) or by order (a list, labels as declared),
+    and each head's from_logits comes from the layer or op producing its output.
+
     Args:
         builder: returns the (inference-only) tf.keras.Model, called as `builder(**builder_kwargs)`.
         use_tpu: build for a TPU (CrossShardOptimizer) or for CPU/GPU.
         policy: the Keras precision policy in effect (see `policy_name`).
-        loss: a Keras loss name, or any name when `custom_loss` is given.
-        metrics: metric names; those in `custom_metrics` are the job's own functions.
+        loss: a Keras loss name or an import path for all labels (an import path then gets the whole
+            labels and outputs, as `custom_loss`), or a mapping label -> name or import path.
+        metrics: metric names or import paths: a list (each applied to the heads it fits) or a mapping
+            label -> list; import paths are the job's own functions, in `custom_metrics`.
+        labels: the label specs (as for make_input_fn), in declared order: the heads' names.
+        custom_losses: the functions of import-path losses in a `loss` mapping, by import path.
         model_dir: where summaries go when RunConfig has none.
         seed, warm_start_from, warm_start_vars: as given to `run_config` and `tpu_estimator`.
     """
+    label_names = list(labels or {})
+    custom_losses = dict(custom_losses or {})
     custom_metrics = dict(custom_metrics or {})
+    loss_names = _losses_by_label(loss, label_names)
 
     def model_fn(features, labels, mode, params, config=None):
         del params  # batch size and context come from TPUEstimator; the model needs neither
@@ -559,23 +711,29 @@ def make_model_fn(builder: Callable, builder_kwargs: dict, *, use_tpu: bool, pol
         with tf.init_scope():
             model = builder(**builder_kwargs)
         outputs = model(features, training=training)
+        probabilities = probabilities_of(model, outputs)  # read before the cast hides the softmax
         outputs = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), outputs)
+        output_names = list(getattr(model, "output_names", None) or ())
 
         if mode == tf.estimator.ModeKeys.PREDICT:
-            predictions = outputs if isinstance(outputs, dict) else {"outputs": outputs}
+            predictions = _predictions(outputs, label_names, output_names)
             return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(mode, predictions=predictions)
 
-        head = head_for(loss, model)
-        total = compute_loss(head, labels, outputs, custom_loss)
+        # Outputs pair with labels for a loss per label and for metrics; the job's loss for all labels pairs its own.
+        whole_loss = custom_loss if not isinstance(loss, dict) else None
+        pairs = pair_heads(labels, outputs, probabilities, loss_names, output_names) if (
+            whole_loss is None or any(metrics)) else {}
+        total = compute_loss(loss, labels, outputs, pairs, custom_loss=whole_loss, custom_losses=custom_losses)
         extra = model.get_losses_for(None) + model.get_losses_for(features)  # regularizers
         if extra:
             total = total + tf.add_n([tf.cast(t, tf.float32) for t in extra])
 
         if mode == tf.estimator.ModeKeys.EVAL:
             eval_metrics = None
-            if metrics:
-                tensors = {**_flatten("label", labels), **_flatten("output", outputs)}
-                eval_metrics = (make_metric_fn(head, metrics, custom_metrics), tensors)
+            heads = {name: pair.head for name, pair in pairs.items()}
+            chosen = metrics_by_label(metrics, heads) if metrics else {}
+            if any(chosen.values()):
+                eval_metrics = (make_metric_fn(heads, chosen, custom_metrics), _metric_tensors(pairs))
             return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(mode, loss=total, eval_metrics=eval_metrics)
 
         optimizer = make_optimizer()
@@ -617,8 +775,10 @@ def _summary_fn(model_dir: str, every_steps: int):
 
 # -------------------------------------------------------------------------------------------- weights
 
-def built_weights(builder: Callable, builder_kwargs: dict, seed: Optional[int]) -> list:
-    """The values the builder gives its model (loaded or freshly initialised), built in a scratch graph.
+def built_weights(builder: Callable, builder_kwargs: dict, seed: Optional[int]) -> Optional[list]:
+    """The values the builder gives its model (loaded or freshly initialised), built in a scratch graph;
+    None when the model has no weights until it is first called (subclassed, Sequential without an
+    Input): such a builder cannot have loaded any, so the run's own initializers stand.
 
     In graph mode Keras writes the values a builder loads (`model.load_weights(path)`, Keras
     Applications' `weights=`, `set_weights`) into a session of its own; here that is the scratch
@@ -627,7 +787,8 @@ def built_weights(builder: Callable, builder_kwargs: dict, seed: Optional[int]) 
     with tf.Graph().as_default() as graph, tf.compat.v1.Session(graph=graph):
         if seed is not None:
             tf.compat.v1.set_random_seed(seed)  # as RunConfig(tf_random_seed=) seeds the run's own graph
-        return builder(**builder_kwargs).get_weights()
+        model = builder(**builder_kwargs)
+        return model.get_weights() if model.built else None
 
 
 def builder_weights_scaffold_fn(builder: Callable, builder_kwargs: dict, model, *, seed: Optional[int],
@@ -650,6 +811,8 @@ def builder_weights_scaffold_fn(builder: Callable, builder_kwargs: dict, model, 
     def init_fn(scaffold, session):
         del scaffold
         values = built_weights(builder, builder_kwargs, seed)
+        if values is None:
+            return
         variables = model.weights
         differ = [(v.name, list(x.shape), v.shape.as_list()) for v, x in zip(variables, values)
                   if list(x.shape) != v.shape.as_list()]

@@ -126,6 +126,8 @@ class JobModelFn:
 
 
 def _describe(exc: BaseException) -> str:
+    if getattr(exc, "detail", None):  # build.BuildError: already says what failed, in validate's words
+        return exc.detail
     return f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
 
 
