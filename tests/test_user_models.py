@@ -185,3 +185,17 @@ def test_each_output_is_read_as_probabilities_or_logits_from_what_produces_it(pr
         model = build(**params)
         outputs = model(tf.zeros([2, 8, 8, 1]), training=False)
         assert probabilities_of(model, outputs) == expected
+
+
+def test_the_explained_program_of_per_label_import_path_losses_and_metrics_runs(project):
+    """explain imports each loss and metric the job gives as an import path, per label too, as the engine does."""
+    from test_explain_own_code import explain, run
+
+    name = "two_outputs_dict_own_loss_and_metric"
+    path = write_job(project, name, JOBS[name][0])
+    program = explain(path)
+    text = Path(program).read_text()
+    assert "CUSTOM_LOSSES = {'two_outputs:box_distance': " in text
+    assert "CUSTOM_METRICS = {'two_outputs:box_error': " in text
+    printed = run(program, "train") + run(program, "evaluate")
+    assert "'box/box_error'" in printed and "'cls/accuracy'" in printed, printed[-2000:]

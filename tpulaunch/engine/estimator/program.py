@@ -131,14 +131,19 @@ def _own_code(job, at, search_path: Sequence[str]) -> list:
             lines += [f"# {at('model', 'optimizer', 'name')}", _import_line(spec.optimizer.name, "custom_optimizer")]
         else:
             lines.append("custom_optimizer = None  # OPTIMIZER names one of V1_OPTIMIZERS")
-        if ":" in spec.loss:
-            lines += [f"# {at('model', 'loss')}", _import_line(spec.loss, "custom_loss")]
-        else:
-            lines.append("custom_loss = None  # LOSS is a Keras loss name")
-        customs = [(i, m) for i, m in enumerate(spec.metrics) if ":" in m]
-        for i, metric in customs:
-            lines.append(_import_line(metric, f"custom_metric_{i}") + f"  # {at('model', 'metrics', i)}")
-        lines.append("CUSTOM_METRICS = {" + ", ".join(f"{m!r}: custom_metric_{i}" for i, m in customs) + "}")
+        # Losses and metrics given as import paths, per label too, keyed by their path as the engine keys them.
+        names: dict = {}
+        for key, path in spec.function_paths():
+            if path not in names:
+                names[path] = f"custom_{'loss' if key[1] == 'loss' else 'metric'}_{len(names)}"
+                lines.append(_import_line(path, names[path]) + f"  # {at(*key)}")
+        losses = {path: names[path] for key, path in spec.function_paths() if key[1] == "loss"}
+        metrics = {path: names[path] for key, path in spec.function_paths() if key[1] == "metrics"}
+        lines.append("CUSTOM_LOSSES = {" + ", ".join(f"{p!r}: {n}" for p, n in losses.items()) + "}")
+        lines.append("CUSTOM_METRICS = {" + ", ".join(f"{p!r}: {n}" for p, n in metrics.items()) + "}")
+        whole = losses.get(spec.loss) if isinstance(spec.loss, str) else None
+        lines.append(f"custom_loss = {whole}  # one import-path loss gets all labels and outputs" if whole else
+                     "custom_loss = None  # LOSS names Keras losses (per label when a mapping)")
     if job.data.input_fn:
         lines += _input_fn_lines(job.data, at)
     return lines + [""]
@@ -366,6 +371,7 @@ def _job_model_fn(optimizer: dict, model: dict) -> str:
     make_optimizer = {_call("optimizer_factory", [*_keywords(optimizer), "make=custom_optimizer"], 4)}
     return {_call("make_model_fn", ["build_model", "BUILDER_KWARGS", "use_tpu=USE_TPU", "policy=policy",
                                     "make_optimizer=make_optimizer", "custom_loss=custom_loss",
+                                    "custom_losses=CUSTOM_LOSSES",
                                     "custom_metrics=CUSTOM_METRICS", *_keywords(model)], 4)}'''
 
 
