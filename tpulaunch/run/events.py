@@ -287,6 +287,7 @@ class RunRecorder:
         self._input_wait = 0.0  # seconds the measured session runs waited for input ...
         self._input_timed = 0.0  # ... out of these seconds
         self._input_runs = 0
+        self._steady = [0, 0.0]  # steps and seconds of session runs after each session's first
         self.node_state: Optional[Tuple[str, float]] = None  # the TPU node's last reported state, and since when
         self.profile: Optional[str] = None  # where a profile of this run went
         self.stopped_by: Optional[str] = None  # what stopped training, once finished
@@ -341,10 +342,13 @@ class RunRecorder:
         previous_step, previous_time = self._last_update
         self._steps_run += max(0, step - previous_step)
         self._seconds += max(0.0, now - previous_time)
-        if input_wait is not None and not self._first_run:
-            self._input_wait += max(0.0, input_wait)
-            self._input_timed += max(0.0, now - previous_time)
-            self._input_runs += 1
+        if not self._first_run:
+            self._steady[0] += max(0, step - previous_step)
+            self._steady[1] += max(0.0, now - previous_time)
+            if input_wait is not None:
+                self._input_wait += max(0.0, input_wait)
+                self._input_timed += max(0.0, now - previous_time)
+                self._input_runs += 1
         self._first_run = False
         self._last_update = (max(step, previous_step), now)
         self.step = max(self.step, step)
@@ -380,6 +384,12 @@ class RunRecorder:
     def steps_per_sec(self) -> Optional[float]:
         """Steps per second over the time spent in training sessions so far; None before any."""
         return self._steps_run / self._seconds if self._seconds > 0 and self._steps_run else None
+
+    @property
+    def steady_steps_per_sec(self) -> Optional[float]:
+        """Steps per second leaving out each session's first run (start-up: filling buffers, compiling)."""
+        steps, seconds = self._steady
+        return steps / seconds if seconds > 0 and steps else None
 
     @property
     def input_share(self) -> Optional[float]:

@@ -22,14 +22,15 @@ RESTORE = "restore"
 FIRST_STEP = "first step"
 TRAINING = "training"
 CHECKPOINT = "checkpoint"
+CLOSE = "close the session"  # after the last step: the final checkpoint, TensorFlow's session close
 EVALUATION = "evaluation"
 EXPORT = "export"
-OTHER = "other"  # time no phase covers (between phases, closing sessions, writing the run record)
+OTHER = "other"  # time no phase covers (between phases, writing the run record)
 
 # How long a phase usually takes at most, in seconds: past this a run says it is still in it.
 # On a TPU, starting the TPU system and XLA's compile of the first step take minutes for big models.
 USUAL_S = {LOAD: 60.0, RESOLVE: 120.0, BUILD: 120.0, INITIALISE: 120.0, RESTORE: 120.0, FIRST_STEP: 120.0,
-           CHECKPOINT: 120.0, EVALUATION: 300.0, EXPORT: 300.0}
+           CHECKPOINT: 120.0, CLOSE: 120.0, EVALUATION: 300.0, EXPORT: 300.0}
 USUAL_ON_TPU_S = {**USUAL_S, INITIALISE: 300.0, RESTORE: 300.0, FIRST_STEP: 600.0}
 
 

@@ -7,13 +7,15 @@ the input pipeline with the step rate the last training run needed)::
      "outcome": "done", "start": "2025-01-01T10:00:00.000Z", "end": "...", "wall_s": 31.2,
      "steps": {"from": 0, "to": 300, "run": 300, "total": 300},
      "phases": {"check the job": 0.3, "load TensorFlow": 3.4, ..., "training": 21.9, "other": 0.2},
-     "steps_per_s": 13.7, "examples_per_s": 876.0, "batch_size": 64, "input_pipelines": 1,
+     "steps_per_s": 13.7, "examples_per_s": 876.0, "steady_examples_per_s": 912.3, "batch_size": 64,
+     "input_pipelines": 1,
      "goodput": 0.7, "input_wait_share": 0.03, "input_bound": false, "records_skipped": null,
      "events": [], "resumes": 0, "steps_lost": 0, "evals": [{"step": 300, "metrics": {...}}],
      "on_tpu": false, "profile": null, "versions": {"tpulaunch": "0.1.0", "tensorflow": "2.15.1"}}
 
 `phases` are the recorder's exclusive seconds per phase ("other": what no phase covered), so they add
-up to `wall_s`. Building the record is pure Python; the engine writes it (model_dir may be gs://).
+up to `wall_s`. `examples_per_s` counts all the time in training sessions (as the final line does);
+`steady_examples_per_s` leaves out each session's first step (start-up, XLA's compile). Building the record is pure Python; the engine writes it (model_dir may be gs://).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ def run_record(recorder: RunRecorder, *, command: str, outcome: str, job: Dict[s
     end = wall_clock()
     summary = recorder.summary()
     share = recorder.input_share
+    steady = recorder.steady_steps_per_sec
     steps = {"from": summary.start_step, "to": summary.final_step, "run": summary.steps_run,
              "total": summary.total_steps}
     if command == "evaluate" and summary.evals:  # the checkpoint's step
@@ -84,6 +87,7 @@ def run_record(recorder: RunRecorder, *, command: str, outcome: str, job: Dict[s
         "phases": {name: round(value, 3) for name, value in seconds.items()},
         "steps_per_s": _rounded(summary.steps_per_sec),
         "examples_per_s": _rounded(summary.examples_per_sec, 2),
+        "steady_examples_per_s": _rounded(steady * recorder.batch_size if steady else None, 2),
         "batch_size": recorder.batch_size,
         "input_pipelines": input_pipelines,
         "goodput": _rounded(summary.goodput),
@@ -131,9 +135,14 @@ def read_records(lines: Iterable[str]) -> list:
     return records
 
 
+def training_rate(record: dict) -> Optional[float]:
+    """Examples/s a train/resume record measured: its steady rate when known, else its overall one."""
+    return record.get("steady_examples_per_s") or record.get("examples_per_s") or None
+
+
 def last_training(records: list) -> Optional[dict]:
     """The newest train/resume record that measured a step rate, or None."""
     for record in reversed(records):
-        if record.get("command") in ("train", "resume") and record.get("examples_per_s"):
+        if record.get("command") in ("train", "resume") and training_rate(record):
             return record
     return None

@@ -7,11 +7,12 @@ from typing import List, Optional
 from tpulaunch.run.events import (INPUT_BOUND_SHARE, INPUT_MATTERS_SHARE, EvalResult, InputShare, NodeEvent, NodeReady,
                                   NodeWaiting, PhaseEnded, PhaseSlow, PhaseStarted, ProfileCaptured, StepProgress,
                                   TrainingStarted, TrainSummary)
-from tpulaunch.run.phases import CHECKPOINT, TRAINING
+from tpulaunch.run.phases import CHECKPOINT, CLOSE, TRAINING
 
 # Phases without start and end lines: their own lines (train | step..., checkpoint | step...) say
-# where the run is. They still count in the run record, and say so when they run far too long.
-QUIET_PHASES = (TRAINING, CHECKPOINT)
+# where the run is, or they are short and come after every session (closing it). They still count in
+# the run record, and say so when they run far too long.
+QUIET_PHASES = (TRAINING, CHECKPOINT, CLOSE)
 
 
 def format_duration(seconds: float) -> str:

@@ -29,7 +29,8 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
 
     The graph is built when `begin` runs: from there the session is restored (or initialised) until
     the first run is asked for, which is the first step (on a TPU: after the TPU system started, with
-    XLA's compile), and training from its end. The recorder's session begins with that first run.
+    XLA's compile), and training from its end until the session closes. The recorder's session begins
+    with that first run.
 
     `steps_per_run` is how far one session run moves the global step (iterations_per_loop on a TPU):
     the step fetched with a run may predate its update, so the exact step is read (one more tiny
@@ -87,6 +88,8 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         if opened:  # training, or the phase a session that stopped early was still in
             self._recorder.phase_ended(opened[0])
         self._recorder.session_ended()
+        # The last checkpoint and TensorFlow's session close follow (the runner's phase scope ends it).
+        self._recorder.phase_began(phases.CLOSE)
 
 
 _SESSION_PHASES = (phases.INITIALISE, phases.RESTORE, phases.FIRST_STEP, phases.TRAINING)
