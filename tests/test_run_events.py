@@ -221,7 +221,7 @@ def test_plain_lines_of_a_run_with_its_phases_from_the_first_moment():
         phase | evaluation | 2.0 s
         eval | step 4 | loss 0.5
         input | steps waited for input 50 % of 1.5 s of training | input-bound | may help: store data.features.image raw instead of PNG/JPEG
-        done | step 4/4 | 4 steps in 1395.0 s | 0.0 steps/s | 0.023 examples/s | loss 0.5 | checkpoint runs/cnn/model.ckpt-4 | goodput 0 %
+        done | step 4/4 | 4 steps in 1395.0 s | 0.0 steps/s | 0.023 examples/s | loss 0.5 | goodput 0 % | checkpoint runs/cnn/model.ckpt-4
         """)
     # Exclusive seconds: the checkpoints (1.0 s) are not initialisation or training.
     wall, seconds = recorder.phases.snapshot()

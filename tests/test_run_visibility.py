@@ -137,7 +137,7 @@ def test_a_train_record_holds_the_run(project, trained):
     assert sum(record["phases"].values()) == pytest.approx(record["wall_s"], abs=0.01)
     assert 0 < record["goodput"] == pytest.approx(record["phases"][phases.TRAINING] / record["wall_s"], abs=1e-3)
     (done,) = [line for line in trained["raw"].splitlines() if line.startswith("done |")]
-    shown = re.search(r" \| goodput (\d+) %$", done)  # as of the final line, a moment before the record
+    shown = re.search(r" \| loss [^|]+ \| goodput (\d+) % \| ", done)  # as of the final line, before the record
     assert shown and abs(int(shown.group(1)) - record["goodput"] * 100) <= 1, done
 
 

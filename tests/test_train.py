@@ -293,7 +293,8 @@ def test_sigint_during_the_final_evaluation_exits_130_and_says_how_to_evaluate(p
     evaluated = subprocess.run([sys.executable, "-m", *hinted, "--set", "eval.steps=2"], capture_output=True,
                                text=True, env=env, timeout=300)
     assert evaluated.returncode == 0, evaluated.stderr
-    assert re.fullmatch(r"eval \| step 4 \| accuracy [0-9.]+ \| loss [0-9.e-]+", evaluated.stdout.strip())
+    (scored,) = lines(evaluated.stdout, "eval |")
+    assert re.fullmatch(r"eval \| step 4 \| accuracy [0-9.]+ \| loss [0-9.e-]+", scored)
 
 
 def test_sigint_during_a_periodic_evaluation_stops_there_without_reporting_it(project, long_eval, tmp_path,

@@ -15,7 +15,8 @@ the input pipeline with the step rate the last training run needed)::
 
 `phases` are the recorder's exclusive seconds per phase ("other": what no phase covered), so they add
 up to `wall_s`. `examples_per_s` counts all the time in training sessions (as the final line does);
-`steady_examples_per_s` leaves out each session's first step (start-up, XLA's compile). Building the record is pure Python; the engine writes it (model_dir may be gs://).
+`steady_examples_per_s` leaves out each session's first step (start-up, XLA's compile). Building the
+record is pure Python; the engine writes it (model_dir may be gs://).
 """
 
 from __future__ import annotations

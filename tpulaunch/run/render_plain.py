@@ -11,8 +11,8 @@
 
 A train line is written at each log point (every `log_every_steps` and at the last step), not per step.
 Phases get a line as they begin and one with their duration as they end, from the first moment of a
-run (training and checkpoints excepted: their own lines say it); a phase far past its usual time
-says so; the input share comes before the final line, which gains the goodput::
+run (training, checkpoints and closing a session excepted); a phase far past its usual time says
+so; the input share comes before the final line, which gains the goodput (after the loss)::
 
     phase | check the job | 0.3 s
     phase | load TensorFlow

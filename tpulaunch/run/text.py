@@ -136,6 +136,8 @@ def summary_text(s: TrainSummary) -> str:
     examples = "-" if s.examples_per_sec is None else format_rate(s.examples_per_sec)
     parts = [f"{head} | step {s.final_step}/{s.total_steps}", f"{s.steps_run} steps in {s.seconds:.1f} s",
              f"{rate} steps/s", f"{examples} examples/s", f"loss {format_value(s.loss)}"]
+    if s.goodput is not None:
+        parts.append(f"goodput {format_share(s.goodput)}")
     if s.last_checkpoint:
         parts.append(f"checkpoint {s.last_checkpoint}")
     if s.events:
@@ -145,6 +147,4 @@ def summary_text(s: TrainSummary) -> str:
         parts.append(f"{s.steps_lost} steps lost")
     if s.records_skipped is not None:
         parts.append(skipped_text(s.records_skipped))
-    if s.goodput is not None:
-        parts.append(f"goodput {format_share(s.goodput)}")
     return " | ".join(parts)
