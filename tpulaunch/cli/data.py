@@ -177,9 +177,10 @@ def _print_bench(obj: Context, job, plan, result, comparison) -> None:
     def say(line: str) -> None:
         obj.out.print(line, highlight=False, markup=False, soft_wrap=True)
 
-    pipelines = f"{result.input_pipelines} input pipeline{'s' if result.input_pipelines != 1 else ''}"
-    say(f"data bench | {job.name} | train input as one of {pipelines} ({'TPU' if plan.on_tpu else 'this machine'}), "
-        f"batch {result.batch_size} | {result.batches} batches in {result.seconds:.1f} s")
+    target = f"TPU {job.tpu.type}" if plan.on_tpu else "this machine"
+    which = f"1 of {result.input_pipelines} input pipelines" if result.input_pipelines > 1 else "the input pipeline"
+    say(f"data bench | {job.name} | train input, {which} ({target}), batch {result.batch_size} | "
+        f"{result.batches} batches in {result.seconds:.1f} s")
     say(f"{format_rate(result.examples_per_s)} examples/s | {result.mb_per_s:.1f} MB/s of decoded batches")
     if comparison is None:
         say(f"no training recorded in {job.run.model_dir} to compare with: after `tpulaunch train`, this "
