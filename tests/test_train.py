@@ -238,6 +238,9 @@ def test_sigint_saves_a_checkpoint_and_the_rerun_finishes_exactly(project, tmp_p
     assert runner.checkpoint_step(str(tmp_path / "run")) == step
     (summary,) = lines(out, "stopped (SIGINT)")
     assert summary.startswith(f"stopped (SIGINT) | step {step}/1000000 | "), summary
+    # The run record says how it ended.
+    (record,) = [json.loads(line) for line in (tmp_path / "run" / "tpulaunch-runs.jsonl").read_text().splitlines()]
+    assert (record["outcome"], record["steps"]["to"]) == ("stopped (SIGINT)", step)
 
     target = step + 20
     rerun = subprocess.run([*command, "--set", f"train.steps={target}"], capture_output=True, text=True, env=env,

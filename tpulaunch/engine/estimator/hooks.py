@@ -16,7 +16,7 @@ from typing import Callable, Optional, Tuple
 
 import tensorflow as tf
 
-from tpulaunch.engine.estimator.input_wait import input_wait_tensor
+from tpulaunch.engine.estimator.input_wait import input_initializers, input_wait_tensor
 from tpulaunch.run import phases
 from tpulaunch.run.events import RunRecorder
 
@@ -25,7 +25,7 @@ _TPU_WORDS = re.compile(r"\btpu|socket|connection", re.IGNORECASE)
 
 class ProgressHook(tf.compat.v1.train.SessionRunHook):
     """Feeds a recorder the phases of a training session, and the global step, the loss and the wait
-    for input after each session run.
+    for input after each session run (starting the timed input's iterator with each session).
 
     The graph is built when `begin` runs: from there the session is restored (or initialised) until
     the first run is asked for, which is the first step (on a TPU: after the TPU system started, with
@@ -58,10 +58,14 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         wait = input_wait_tensor()
         if wait is not None:
             self._fetches["input_wait"] = wait
+        self._input_initializers = input_initializers()
         restoring = bool(self._model_dir and tf.train.latest_checkpoint(self._model_dir))
         self._recorder.phase_switch(phases.RESTORE if restoring else phases.INITIALISE)
 
     def after_create_session(self, session, coord):
+        # The timed input's iterator starts with each session (also one MonitoredSession recreates).
+        if self._input_initializers:
+            session.run(self._input_initializers)
         # Other hooks' after_create_session (TPU system start, the first checkpoint) still follow.
         self._start_step = int(session.run(self._global_step))
 

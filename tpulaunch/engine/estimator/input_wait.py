@@ -1,8 +1,9 @@
 """How long each training step waits for its input batch, measured inside the step's own graph (CPU/GPU).
 
 `timed_input_fn` wraps an input_fn whose result is a `tf.data.Dataset`: it makes the dataset's
-iterator itself (as the Estimator would: an initializable one, initialised with the session's local
-init op) and brackets `get_next()` with two `tf.timestamp()` ops, so the step reads
+iterator itself (as the Estimator would: an initializable one, which the progress hook initialises
+when a session is created, as the Estimator's own dataset hook does) and brackets `get_next()` with
+two `tf.timestamp()` ops, so the step reads
 
     t0 = timestamp()  ->  batch = get_next()  (after t0)  ->  t1 = timestamp()  (after the batch)
 
@@ -23,6 +24,7 @@ from typing import Callable
 import tensorflow as tf
 
 INPUT_WAIT = "tpulaunch_input_wait_seconds"
+INPUT_INITIALIZER = "tpulaunch_input_initializer"
 
 
 def timed_input_fn(input_fn: Callable) -> Callable:
@@ -33,9 +35,7 @@ def timed_input_fn(input_fn: Callable) -> Callable:
         if not isinstance(result, tf.data.Dataset):
             return result
         iterator = tf.compat.v1.data.make_initializable_iterator(result)
-        # The Scaffold's default local init op runs every table initializer: the iterator starts with the
-        # session (and again when MonitoredSession recreates one), as the Estimator's own iterator does.
-        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS, iterator.initializer)
+        tf.compat.v1.add_to_collection(INPUT_INITIALIZER, iterator.initializer)
         began = tf.timestamp(name="input_wait_began")
         with tf.control_dependencies([began]):
             batch = iterator.get_next()
@@ -51,3 +51,8 @@ def input_wait_tensor():
     """The current graph's input-wait scalar, or None when its input is not timed."""
     waits = tf.compat.v1.get_collection(INPUT_WAIT)
     return waits[-1] if waits else None
+
+
+def input_initializers() -> list:
+    """The ops that start the timed input's iterator: run them in each new session, before its first step."""
+    return tf.compat.v1.get_collection(INPUT_INITIALIZER)

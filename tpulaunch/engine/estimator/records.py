@@ -16,7 +16,8 @@ def append_record(model_dir: str, line: str) -> str:
     On gs:// TensorFlow's filesystem appends by rewriting the object: fine for a file of one line per run.
     """
     path = os.path.join(model_dir, RECORD_FILE)
-    tf.io.gfile.makedirs(model_dir)
+    if not tf.io.gfile.isdir(model_dir):  # a run that failed before making it
+        tf.io.gfile.makedirs(model_dir)
     with tf.io.gfile.GFile(path, "a") as handle:
         handle.write(line)
     return path
