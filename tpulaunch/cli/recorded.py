@@ -8,7 +8,6 @@ before the import starts.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Iterator, Optional
 
 from tpulaunch.errors import AlreadyReported, TpuLaunchError, first_line
@@ -16,71 +15,60 @@ from tpulaunch.run import phases
 from tpulaunch.run.events import RunRecorder
 
 
-@dataclass
-class RecordedRun:
-    """What the command tells the record beyond the recorder: the command, and a stop it reported itself."""
-
-    command: str  # "train" (becomes "resume" when training started from a checkpoint), "evaluate", "export"
-    outcome: Optional[str] = None  # set when the command reports how the run ended itself
-    loaded: bool = False
-
-
-def _outcome(run: RecordedRun, recorder: RunRecorder, error: Optional[BaseException]) -> str:
-    if run.outcome:
-        return run.outcome
+def _outcome(recorder: RunRecorder, error: Optional[BaseException]) -> str:
+    """"done", "stopped (SIGINT)", "stopped (TPU PREEMPTED)", "failed: <what went wrong>"."""
     if recorder.stopped_by:
         return f"stopped ({recorder.stopped_by})"
-    if error is None or isinstance(error, AlreadyReported):
-        return "done" if error is None else "failed"
+    if error is None:
+        return "done"
     if isinstance(error, KeyboardInterrupt):
         return "stopped (SIGINT)"
-    if isinstance(error, TpuLaunchError):
+    if isinstance(error, TpuLaunchError) and not isinstance(error, AlreadyReported):
         return f"failed: {error.message}"
     return f"failed: {type(error).__name__}: {first_line(error)}"
 
 
 @contextlib.contextmanager
 def recorded_run(obj, recorder: RunRecorder, engine, checked, command: str, *,
-                 record: bool = True) -> Iterator[RecordedRun]:
+                 record: bool = True) -> Iterator[None]:
     """The run of `checked` (the job through the gate) on `engine`, told to `recorder`.
 
-    The job's check, from the recorder's start to now, is the first phase (the first line, before
-    TensorFlow loads), TensorFlow's import the second; a `PhaseWatch` says when a phase runs far past
-    what is usual. When the block ends, however it ends, the run's record is appended to model_dir
+    `command`: "train" (recorded as "resume" when training started from a checkpoint), "evaluate" or
+    "export". The job's check, from the recorder's start to now, is the first phase (the first line,
+    before TensorFlow loads), TensorFlow's import the second; a `PhaseWatch` says when a phase runs
+    far past what is usual. When the block ends, however it ends, the run's record is appended to model_dir
     (when `record`, and once TensorFlow was loaded: it writes through TensorFlow's filesystem, and
     model_dir may be gs://), and the recorder is closed.
     """
     from tpulaunch.run.phase_watch import PhaseWatch
 
-    run = RecordedRun(command)
     recorder.phase_done(phases.CHECK, recorder.phases.started_at)
     watch = PhaseWatch(recorder, on_tpu=checked.plan.on_tpu).start()
-    error: Optional[BaseException] = None
+    loaded, error = False, None
     try:
         with recorder.phase(phases.LOAD):
             engine.load()
-        run.loaded = True
-        yield run
+        loaded = True
+        yield
     except BaseException as exc:
         error = exc
         raise
     finally:
         watch.stop()
         try:
-            if record and run.loaded:
-                _write_record(obj, recorder, engine, checked, run, _outcome(run, recorder, error))
+            if record and loaded:
+                _write_record(obj, recorder, engine, checked, command, _outcome(recorder, error))
         finally:
             recorder.close()
 
 
-def _write_record(obj, recorder: RunRecorder, engine, checked, run: RecordedRun, outcome: str) -> None:
-    from tpulaunch.engine.estimator.runner import job_document
+def _write_record(obj, recorder: RunRecorder, engine, checked, command: str, outcome: str) -> None:
     from tpulaunch import __version__
+    from tpulaunch.engine.estimator.runner import job_document  # the job as model_dir's job copy holds it
     from tpulaunch.run.record import job_hash, record_line, run_record
     from tpulaunch.tpu.node import installed_tensorflow_version
 
     job, plan = checked.job, checked.plan
-    command = run.command
     if command == "train" and recorder.start_step:
         command = "resume"
     batch = plan.batch("train" if command != "evaluate" else "eval") or plan.batch("eval")

@@ -150,6 +150,11 @@ def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Option
     running the same command again continues from that step. A checkpoint that a preemption cut
     in half is skipped: training resumes from the one before it.
 
+    Each phase shows as it begins and ends (loading TensorFlow, building the graph, the first step,
+    evaluations); one far past its usual time says so. Each run appends its record (phases adding
+    up to the wall time, goodput, whether the steps waited for input) to
+    model_dir/tpulaunch-runs.jsonl.
+
     On a TPU the node is watched while training: when it is PREEMPTED, STOPPED, TERMINATED or
     UNHEALTHY (or TensorFlow loses it), training stops cleanly and exits 3; with --auto-resume N it
     waits for the node to be READY again and resumes, at most N times.

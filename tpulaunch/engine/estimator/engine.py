@@ -15,7 +15,7 @@ class EstimatorEngine(Engine):
         from tpulaunch.tf_env import import_tensorflow
 
         tf = import_tensorflow()
-        tf.compat.v1.estimator.tpu.TPUEstimator, tf.keras.layers.Layer  # noqa: B018 (their lazy imports, now)
+        _ = tf.compat.v1.estimator.tpu.TPUEstimator, tf.keras.layers.Layer  # touched: their lazy imports run now
 
     def preflight(self, loaded) -> tuple:
         from tpulaunch.engine.estimator.verdict import tf_problems
