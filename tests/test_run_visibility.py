@@ -8,6 +8,7 @@ and captures a profile; `data bench` times the pipeline of a shard `tpulaunch da
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
 import re
@@ -219,8 +220,8 @@ def test_a_train_process_shows_phases_before_tensorflow_and_records_its_whole_wa
 
     (record,) = records(model_dir)
     assert sum(record["phases"].values()) == pytest.approx(record["wall_s"], abs=0.01)
-    started = time.mktime(time.strptime(record["start"][:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone
-    started += float(record["start"][19:-1] or 0)
+    started = calendar.timegm(time.strptime(record["start"][:19], "%Y-%m-%dT%H:%M:%S"))
+    started += float(record["start"][19:-1] or 0)  # ".250Z": the milliseconds
     # The record starts with the process (/proc's start time: 10 ms ticks) and ends before it exits.
     assert launched - 0.05 <= started and started + record["wall_s"] <= exited
 
