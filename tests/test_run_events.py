@@ -9,9 +9,12 @@ import io
 import textwrap
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
+from tpulaunch.run import phases
 from tpulaunch.run.events import NodeEvent, RunRecorder
+from tpulaunch.run.phase_watch import PhaseWatch
 from tpulaunch.run.render_plain import PlainRenderer
 
 RUN_PACKAGE = Path(__file__).resolve().parents[1] / "tpulaunch" / "run"
@@ -150,3 +153,82 @@ def test_nothing_in_the_run_package_imports_tensorflow_or_the_engine():
             for name in names:
                 assert name.split(".")[0] != "tensorflow", (module.name, node.lineno, name)
                 assert not name.startswith("tpulaunch.engine"), (module.name, node.lineno, name)
+
+
+def test_plain_lines_of_a_run_with_its_phases_from_the_first_moment():
+    """The phases of a run as `train` reports them, a slow first step (an XLA compile) included, then
+    the input share and the goodput; the seconds per phase add up to the wall time."""
+    clock, out = Clock(), io.StringIO()
+    recorder = RunRecorder(get_time=clock, started_at=0.0, total_steps=4, batch_size=8, log_every_steps=2,
+                           model_dir="runs/cnn", input_help=("store data.features.image raw instead of PNG/JPEG",))
+    recorder.subscribe(PlainRenderer(Console(file=out, width=80)))
+    watch = PhaseWatch(recorder, on_tpu=True)
+
+    clock.now = 0.3
+    recorder.phase_done(phases.CHECK, 0.0)  # the job was checked before anything could be shown
+    recorder.phase_began(phases.LOAD)
+    clock.now = 3.3
+    watch.check()  # usual: nothing to say
+    recorder.phase_ended(phases.LOAD)
+    with recorder.phase_scope():  # what the runner wraps around one training session
+        recorder.phase_began(phases.BUILD)
+        clock.now = 4.3
+        recorder.phase_switch(phases.INITIALISE)
+        recorder.node_seen("READY/HEALTHY")
+        clock.now = 5.0
+        recorder.phase_began(phases.CHECKPOINT)  # the save as the session opens
+        clock.now = 5.5
+        recorder.phase_ended(phases.CHECKPOINT)
+        recorder.checkpoint_saved(0, "runs/cnn/model.ckpt-0")
+        recorder.phase_switch(phases.FIRST_STEP, "XLA compiles the TPU program")
+        recorder.session_began(0)
+        for now in range(6, 1400):  # the compile takes 23 minutes
+            clock.now = float(now)
+            watch.check()
+        recorder.phase_switch(phases.TRAINING)
+        recorder.steps_run(1, 0.9, input_wait=1.0)  # the session's first run does not count
+        for step in (2, 3, 4):
+            clock.now += 0.5
+            recorder.steps_run(step, 0.5, input_wait=0.25)
+        recorder.phase_began(phases.CHECKPOINT)
+        clock.now += 0.5
+        recorder.phase_ended(phases.CHECKPOINT)
+        recorder.checkpoint_saved(4, "runs/cnn/model.ckpt-4")
+    recorder.session_ended()
+    with recorder.phase(phases.EVALUATION):
+        clock.now += 2.0
+    recorder.evaluated(4, {"loss": 0.5})
+    clock.now += 0.5  # nothing covers this: "other"
+    summary = recorder.finish()
+
+    assert out.getvalue() == textwrap.dedent("""\
+        phase | check the job | 0.3 s
+        phase | load TensorFlow
+        phase | load TensorFlow | 3.0 s
+        phase | build the graph
+        phase | build the graph | 1.0 s
+        phase | initialise
+        phase | initialise | 1.2 s
+        phase | first step | XLA compiles the TPU program
+        train | start | step 0/4 | batch 8 | model_dir runs/cnn
+        phase | still first step after 600 s | usually under 600 s | XLA compiles the TPU program before the first step runs: minutes for a big model | TPU node READY/HEALTHY for 602 s (its last reported state)
+        phase | still first step after 1200 s | usually under 600 s | XLA compiles the TPU program before the first step runs: minutes for a big model | TPU node READY/HEALTHY for 1202 s (its last reported state)
+        phase | first step | 1393.5 s
+        train | step 2/4 | 0.0 steps/s | 0.011 examples/s | loss 0.7 | eta 0:23:14
+        train | step 4/4 | 2.0 steps/s | 16 examples/s | loss 0.5 | eta 0:00:00
+        checkpoint | step 4 | runs/cnn/model.ckpt-4
+        phase | evaluation
+        phase | evaluation | 2.0 s
+        eval | step 4 | loss 0.5
+        input | steps waited for input 50 % of 1.5 s of training | input-bound | may help: store data.features.image raw instead of PNG/JPEG
+        done | step 4/4 | 4 steps in 1395.0 s | 0.0 steps/s | 0.023 examples/s | loss 0.5 | goodput 0 % | checkpoint runs/cnn/model.ckpt-4
+        """)
+    # Exclusive seconds: the checkpoints (1.0 s) are not initialisation or training.
+    wall, seconds = recorder.phases.snapshot()
+    assert wall == clock.now - 0.0
+    assert seconds == pytest.approx({phases.CHECK: 0.3, phases.LOAD: 3.0, phases.BUILD: 1.0, phases.INITIALISE: 0.7,
+                                     phases.CHECKPOINT: 1.0, phases.FIRST_STEP: 1393.5, phases.TRAINING: 1.5,
+                                     phases.EVALUATION: 2.0, phases.OTHER: 0.5})
+    assert sum(seconds.values()) == pytest.approx(wall)
+    assert summary.goodput == pytest.approx(1.5 / wall)
+    assert summary.input_share == pytest.approx(0.5)

@@ -203,4 +203,4 @@ def test_cli_errors_exit_1_without_traceback(tmp_path):
 def test_data_group_has_only_its_own_commands():
     result = CliRunner().invoke(data, ["train"])
     assert result.exit_code == 2
-    assert sorted(data.list_commands(None)) == ["inspect", "synth"]
+    assert sorted(data.list_commands(None)) == ["bench", "inspect", "synth"]

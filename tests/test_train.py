@@ -238,6 +238,9 @@ def test_sigint_saves_a_checkpoint_and_the_rerun_finishes_exactly(project, tmp_p
     assert runner.checkpoint_step(str(tmp_path / "run")) == step
     (summary,) = lines(out, "stopped (SIGINT)")
     assert summary.startswith(f"stopped (SIGINT) | step {step}/1000000 | "), summary
+    # The run record says how it ended.
+    (record,) = [json.loads(line) for line in (tmp_path / "run" / "tpulaunch-runs.jsonl").read_text().splitlines()]
+    assert (record["outcome"], record["steps"]["to"]) == ("stopped (SIGINT)", step)
 
     target = step + 20
     rerun = subprocess.run([*command, "--set", f"train.steps={target}"], capture_output=True, text=True, env=env,
@@ -293,7 +296,8 @@ def test_sigint_during_the_final_evaluation_exits_130_and_says_how_to_evaluate(p
     evaluated = subprocess.run([sys.executable, "-m", *hinted, "--set", "eval.steps=2"], capture_output=True,
                                text=True, env=env, timeout=300)
     assert evaluated.returncode == 0, evaluated.stderr
-    assert re.fullmatch(r"eval \| step 4 \| accuracy [0-9.]+ \| loss [0-9.e-]+", evaluated.stdout.strip())
+    (scored,) = lines(evaluated.stdout, "eval |")
+    assert re.fullmatch(r"eval \| step 4 \| accuracy [0-9.]+ \| loss [0-9.e-]+", scored)
 
 
 def test_sigint_during_a_periodic_evaluation_stops_there_without_reporting_it(project, long_eval, tmp_path,

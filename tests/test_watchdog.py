@@ -286,7 +286,7 @@ def test_a_truncated_checkpoint_is_skipped_and_training_resumes_from_the_one_bef
     result = train_cli(project, model_dir, "--local", "--set", "train.steps=60")
 
     assert result.exit_code == 0, result.output
-    out = result.output.splitlines()
+    out = [line for line in result.output.splitlines() if not line.startswith("phase | ")]
     assert out[:3] == [
         f"skipping incomplete checkpoint {model_dir}/model.ckpt-40: data shards hold "
         f"{full - 10} bytes, the index lists {full}: truncated",

@@ -64,6 +64,9 @@ def cli(ctx: click.Context, debug: bool, verbose: int):
 
 def main(argv=None):
     """Console-script entry point."""
+    from tpulaunch.run.started import mark_program_start
+
+    mark_program_start()  # a run's wall time starts with the process
     cli.main(args=argv, prog_name="tpulaunch", standalone_mode=True)
 
 

@@ -1,6 +1,6 @@
-"""`tpulaunch data`: write example TFRecords and look inside existing ones.
+"""`tpulaunch data`: write example TFRecords, look inside existing ones, time a job's input pipeline.
 
-TensorFlow is imported only inside the commands (by tpulaunch.data.synth / tpulaunch.data.inspect_records).
+TensorFlow is imported only inside the commands (by tpulaunch.data.synth / inspect_records / bench).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 
 import click
 
-from tpulaunch.cli.base import Context, Group, pass_obj
+from tpulaunch.cli.base import Context, Group, job_argument, local_option, pass_obj, set_option, text_or_json_option
 
 EXAMPLE_NAMES = ("quickstart", "unet3d", "retinanet")
 # Above this many records a progress bar is worth drawing.
@@ -18,11 +18,12 @@ PROGRESS_THRESHOLD = 200
 
 @click.group(name="data", cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 def data():
-    """Write example TFRecords, or inspect TFRecords to declare them in a job.
+    """Write example TFRecords, inspect TFRecords to declare them in a job, or time a job's input pipeline.
 
     \b
     tpulaunch data synth --example quickstart data/quickstart
     tpulaunch data inspect 'gs://my-bucket/ct/train-*.tfrecord'
+    tpulaunch data bench job.yaml --seconds 20
     """
 
 
@@ -116,3 +117,78 @@ def inspect_command(obj: Context, pattern: str, records: int, compression, fmt: 
     obj.out.print(table)
     obj.out.print("\n# paste under data: (move targets to a labels: block)", highlight=False, markup=False)
     obj.out.print(result.features_yaml().rstrip("\n"), highlight=False, markup=False, soft_wrap=True)
+
+
+@data.command()
+@job_argument
+@local_option
+@set_option
+@click.option("--seconds", type=click.FloatRange(min=0.1), default=10, show_default=True,
+              help="How long to time the pipeline (after its first batch).")
+@text_or_json_option
+@pass_obj
+def bench(obj: Context, job_file: str, local: bool, overrides, seconds: float, fmt: str):
+    """Time the job's training input pipeline alone, as one host runs it: examples/s and MB/s.
+
+    The pipeline is the one `train` runs, with the batch each input_fn call gets on the job's
+    target (the TPU slice, or this machine with --local). When model_dir holds a run record of
+    training, the rate is compared with what that training consumed per input pipeline: a pipeline
+    that barely outruns it is what the steps waited for. Run it where training reads its input
+    (the TPU VM or host) for a fair comparison.
+
+    \b
+    tpulaunch data bench job.yaml
+    tpulaunch data bench job.yaml --local --seconds 30 --format json
+    """
+    from tpulaunch.cli.gate import load_checked
+    from tpulaunch.data.bench import bench_input, compare
+    from tpulaunch.engine.base import engine_for
+    from tpulaunch.run.record import last_training, read_records
+    from tpulaunch.tf_env import quiet_tensorflow
+
+    checked = load_checked(job_file, overrides, local=local, err=obj.err)
+    quiet_tensorflow(obj.verbose)
+    job, engine = checked.job, engine_for(checked.job)
+    with obj.err.status("loading TensorFlow"):
+        engine.load()
+    with obj.err.status(f"timing the input pipeline for {seconds:g} s"):
+        result = bench_input(job, checked.plan, seconds=seconds, search_path=job.search_path)
+    try:
+        last = last_training(read_records(engine.run_record_lines(job.run.model_dir)))
+    except Exception as exc:  # an unreadable model_dir only loses the comparison
+        from tpulaunch.errors import first_line
+
+        obj.err.print(f"run record in {job.run.model_dir} not read: {first_line(exc)}", highlight=False,
+                      markup=False, soft_wrap=True)
+        last = None
+    comparison = compare(result, last) if last else None
+    if fmt == "json":
+        click.echo(json.dumps({"job": job.name, "model_dir": job.run.model_dir, "on_tpu": checked.plan.on_tpu,
+                               **result.to_dict(),
+                               "training": comparison.to_dict() if comparison else None}, indent=2))
+        return
+    _print_bench(obj, job, checked.plan, result, comparison)
+
+
+def _print_bench(obj: Context, job, plan, result, comparison) -> None:
+    from tpulaunch.data.input_help import input_help
+    from tpulaunch.run.text import format_rate
+
+    def say(line: str) -> None:
+        obj.out.print(line, highlight=False, markup=False, soft_wrap=True)
+
+    target = f"TPU {job.tpu.type}" if plan.on_tpu else "this machine"
+    which = f"1 of {result.input_pipelines} input pipelines" if result.input_pipelines > 1 else "the input pipeline"
+    say(f"data bench | {job.name} | train input, {which} ({target}), batch {result.batch_size} | "
+        f"{result.batches} batches in {result.seconds:.1f} s")
+    say(f"{format_rate(result.examples_per_s)} examples/s | {result.mb_per_s:.1f} MB/s of decoded batches")
+    if comparison is None:
+        say(f"no training recorded in {job.run.model_dir} to compare with: after `tpulaunch train`, this "
+            "compares the pipeline with the rate training needs")
+        return
+    verdict = ("training was likely input-bound" if comparison.input_bound
+               else "it has headroom: input was not the bottleneck")
+    say(f"training (run ended {comparison.run_end}) consumed {format_rate(comparison.needed_examples_per_s)} "
+        f"examples/s per input pipeline; the pipeline alone delivers {comparison.ratio:.2f} x that; {verdict}")
+    if comparison.input_bound:
+        say("may help: " + "; ".join(input_help(job, on_tpu=plan.on_tpu)))

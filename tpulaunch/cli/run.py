@@ -1,11 +1,14 @@
 """`tpulaunch train`, `evaluate` and `export`: validate the job, then run it with TPUEstimator.
 
 TensorFlow is imported only after the job has passed the static checks (and after its log level has
-been set), so a broken job is refused in a fraction of a second.
+been set), so a broken job is refused in a fraction of a second. From there a run says which phase
+it is in (the first line comes before TensorFlow loads) and `train`/`evaluate` leave a run record in
+model_dir (`cli/recorded.py`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -94,6 +97,24 @@ def _evaluate_command(job_file: str, sets: Sequence[str], local: bool, checkpoin
     return shlex.join(words + (["--checkpoint", checkpoint] if checkpoint else []))
 
 
+class StepRange(click.ParamType):
+    """START-END: global steps, both included, 1 <= START <= END (a single N means N-N)."""
+
+    name = "START-END"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        first, _, last = str(value).partition("-")
+        try:
+            steps = (int(first), int(last or first))
+        except ValueError:
+            self.fail(f"{value!r} is not START-END, e.g. 10-15 (global steps, both included)", param, ctx)
+        if not 1 <= steps[0] <= steps[1]:
+            self.fail(f"{value!r}: START must be at least 1 and END at least START, e.g. 10-15", param, ctx)
+        return steps
+
+
 def _model_dir_override(model_dir: Optional[str]) -> list:
     # Relative to where the command runs (the job file's own paths are relative to the job file).
     return [f"run.model_dir={json.dumps(os.path.abspath(model_dir))}"] if model_dir else []
@@ -117,14 +138,22 @@ def _model_dir_override(model_dir: Optional[str]) -> list:
 @click.option("--watch-node", is_flag=True,
               help="With --local: watch the job's TPU node anyway and stop/resume when it is lost (a rehearsal "
                    "of the TPU recovery path, e.g. against an emulated TPU API via $TPULAUNCH_TPU_DISCOVERY_URL).")
+@click.option("--profile", type=StepRange(), default=None, metavar="START-END",
+              help="Capture a TensorBoard profile of these global steps into model_dir "
+                   "(tensorboard --logdir MODEL_DIR, Profile tab). Skip the first steps: they include start-up.")
 @pass_obj
 def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Optional[str], force: bool, wait_s: float,
-          watch_interval: float, auto_resume: int, resume_wait: float, watch_node: bool):
+          watch_interval: float, auto_resume: int, resume_wait: float, watch_node: bool, profile):
     """Train the job: resume from model_dir's latest complete checkpoint, evaluate as eval: says, show progress.
 
     Ctrl-C (or SIGTERM) finishes the current step, saves a checkpoint there and exits 130 (143);
     running the same command again continues from that step. A checkpoint that a preemption cut
     in half is skipped: training resumes from the one before it.
+
+    Each phase shows as it begins and ends (loading TensorFlow, building the graph, the first step,
+    evaluations); one far past its usual time says so. Each run appends its record (phases adding
+    up to the wall time, goodput, whether the steps waited for input) to
+    model_dir/tpulaunch-runs.jsonl.
 
     On a TPU the node is watched while training: when it is PREEMPTED, STOPPED, TERMINATED or
     UNHEALTHY (or TensorFlow loses it), training stops cleanly and exits 3; with --auto-resume N it
@@ -137,34 +166,52 @@ def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Option
       tpulaunch train job.yaml --local --set train.steps=20 --set train.batch_size=8   # CI smoke run
       tpulaunch train job.yaml --model-dir runs/try2 # a fresh run next to the first
       tpulaunch train job.yaml --auto-resume 5       # survive up to 5 preemptions
+      tpulaunch train job.yaml --local --profile 20-25   # a TensorBoard profile of steps 20 to 25
     """
+    from tpulaunch.cli.recorded import recorded_run
+    from tpulaunch.data.input_help import input_help
     from tpulaunch.engine.base import engine_for
     from tpulaunch.run.signals import EvaluationStopped, TrainingStopped
+    from tpulaunch.run.started import run_started
     from tpulaunch.run.watchdog import NodeLost
 
+    began = run_started()
     sets = [*overrides, *_model_dir_override(model_dir)]
     checked = _checked(obj, job_file, sets, local=local)
     job, engine = checked.job, engine_for(checked.job)
-    resolver = _resolver(job, local, wait_s)
-    watch = _watch_plan(job, local=local, watch_node=watch_node, wait_s=wait_s, interval=watch_interval,
-                        auto_resume=auto_resume, resume_wait=resume_wait)
-    recorder = _recorder(obj.out, total_steps=job.train.steps if job.train else 0,
+    recorder = _recorder(obj.out, started_at=began, total_steps=job.train.steps if job.train else 0,
                          batch_size=job.train.batch_size if job.train else 0,
-                         log_every_steps=engine.log_every_steps(job), model_dir=job.run.model_dir)
-    try:
-        engine.train(job, checked.plan, recorder=recorder, cluster_resolver=resolver, force=force, watch=watch)
-    except (TrainingStopped, NodeLost) as stopped:
-        hint = stopped.hint
-        if isinstance(stopped, EvaluationStopped):
-            # Only this command line knows how to name the same job, settings and model_dir again.
-            if stopped.final:
-                hint = f"to evaluate that checkpoint: {_evaluate_command(job_file, sets, local)}"
-            else:
-                hint = f"to evaluate it: {_evaluate_command(job_file, sets, local, stopped.checkpoint)}"
-        obj.err.print(stopped.message, highlight=False, markup=False, soft_wrap=True)
-        if hint:
-            obj.err.print(f"hint: {hint}", highlight=False, markup=False, soft_wrap=True)
-        raise AlreadyReported(stopped.exit_code) from None
+                         log_every_steps=engine.log_every_steps(job), model_dir=job.run.model_dir,
+                         input_help=input_help(job, on_tpu=checked.plan.on_tpu))
+    with recorded_run(obj, recorder, engine, checked, "train"):
+        with _resolving(recorder, job, local=local, watch_node=watch_node):
+            resolver = _resolver(job, local, wait_s)
+            watch = _watch_plan(job, local=local, watch_node=watch_node, wait_s=wait_s, interval=watch_interval,
+                                auto_resume=auto_resume, resume_wait=resume_wait)
+        try:
+            engine.train(job, checked.plan, recorder=recorder, cluster_resolver=resolver, force=force, watch=watch,
+                         profile=profile)
+        except (TrainingStopped, NodeLost) as stopped:
+            hint = stopped.hint
+            if isinstance(stopped, EvaluationStopped):
+                # Only this command line knows how to name the same job, settings and model_dir again.
+                if stopped.final:
+                    hint = f"to evaluate that checkpoint: {_evaluate_command(job_file, sets, local)}"
+                else:
+                    hint = f"to evaluate it: {_evaluate_command(job_file, sets, local, stopped.checkpoint)}"
+            obj.err.print(stopped.message, highlight=False, markup=False, soft_wrap=True)
+            if hint:
+                obj.err.print(f"hint: {hint}", highlight=False, markup=False, soft_wrap=True)
+            raise AlreadyReported(stopped.exit_code) from None
+
+
+def _resolving(recorder, job, *, local: bool, watch_node: bool):
+    """The "resolve the TPU" phase around finding and checking the node (none when no node is asked)."""
+    from tpulaunch.run import phases
+
+    if not job.on_tpu or (local and not watch_node):
+        return contextlib.nullcontext()
+    return recorder.phase(phases.RESOLVE)
 
 
 @command()
@@ -182,12 +229,18 @@ def evaluate(obj: Context, job_file: str, local: bool, overrides, checkpoint: Op
       tpulaunch evaluate job.yaml --local
       tpulaunch evaluate job.yaml --local --checkpoint runs/cnn/model.ckpt-300
     """
+    from tpulaunch.cli.recorded import recorded_run
     from tpulaunch.engine.base import engine_for
+    from tpulaunch.run.started import run_started
 
+    began = run_started()
     checked = _checked(obj, job_file, overrides, local=local)
-    resolver = _resolver(checked.job, local, wait_s)
-    engine_for(checked.job).evaluate(checked.job, checked.plan, recorder=_recorder(obj.out), checkpoint=checkpoint,
-                                     cluster_resolver=resolver)
+    job, engine = checked.job, engine_for(checked.job)
+    recorder = _recorder(obj.out, started_at=began, model_dir=job.run.model_dir)
+    with recorded_run(obj, recorder, engine, checked, "evaluate"):
+        with _resolving(recorder, job, local=local, watch_node=False):
+            resolver = _resolver(job, local, wait_s)
+        engine.evaluate(job, checked.plan, recorder=recorder, checkpoint=checkpoint, cluster_resolver=resolver)
 
 
 @command()
@@ -207,8 +260,15 @@ def export(obj: Context, job_file: str, out_dir: str, overrides, checkpoint: Opt
       tpulaunch export job.yaml exported/
       saved_model_cli show --dir exported/<timestamp> --all
     """
+    from tpulaunch.cli.recorded import recorded_run
     from tpulaunch.engine.base import engine_for
+    from tpulaunch.run import phases
+    from tpulaunch.run.started import run_started
 
+    began = run_started()
     checked = _checked(obj, job_file, overrides, local=True)  # export builds a CPU serving graph
-    path = engine_for(checked.job).export(checked.job, checked.plan, out_dir, checkpoint=checkpoint)
+    engine = engine_for(checked.job)
+    recorder = _recorder(obj.out, started_at=began)
+    with recorded_run(obj, recorder, engine, checked, "export", record=False), recorder.phase(phases.EXPORT):
+        path = engine.export(checked.job, checked.plan, out_dir, checkpoint=checkpoint)
     obj.out.print(f"exported {path}", highlight=False, markup=False, soft_wrap=True)

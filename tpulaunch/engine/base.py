@@ -11,7 +11,7 @@ machine); what a method needs beyond them comes as keyword arguments.
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 if TYPE_CHECKING:
     from tpulaunch.job.load import LoadedJob
@@ -24,6 +24,10 @@ class Engine(abc.ABC):
     """One way of building and running a job's training."""
 
     name: str
+
+    @abc.abstractmethod
+    def load(self) -> None:
+        """Import the library the engine trains with (the first slow part of a run: its own phase)."""
 
     @abc.abstractmethod
     def check_build(self, loaded: "LoadedJob", plan: "Plan") -> list:
@@ -45,9 +49,9 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def train(self, job: "Job", plan: "Plan", *, recorder: "RunRecorder", cluster_resolver: Any = None,
-              force: bool = False, watch: Any = None) -> Any:
-        """Train to `job.train.steps` (resuming), evaluating as the job says, telling `recorder` what happens;
-        returns the run's summary."""
+              force: bool = False, watch: Any = None, profile: Optional[Tuple[int, int]] = None) -> Any:
+        """Train to `job.train.steps` (resuming), evaluating as the job says, telling `recorder` what happens
+        (profiling global steps `profile` into model_dir when given); returns the run's summary."""
 
     @abc.abstractmethod
     def evaluate(self, job: "Job", plan: "Plan", *, recorder: "RunRecorder", checkpoint: Optional[str] = None,
@@ -57,6 +61,14 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def export(self, job: "Job", plan: "Plan", out_dir: str, *, checkpoint: Optional[str] = None) -> str:
         """Write a SavedModel for serving; returns its directory."""
+
+    @abc.abstractmethod
+    def append_run_record(self, model_dir: str, line: str) -> str:
+        """Append one JSON line to model_dir's run record (`run.record`); returns the file's path."""
+
+    @abc.abstractmethod
+    def run_record_lines(self, model_dir: str) -> List[str]:
+        """The lines of model_dir's run record; none when it has none."""
 
     @abc.abstractmethod
     def program(self, loaded: "LoadedJob", plan: "Plan") -> str:

@@ -7,14 +7,29 @@ smoothed loss, evaluations, TPU events and resumes, skipped records — which th
 decisions, and hands each event below to its subscribers: the renderers (`render_plain`,
 `render_live`). A quiet run has no subscriber. Nothing here knows about TensorFlow or a console;
 the clock is a parameter, as in rich's Progress, so a test can drive a whole run by hand.
+
+The recorder also keeps the run's phases (`run.phases`): the CLI, the runner and the engine's hooks
+open and close them, each change is an event, and the exclusive seconds per phase add up to the
+run's wall time, for the run record and the goodput.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
+
+from tpulaunch.run.phases import TRAINING, PhaseClock
+
+# The share of training time spent waiting for input above which a run is input-bound, and the share
+# below which input does not matter: TensorFlow's profiler draws the same lines ("HIGHLY" /
+# "MODERATELY input-bound", kHighlyInfeedBoundThresholdInPercent = 20, kModerately... = 5).
+INPUT_BOUND_SHARE = 0.20
+INPUT_MATTERS_SHARE = 0.05
+# Session runs (after each session's first) needed before the share says anything.
+INPUT_MIN_RUNS = 3
 
 # ------------------------------------------------------------------------------------------ events
 
@@ -27,6 +42,62 @@ class TrainingStarted:
     total_steps: int
     batch_size: int
     model_dir: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class PhaseStarted:
+    """The run entered a phase (`run.phases`); `detail` says what happens in it when that helps."""
+
+    name: str
+    detail: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class PhaseEnded:
+    """A phase ended after `seconds` (phases inside it included)."""
+
+    name: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class PhaseSlow:
+    """A phase runs far past what is usual: it has run `seconds` (in training: `seconds` without a
+    finished step since `last_step`), where it usually takes under `usual_s`; `known`: what else is known."""
+
+    name: str
+    seconds: float
+    usual_s: float
+    known: Tuple[str, ...] = ()
+    last_step: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class InputShare:
+    """How much of the training time the steps waited for their input (the end of training).
+
+    `share` of `seconds` measured; `bound`: share >= INPUT_BOUND_SHARE; `help`: what would help the job.
+    """
+
+    share: float
+    seconds: float
+    bound: bool
+    help: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProfileCaptured:
+    """A TensorBoard profile of global steps `first` to `last` was written under `logdir` (at `path`)."""
+
+    first: int
+    last: int
+    logdir: str
+    path: str
+
+
+@dataclass(frozen=True)
+class RunClosed:
+    """Nothing more will happen in this run (live displays stop)."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +227,8 @@ class TrainSummary:
     events: List[NodeEvent] = field(default_factory=list)  # TPU losses, in order
     resumes: int = 0  # automatic resumes after them
     records_skipped: Optional[int] = None  # records dropped under data.skip_corrupt; None: not counted
+    goodput: Optional[float] = None  # share of the run's wall time spent stepping; None: the run was not timed
+    input_share: Optional[float] = None  # share of training time the steps waited for input; None: not measured
 
     @property
     def steps_lost(self) -> int:
@@ -176,10 +249,14 @@ class RunRecorder:
         log_every_steps: a log point every this many steps (and the loss smoothing window).
         model_dir: where checkpoints go (named by the start event).
         get_time: the clock, in seconds. Defaults to time.monotonic.
+        started_at: when the run began on that clock (its wall time, phases and goodput count from
+            there). None: when its first phase opens.
+        input_help: what would help this job's input pipeline (shown when training is input-bound).
     """
 
     def __init__(self, *, total_steps: int = 0, batch_size: int = 0, log_every_steps: int = 100,
-                 model_dir: Optional[str] = None, get_time: Callable[[], float] = time.monotonic):
+                 model_dir: Optional[str] = None, get_time: Callable[[], float] = time.monotonic,
+                 started_at: Optional[float] = None, input_help: Tuple[str, ...] = ()):
         if log_every_steps < 1:
             raise ValueError(f"`log_every_steps` must be >= 1, got {log_every_steps}")
         self.total_steps = total_steps
@@ -204,6 +281,17 @@ class RunRecorder:
         self._waiting: Optional[str] = None  # the state the last wait for the TPU reported
         self._skipped_before: Optional[int] = None  # records skipped in finished sessions (None: not counted)
         self._skipped_now = 0  # ... and in the current one
+        self.phases = PhaseClock(get_time, started_at)
+        self.input_help = tuple(input_help)
+        self._first_run = False  # the next session run is its session's first (start-up, not steady state)
+        self._input_wait = 0.0  # seconds the measured session runs waited for input ...
+        self._input_timed = 0.0  # ... out of these seconds
+        self._input_runs = 0
+        self._steady = [0, 0.0]  # steps and seconds of session runs after each session's first
+        self.node_state: Optional[Tuple[str, float]] = None  # the TPU node's last reported state, and since when
+        self.profile: Optional[str] = None  # where a profile of this run went
+        self.stopped_by: Optional[str] = None  # what stopped training, once finished
+        self._closed = False
 
     def subscribe(self, subscriber: Subscriber) -> Subscriber:
         """Hand every later event to `subscriber` (a renderer)."""
@@ -224,6 +312,7 @@ class RunRecorder:
             self.start_step = step
         self.step = max(self.step, step)
         self._segment = self._logged = self._last_update = (step, now)
+        self._first_run = True
         self._next_log = (step // self.log_every_steps + 1) * self.log_every_steps
         if first:
             self._emit(TrainingStarted(step, self.total_steps, self.batch_size, self.model_dir))
@@ -241,14 +330,26 @@ class RunRecorder:
         """Whether `steps_run(estimate)` would be a log point (so the caller should read the exact step)."""
         return estimate >= self._next_log or estimate >= self.total_steps
 
-    def steps_run(self, step: int, loss: Optional[float]) -> None:
-        """A session run finished; the global step is now `step`."""
+    def steps_run(self, step: int, loss: Optional[float], input_wait: Optional[float] = None) -> None:
+        """A session run finished; the global step is now `step`.
+
+        `input_wait`: seconds the run waited for its input batch (None: not measured). A session's
+        first run (start-up: the pipeline fills, XLA compiles) does not count towards the share.
+        """
         now = self.get_time()
         if self._segment is None:
             self.session_began(step)
         previous_step, previous_time = self._last_update
         self._steps_run += max(0, step - previous_step)
         self._seconds += max(0.0, now - previous_time)
+        if not self._first_run:
+            self._steady[0] += max(0, step - previous_step)
+            self._steady[1] += max(0.0, now - previous_time)
+            if input_wait is not None:
+                self._input_wait += max(0.0, input_wait)
+                self._input_timed += max(0.0, now - previous_time)
+                self._input_runs += 1
+        self._first_run = False
         self._last_update = (max(step, previous_step), now)
         self.step = max(self.step, step)
         if loss is not None:
@@ -273,6 +374,29 @@ class RunRecorder:
         if self._segment is None or step == self._segment[0]:
             return
         self._emit(CheckpointSaved(step, path))
+
+    @property
+    def last_step_at(self) -> Optional[float]:
+        """When the last session run of the open training session finished (or it began); None outside one."""
+        return self._last_update[1] if self._segment is not None and self._last_update else None
+
+    @property
+    def steps_per_sec(self) -> Optional[float]:
+        """Steps per second over the time spent in training sessions so far; None before any."""
+        return self._steps_run / self._seconds if self._seconds > 0 and self._steps_run else None
+
+    @property
+    def steady_steps_per_sec(self) -> Optional[float]:
+        """Steps per second leaving out each session's first run (start-up: filling buffers, compiling)."""
+        steps, seconds = self._steady
+        return steps / seconds if seconds > 0 and steps else None
+
+    @property
+    def input_share(self) -> Optional[float]:
+        """Share of the measured training time spent waiting for input; None when not measured (enough)."""
+        if self._input_runs < INPUT_MIN_RUNS or self._input_timed <= 0:
+            return None
+        return min(1.0, self._input_wait / self._input_timed)
 
     @property
     def smoothed_loss(self) -> Optional[float]:
@@ -342,24 +466,107 @@ class RunRecorder:
         self._waiting = None
         self._emit(NodeReady(state, step, self.resumes, allowed))
 
+    def node_seen(self, state: str) -> None:
+        """The TPU node reported `state` ("READY/HEALTHY"...): what a slow phase's notice can tell."""
+        self.node_state = (state, self.get_time())
+
+    def profile_captured(self, first: int, last: int, logdir: str, path: str) -> None:
+        """A profile of steps `first` to `last` was written to `path` (TensorBoard reads it under `logdir`)."""
+        self.profile = path
+        self._emit(ProfileCaptured(first, last, logdir, path))
+
+    # ---------------------------------------------------------------------------------- phases
+
+    def phase_began(self, name: str, detail: Optional[str] = None) -> None:
+        """The run enters phase `name` (inside any open one)."""
+        self.phases.enter(name)
+        self._emit(PhaseStarted(name, detail))
+
+    def phase_ended(self, name: str) -> None:
+        """Phase `name` ended (with anything still open inside it); nothing when it is not open."""
+        for closed, seconds in self.phases.leave(name):
+            self._emit(PhaseEnded(closed, seconds))
+
+    def phase_switch(self, name: str, detail: Optional[str] = None) -> None:
+        """The innermost open phase ends and `name` begins in its place."""
+        current = self.phases.current()
+        if current is not None:
+            self.phase_ended(current[0])
+        self.phase_began(name, detail)
+
+    def phase_done(self, name: str, since: Optional[float]) -> None:
+        """Phase `name` ran from `since` (None: now) until now: it was under way before anyone could be told."""
+        self.phases.enter(name, at=since)
+        self.phase_ended(name)
+
+    def phase_slow(self, name: str, seconds: float, usual_s: float, known: Tuple[str, ...] = (),
+                   last_step: Optional[int] = None) -> None:
+        """Phase `name` has run `seconds`, far past the usual `usual_s` (the phase watch says so)."""
+        self._emit(PhaseSlow(name, seconds, usual_s, tuple(known), last_step))
+
+    @contextlib.contextmanager
+    def phase(self, name: str, detail: Optional[str] = None) -> Iterator[None]:
+        """Phase `name` for the `with` block, however it ends."""
+        self.phase_began(name, detail)
+        try:
+            yield
+        finally:
+            self.phase_ended(name)
+
+    @contextlib.contextmanager
+    def phase_scope(self) -> Iterator[None]:
+        """Whatever phases open inside the block (an engine's hooks) are closed when it ends, however it ends."""
+        outer = self.phases.open_phases()
+        try:
+            yield
+        finally:
+            inside = self.phases.open_phases()[len(outer):]
+            if inside:
+                self.phase_ended(inside[0])
+
+    def goodput(self) -> Optional[float]:
+        """Share of the run's wall time spent stepping (training, less the steps run again after a lost TPU).
+
+        None when the run was not timed (no start, no phase).
+        """
+        wall, seconds = self.phases.snapshot()
+        if not wall:
+            return None
+        stepping = seconds.get(TRAINING, 0.0)
+        lost = sum(event.steps_lost for event in self.events)
+        if self._steps_run and lost:
+            stepping *= max(0, self._steps_run - lost) / self._steps_run
+        return min(1.0, stepping / wall)
+
     # ------------------------------------------------------------------------------------- end
 
     def finish(self, stopped_by: Optional[str] = None) -> TrainSummary:
-        """Training ended (or stopped): the summary, also handed to the subscribers."""
+        """Training ended (or stopped): the summary, also handed to the subscribers (after the input share)."""
         self._segment = None
+        self.stopped_by = stopped_by
+        share = self.input_share
+        if share is not None:
+            self._emit(InputShare(share, self._input_timed, share >= INPUT_BOUND_SHARE, self.input_help))
         summary = self.summary(stopped_by)
         self._emit(summary)
         return summary
 
+    def close(self) -> None:
+        """The run is over (after its record is written): live displays stop. Only the first call counts."""
+        if not self._closed:
+            self._closed = True
+            self._emit(RunClosed())
+
     def summary(self, stopped_by: Optional[str] = None) -> TrainSummary:
-        rate = self._steps_run / self._seconds if self._seconds > 0 and self._steps_run else None
+        rate = self.steps_per_sec
         return TrainSummary(
             start_step=self.start_step if self.start_step is not None else self.step,
             final_step=self.step, total_steps=self.total_steps, steps_run=self._steps_run,
             seconds=self._seconds, steps_per_sec=rate,
             examples_per_sec=rate * self.batch_size if rate is not None else None,
             loss=self.smoothed_loss, last_checkpoint=self.last_checkpoint, evals=list(self.evals),
-            stopped_by=stopped_by, events=list(self.events), resumes=self.resumes, records_skipped=self.skipped)
+            stopped_by=stopped_by, events=list(self.events), resumes=self.resumes, records_skipped=self.skipped,
+            goodput=self.goodput(), input_share=self.input_share)
 
 
 def _rate(from_step: int, from_time: float, step: int, now: float) -> Optional[float]:

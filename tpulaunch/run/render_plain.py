@@ -10,6 +10,15 @@
     done | step 1000/1000 | 1000 steps in 24.3 s | 41.2 steps/s | 2637 examples/s | loss 0.1234
 
 A train line is written at each log point (every `log_every_steps` and at the last step), not per step.
+Phases get a line as they begin and one with their duration as they end, from the first moment of a
+run (training, checkpoints and closing a session excepted); a phase far past its usual time says
+so; the input share comes before the final line, which gains the goodput (after the loss)::
+
+    phase | check the job | 0.3 s
+    phase | load TensorFlow
+    phase | load TensorFlow | 3.1 s
+    phase | still first step after 600 s | usually under 600 s | XLA compiles the TPU program ...
+    input | steps waited for input 63 % of 12.0 s of training | input-bound | may help: ...
 """
 
 from __future__ import annotations
@@ -19,8 +28,9 @@ from functools import singledispatchmethod
 from rich.console import Console
 
 from tpulaunch.run import text
-from tpulaunch.run.events import (CheckpointSaved, EvalResult, NodeEvent, NodeReady, NodeWaiting, Note, RecordsSkipped,
-                                  StepsLogged, TrainingStarted, TrainSummary)
+from tpulaunch.run.events import (CheckpointSaved, EvalResult, InputShare, NodeEvent, NodeReady, NodeWaiting, Note,
+                                  PhaseEnded, PhaseSlow, PhaseStarted, ProfileCaptured, RecordsSkipped, StepsLogged,
+                                  TrainingStarted, TrainSummary)
 
 
 class PlainRenderer:
@@ -35,6 +45,28 @@ class PlainRenderer:
     @singledispatchmethod
     def __call__(self, event) -> None:
         """Events without a line (each session run) are not written."""
+
+    @__call__.register
+    def _phase_started(self, event: PhaseStarted) -> None:
+        if text.phase_shown(event.name):
+            self._out(text.phase_started_text(event))
+
+    @__call__.register
+    def _phase_ended(self, event: PhaseEnded) -> None:
+        if text.phase_shown(event.name):
+            self._out(text.phase_ended_text(event))
+
+    @__call__.register
+    def _phase_slow(self, event: PhaseSlow) -> None:
+        self._out(text.phase_slow_text(event))
+
+    @__call__.register
+    def _input(self, event: InputShare) -> None:
+        self._out(text.input_text(event))
+
+    @__call__.register
+    def _profile(self, event: ProfileCaptured) -> None:
+        self._out(text.profile_text(event))
 
     @__call__.register
     def _started(self, event: TrainingStarted) -> None:

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from tpulaunch.run.events import (EvalResult, NodeEvent, NodeReady, NodeWaiting, StepProgress, TrainingStarted,
-                                  TrainSummary)
+from tpulaunch.run.events import (INPUT_BOUND_SHARE, INPUT_MATTERS_SHARE, EvalResult, InputShare, NodeEvent, NodeReady,
+                                  NodeWaiting, PhaseEnded, PhaseSlow, PhaseStarted, ProfileCaptured, StepProgress,
+                                  TrainingStarted, TrainSummary)
+from tpulaunch.run.phases import CHECKPOINT, CLOSE, TRAINING
+
+# Phases without start and end lines: their own lines (train | step..., checkpoint | step...) say
+# where the run is, or they are short and come after every session (closing it). They still count in
+# the run record, and say so when they run far too long.
+QUIET_PHASES = (TRAINING, CHECKPOINT, CLOSE)
 
 
 def format_duration(seconds: float) -> str:
@@ -79,12 +86,58 @@ def node_ready_text(event: NodeReady) -> str:
     return f"tpu | {event.state} | resuming from step {event.step} (resume {event.resume} of {event.allowed})"
 
 
+def format_share(share: float) -> str:
+    return f"{share * 100:.0f} %"
+
+
+def phase_shown(name: str) -> bool:
+    """Whether a phase's start and end are written (not for QUIET_PHASES)."""
+    return name not in QUIET_PHASES
+
+
+def phase_started_text(event: PhaseStarted) -> str:
+    return f"phase | {event.name}" + (f" | {event.detail}" if event.detail else "")
+
+
+def phase_ended_text(event: PhaseEnded) -> str:
+    return f"phase | {event.name} | {event.seconds:.1f} s"
+
+
+def phase_slow_text(event: PhaseSlow) -> str:
+    if event.last_step is not None:
+        head = f"phase | still {event.name}: no step finished for {event.seconds:.0f} s (step {event.last_step})"
+    else:
+        head = f"phase | still {event.name} after {event.seconds:.0f} s"
+    return " | ".join([head, f"usually under {event.usual_s:.0f} s", *event.known])
+
+
+def input_verdict(share: float) -> str:
+    if share >= INPUT_BOUND_SHARE:
+        return "input-bound"
+    return "partly input-bound" if share >= INPUT_MATTERS_SHARE else "not input-bound"
+
+
+def input_text(event: InputShare) -> str:
+    parts = [f"input | steps waited for input {format_share(event.share)} of {event.seconds:.1f} s of training",
+             input_verdict(event.share)]
+    if event.bound and event.help:
+        parts.append("may help: " + "; ".join(event.help))
+    return " | ".join(parts)
+
+
+def profile_text(event: ProfileCaptured) -> str:
+    return (f"profile | steps {event.first}-{event.last} | {event.path} | open it: tensorboard --logdir {event.logdir} "
+            "(Profile tab)")
+
+
 def summary_text(s: TrainSummary) -> str:
     head = f"stopped ({s.stopped_by})" if s.stopped_by else "done"
     rate = "-" if s.steps_per_sec is None else f"{s.steps_per_sec:.1f}"
     examples = "-" if s.examples_per_sec is None else format_rate(s.examples_per_sec)
     parts = [f"{head} | step {s.final_step}/{s.total_steps}", f"{s.steps_run} steps in {s.seconds:.1f} s",
              f"{rate} steps/s", f"{examples} examples/s", f"loss {format_value(s.loss)}"]
+    if s.goodput is not None:
+        parts.append(f"goodput {format_share(s.goodput)}")
     if s.last_checkpoint:
         parts.append(f"checkpoint {s.last_checkpoint}")
     if s.events:

@@ -93,11 +93,15 @@ class Watchdog:
     Args:
         plan: the node and how to watch it.
         is_lost_error: whether an exception the engine raised means the TPU went away.
+        on_status: told the node's state ("READY/HEALTHY", "PREEMPTED"...) at the first poll and each
+            change (what a slow phase's notice can say about the TPU).
     """
 
-    def __init__(self, plan: WatchPlan, *, is_lost_error: Callable[[BaseException], bool]):
+    def __init__(self, plan: WatchPlan, *, is_lost_error: Callable[[BaseException], bool],
+                 on_status: Callable[[str], None] = lambda state: None):
         self.plan = plan
         self._is_lost_error = is_lost_error
+        self._on_status = on_status
         self.tripped: Optional[NodeEvent] = None
         self.last_status: Optional[cluster.NodeStatus] = None
         self._watch: Optional[cluster.NodeWatch] = None
@@ -129,6 +133,7 @@ class Watchdog:
 
     def _on_change(self, status: cluster.NodeStatus) -> None:
         self.last_status = status
+        self._on_status(f"{status.state}/{status.health}" if status.health else str(status.state))
         reason = lost_reason(status)
         if reason is not None:
             self._trip(NodeEvent(kind="node", detail=reason))

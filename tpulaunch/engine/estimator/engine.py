@@ -11,6 +11,12 @@ from tpulaunch.engine.base import Engine
 class EstimatorEngine(Engine):
     name = "estimator"
 
+    def load(self) -> None:
+        from tpulaunch.tf_env import import_tensorflow
+
+        tf = import_tensorflow()
+        _ = tf.compat.v1.estimator.tpu.TPUEstimator, tf.keras.layers.Layer  # touched: their lazy imports run now
+
     def check_build(self, loaded, plan) -> list:
         from tpulaunch.engine.estimator.build import build_problems
 
@@ -26,11 +32,11 @@ class EstimatorEngine(Engine):
 
         return tf_problems(loaded, search_path=loaded.job.search_path if loaded.job else ())
 
-    def train(self, job, plan, *, recorder, cluster_resolver=None, force=False, watch=None):
+    def train(self, job, plan, *, recorder, cluster_resolver=None, force=False, watch=None, profile=None):
         from tpulaunch.engine.estimator import runner
 
         return runner.train(job, local=not plan.on_tpu, recorder=recorder, cluster_resolver=cluster_resolver,
-                            search_path=job.search_path, force=force, watch=watch)
+                            search_path=job.search_path, force=force, watch=watch, profile=profile)
 
     def evaluate(self, job, plan, *, recorder, checkpoint: Optional[str] = None, cluster_resolver: Any = None):
         from tpulaunch.engine.estimator import runner
@@ -42,6 +48,16 @@ class EstimatorEngine(Engine):
         from tpulaunch.engine.estimator import runner
 
         return runner.export(job, out_dir, checkpoint=checkpoint, search_path=job.search_path)
+
+    def append_run_record(self, model_dir: str, line: str) -> str:
+        from tpulaunch.engine.estimator.records import append_record
+
+        return append_record(model_dir, line)
+
+    def run_record_lines(self, model_dir: str):
+        from tpulaunch.engine.estimator.records import record_lines
+
+        return record_lines(model_dir)
 
     def program(self, loaded, plan) -> str:
         from tpulaunch.engine.estimator.program import explain_script

@@ -1,8 +1,9 @@
 """TensorFlow's callbacks during a TPUEstimator run, turned into run events and stop requests.
 
 The SessionRunHooks and the CheckpointSaverListener here tell a `run.events.RunRecorder` what
-happened (a session began, a session run ended at a step with a loss, a checkpoint was saved,
-records were skipped); the stop hooks end a session when a signal arrived or the TPU was lost. This
+happened (the phases of a training session, a session run ended at a step with a loss and a wait for
+input, a checkpoint was saved, records were skipped); the stop hooks end a session when a signal
+arrived or the TPU was lost; the profile hook captures a TensorBoard profile of chosen steps. This
 module imports TensorFlow: the runner imports it inside the functions that train and evaluate.
 """
 
@@ -10,26 +11,39 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Callable, Optional
+import threading
+from typing import Callable, Optional, Tuple
 
 import tensorflow as tf
 
+from tpulaunch.engine.estimator.input_wait import input_initializers, input_wait_tensor
+from tpulaunch.run import phases
 from tpulaunch.run.events import RunRecorder
 
 _TPU_WORDS = re.compile(r"\btpu|socket|connection", re.IGNORECASE)
 
 
 class ProgressHook(tf.compat.v1.train.SessionRunHook):
-    """Feeds a recorder the global step and the loss after each session run.
+    """Feeds a recorder the phases of a training session, and the global step, the loss and the wait
+    for input after each session run (starting the timed input's iterator with each session).
+
+    The graph is built when `begin` runs: from there the session is restored (or initialised) until
+    the first run is asked for, which is the first step (on a TPU: after the TPU system started, with
+    XLA's compile), and training from its end until the session closes. The recorder's session begins
+    with that first run.
 
     `steps_per_run` is how far one session run moves the global step (iterations_per_loop on a TPU):
     the step fetched with a run may predate its update, so the exact step is read (one more tiny
     session run) only when the recorder is at a log point.
     """
 
-    def __init__(self, recorder: RunRecorder, steps_per_run: int = 1):
+    def __init__(self, recorder: RunRecorder, steps_per_run: int = 1, model_dir: Optional[str] = None,
+                 on_tpu: bool = False):
         self._recorder = recorder
         self._steps_per_run = steps_per_run
+        self._model_dir = model_dir
+        self._on_tpu = on_tpu
+        self._start_step: Optional[int] = None
 
     def begin(self):
         self._global_step = tf.compat.v1.train.get_global_step()
@@ -38,33 +52,66 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         stale = reads[0] if reads else self._global_step
         # The Estimator puts the spec's loss (on a TPU: the loss out of the loop) last in LOSSES.
         losses = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.LOSSES)
-        self._fetches = [stale] + ([losses[-1]] if losses else [])
+        self._fetches = {"step": stale}
+        if losses:
+            self._fetches["loss"] = losses[-1]
+        wait = input_wait_tensor()
+        if wait is not None:
+            self._fetches["input_wait"] = wait
+        self._input_initializers = input_initializers()
+        restoring = bool(self._model_dir and tf.train.latest_checkpoint(self._model_dir))
+        self._recorder.phase_switch(phases.RESTORE if restoring else phases.INITIALISE)
 
     def after_create_session(self, session, coord):
-        self._recorder.session_began(int(session.run(self._global_step)))
+        # The timed input's iterator starts with each session (also one MonitoredSession recreates).
+        if self._input_initializers:
+            session.run(self._input_initializers)
+        # Other hooks' after_create_session (TPU system start, the first checkpoint) still follow.
+        self._start_step = int(session.run(self._global_step))
 
     def before_run(self, run_context):
+        if self._start_step is not None:
+            self._recorder.phase_switch(phases.FIRST_STEP, "XLA compiles the TPU program" if self._on_tpu else None)
+            self._recorder.session_began(self._start_step)
+            self._start_step = None
         return tf.compat.v1.train.SessionRunArgs(self._fetches)
 
     def after_run(self, run_context, run_values):
         results = run_values.results
-        step = int(results[0]) + self._steps_per_run
+        step = int(results["step"]) + self._steps_per_run
         if self._recorder.wants_exact_step(step):
             step = int(run_context.session.run(self._global_step))
-        self._recorder.steps_run(step, float(results[1]) if len(results) > 1 else None)
+        if self._recorder.phases.open_phases()[-1:] == [phases.FIRST_STEP]:
+            self._recorder.phase_switch(phases.TRAINING)
+        wait = results.get("input_wait")
+        self._recorder.steps_run(step, float(results["loss"]) if "loss" in results else None,
+                                 float(wait) if wait is not None else None)
 
     def end(self, session):
+        opened = [name for name in self._recorder.phases.open_phases() if name in _SESSION_PHASES]
+        if opened:  # training, or the phase a session that stopped early was still in
+            self._recorder.phase_ended(opened[0])
         self._recorder.session_ended()
+        # The last checkpoint and TensorFlow's session close follow (the runner's phase scope ends it).
+        self._recorder.phase_began(phases.CLOSE)
+
+
+_SESSION_PHASES = (phases.INITIALISE, phases.RESTORE, phases.FIRST_STEP, phases.TRAINING)
 
 
 class CheckpointListener(tf.compat.v1.train.CheckpointSaverListener):
-    """Tells a recorder each checkpoint the Estimator saved, as `model_dir/model.ckpt-STEP`."""
+    """Tells a recorder each checkpoint the Estimator saved, as `model_dir/model.ckpt-STEP`, and the
+    checkpoint phase while it is written."""
 
     def __init__(self, recorder: RunRecorder, model_dir: Optional[str]):
         self._recorder = recorder
         self._model_dir = model_dir
 
+    def before_save(self, session, global_step_value):
+        self._recorder.phase_began(phases.CHECKPOINT)
+
     def after_save(self, session, global_step_value):
+        self._recorder.phase_ended(phases.CHECKPOINT)
         step = int(global_step_value)
         path = os.path.join(self._model_dir, f"model.ckpt-{step}") if self._model_dir else None
         self._recorder.checkpoint_saved(step, path)
@@ -122,6 +169,108 @@ class RequestStopHook(tf.compat.v1.train.SessionRunHook):
             run_context.request_stop()
 
 
+# The port of a Cloud TPU Node worker's profiler service (Cloud TPU's `capture_tpu_profile` asks it).
+TPU_PROFILER_PORT = 8466
+
+
+class ProfileHook(tf.compat.v1.train.SessionRunHook):
+    """Captures a TensorBoard profile of global steps `first` to `last` (both included) into `logdir`.
+
+    The profiler starts before the session run that reaches `first` and stops after the one that
+    reaches `last` (or when the session ends first). In this process (CPU, GPU, a TPU VM) it is
+    TensorFlow's own profiler (`tf.profiler.experimental.start/stop`); on a Cloud TPU Node the TPU
+    workers' profiler services are asked for a trace of about the window's duration, as Cloud TPU's
+    `capture_tpu_profile` does. The profile lands in `logdir/plugins/profile/<time>/`, where
+    TensorBoard's Profile tab reads it.
+
+    Args:
+        service: "grpc://host:8466,..." for a TPU Node's profiler services; None: this process.
+        on_done: told (first step profiled, last step, or an error message) when the capture ends.
+        seconds_per_step: the current seconds per step (for a TPU Node's trace duration), None if unknown.
+    """
+
+    def __init__(self, first: int, last: int, logdir: str, *, steps_per_run: int = 1, service: Optional[str] = None,
+                 on_done: Callable[[Optional[Tuple[int, int]], Optional[str]], None] = lambda steps, error: None,
+                 seconds_per_step: Callable[[], Optional[float]] = lambda: None):
+        self._first, self._last = first, last
+        self._logdir = logdir
+        self._steps_per_run = steps_per_run
+        self._service = service
+        self._on_done = on_done
+        self._seconds_per_step = seconds_per_step
+        self._from: Optional[int] = None  # the first step under the profiler, while it runs
+        self._finished = False
+        self._trace: Optional[threading.Thread] = None
+        self._error: Optional[str] = None
+
+    def begin(self):
+        self._global_step = tf.compat.v1.train.get_global_step()
+
+    def after_create_session(self, session, coord):
+        self._step = int(session.run(self._global_step))
+
+    def before_run(self, run_context):
+        if self._finished or self._from is not None:
+            return None
+        if self._step < self._last and self._step + self._steps_per_run >= self._first:
+            try:
+                self._start()
+            except (tf.errors.OpError, RuntimeError, ValueError) as exc:
+                self._finished = True
+                self._on_done(None, str(getattr(exc, "message", exc)).strip().splitlines()[0])
+                return None
+            self._from = self._step + 1
+        return None
+
+    def after_run(self, run_context, run_values):
+        self._step += self._steps_per_run
+        if self._from is not None and self._step >= self._last:
+            self._stop()
+
+    def end(self, session):
+        if self._from is not None:
+            self._stop()
+
+    def _start(self) -> None:
+        if self._service is None:
+            tf.profiler.experimental.start(self._logdir)
+            return
+        per_step = self._seconds_per_step() or 1.0
+        duration_ms = int(max(2.0, 1.5 * per_step * (self._last - self._step)) * 1000)
+
+        def trace():
+            try:
+                tf.profiler.experimental.client.trace(self._service, self._logdir, duration_ms)
+            except Exception as exc:  # reported through on_done: a profile must never stop training
+                self._error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+        self._trace = threading.Thread(target=trace, name="tpulaunch-profile", daemon=True)
+        self._trace.start()
+
+    def _stop(self) -> None:
+        steps, self._from, self._finished = (self._from, min(self._step, self._last)), None, True
+        if self._service is None:
+            try:
+                tf.profiler.experimental.stop()
+            except (tf.errors.OpError, RuntimeError) as exc:
+                self._error = str(getattr(exc, "message", exc)).strip().splitlines()[0]
+        elif self._trace is not None:
+            self._trace.join()
+        self._on_done(None if self._error else steps, self._error)
+
+
+def profiler_service(cluster_resolver) -> Optional[str]:
+    """The TPU Node workers' profiler services ("grpc://10.0.0.2:8466,..."); None when the TPU runs in this
+    process (a TPU VM, or no TPU): then TensorFlow's in-process profiler sees it."""
+    if cluster_resolver is None:
+        return None
+    workers = cluster_resolver.cluster_spec().as_dict().get("worker") or []
+    hosts = [address.rsplit(":", 1)[0] for address in workers]
+    if not hosts or all(host in ("localhost", "127.0.0.1", "[::1]") for host in hosts):
+        return None
+    return ",".join(f"grpc://{host}:{TPU_PROFILER_PORT}" for host in hosts)
+
+
 class EvaluationInterrupted(Exception):
     """An evaluation was abandoned after a session run because a stop was asked for."""
 
@@ -141,9 +290,34 @@ class InterruptEvaluationHook(tf.compat.v1.train.SessionRunHook):
             raise EvaluationInterrupted()
 
 
-def progress_hooks(recorder: RunRecorder, *, steps_per_run: int = 1, model_dir: Optional[str] = None):
+def progress_hooks(recorder: RunRecorder, *, steps_per_run: int = 1, model_dir: Optional[str] = None,
+                   on_tpu: bool = False):
     """(SessionRunHook, CheckpointSaverListener) feeding `recorder` from a TPUEstimator's train."""
-    return ProgressHook(recorder, steps_per_run), CheckpointListener(recorder, model_dir)
+    return ProgressHook(recorder, steps_per_run, model_dir, on_tpu), CheckpointListener(recorder, model_dir)
+
+
+def profile_hooks(profile: Tuple[int, int], recorder: RunRecorder, *, start_step: int, total_steps: int,
+                  model_dir: str, steps_per_run: int = 1, cluster_resolver=None) -> list:
+    """[ProfileHook] capturing global steps `profile` (first, last) into model_dir, telling `recorder`;
+    no hook (and a note) when the run trains none of those steps."""
+    first, last = profile
+    if last <= start_step or first > total_steps:
+        recorder.note(f"profile | steps {first}-{last} are not trained in this run (steps {start_step + 1} to "
+                      f"{total_steps}): nothing profiled")
+        return []
+
+    def done(steps, error):
+        if error:
+            recorder.note(f"profile | not captured: {error}")
+        else:
+            recorder.profile_captured(*steps, model_dir, os.path.join(model_dir, "plugins", "profile"))
+
+    def seconds_per_step():
+        rate = recorder.steps_per_sec
+        return 1 / rate if rate else None
+
+    return [ProfileHook(first, last, model_dir, steps_per_run=steps_per_run, on_done=done,
+                        service=profiler_service(cluster_resolver), seconds_per_step=seconds_per_step)]
 
 
 def skipped_records_hook(recorder: RunRecorder) -> SkippedRecordsHook:

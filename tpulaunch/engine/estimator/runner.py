@@ -11,7 +11,7 @@ import contextlib
 import re
 
 import os
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
 from tpulaunch.data.pipeline import naming_read_errors
 from tpulaunch.engine.estimator.plain import (  # noqa: F401  (partition_dims, log_every_steps: for callers)
@@ -19,6 +19,7 @@ from tpulaunch.engine.estimator.plain import (  # noqa: F401  (partition_dims, l
 from tpulaunch.errors import TpuLaunchError, first_line
 from tpulaunch.job.schema import Job
 from tpulaunch.plan.build import Plan, build_plan
+from tpulaunch.run import phases
 from tpulaunch.run.events import EvalResult, RunRecorder, TrainSummary
 from tpulaunch.run.signals import EvaluationStopped, StopSignal, TrainingStopped
 
@@ -151,7 +152,8 @@ def _get(document: Any, keys: tuple):
 
 def train(job: Job, *, local: bool, recorder: Optional[RunRecorder] = None, stop: Optional[StopSignal] = None,
           cluster_resolver: Any = None, search_path: Sequence[str] = (), force: bool = False,
-          watch: Optional["WatchPlan"] = None) -> TrainSummary:
+          watch: Optional["WatchPlan"] = None, profile: Optional[Tuple[int, int]] = None,
+          time_input: bool = True) -> TrainSummary:
     """Train to `job.train.steps`, resuming from model_dir's latest complete checkpoint, evaluating as the job says.
 
     Without `eval.every_steps` and with eval data, one evaluation runs at the end. Before every
@@ -169,6 +171,8 @@ def train(job: Job, *, local: bool, recorder: Optional[RunRecorder] = None, stop
         watch: watch the TPU node while training (`watchdog.WatchPlan`): stop cleanly when it is
             lost and, `watch.auto_resume` times at most, wait for it and resume. A TPU run gets a
             fresh cluster resolver for each resume. None: no watching.
+        profile: (first, last) global steps to capture a TensorBoard profile of, into model_dir.
+        time_input: measure how long each step waits for its input (CPU/GPU; `input_wait`).
 
     Returns:
         The summary (also the recorder's last event), with the TPU events and resumes.
@@ -201,17 +205,26 @@ def train(job: Job, *, local: bool, recorder: Optional[RunRecorder] = None, stop
     elif start:
         recorder.note(f"resumed from step {start} ({model_dir})")
     train_input = _input_fn(job, "train", use_tpu, search_path)
+    if time_input and not use_tpu:
+        from tpulaunch.engine.estimator.input_wait import timed_input_fn
+
+        train_input = timed_input_fn(train_input)
 
     from tpulaunch.engine.estimator import hooks as tf_hooks
 
     steps_per_run = job.tpu.iterations_per_loop if use_tpu else 1
-    hook, listener = tf_hooks.progress_hooks(recorder, steps_per_run=steps_per_run, model_dir=model_dir)
+    hook, listener = tf_hooks.progress_hooks(recorder, steps_per_run=steps_per_run, model_dir=model_dir,
+                                             on_tpu=use_tpu)
     hooks = [hook, tf_hooks.RequestStopHook(lambda: stop.received is not None), tf_hooks.skipped_records_hook(recorder)]
+    if profile is not None:
+        hooks += tf_hooks.profile_hooks(profile, recorder, start_step=start, total_steps=job.train.steps,
+                                        model_dir=model_dir, steps_per_run=steps_per_run,
+                                        cluster_resolver=cluster_resolver if use_tpu else None)
     dog = None
     if watch is not None:
         from tpulaunch.run.watchdog import Watchdog
 
-        dog = Watchdog(watch, is_lost_error=tf_hooks.is_lost_tpu_error)
+        dog = Watchdog(watch, is_lost_error=tf_hooks.is_lost_tpu_error, on_status=recorder.node_seen)
         hooks.append(tf_hooks.RequestStopHook(lambda: dog.tripped is not None))
     with stop:
         while True:
@@ -287,7 +300,8 @@ def _train_segments(estimator, job: Job, train_input, hooks: list, listener, rec
             if dog is not None:
                 dog.start()
             # spec_errors: the model_fn's scaffold checks the builder's weights when the session starts.
-            with naming_read_errors(job, "train"), spec_errors():
+            with naming_read_errors(job, "train"), spec_errors(), recorder.phase_scope():
+                recorder.phase_began(phases.BUILD)  # the hooks take it from there (restore, first step, training)
                 estimator.train(train_input, max_steps=boundary, hooks=hooks, saving_listeners=[listener])
         except Exception as exc:  # only a lost TPU is handled here; anything else propagates unchanged
             if dog is None or not dog.record_error(exc):
@@ -388,7 +402,7 @@ def _evaluate_into(estimator, job: Job, use_tpu: bool, search_path: Sequence[str
     from tpulaunch.engine.estimator.hooks import skipped_records_counter
 
     hook, skipped = skipped_records_counter()
-    with naming_read_errors(job, "eval"):
+    with naming_read_errors(job, "eval"), recorder.phase(phases.EVALUATION):
         results = estimator.evaluate(_input_fn(job, "eval", use_tpu, search_path), steps=job.eval.steps,
                                      checkpoint_path=checkpoint, hooks=[hook, *hooks])
     return recorder.evaluated(int(results.get("global_step", 0)), results, skipped())
