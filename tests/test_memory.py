@@ -97,8 +97,17 @@ def test_published_tiles_and_weights(published_plans):
     assert published_plans["unet3d-256-x1-16way"].tile == [1, 64, 128, 128, 1]
 
 
-def test_unpartitioned_2560_retinanet_recommends_a_partition_that_fits(published_plans):
-    rec = published_plans["retinanet-2560-x8-unpartitioned"].recommendation
+def test_unpartitioned_2560_retinanet_recommends_a_smaller_batch_then_a_partition_that_fits(published_plans):
+    first = published_plans["retinanet-2560-x8-unpartitioned"].recommendation
+    # One 2560^2 image per core fits: the largest batch that fits comes first (full speed) ...
+    assert first["action"] == "reduce-batch" and 1 <= first["per_replica_batch"] < 8
+    assert first["global_batch"] == first["per_replica_batch"] * 8  # a v3-8: 8 replicas of one core
+    smaller = memory.plan_memory(make_job("retinanet", 2560, "v3-8", 1, first["global_batch"]))
+    assert smaller.verdict == "fits" and smaller.per_core_bytes == first["per_core_bytes"]
+    one_more = memory.plan_memory(make_job("retinanet", 2560, "v3-8", 1, first["global_batch"] + 8))
+    assert one_more.verdict != "fits"
+    # ... then spatial partitioning that keeps the batch, with its cost.
+    rec = first["alternative"]
     assert {k: rec[k] for k in ("action", "cores_per_replica", "dims", "per_replica_batch", "global_batch", "cost")} == {
         "action": "partition", "cores_per_replica": 4, "dims": {"image": [1, 2, 2, 1]},
         "per_replica_batch": 8, "global_batch": 16, "cost": {"efficiency": 0.55, "core_time_per_example": 1.82}}
@@ -435,4 +444,6 @@ def test_builder_failure_is_reported_not_raised():
     job = job.model_copy(update={"model": job.model.model_copy(update={"builder": "test_memory:broken_builder",
                                                                        "params": {}})})
     assert memory.plan_memory(job).to_dict() == memory.MemoryPlan(
-        "unknown", None, None, reason="building the model failed: RuntimeError: the builder's own bug").to_dict()
+        "unknown", None, None,
+        reason="building the model failed: model.builder: building the train graph: RuntimeError: the builder's own bug"
+    ).to_dict()

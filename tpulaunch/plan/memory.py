@@ -302,6 +302,16 @@ def largest_batch(job: Job, tile: Tile, usable: int, shapes) -> int:
     return int(low)
 
 
+def _smaller_batch(job: Job, tile: Tile, usable: int, shapes, devices: int, cores: int) -> Optional[dict]:
+    """The largest per-core batch below the tile's that fits, as a recommendation; None if even one example does not."""
+    if tile.batch <= 1 or estimate(job, Tile(1, tile.shape, cores, tile.dims), shapes).total > usable:
+        return None
+    best = min(largest_batch(job, tile, usable, shapes), tile.batch - 1)
+    per_replica = best * (tile.dims[0] if tile.dims else 1)  # a split batch axis multiplies it back
+    return {"action": "reduce-batch", "per_replica_batch": per_replica, "global_batch": per_replica * (devices // cores),
+            "per_core_bytes": estimate(job, Tile(best, tile.shape, cores, tile.dims), shapes).total}
+
+
 def partition_cost(cores: int) -> dict:
     """Expected cost of spatial partitioning over `cores` (from the published step times)."""
     efficiency = 1.0 if cores <= 1 else PARTITION_EFFICIENCY
@@ -355,7 +365,11 @@ def plan_memory(job: Job, plan: Optional["Plan"] = None) -> MemoryPlan:
         if isinstance(exc, ImportError) and exc.name in ("tensorflow", "keras"):
             reason = "TensorFlow is not installed: install tpulaunch[cpu] (or use plan --no-memory)"
         else:
-            reason = f"building the model failed: {type(exc).__name__}: {exc}"
+            from tpulaunch.errors import TpuLaunchError
+
+            # A located build error already names the key and the error; anything else gets its type.
+            said = exc.message if isinstance(exc, TpuLaunchError) else f"{type(exc).__name__}: {exc}"
+            reason = f"building the model failed: {said}"
         return MemoryPlan("unknown", None, None, reason=reason)
     est = estimate(job, tile, shapes, method)
     common = dict(breakdown=est.breakdown, lower_bound_bytes=est.lower_bound, tile=[tile.batch, *tile.shape],
@@ -367,15 +381,23 @@ def plan_memory(job: Job, plan: Optional["Plan"] = None) -> MemoryPlan:
     result = verdict(est.total, est.lower_bound, usable)
     recommendation = None
     if result != "fits":
+        # First the largest per-core batch that fits (full speed), then spatial partitioning at this batch
+        # (with its cost): partitioning first only when even one example per core does not fit.
+        partition = None
         found = smallest_fitting_partition(job, devices, usable, batch, start=cores + 1, shapes=shapes)
         if found:
             replicas = devices // found["cores_per_replica"]
-            recommendation = dict(found, action="partition", per_replica_batch=batch, global_batch=batch * replicas,
-                                  cost=partition_cost(found["cores_per_replica"]))
+            partition = dict(found, action="partition", per_replica_batch=batch, global_batch=batch * replicas,
+                             cost=partition_cost(found["cores_per_replica"]))
+        smaller = _smaller_batch(job, tile, usable, shapes, devices, cores)
+        if smaller is not None:
+            recommendation = dict(smaller, alternative=partition)
+        elif partition is not None:
+            recommendation = partition
         else:
             recommendation = {"action": "none", "reason": f"no cores_per_replica up to {devices} fits at "
                                                           f"{batch} examples per replica; reduce the batch or the input"}
-    elif est.total <= usable * HEADROOM_SHARE:
+    elif est.total <= usable * HEADROOM_SHARE:  # large headroom: the largest batch that fits
         best = largest_batch(job, tile, usable, shapes)
         if best > tile.batch:
             per_replica = best * (tile.dims[0] if tile.dims else 1)  # a split batch axis multiplies it back

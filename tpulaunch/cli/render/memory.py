@@ -79,6 +79,12 @@ def recommendation_text(rec: dict) -> str:
                 f"(~{_gib(rec['per_core_bytes'])} per core; per-replica batch {rec['per_replica_batch']}, "
                 f"global batch {rec['global_batch']}); spatial partitioning runs at ~{cost['efficiency']:.0%} efficiency, "
                 f"~{cost['core_time_per_example']}x the core time per example")
+    if rec.get("action") == "reduce-batch":
+        text = (f"reduce the batch: up to {rec['per_replica_batch']} examples per replica fit "
+                f"(train.batch_size: {rec['global_batch']}, ~{_gib(rec['per_core_bytes'])} per core)")
+        if rec.get("alternative"):
+            text += "; or keep the batch with " + recommendation_text(rec["alternative"])
+        return text
     if rec.get("action") == "batch":
         return (f"large headroom: up to {rec['per_replica_batch']} examples per replica fit "
                 f"(train.batch_size: {rec['global_batch']}, ~{_gib(rec['per_core_bytes'])} per core)")

@@ -30,8 +30,14 @@ INPUT_INITIALIZER = "tpulaunch_input_initializer"
 def timed_input_fn(input_fn: Callable) -> Callable:
     """`input_fn`, returning its dataset's next batch with the wait for it measured (see the module)."""
 
-    def timed(params):
-        result = input_fn(params)
+    from tensorflow.python.util import function_utils  # TPUEstimator's own reading of an input_fn's arguments
+
+    takes = function_utils.fn_args(input_fn)
+
+    def timed(params, mode=None, config=None):
+        # TPUEstimator passes `mode` and `config` to a function that names them: hand on what input_fn names.
+        given = {name: value for name, value in (("mode", mode), ("config", config)) if name in takes}
+        result = input_fn(params, **given)
         if not isinstance(result, tf.data.Dataset):
             return result
         iterator = tf.compat.v1.data.make_initializable_iterator(result)
