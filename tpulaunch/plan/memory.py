@@ -81,7 +81,8 @@ _SHAPES_CACHE: dict = {}
 def step_shapes(job: Job, *, use_tpu: bool):
     """What one training step of `job` keeps for its backward pass, read from the graph its engine builds
     (`Engine.step_tensors`): per example, with dtypes and convolution halos. Cached per job and target."""
-    key = (job.model_dump_json(), tuple(job.search_path), use_tpu)
+    # The step depends on the model, the data specs and the flags, not on batch sizes or the slice.
+    key = (job.model_dump_json(include={"model", "data", "flags"}), tuple(job.search_path), use_tpu)
     if key not in _SHAPES_CACHE:
         from tpulaunch.engine.base import engine_for
 
