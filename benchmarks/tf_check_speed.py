@@ -13,14 +13,18 @@ import argparse
 import os
 import sys
 
-from cli_speed import best_of  # fresh processes, best of N (this script's folder is on sys.path)
+from cli_speed import run_once  # one fresh process, timed (this script's folder is on sys.path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(ROOT, "configs", "unet3d_ct.yaml")
 GOAL_SECONDS = 15.0
 
-BASELINE = [sys.executable, "-c", "import tensorflow"]
-CHECK = [sys.executable, "-m", "tpulaunch", "validate", JOB, "--static", "--tf"]
+BASELINE = ["-c", "import tensorflow"]  # run_once adds the interpreter
+CHECK = ["-m", "tpulaunch", "validate", JOB, "--static", "--tf"]
+
+
+def best_of(command: list, repeat: int) -> float:
+    return min(run_once(command) for _ in range(repeat))
 
 
 def main() -> int:
