@@ -25,6 +25,7 @@ from tpulaunch.engine.estimator import runner
 from tpulaunch.errors import ExitCode, TpuLaunchError
 from tpulaunch.job.load import load_job
 from tpulaunch.job.yamlfile import SECRET_MASK
+from tpulaunch.run.events import RunRecorder, StepsRun
 from tpulaunch.run.signals import EvaluationStopped, TrainingStopped
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -335,17 +336,19 @@ def test_sigterm_stops_training_with_exit_code_143_and_a_checkpoint(project, tmp
     loaded = load_job(str(project / "job.yaml"), [f"run.model_dir={run_dir}", "train.steps=100000",
                                                   "eval.every_steps=null"])
 
+    # The signal goes out on an event, not after a time: the first training step past step 0 has finished.
+    recorder = RunRecorder(total_steps=100000, batch_size=8)
+    stepped = threading.Event()
+    recorder.subscribe(lambda event: stepped.set() if isinstance(event, StepsRun) and event.step > 0 else None)
+
     def terminate_once_training():
-        deadline = time.monotonic() + 120
-        while not (run_dir / "checkpoint").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.3)
+        stepped.wait(120)
         os.kill(os.getpid(), signal.SIGTERM)
 
     killer = threading.Thread(target=terminate_once_training, daemon=True)
     killer.start()
     with pytest.raises(TrainingStopped) as stopped:
-        runner.train(loaded.job, local=True, search_path=[str(project)])
+        runner.train(loaded.job, local=True, recorder=recorder, search_path=[str(project)])
     killer.join()
 
     assert stopped.value.exit_code == ExitCode.TERMINATED == 143

@@ -32,7 +32,7 @@ from tpulaunch.errors import ExitCode, TpuLaunchError
 from tpulaunch.job.schema import Tpu
 from tpulaunch.job.load import load_job
 from tpulaunch.engine.estimator.hooks import is_lost_tpu_error
-from tpulaunch.run.events import NodeEvent, RunRecorder
+from tpulaunch.run.events import NodeEvent, NodeWaiting, RunRecorder
 from tpulaunch.run.render_plain import PlainRenderer
 from tpulaunch.run.signals import TrainingStopped
 from tpulaunch.run.watchdog import NodeLost, Watchdog, WatchPlan, lost_reason, wait_until_ready
@@ -306,10 +306,11 @@ def test_sigterm_while_waiting_for_the_node_exits_143_and_keeps_the_checkpoint(p
     recorder.subscribe(PlainRenderer(Console(file=output, width=200)))
     flip = preempt_when_checkpoint_appears(api, model_dir, 20)  # and never back
 
+    waiting = threading.Event()  # set by the recorder's first "waiting for the node" event
+    recorder.subscribe(lambda event: waiting.set() if isinstance(event, NodeWaiting) else None)
+
     def terminate_while_waiting():
-        deadline = time.monotonic() + 300
-        while "tpu | waiting" not in output.getvalue() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        waiting.wait(300)
         os.kill(os.getpid(), signal.SIGTERM)
 
     killer = threading.Thread(target=terminate_while_waiting, daemon=True)
