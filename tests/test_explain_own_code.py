@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,8 +22,8 @@ from click.testing import CliRunner
 
 from tpulaunch.cli.app import cli
 from test_explain import RUN_WITHOUT_TPULAUNCH, _evaluation_of
-from test_own_program import JOB as MNIST_JOB, PROBE, PROBE_JOB, PROGRAMS, write_digits
-from test_weights import JOB as WEIGHTS_JOB, MODEL_VARIABLES, MODELS as WEIGHT_MODELS, values
+from test_own_program import PROBE, PROBE_JOB, write_project as write_mnist_project
+from test_weights import MODEL_VARIABLES, values, write_project as write_weights_project
 
 
 def explain(job: Path, *overrides: str) -> str:
@@ -56,13 +55,7 @@ def line_of(job: Path, text: str) -> int:
 @pytest.fixture(scope="module")
 def mnist(tmp_path_factory) -> Path:
     """tests/programs/mnist_tpu.py beside its job file, as in test_own_program.py."""
-    root = tmp_path_factory.mktemp("explain_mnist")
-    shutil.copy(PROGRAMS / "mnist_tpu.py", root / "mnist_tpu.py")
-    (root / "data").mkdir()
-    write_digits(root / "data" / "train.tfrecord", 256, seed=1)
-    write_digits(root / "data" / "eval.tfrecord", 64, seed=2)
-    (root / "job.yaml").write_text(MNIST_JOB.replace("DATA_DIR", str(root / "data")))
-    return root / "job.yaml"
+    return write_mnist_project(tmp_path_factory.mktemp("explain_mnist")) / "job.yaml"
 
 
 def test_the_program_of_a_model_fn_job_imports_its_functions_and_sets_its_params_and_flags(mnist):
@@ -135,22 +128,7 @@ def test_one_input_fn_that_names_mode_gets_each_mode_and_the_params(tmp_path):
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory) -> Path:
     """The builder of test_weights.py, loading kernels-0.0123.h5 (every weight 0.0123), and its records."""
-    root = tmp_path_factory.mktemp("explain_weights")
-    (root / "weight_models.py").write_text(WEIGHT_MODELS)
-    namespace: dict = {}
-    exec(WEIGHT_MODELS, namespace)  # pylint: disable=exec-used  # the same builder writes the files the jobs load
-    namespace["save_constant_weights"](str(root / "kernels-0.0123.h5"), 0.0123)
-    namespace["save_constant_weights"](str(root / "kernels-0.5.h5"), 0.5)
-    rng = np.random.default_rng(0)
-    with tf.io.TFRecordWriter(str(root / "train.tfrecord")) as writer:
-        for _ in range(32):
-            label = int(rng.integers(2))
-            writer.write(tf.train.Example(features=tf.train.Features(feature={
-                "image": tf.train.Feature(float_list=tf.train.FloatList(value=(rng.normal(size=64) + label).tolist())),
-                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
-            })).SerializeToString())
-    (root / "job.yaml").write_text(WEIGHTS_JOB.replace("WEIGHTS", str(root / "kernels-0.0123.h5")))
-    return root / "job.yaml"
+    return write_weights_project(tmp_path_factory.mktemp("explain_weights")) / "job.yaml"
 
 
 def test_the_program_starts_from_the_weights_the_builder_loaded(weights):

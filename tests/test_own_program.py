@@ -58,7 +58,11 @@ def write_digits(path: Path, count: int, seed: int) -> None:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("own_program")
+    return write_project(tmp_path_factory.mktemp("own_program"))
+
+
+def write_project(root: Path) -> Path:
+    """tests/programs/mnist_tpu.py, its records and its job file in `root`."""
     shutil.copy(PROGRAMS / "mnist_tpu.py", root / "mnist_tpu.py")
     (root / "data").mkdir()
     write_digits(root / "data" / "train.tfrecord", 256, seed=1)

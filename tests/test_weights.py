@@ -63,7 +63,11 @@ JOB = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("weights")
+    return write_project(tmp_path_factory.mktemp("weights"))
+
+
+def write_project(root: Path) -> Path:
+    """The weight-loading builder, the weights files it loads, its records and its job file in `root`."""
     (root / "weight_models.py").write_text(MODELS)
     namespace: dict = {}
     exec(MODELS, namespace)  # the same builder writes the weights files the jobs load
