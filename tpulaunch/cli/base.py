@@ -33,11 +33,6 @@ def console(stderr: bool = False) -> "Console":
     return made
 
 
-def consoles() -> tuple:
-    """(stdout, stderr) consoles."""
-    return console(stderr=False), console(stderr=True)
-
-
 class Context:
     """The object every command receives (`@pass_obj`); made with defaults when a command runs on its own.
 

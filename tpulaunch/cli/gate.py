@@ -32,7 +32,7 @@ class JobRefused(TpuLaunchError):
 
 
 def load_checked(job_file: str, overrides: Sequence[str] = (), *, local: bool = False, verb: str = "running",
-                 sections: Optional[Sequence[str]] = None, err=None, show_warnings: bool = True) -> CheckedJob:
+                 sections: Optional[Sequence[str]] = None, err=None) -> CheckedJob:
     """Load `job_file` with `overrides`, run the static checks for this target (`local`: this machine's
     CPU/GPU, where tpu: and partition: do not apply) and return it with its Plan.
 
@@ -40,7 +40,7 @@ def load_checked(job_file: str, overrides: Sequence[str] = (), *, local: bool = 
         verb: what the caller was about to do, for the refusal line ("running", "planning", ...).
         sections: only errors in these top-level sections stop the caller (`status` needs only tpu:);
             None: every error does.
-        err: a rich console for the warnings (none printed when None or `show_warnings` is false).
+        err: where the warnings are printed (none when None).
 
     Raises:
         JobRefused: with every located problem, when the job has errors that matter here.
@@ -55,7 +55,7 @@ def load_checked(job_file: str, overrides: Sequence[str] = (), *, local: bool = 
         raise JobRefused(f"not {verb} {job_file}: fix the problems above (tpulaunch validate {job_file})",
                          problems=shown)
     warnings = [p for p in result.problems if not p.is_error]
-    if err is not None and show_warnings and warnings:
+    if err is not None and warnings:
         from tpulaunch.cli.render.problems import render_text
 
         render_text(err, warnings, file=job_file)

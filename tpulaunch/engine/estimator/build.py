@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from tpulaunch.errors import TpuLaunchError, first_line
@@ -74,11 +74,7 @@ class ModeBuild:
     key: Optional[tuple] = None  # the job key a failure is reported at
     message: Optional[str] = None
     hint: Optional[str] = None
-    trace: Optional[str] = None  # the formatted traceback, for --debug
     code: Optional[str] = None  # a problem code of its own (e.g. builder-download-failed)
-    features: dict = field(default_factory=dict)  # name -> [shape, dtype] the model_fn received
-    labels: dict = field(default_factory=dict)
-    trainable_params: Optional[int] = None
 
 
 def build_problems(loaded, plan) -> list:
@@ -111,7 +107,6 @@ def _build(job, plan, mode: str) -> ModeBuild:
     try:
         with graph.as_default():
             features, labels = _inputs(job, mode, params)
-            result = ModeBuild(mode, True, features=_describe(features), labels=_describe(labels))
             stage = ("model", "model_fn") if job.model.model_fn else ("model", "builder")
             model_fn = make_model_fn(job, use_tpu=False, search_path=job.search_path)
             spec = _call_model_fn(model_fn, features, labels, keys[mode], params, _config(job))
@@ -119,12 +114,10 @@ def _build(job, plan, mode: str) -> ModeBuild:
                 stage = ("model", "metrics")
                 fn, tensors = spec.eval_metrics
                 fn(**tensors) if isinstance(tensors, dict) else fn(*tensors)
-            result.trainable_params = sum(int(v.shape.num_elements() or 0)
-                                          for v in graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES))
-            return result
+            return ModeBuild(mode, True)
     except Exception as exc:  # noqa: BLE001 (any failure of the user's code or TF's is the verdict)
         key, message, hint = _blame(exc, stage, job)
-        return ModeBuild(mode, False, key, message, hint, "".join(traceback.format_exception(exc)),
+        return ModeBuild(mode, False, key, message, hint,
                          code=getattr(exc, "code", None) if isinstance(exc, TpuLaunchError) else None)
 
 
@@ -180,14 +173,6 @@ def _inputs(job, mode: str, params: dict):
     return tuple(tf.nest.map_structure(placeholder, part) if part is not None else None for part in spec)
 
 
-def _describe(value) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        value = {"": value}
-    return {name: [list(t.shape.as_list()), t.dtype.name] for name, t in value.items()}
-
-
 def _blame(exc: BaseException, stage: tuple, job) -> tuple:
     """(job key, message, hint) for a failure while building: the key of the code it failed in."""
     from tpulaunch.engine.estimator.standalone import SpecError
@@ -206,9 +191,9 @@ def _blame(exc: BaseException, stage: tuple, job) -> tuple:
              ("model", "optimizer"): "check model.optimizer and its args",
              ("data", "features"): "the model must accept the declared features: one tensor, or a dict by name",
              ("model", "builder"): "check model.params against the builder, and the builder itself "
-                                   "(validate --debug shows the traceback)",
-             ("model", "model_fn"): "the error is in the job's model_fn (validate --debug shows the traceback)",
-             ("data", "input_fn"): "the error is in the job's input_fn (validate --debug shows the traceback)"}
+                                   "(`tpulaunch --debug train --local` shows the traceback)",
+             ("model", "model_fn"): "the error is in the job's model_fn (`tpulaunch --debug train --local` shows the traceback)",
+             ("data", "input_fn"): "the error is in the job's input_fn (`tpulaunch --debug train --local` shows the traceback)"}
     return key, message, hints.get(key)
 
 
