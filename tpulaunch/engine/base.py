@@ -2,7 +2,8 @@
 
 validate, plan, train, evaluate, export and explain reach TensorFlow only through an `Engine`; the
 job, its checks and its Plan (computed once, in plan/) are the same for every engine. TPUEstimator
-(`engine/estimator/`) is the first implementation. An engine is chosen per job by `engine_for`.
+(`engine/estimator/`) and Keras + tf.distribute (`engine/keras/`) implement it; `engine_for` picks
+one per job (`engine/choice.py`).
 
 Every method takes the checked job and its Plan for the target (`plan.on_tpu` says TPU or this
 machine); what a method needs beyond them comes as keyword arguments.
@@ -80,7 +81,13 @@ class Engine(abc.ABC):
 
 
 def engine_for(job: "Job") -> Engine:
-    """The engine that runs `job` (TPUEstimator: the one there is)."""
+    """The engine that runs `job`: its `run.engine`, else the one the installed TensorFlow has (`engine.choice`)."""
+    from tpulaunch.engine.choice import engine_name
+
+    if engine_name(job.run) == "keras":
+        from tpulaunch.engine.keras.engine import KerasEngine
+
+        return KerasEngine()
     from tpulaunch.engine.estimator.engine import EstimatorEngine
 
     return EstimatorEngine()

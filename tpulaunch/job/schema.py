@@ -328,6 +328,9 @@ class WarmStart(Strict):
 
 class Run(Strict):
     model_dir: str = Field(description="checkpoints, summaries and the resolved job (gs:// for a Cloud TPU)")
+    engine: Optional[Literal["estimator", "keras"]] = Field(
+        None, description="what trains the job: estimator (TPUEstimator, TensorFlow 2.15) or keras (Keras + "
+                          "tf.distribute, TensorFlow 2.16 and later); default: the one the installed TensorFlow has")
     save_checkpoints_steps: int = Field(1000, ge=1)
     keep_checkpoint_max: int = Field(5, ge=1)
     log_every_steps: Optional[int] = Field(None, ge=1, description="progress line cadence (default: iterations_per_loop)")
