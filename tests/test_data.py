@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from tpulaunch.data.pipeline import make_input_fn, parse_example_fn
-from tpulaunch.engine.estimator.standalone import host_shard
+from tpulaunch.engine.portable import host_shard
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.schema import Job
 from tpulaunch.data.synth import shard_name

@@ -191,7 +191,7 @@ def test_run_config_for_a_partitioned_dict_job_is_what_tensorflow_accepts(workdi
 
 def test_custom_loss_gets_whole_dicts_keyed_differently_from_labels():
     """RetinaNet-style: outputs {cls_logits, box_regression} against labels {cls_targets, box_targets}."""
-    from tpulaunch.engine.estimator.standalone import compute_loss
+    from tpulaunch.engine.portable import compute_loss
     from tpulaunch.models.retinanet import loss as retinanet_loss
 
     labels = {"cls_targets": tf.constant([[1, 0, -1, 0]], tf.int32), "box_targets": tf.zeros([1, 4, 4])}

@@ -177,7 +177,7 @@ def test_validate_agrees_with_train(project, name):
 ])
 def test_each_output_is_read_as_probabilities_or_logits_from_what_produces_it(project, builder, params, expected):
     """from_logits per head: a softmax/sigmoid output layer, or op, means probabilities; anything else logits."""
-    from tpulaunch.engine.estimator.standalone import probabilities_of
+    from tpulaunch.engine.portable import probabilities_of
     from tpulaunch.job.imports import resolve
 
     build = resolve(builder, search_path=[str(project)], what="model builder")

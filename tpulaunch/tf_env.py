@@ -16,6 +16,10 @@ def quiet_tensorflow(verbose: int = 0) -> None:
     """Must run before TensorFlow is imported: the C++ level is read once, at import."""
     import logging
 
+    # TensorFlow 2.16+ makes `tf.keras` Keras 3 unless this is set; with it, `tf.keras` is tf-keras (Keras 2),
+    # which the keras engine and the job's own builders use. TensorFlow 2.15 ignores it.
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
     global _level
     if verbose >= 2:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")

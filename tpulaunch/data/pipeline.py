@@ -1,7 +1,7 @@
 """TFRecord input pipelines built from the job's `data` section.
 
 The pipeline itself (parse, decode, batch, shard per host, skip_corrupt) is
-`tpulaunch.engine.estimator.standalone.make_input_fn`, which `tpulaunch explain` prints verbatim; this
+`tpulaunch.engine.portable.make_input_fn`, which `tpulaunch explain` prints verbatim; this
 module hands it the job's values and files, turns its errors into messages that name the job key,
 and finds the record behind a read error. TensorFlow is imported inside the functions: the CLI's
 fast path never loads it.
@@ -26,7 +26,7 @@ def __getattr__(name: str):
     # The graph collection counting records skipped under data.skip_corrupt lives beside the pipeline
     # that fills it, in standalone.py (which imports TensorFlow): loaded on first use.
     if name == "SKIPPED_RECORDS":
-        from tpulaunch.engine.estimator.standalone import SKIPPED_RECORDS
+        from tpulaunch.engine.portable import SKIPPED_RECORDS
 
         return SKIPPED_RECORDS
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -38,7 +38,7 @@ def expand_files(files, *, what: str = "data") -> List[str]:
     Raises:
         TpuLaunchError: a pattern that matches nothing or cannot be listed (named in the message).
     """
-    from tpulaunch.engine.estimator.standalone import FilesError, expand_files as expand
+    from tpulaunch.engine.portable import FilesError, expand_files as expand
 
     try:
         return expand(as_list(files))
@@ -54,10 +54,10 @@ def parse_example_fn(job: Job) -> Callable:
     Raises:
         TpuLaunchError: a list- or raw-stored tensor with more than one unknown dim.
     """
-    from tpulaunch.engine.estimator import standalone
+    from tpulaunch.engine import portable
 
     with spec_errors():
-        return standalone.parse_example_fn(tensor_specs(job.data.features), tensor_specs(job.data.labels))
+        return portable.parse_example_fn(tensor_specs(job.data.features), tensor_specs(job.data.labels))
 
 
 def _files_for(job: Job, mode: str):
@@ -79,7 +79,7 @@ def _check_static(job: Job) -> None:
 def make_input_fn(job: Job, mode: str, *, use_tpu: bool) -> Callable:
     """An `input_fn(params)` for TPUEstimator (or Estimator) reading the job's TFRecords.
 
-    See `standalone.make_input_fn` for what the pipeline does. `data.skip_corrupt` drops records
+    See `portable.make_input_fn` for what the pipeline does. `data.skip_corrupt` drops records
     that fail to read or parse: records that fail to parse are counted (`SKIPPED_RECORDS`, shown by
     `tpulaunch train`), and each skip is logged as a TensorFlow warning "Ignoring error: ..." (shown
     with -vv). Without it the first bad record stops the run: wrap the training call in
@@ -103,10 +103,10 @@ def make_input_fn(job: Job, mode: str, *, use_tpu: bool) -> Callable:
     if use_tpu:
         _check_static(job)
     files = _files_for(job, mode)
-    from tpulaunch.engine.estimator import standalone
+    from tpulaunch.engine import portable
 
     with spec_errors():
-        return standalone.make_input_fn(files, training=mode == "train", use_tpu=use_tpu, **input_settings(job))
+        return portable.make_input_fn(files, training=mode == "train", use_tpu=use_tpu, **input_settings(job))
 
 
 # ------------------------------------------------------------------------------------ read errors

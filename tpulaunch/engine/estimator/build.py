@@ -27,10 +27,16 @@ _KEY_OF_FUNCTION = {
     "metric_fn": ("model", "metrics"), "_one_metric": ("model", "metrics"), "_classes": ("model", "metrics"),
     "_values_like_labels": ("model", "metrics"),
     "factory": ("model", "optimizer"), "optimizer_factory": ("model", "optimizer"),
+    "_keras_metric": ("model", "metrics"), "_update_metric": ("model", "metrics"),
+    "_metric_objects": ("model", "metrics"), "keras_optimizer_factory": ("model", "optimizer"),
 }
-# ... and, in model_fn itself, by the line it failed on.
+# ... and, in the functions that call the job's code (the estimator's model_fn, the keras engine's
+# KerasTraining), by the line it failed on.
 _KEY_OF_LINE = (("builder(", ("model", "builder")), ("model(features", ("data", "features")),
-                ("minimize(", ("model", "optimizer")), ("make_optimizer(", ("model", "optimizer")))
+                ("model.build(", ("data", "features")), ("minimize(", ("model", "optimizer")),
+                ("make_optimizer(", ("model", "optimizer")), ("apply_gradients(", ("model", "optimizer")),
+                ("optimizer.build(", ("model", "optimizer")))
+_CALLERS_OF_JOB_CODE = ("model_fn", "__init__", "_forward", "_replica_train_step")
 
 
 class BuildError(TpuLaunchError):
@@ -157,11 +163,11 @@ def _inputs(job, mode: str, params: dict):
         dataset = _input_fn(job, mode, False, job.search_path)(params)
         spec = dataset.element_spec
     else:
-        from tpulaunch.engine.estimator import standalone
+        from tpulaunch.engine import portable
         from tpulaunch.engine.estimator.plain import spec_errors, tensor_specs
 
         with spec_errors():
-            parse = standalone.parse_batch_fn(tensor_specs(job.data.features), tensor_specs(job.data.labels))
+            parse = portable.parse_batch_fn(tensor_specs(job.data.features), tensor_specs(job.data.labels))
         records = tf.compat.v1.placeholder(tf.string, [params["batch_size"]], name="serialized_records")
         return parse(records)
     if not isinstance(spec, tuple) or len(spec) != 2:
@@ -175,7 +181,7 @@ def _inputs(job, mode: str, params: dict):
 
 def _blame(exc: BaseException, stage: tuple, job) -> tuple:
     """(job key, message, hint) for a failure while building: the key of the code it failed in."""
-    from tpulaunch.engine.estimator.standalone import SpecError
+    from tpulaunch.engine.portable import SpecError
 
     if isinstance(exc, BuildError):
         return exc.key, exc.detail, exc.hint
@@ -198,7 +204,7 @@ def _blame(exc: BaseException, stage: tuple, job) -> tuple:
 
 
 def _named_key(exc: BaseException) -> tuple:
-    """The job key a standalone.SpecError names (plain.spec_errors re-raises it, so it is the context)."""
+    """The job key a portable.SpecError names (plain.spec_errors re-raises it, so it is the context)."""
     while exc is not None:
         if getattr(exc, "key", None):
             return tuple(exc.key)
@@ -214,7 +220,7 @@ def _key_in_trace(exc: BaseException, stage: tuple, job) -> tuple:
     for frame in reversed(inside):
         if frame.name in _KEY_OF_FUNCTION:
             return _KEY_OF_FUNCTION[frame.name]
-        if frame.name == "model_fn":
+        if frame.name in _CALLERS_OF_JOB_CODE:
             for text, key in _KEY_OF_LINE:
                 if text in (frame.line or ""):
                     return key
@@ -316,14 +322,19 @@ def _model_params(trainable, variables) -> int:
     return sum(_elements(v) for v in model)
 
 
+def _is_gradient(name: str) -> bool:
+    # tf.gradients names its ops gradients/... (the estimator's graph); tf.GradientTape gradient_tape/... (keras)
+    return name.startswith("gradients") or name.startswith("gradient_tape")
+
+
 def _kept_by_backward(graph) -> list:
     found: dict = {}
     for op in graph.get_operations():
-        if not op.name.startswith("gradients") or op.type not in _REQUIRED_READERS | _REMATERIALISABLE:
+        if not _is_gradient(op.name) or op.type not in _REQUIRED_READERS | _REMATERIALISABLE:
             continue
         for tensor in op.inputs:
             tensor = _source(tensor)
-            if (tensor.op.name.startswith("gradients") or not tensor.dtype.is_floating
+            if (tensor._is_gradient(op.name) or not tensor.dtype.is_floating
                     or tensor.op.type in _WEIGHT_SOURCES or tensor.shape.rank in (None, 0)
                     or tensor.shape[0] != PROBE_BATCH or not tensor.shape.is_fully_defined()):
                 continue
@@ -347,7 +358,7 @@ def _halo(tensor) -> tuple:
     """The widest halo of the convolutions that read `tensor`: (kernel - 1) * dilation per spatial axis."""
     best: tuple = ()
     for consumer in _consumers_through_casts(tensor):
-        if consumer.type not in _CONVOLUTIONS or consumer.name.startswith("gradients"):
+        if consumer.type not in _CONVOLUTIONS or _is_gradient(consumer.name):
             continue
         kernel = consumer.inputs[1].shape.as_list()[:-2]  # the filter: spatial dims, then in/out channels
         dilations = list(consumer.get_attr("dilations"))[1:-1] if "dilations" in consumer.node_def.attr else []

@@ -12,13 +12,13 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
+from tpulaunch.engine import portable
 from tpulaunch.engine.estimator import standalone
 from tpulaunch.engine.estimator.build import build_errors, located_metric_fn
 from tpulaunch.engine.estimator.plain import model_settings, optimizer_settings
 from tpulaunch.engine.estimator.flags import apply_flags
-from tpulaunch.engine.estimator.weights import download_error, download_failure
+from tpulaunch.engine.job_code import apply_precision, job_builder, job_functions
 from tpulaunch.errors import TpuLaunchError
-from tpulaunch.job.builder_args import builder_kwargs
 from tpulaunch.job.imports import resolve
 from tpulaunch.job.schema import CLASSIFICATION_LOSSES, CLASSIFICATION_METRICS, OPTIMIZERS, REGRESSION_METRICS, Job
 
@@ -26,24 +26,9 @@ ModelFn = Callable[..., Any]
 
 # standalone.py keeps its own copy of these facts (it imports nothing of tpulaunch); the static checks read the schema's.
 assert set(standalone.V1_OPTIMIZERS) == set(OPTIMIZERS)
-assert set(standalone._CROSSENTROPY) == set(CLASSIFICATION_LOSSES)
-assert standalone.CLASSIFICATION_METRICS == CLASSIFICATION_METRICS
-assert standalone.REGRESSION_METRICS == REGRESSION_METRICS
-
-
-# ------------------------------------------------------------------------------------------ precision
-
-_policy_in_effect = None
-
-
-def apply_precision(precision: str, *, use_tpu: bool) -> str:
-    """Set the process-wide Keras policy for this job (only when it changes) and return its name."""
-    global _policy_in_effect
-    name = standalone.policy_name(precision, use_tpu=use_tpu)
-    if name != _policy_in_effect:
-        tf.keras.mixed_precision.set_global_policy(name)
-        _policy_in_effect = name
-    return name
+assert set(portable._CROSSENTROPY) == set(CLASSIFICATION_LOSSES)
+assert portable.CLASSIFICATION_METRICS == CLASSIFICATION_METRICS
+assert portable.REGRESSION_METRICS == REGRESSION_METRICS
 
 
 # ------------------------------------------------------------------------------------------ optimizer
@@ -107,31 +92,8 @@ def make_model_fn(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -
     apply_flags(job, search_path=search_path)
     if spec.model_fn:
         return resolve(spec.model_fn, search_path=search_path, what="model_fn")
-    builder = resolve(spec.builder, search_path=search_path, what="model builder")
-    kwargs = builder_kwargs(builder, spec.params, job.data.features)
-
-    def checked_builder(**kwargs):
-        try:
-            model = builder(**kwargs)
-        except TypeError as exc:
-            raise TpuLaunchError(f"model builder {spec.builder!r} rejected its arguments: {exc}",
-                                 hint="check model.params against the builder's signature") from None
-        except Exception as exc:  # pylint: disable=broad-except  # only a failed download is explained here
-            failure = download_failure(exc)
-            if failure is None:
-                raise
-            message, hint = download_error(spec.builder, failure)
-            raise TpuLaunchError(message, hint=hint, code="builder-download-failed") from exc
-        if not isinstance(model, tf.keras.Model):
-            raise TpuLaunchError(f"model builder {spec.builder!r} returned {type(model).__name__}, not a tf.keras.Model")
-        return model
-
-    functions = {(key[1], path): resolve(path, search_path=search_path,
-                                         what="loss" if key[1] == "loss" else "metric")
-                 for key, path in spec.function_paths()}
-    custom_losses = {path: fn for (kind, path), fn in functions.items() if kind == "loss"}
-    custom_metrics = {path: fn for (kind, path), fn in functions.items() if kind == "metrics"}
-    whole_loss = custom_losses.get(spec.loss) if isinstance(spec.loss, str) else None  # gets all labels and outputs
+    checked_builder, kwargs = job_builder(job, search_path=search_path)
+    whole_loss, custom_losses, custom_metrics = job_functions(job, search_path=search_path)
     make_optimizer = make_optimizer_factory(job, search_path=search_path)
     model_fn = standalone.make_model_fn(
         checked_builder, kwargs, use_tpu=use_tpu,

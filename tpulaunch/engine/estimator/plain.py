@@ -32,7 +32,7 @@ def tensor_specs(group: dict) -> dict:
 
 
 def input_settings(job: Job) -> dict:
-    """Keywords of `standalone.make_input_fn`, besides the files, the mode and use_tpu."""
+    """Keywords of `portable.make_input_fn`, besides the files, the mode and use_tpu."""
     data = job.data
     return {"features": tensor_specs(data.features), "labels": tensor_specs(data.labels),
             "compression": data.compression or "", "shuffle_buffer": data.shuffle_buffer, "cache": data.cache,
@@ -161,8 +161,8 @@ def _mirror(specs: dict, dims: dict):
 
 @contextlib.contextmanager
 def spec_errors():
-    """standalone.SpecError (declared data or model settings that cannot work together) as a TpuLaunchError."""
-    from tpulaunch.engine.estimator.standalone import SpecError
+    """portable.SpecError (declared data or model settings that cannot work together) as a TpuLaunchError."""
+    from tpulaunch.engine.portable import SpecError
 
     try:
         yield

@@ -1,7 +1,7 @@
 """`tpulaunch explain`: the standalone TPUEstimator program a job file stands for.
 
 `explain_script(loaded)` returns one Python file that needs only TensorFlow 2.15 (and the job's own
-model code). Its middle is `standalone.py` verbatim: the input pipeline, model_fn and estimator
+model code). Its middle is `portable.py` and `standalone.py` verbatim (`engine/sources.py`): the input pipeline, model_fn and estimator
 settings that `tpulaunch train` runs. Before it, a generated head holds the job's values (the same
 plain values the engine passes, from plain.py, each commented with its job key and line) and imports
 the job's own code; after it, a short tail builds the TPUEstimator and trains (with evaluations) or
@@ -12,13 +12,13 @@ Pure Python: TensorFlow is not imported here.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import pprint
 import textwrap
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 from tpulaunch.engine.estimator import plain
+from tpulaunch.engine.sources import module_source, program_source
 from tpulaunch.engine.estimator.flags import job_import_paths
 from tpulaunch.job.builder_args import builder_kwargs
 from tpulaunch.job.load import LoadedJob
@@ -31,9 +31,8 @@ STANDALONE = "tpulaunch.engine.estimator.standalone"
 
 
 def standalone_source() -> str:
-    """The text of standalone.py, read without importing it (importing it loads TensorFlow)."""
-    with open(importlib.util.find_spec(STANDALONE).origin, encoding="utf-8") as handle:
-        return handle.read()
+    """portable.py and standalone.py, as the program holds them (`engine.sources.program_source`)."""
+    return program_source(STANDALONE)
 
 
 class _Keys:
@@ -84,8 +83,7 @@ def _reference_blocks(specs: Sequence[str]) -> list:
         if not module.startswith(REFERENCE_PACKAGE) or module in seen:
             continue
         seen.add(module)
-        with open(importlib.util.find_spec(module).origin, encoding="utf-8") as handle:
-            source = handle.read()
+        source = module_source(module)
         name = _reference_name(module)
         private = "reference_models." + module[len(REFERENCE_PACKAGE):]  # never shadows an installed tpulaunch
         # Verbatim in a raw string, so it reads as the module; repr() where that could not round-trip.
@@ -292,8 +290,8 @@ def explain_script(loaded: LoadedJob, plan: Optional["Plan"] = None, *, search_p
         f'"""The TPUEstimator program of job {job.name!r} ({os.path.basename(loaded.file)}), written by `tpulaunch explain`.',
         "",
         "It needs only TensorFlow 2.15 (tensorflow-estimator 2.15) and the job's own model code. Its middle is",
-        "tpulaunch/engine/estimator/standalone.py verbatim, the code `tpulaunch train` runs; the values from the",
-        "job file come first, each commented with its key and line.",
+        "tpulaunch/engine/portable.py and tpulaunch/engine/estimator/standalone.py verbatim, the code",
+        "`tpulaunch train` runs; the values from the job file come first, each commented with its key and line.",
         "",
         "Run: python {this file} [train|evaluate]    (from anywhere; the job's directory is put on sys.path)",
         "  train (default): " + (
@@ -345,8 +343,8 @@ def explain_script(loaded: LoadedJob, plan: Optional["Plan"] = None, *, search_p
     lines += _flag_lines(job, at)
     lines += [
         "# " + "=" * 98,
-        f"# {STANDALONE.replace('.', '/')}.py, verbatim: the input pipeline, model_fn and estimator settings",
-        "# `tpulaunch train` runs.",
+        "# tpulaunch/engine/portable.py and tpulaunch/engine/estimator/standalone.py, verbatim: the input pipeline,",
+        "# model_fn and estimator settings `tpulaunch train` runs.",
         "# " + "=" * 98,
         "",
         standalone_source().rstrip("\n"),

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from tpulaunch.run.watchdog import WatchPlan
 
 JOB_COPY = "tpulaunch-job.yaml"
+STEP_KEYS = ("global_step", "global_step/.ATTRIBUTES/VARIABLE_VALUE")
 """The resolved job, written into model_dir by `train` (secrets masked)."""
 
 
@@ -93,7 +94,12 @@ def checkpoint_step(model_dir: str) -> Optional[int]:
     path = tf.train.latest_checkpoint(model_dir)
     if not path:
         return None
-    return int(tf.train.load_variable(path, "global_step"))
+    reader = tf.train.load_checkpoint(path)
+    # TPUEstimator's name-based checkpoints, or the keras engine's object-based ones (tf.train.Checkpoint).
+    for key in STEP_KEYS:
+        if reader.has_tensor(key):
+            return int(reader.get_tensor(key))
+    return None
 
 
 # Where a job holds mappings of the user's own keys: the only places a secret-looking name can be
@@ -287,13 +293,13 @@ def _train_segments(estimator, job: Job, train_input, hooks: list, listener, rec
                     stop: StopSignal, dog, use_tpu: bool, search_path: Sequence[str]):
     """Train (and evaluate) from the latest checkpoint to the end; the NodeEvent if the TPU was lost, else None."""
     from tpulaunch.engine.estimator.hooks import EvaluationInterrupted, InterruptEvaluationHook
-    from tpulaunch.engine.estimator import standalone
+    from tpulaunch.engine import portable
 
     model_dir = job.run.model_dir
     evaluates = job.eval is not None and (job.data.eval is not None or bool(job.data.input_fn))
     every = job.eval.every_steps if evaluates else None
     step = checkpoint_step(model_dir) or 0
-    for boundary in standalone.boundaries(step, job.train.steps, every):
+    for boundary in portable.boundaries(step, job.train.steps, every):
         if step >= boundary:
             continue
         try:

@@ -1,0 +1,75 @@
+"""Keras (tf-keras) + tf.distribute as an `Engine`, on TensorFlow 2.16 and later: the strategy for the job and
+the machine, the training step and checkpoints of `standalone.py`, its offline TPU verdict, and its program."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from tpulaunch.engine.base import Engine
+
+
+class KerasEngine(Engine):
+    name = "keras"
+
+    def load(self) -> None:
+        from tpulaunch.engine.choice import INSTALL_HINT, missing_for
+        from tpulaunch.errors import TpuLaunchError
+        from tpulaunch.tf_env import import_tensorflow
+
+        missing = missing_for("keras")
+        if missing:
+            raise TpuLaunchError(f"run.engine is keras, but {missing}", hint=INSTALL_HINT["keras"])
+        tf = import_tensorflow()
+        _ = tf.keras.layers.Layer, tf.distribute.Strategy  # touched: their lazy imports run now
+
+    def check_build(self, loaded, plan) -> list:
+        from tpulaunch.engine.keras.build import build_problems
+
+        return build_problems(loaded, plan)
+
+    def step_tensors(self, job, *, use_tpu: bool):
+        from tpulaunch.engine.keras.build import step_tensors
+
+        return step_tensors(job, use_tpu=use_tpu)
+
+    def preflight(self, loaded) -> tuple:
+        from tpulaunch.engine.keras.verdict import tf_problems
+
+        return tf_problems(loaded, search_path=loaded.job.search_path if loaded.job else ())
+
+    def train(self, job, plan, *, recorder, cluster_resolver=None, force=False, watch=None, profile=None):
+        from tpulaunch.engine.keras import runner
+
+        return runner.train(job, plan, recorder=recorder, cluster_resolver=cluster_resolver,
+                            search_path=job.search_path, force=force, watch=watch, profile=profile)
+
+    def evaluate(self, job, plan, *, recorder, checkpoint: Optional[str] = None, cluster_resolver: Any = None):
+        from tpulaunch.engine.keras import runner
+
+        return runner.evaluate(job, plan, checkpoint=checkpoint, recorder=recorder, cluster_resolver=cluster_resolver,
+                               search_path=job.search_path)
+
+    def export(self, job, plan, out_dir: str, *, checkpoint: Optional[str] = None) -> str:
+        from tpulaunch.engine.keras import runner
+
+        return runner.export(job, plan, out_dir, checkpoint=checkpoint, search_path=job.search_path)
+
+    def append_run_record(self, model_dir: str, line: str) -> str:
+        from tpulaunch.engine.estimator.records import append_record  # TensorFlow's filesystem: engine-neutral
+
+        return append_record(model_dir, line)
+
+    def run_record_lines(self, model_dir: str):
+        from tpulaunch.engine.estimator.records import record_lines
+
+        return record_lines(model_dir)
+
+    def program(self, loaded, plan) -> str:
+        from tpulaunch.engine.keras.program import explain_script
+
+        return explain_script(loaded, plan)
+
+    def log_every_steps(self, job) -> int:
+        from tpulaunch.engine.keras.plain import log_every_steps
+
+        return log_every_steps(job)

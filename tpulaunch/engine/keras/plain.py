@@ -1,0 +1,104 @@
+"""The boundary to the keras engine's `standalone.py`: the plain values and the job's own code it runs with,
+converted from a Job and its Plan in one place. `tpulaunch explain --engine keras` writes the same values.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Dict, NamedTuple, Optional, Sequence
+
+from tpulaunch.engine.estimator.plain import log_every_steps, tensor_specs  # noqa: F401  (engine-neutral values)
+from tpulaunch.errors import TpuLaunchError
+from tpulaunch.job.imports import resolve
+from tpulaunch.job.schema import OPTIMIZERS, Job
+
+if TYPE_CHECKING:
+    from tpulaunch.plan.build import Plan
+
+# Where tf.train.Checkpoint(global_step=...) keeps the step: how a keras-engine checkpoint is told apart.
+STEP_KEY = "global_step/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+class JobParts(NamedTuple):
+    """The job's own code for KerasTraining: its builder and arguments, the policy, the optimizer, its functions."""
+
+    builder: Callable
+    builder_kwargs: dict
+    policy: str
+    make_optimizer: Callable
+    whole_loss: Optional[Callable]
+    custom_losses: Dict[str, Callable]
+    custom_metrics: Dict[str, Callable]
+
+
+def job_parts(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -> JobParts:
+    """Resolve the job's code (after setting its flags), with failures located at their job key."""
+    from tpulaunch.engine.estimator.flags import apply_flags
+    from tpulaunch.engine.job_code import apply_precision, job_builder, job_functions
+
+    apply_flags(job, search_path=search_path)
+    builder, kwargs = job_builder(job, search_path=search_path)
+    whole_loss, custom_losses, custom_metrics = job_functions(job, search_path=search_path)
+    return JobParts(builder, kwargs, apply_precision(job.model.precision, use_tpu=use_tpu),
+                    keras_optimizer(job, search_path=search_path), whole_loss, custom_losses, custom_metrics)
+
+
+def keras_optimizer(job: Job, *, search_path: Sequence[str] = ()) -> Callable[[], Any]:
+    """A function returning the job's fresh Keras optimizer, built once here so a wrong name or argument fails
+    before training starts.
+
+    Raises:
+        TpuLaunchError: bad arguments, or an import path that does not return a Keras optimizer.
+    """
+    import tensorflow as tf
+
+    from tpulaunch.engine.keras import standalone
+
+    spec = job.model.optimizer
+    make = resolve(spec.name, search_path=search_path, what="optimizer") if ":" in spec.name else None
+    assert make is not None or spec.name in standalone.KERAS_OPTIMIZERS, OPTIMIZERS  # the schema allows no other
+    factory = standalone.keras_optimizer_factory(spec.name, spec.learning_rate, dict(spec.args), make=make)
+
+    def checked():
+        try:
+            optimizer = factory()
+        except TypeError as exc:
+            raise TpuLaunchError(f"optimizer {spec.name!r} rejected its arguments: {exc}",
+                                 hint="check model.optimizer.args against the Keras optimizer's constructor") from None
+        if not isinstance(optimizer, (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer)):
+            raise TpuLaunchError(
+                f"optimizer {spec.name!r} returned {type(optimizer).__name__}, not a Keras optimizer",
+                hint="the keras engine needs a tf.keras optimizer (tf.keras.optimizers.Adam, ...); a "
+                     "tf.compat.v1.train optimizer belongs to the estimator engine")
+        return optimizer
+
+    checked()
+    return checked
+
+
+def strategy_settings(job: Job, plan: "Plan", *, use_tpu: bool) -> dict:
+    """Keywords of `standalone.make_strategy` besides use_tpu and the resolver: the TPU's device assignment."""
+    if not use_tpu:
+        return {}
+    from tpulaunch.engine.keras.tpu_layout import keras_layout
+
+    layout = keras_layout(job, plan)
+    return {"computation_shape": list(layout.computation_shape), "num_replicas": layout.replicas}
+
+
+def partition_settings(plan: "Plan", *, use_tpu: bool) -> dict:
+    """`feature_dims` and `label_dims` of KerasTraining: the dims each tensor is split into over a replica's cores."""
+    feed = plan.feed_partition if use_tpu and plan.cores_per_replica > 1 else None
+    if feed is None:
+        return {"feature_dims": None, "label_dims": None}
+    return {"feature_dims": {n: (list(d) if d is not None else None) for n, d in feed.features.items()},
+            "label_dims": {n: (list(d) if d is not None else None) for n, d in feed.labels.items()}}
+
+
+def training_settings(job: Job, plan: "Plan", *, use_tpu: bool) -> dict:
+    """Keywords of `standalone.KerasTraining` besides the builder, the strategy, the policy and the job's functions."""
+    spec = job.model
+    metrics = {k: list(v) for k, v in spec.metrics.items()} if isinstance(spec.metrics, dict) else list(spec.metrics)
+    return {"loss": dict(spec.loss) if isinstance(spec.loss, dict) else spec.loss, "metrics": metrics,
+            "labels": tensor_specs(job.data.labels), "features": tensor_specs(job.data.features),
+            "model_dir": job.run.model_dir, "keep_checkpoint_max": job.run.keep_checkpoint_max,
+            "save_checkpoints_steps": job.run.save_checkpoints_steps, **partition_settings(plan, use_tpu=use_tpu)}

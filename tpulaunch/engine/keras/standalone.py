@@ -1,0 +1,460 @@
+"""The strategy, training step, evaluation and checkpoints that `tpulaunch train` runs on the keras engine.
+
+Keras 2 (tf-keras) with tf.distribute, on TensorFlow 2.16 and later. This module imports only
+TensorFlow, the Python standard library and `engine/portable.py` (the input pipeline, precision,
+heads and losses both engines share), and takes plain values plus the job's own callables.
+tpulaunch calls it with values converted from the job file (engine/keras/plain.py), and
+`tpulaunch explain` prints portable.py and then this module verbatim inside the standalone program
+(without the import of portable's names below, which the program defines above it).
+
+The strategy comes from the job and the machine (`make_strategy`): TPUStrategy on a TPU slice, with
+a device assignment when a replica spans several cores (spatial partitioning), MultiWorkerMirrored
+when TF_CONFIG names several workers, Mirrored over several local GPUs, else the default strategy.
+The input pipeline is the same `make_input_fn` TPUEstimator runs, called once per input pipeline by
+`distribute_datasets_from_function` with the per-replica batch. Checkpoints are object-based
+(`tf.train.CheckpointManager`), named `model.ckpt-STEP` in the model directory.
+"""
+
+import json
+import os
+import time
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
+
+import tensorflow as tf
+
+from tpulaunch.engine.portable import (  # explain: the program defines these above this module
+    Head, SpecError, _classes, _losses_by_label, _predictions, _values_like_labels, compute_loss, head_for,
+    metrics_by_label, outputs_by_label, pair_heads, probabilities_of)
+
+CHECKPOINT_NAME = "model.ckpt"  # checkpoints are model_dir/model.ckpt-STEP, as TPUEstimator names them
+
+
+# ------------------------------------------------------------------------------------------ strategy
+
+def workers_in(tf_config: Optional[str]) -> int:
+    """How many workers (chief included) the TF_CONFIG cluster names; 0 without one."""
+    if not tf_config:
+        return 0
+    cluster = json.loads(tf_config).get("cluster", {})
+    return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+
+
+def make_strategy(*, use_tpu: bool, cluster_resolver=None, computation_shape: Optional[List[int]] = None,
+                  num_replicas: Optional[int] = None):
+    """The tf.distribute strategy for this job on this machine.
+
+    On a TPU: TPUStrategy; when a replica spans several cores (`computation_shape` covers more than one
+    core) with a DeviceAssignment built from the slice's topology for `num_replicas` replicas. Else
+    MultiWorkerMirroredStrategy when $TF_CONFIG names several workers, MirroredStrategy when this
+    machine has several GPUs, and TensorFlow's default strategy (one device) otherwise.
+    """
+    if use_tpu:
+        tf.config.experimental_connect_to_cluster(cluster_resolver)
+        topology = tf.tpu.experimental.initialize_tpu_system(cluster_resolver)
+        assignment = None
+        if computation_shape and _product(computation_shape) > 1:
+            assignment = tf.tpu.experimental.DeviceAssignment.build(
+                topology, computation_shape=computation_shape, num_replicas=num_replicas)
+        return tf.distribute.TPUStrategy(cluster_resolver, experimental_device_assignment=assignment)
+    if workers_in(os.environ.get("TF_CONFIG")) > 1:
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if len(tf.config.list_logical_devices("GPU")) > 1:
+        return tf.distribute.MirroredStrategy()
+    return tf.distribute.get_strategy()
+
+
+def _product(values) -> int:
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out
+
+
+def is_chief(strategy) -> bool:
+    """Whether this process writes the model directory (under MultiWorkerMirrored only the chief's saves count)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return True
+    task_type, task_id = resolver.task_type, resolver.task_id
+    return task_type == "chief" or (task_type == "worker" and task_id == 0
+                                    and "chief" not in resolver.cluster_spec().as_dict())
+
+
+def distributed_dataset(strategy, input_fn: Callable, global_batch_size: int):
+    """`input_fn({"batch_size": per-replica batch, "context": InputContext})`, once per input pipeline (one per
+    worker or TPU host), distributed over the replicas; each pipeline reads its own share (portable.host_shard)."""
+
+    def dataset_fn(context):
+        return input_fn({"batch_size": context.get_per_replica_batch_size(global_batch_size), "context": context})
+
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+# ------------------------------------------------------------------------------------------ optimizer
+
+# The estimator engine's optimizer names, as Keras optimizers; `momentum` is SGD with momentum.
+KERAS_OPTIMIZERS = {
+    "sgd": ("SGD", {}),
+    "momentum": ("SGD", {"momentum": 0.9}),
+    "adam": ("Adam", {}),
+    "adagrad": ("Adagrad", {}),
+    "rmsprop": ("RMSprop", {}),
+}
+
+
+def keras_optimizer_factory(optimizer: str, learning_rate: float, optimizer_args: dict,
+                            make: Optional[Callable] = None) -> Callable:
+    """A function returning a fresh Keras optimizer: `make` (the job's own constructor) with `optimizer_args`,
+    else the Keras optimizer KERAS_OPTIMIZERS names, its defaults under `optimizer_args`."""
+    args = dict(optimizer_args)
+    if make is None:
+        class_name, defaults = KERAS_OPTIMIZERS[optimizer]
+        make = getattr(tf.keras.optimizers, class_name)
+        args = {**defaults, **args}
+
+    def factory():
+        return make(learning_rate=learning_rate, **args)
+
+    return factory
+
+
+# -------------------------------------------------------------------------------------------- metrics
+
+def _keras_metric(name: str, head: Head, num_classes: int, custom: Optional[Callable]):
+    """The Keras metric object for one metric of one head (streaming, summed over replicas)."""
+    if custom is not None:
+        return tf.keras.metrics.Mean(name=custom.__name__)
+    if name == "mean_squared_error":
+        return tf.keras.metrics.MeanSquaredError()
+    if name == "mean_absolute_error":
+        return tf.keras.metrics.MeanAbsoluteError()
+    if head.kind is None:
+        raise SpecError(f"metric {name!r} needs a classification loss; model.loss is {head.loss_name!r}",
+                        hint="use mean_squared_error or mean_absolute_error, or a crossentropy loss")
+    made = {"accuracy": lambda: tf.keras.metrics.Accuracy(), "mean_iou": lambda: tf.keras.metrics.MeanIoU(num_classes),
+            "auc": lambda: tf.keras.metrics.AUC(), "precision": lambda: tf.keras.metrics.Precision(),
+            "recall": lambda: tf.keras.metrics.Recall()}
+    if name not in made:
+        raise SpecError(f"unknown metric {name!r}", hint="use a metric name model.metrics accepts, or an import path")
+    return made[name]()
+
+
+def _update_metric(metric, name: str, head: Head, labels, outputs, custom: Optional[Callable]):
+    """Feed one batch to `metric`, with the same class and value readings as the estimator engine's metrics."""
+    if custom is not None:
+        value = custom(labels, outputs)
+        if isinstance(value, (tuple, list)):
+            raise SpecError(f"metric {custom.__name__!r} returned {len(value)} values (a TensorFlow 1 metric's "
+                            "(value, update_op)?); the keras engine averages one tensor per batch",
+                            hint="return the metric's value for the batch, fn(labels, outputs) -> tensor",
+                            key=("model", "metrics"))
+        return metric.update_state(value)
+    if name in ("mean_squared_error", "mean_absolute_error"):
+        return metric.update_state(*_values_like_labels(labels, outputs))
+    truth, predicted, probabilities, num_classes = _classes(head, labels, outputs)
+    if name in ("accuracy", "mean_iou"):
+        return metric.update_state(truth, predicted)
+    binary = probabilities.shape.rank == truth.shape.rank
+    if name == "auc":
+        return metric.update_state(truth, probabilities) if binary else metric.update_state(
+            tf.one_hot(truth, num_classes), probabilities)  # micro-averaged over classes
+    if binary:  # precision, recall
+        return metric.update_state(truth, predicted)
+    return metric.update_state(tf.one_hot(truth, num_classes), tf.one_hot(predicted, num_classes))  # micro-averaged
+
+
+# ---------------------------------------------------------------------------------------------- model
+
+def _shape_tree(specs: Dict[str, dict], batch: Optional[int]):
+    """The features' shapes with a batch dim, in the structure the input pipeline yields (portable._structure)."""
+    shapes = {name: [batch, *spec["shape"]] for name, spec in specs.items()}
+    return next(iter(shapes.values())) if len(shapes) == 1 else shapes
+
+
+def _tensor_specs(specs: Dict[str, dict], batch: Optional[int]):
+    tree = {name: tf.TensorSpec([batch, *spec["shape"]], tf.as_dtype(spec["dtype"]), name=name)
+            for name, spec in specs.items()}
+    return next(iter(tree.values())) if len(tree) == 1 else tree
+
+
+class KerasTraining:
+    """The job's model, optimizer and global step under a strategy, their checkpoints, and the compiled
+    training and evaluation steps.
+
+    The model is built by the job's builder inside `strategy.scope()`, so the weights it gives the
+    model (loaded ones included) are what training starts from. Each replica's loss is the mean over
+    its batch divided by the replicas in sync, so that the gradients the optimizer sums over the
+    replicas are those of the global batch's mean.
+
+    Args:
+        builder, builder_kwargs: the job's Keras builder and its arguments.
+        strategy: from `make_strategy`.
+        policy: the Keras precision policy in effect (portable.policy_name).
+        loss, metrics, labels, custom_loss, custom_losses, custom_metrics: as for the estimator
+            engine's model_fn: loss names or import paths, per label or for all; metric names or
+            import paths, a list (each applied to the heads it fits) or per label.
+        features: the feature specs (as for make_input_fn): the shapes a lazily built model is built for.
+        make_optimizer: returns the Keras optimizer (keras_optimizer_factory).
+        model_dir, keep_checkpoint_max, save_checkpoints_steps: where and how often to checkpoint.
+        feature_dims, label_dims: per tensor name, the dims to split it into over the logical devices
+            of a replica (TPU spatial partitioning); None or a missing name: not split.
+    """
+
+    def __init__(self, builder: Callable, builder_kwargs: dict, *, strategy, policy: str, loss, metrics,
+                 labels: Dict[str, dict], features: Dict[str, dict], make_optimizer: Callable, model_dir: str,
+                 keep_checkpoint_max: int, save_checkpoints_steps: int, custom_loss: Optional[Callable] = None,
+                 custom_losses: Optional[Dict[str, Callable]] = None,
+                 custom_metrics: Optional[Dict[str, Callable]] = None,
+                 feature_dims: Optional[Dict[str, Optional[list]]] = None,
+                 label_dims: Optional[Dict[str, Optional[list]]] = None):
+        self.strategy = strategy
+        self.policy = policy
+        self.loss = loss
+        self.metrics = metrics
+        self.label_names = list(labels or {})
+        self.features = dict(features)
+        self.custom_loss = custom_loss if not isinstance(loss, dict) else None
+        self.custom_losses = dict(custom_losses or {})
+        self.custom_metrics = dict(custom_metrics or {})
+        self.loss_names = _losses_by_label(loss, self.label_names)
+        self.feature_dims = dict(feature_dims or {})
+        self.label_dims = dict(label_dims or {})
+        with strategy.scope():
+            self.model = builder(**builder_kwargs)
+            if not self.model.built:  # subclassed, or Sequential without an Input: weights come with a build
+                self.model.build(_shape_tree(self.features, None))
+            optimizer = make_optimizer()
+            if policy == "mixed_float16":
+                optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+            self.optimizer = optimizer
+            if hasattr(self.optimizer, "build"):  # slots exist before a restore fills them
+                self.optimizer.build(self.model.trainable_variables)
+            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
+                                           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        self.output_names = list(getattr(self.model, "output_names", None) or ())
+        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, global_step=self.global_step)
+        self.model_dir = model_dir
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, self._checkpoint_dir(model_dir), max_to_keep=keep_checkpoint_max,
+            checkpoint_name=CHECKPOINT_NAME, step_counter=self.global_step, checkpoint_interval=save_checkpoints_steps)
+        self._train_step = None
+        self._eval_step = None
+        self._eval_metrics = None
+
+    def _checkpoint_dir(self, model_dir: str) -> str:
+        # Every worker of a MultiWorkerMirrored run takes part in a save; only the chief's lands in model_dir.
+        if is_chief(self.strategy):
+            return model_dir
+        resolver = self.strategy.cluster_resolver
+        return os.path.join(model_dir, f"worker-{resolver.task_type}-{resolver.task_id}-temp")
+
+    # ------------------------------------------------------------------------------ checkpoints
+
+    @property
+    def step(self) -> int:
+        return int(self.global_step.numpy())
+
+    def restore(self, path: Optional[str] = None) -> int:
+        """Restore `path` (default: model_dir's latest checkpoint, when there is one); returns the global step."""
+        path = path or self.manager.latest_checkpoint
+        if path:
+            self.checkpoint.restore(path).assert_existing_objects_matched()
+        return self.step
+
+    def save(self, *, force: bool = True) -> Optional[str]:
+        """Checkpoint at the current step (`force=False`: only when save_checkpoints_steps have passed)."""
+        return self.manager.save(checkpoint_number=self.global_step, check_interval=not force)
+
+    # ------------------------------------------------------------------------------ steps
+
+    def _split(self, tensors, dims: Dict[str, Optional[list]]):
+        """Spatial partitioning: each tensor with dims is split over the replica's logical devices (TPU)."""
+        if not dims or tensors is None:
+            return tensors
+        split = self.strategy.experimental_split_to_logical_devices
+        if isinstance(tensors, dict):
+            return {n: (split(t, dims[n]) if dims.get(n) else t) for n, t in tensors.items()}
+        only = next(iter(dims.values())) if len(dims) == 1 else None  # a single tensor: its one entry
+        return split(tensors, only) if only else tensors
+
+    def _forward(self, features, labels, training: bool):
+        """(the batch's loss, the heads' pairs) for one replica's batch; the loss is its mean over the batch."""
+        features = self._split(features, self.feature_dims)
+        labels = self._split(labels, self.label_dims)
+        outputs = self.model(features, training=training)
+        probabilities = probabilities_of(self.model, outputs)  # read before the cast hides the softmax
+        outputs = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), outputs)
+        pairs = pair_heads(labels, outputs, probabilities, self.loss_names, self.output_names) if (
+            self.custom_loss is None or any(self.metrics)) else {}
+        total = compute_loss(self.loss, labels, outputs, pairs, custom_loss=self.custom_loss,
+                             custom_losses=self.custom_losses)
+        return total, pairs
+
+    def _replica_train_step(self, features, labels):
+        replicas = self.strategy.num_replicas_in_sync
+        with tf.GradientTape() as tape:
+            total, _ = self._forward(features, labels, training=True)
+            scaled = total / replicas
+            if self.model.losses:  # regularizers: once per replica, so also divided
+                scaled += tf.add_n([tf.cast(t, tf.float32) for t in self.model.losses]) / replicas
+            if self.policy == "mixed_float16":
+                scaled = self.optimizer.get_scaled_loss(scaled)
+        variables = self.model.trainable_variables
+        gradients = tape.gradient(scaled, variables)
+        if self.policy == "mixed_float16":
+            gradients = self.optimizer.get_unscaled_gradients(gradients)
+        self.optimizer.apply_gradients(zip(gradients, variables))  # sums the gradients over the replicas
+        self.global_step.assign_add(1)
+        return total
+
+    def train_step_fn(self, *, time_input: bool = False) -> Callable:
+        """`run(iterator, steps)`: `steps` training steps in one compiled call; returns (the last step's loss, the
+        mean over replicas; the seconds the steps waited for their batches, when `time_input`, else -1).
+
+        On a TPU the loop runs on the device (as TPUEstimator's iterations_per_loop). The wait is the time
+        between two timestamps around `next(iterator)`: near zero while prefetched batches are ready.
+        """
+        if self._train_step is None:
+            strategy = self.strategy
+
+            @tf.function
+            def run(iterator, steps):
+                loss = tf.constant(0.0)
+                waited = tf.constant(0.0, tf.float64) if time_input else tf.constant(-1.0, tf.float64)
+                for _ in tf.range(steps):
+                    if time_input:
+                        before = tf.timestamp()
+                        batch = next(iterator)
+                        with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+                            waited += tf.timestamp() - before
+                    else:
+                        batch = next(iterator)
+                    per_replica = strategy.run(self._replica_train_step, args=batch)
+                    loss = strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
+                return loss, waited
+
+            self._train_step = run
+        return self._train_step
+
+    def _metric_objects(self, batch_specs) -> dict:
+        """The evaluation's Keras metrics by result name: the loss, then each label's metrics, named by metric, and
+        '<label>/<metric>' with several heads (MeanIoU needs the number of classes: read from the output shapes
+        of a traced forward pass)."""
+        objects = {"loss": tf.keras.metrics.Mean(name="loss")}
+        if not self.metrics or not self.label_names:
+            return objects
+        concrete = tf.function(lambda f: self.model(f, training=False)).get_concrete_function(batch_specs)
+        by_label = outputs_by_label(concrete.structured_outputs, self.label_names, self.output_names)
+        heads = {n: head_for(self.loss_names[n], True) for n in self.label_names}  # from_logits: per batch
+        for label, names in metrics_by_label(self.metrics, heads).items():
+            shape = by_label[label].shape
+            num_classes = max(2, int(shape[-1])) if shape.rank and shape[-1] is not None else 2
+            for name in names:
+                custom = self.custom_metrics.get(name)
+                key = custom.__name__ if custom is not None else name
+                objects[f"{label}/{key}" if len(heads) > 1 else key] = _EvalMetric(
+                    label, name, _keras_metric(name, heads[label], num_classes, custom), custom)
+        return objects
+
+    def _replica_eval_step(self, features, labels):
+        total, pairs = self._forward(features, labels, training=False)
+        self._eval_metrics["loss"].update_state(total)
+        for key, entry in self._eval_metrics.items():
+            if key != "loss":
+                pair = pairs[entry.label]
+                _update_metric(entry.metric, entry.name, pair.head, pair.labels, pair.outputs, entry.custom)
+
+    def evaluate(self, dataset, steps: int, *, should_stop: Optional[Callable[[], bool]] = None,
+                 per_replica_batch: int = 1) -> dict:
+        """Evaluate the current weights on at most `steps` batches of the distributed `dataset` (fewer when it
+        ends first); returns {"loss": ..., metric: ..., "global_step": ...}. `should_stop` is asked between batches."""
+        strategy = self.strategy
+        if self._eval_metrics is None:
+            with strategy.scope():
+                self._eval_metrics = self._metric_objects(_tensor_specs(self.features, per_replica_batch))
+        for entry in self._eval_metrics.values():
+            _metric_of(entry).reset_state()
+        if self._eval_step is None:
+            @tf.function
+            def run(batch):
+                return strategy.run(self._replica_eval_step, args=batch)
+
+            self._eval_step = run
+        done = 0
+        for batch in dataset:
+            if done >= steps:
+                break
+            if should_stop is not None and should_stop():
+                raise EvaluationInterrupted()
+            self._eval_step(batch)
+            done += 1
+        results = {}
+        for key, entry in self._eval_metrics.items():
+            results[key] = float(_metric_of(entry).result().numpy())
+        results["global_step"] = self.step
+        return results
+
+
+class _EvalMetric(NamedTuple):
+    label: str
+    name: str
+    metric: Any
+    custom: Optional[Callable]
+
+
+def _metric_of(entry):
+    return entry.metric if isinstance(entry, _EvalMetric) else entry
+
+
+class EvaluationInterrupted(Exception):
+    """A signal arrived between evaluation batches: the evaluation is abandoned, not reported."""
+
+
+# --------------------------------------------------------------------------------------------- train
+
+def train_loop(training: KerasTraining, iterator, *, until: int, steps_per_call: int,
+               on_steps: Optional[Callable[[int, float, Optional[float]], None]] = None,
+               should_stop: Optional[Callable[[], bool]] = None,
+               on_checkpoint: Optional[Callable[[int, str], None]] = None, time_input: bool = False) -> int:
+    """Train until global step `until` (checkpointing every save_checkpoints_steps and at the end); returns the step.
+
+    Each call runs `steps_per_call` steps (fewer at the end); `on_steps(step, loss, input_wait)` follows
+    each call (`input_wait`: seconds the call waited for its batches with `time_input`, else None);
+    `should_stop()` is asked after each call: when it says so, a checkpoint is saved and the loop ends.
+    """
+    run = training.train_step_fn(time_input=time_input)
+    step = training.step
+    while step < until:
+        steps = min(steps_per_call, until - step)
+        loss, waited = run(iterator, tf.constant(steps))
+        step = training.step
+        if on_steps is not None:
+            on_steps(step, float(loss.numpy()), float(waited.numpy()) if time_input else None)
+        stopping = should_stop is not None and should_stop()
+        path = training.save(force=stopping or step >= until)
+        if path and on_checkpoint is not None:
+            on_checkpoint(step, path)
+        if stopping:
+            break
+    return step
+
+
+def export_saved_model(training: KerasTraining, out_dir: str, label_names: List[str]) -> str:
+    """A SavedModel of the model under `out_dir/<timestamp>`, serving the features by name with a free batch dim."""
+    specs = _tensor_specs({n: {**s, "dtype": "float32" if s["dtype"] == "bfloat16" else s["dtype"]}
+                           for n, s in training.features.items()}, None)
+    model = training.model
+
+    @tf.function(input_signature=[specs] if not isinstance(specs, dict) else [specs])
+    def serve(features):
+        outputs = model(features, training=False)
+        outputs = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), outputs)
+        return _predictions(outputs, label_names, training.output_names)
+
+    path = os.path.join(out_dir, str(int(time.time())))
+    tf.saved_model.save(model, path, signatures={"serving_default": serve})
+    return path
+
+
+__all__ = ["make_strategy", "KerasTraining", "train_loop", "distributed_dataset", "keras_optimizer_factory",
+           "export_saved_model", "EvaluationInterrupted", "workers_in", "is_chief", "CHECKPOINT_NAME"]

@@ -1,0 +1,582 @@
+"""The input pipeline, precision, heads and losses that both engines run, on plain values.
+
+This module imports only TensorFlow and the Python standard library, and takes plain values (dicts,
+lists, strings, numbers) plus the job's own callables (its Keras builder, a custom loss or metric).
+The estimator engine (engine/estimator/standalone.py) and the keras engine (engine/keras/standalone.py)
+build on it, and `tpulaunch explain` prints it verbatim at the top of either engine's program, so
+the program runs exactly this code.
+
+A tensor spec is a dict: {"key": the record's feature key, "stored_as": "float_list" | "int64_list" |
+"raw" | "png" | "jpeg", "shape": per-example dims (None = unknown), "dtype": "float32", ...}.
+Every tensor comes out shaped `shape` with dtype `dtype`, so batches have static shapes, as XLA on a
+TPU needs:
+
+- float_list / int64_list: a list, reshaped to `shape` (float_list holds float32: bfloat16 and float16
+  are read as float32 and cast; int64_list likewise);
+- raw: one bytes value holding the tensor's little-endian bytes in its own dtype;
+- png / jpeg: one encoded image, decoded to uint8 [height, width, channels].
+"""
+
+import math
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+
+class SpecError(ValueError):
+    """Declared data or model settings that cannot work together; `hint` says what to change, `key` (when
+    known) the job-file key it is about, e.g. ("model", "loss", "box")."""
+
+    def __init__(self, message: str, hint: str = "", key: Tuple = ()):
+        super().__init__(message)
+        self.hint = hint
+        self.key = tuple(key)
+
+
+class FilesError(ValueError):
+    """A file pattern that matches nothing (`reason` None) or cannot be listed (`reason`: TensorFlow's message)."""
+
+    def __init__(self, pattern: str, reason: Optional[str] = None):
+        super().__init__(f"cannot list {pattern!r}: {reason}" if reason else f"no files match {pattern!r}")
+        self.pattern = pattern
+        self.reason = reason
+
+
+# ------------------------------------------------------------------------------------------ files
+
+def expand_files(patterns: Sequence[str]) -> List[str]:
+    """Every file matched by the paths or globs (local or gs://), sorted per pattern, without repeats."""
+    found: List[str] = []
+    for pattern in patterns:
+        try:
+            matches = tf.io.gfile.glob(pattern)
+        except tf.errors.OpError as exc:
+            raise FilesError(pattern, exc.message) from None
+        if not matches:
+            raise FilesError(pattern)
+        found.extend(m for m in sorted(matches) if m not in found)
+    return found
+
+
+# ------------------------------------------------------------------------------------------ parsing
+
+def _is_static(spec: dict) -> bool:
+    return all(d is not None for d in spec["shape"])
+
+
+def _reshape_shape(name: str, spec: dict) -> List[int]:
+    """The shape for tf.reshape: one unknown dim becomes -1."""
+    if sum(d is None for d in spec["shape"]) > 1:
+        raise SpecError(f"data: {name} has shape {spec['shape']} with more than one unknown dim; "
+                        f"its stored form {spec['stored_as']} cannot be reshaped",
+                        hint="declare the full shape (a TPU needs static shapes anyway)")
+    return [-1 if d is None else d for d in spec["shape"]]
+
+
+def _feature_config(name: str, spec: dict):
+    """The tf.io feature parsing one tensor's stored value."""
+    stored = spec["stored_as"]
+    if stored in ("png", "jpeg"):
+        return tf.io.FixedLenFeature([], tf.string)
+    _reshape_shape(name, spec)  # raises for several unknown dims
+    if stored == "raw":
+        return tf.io.FixedLenFeature([], tf.string)
+    kind = tf.float32 if stored == "float_list" else tf.int64
+    return tf.io.FixedLenFeature(spec["shape"], kind) if _is_static(spec) else tf.io.VarLenFeature(kind)
+
+
+def _parse_config(specs: Dict[str, dict]) -> dict:
+    return {spec["key"]: _feature_config(name, spec) for name, spec in specs.items()}  # one key may feed two tensors
+
+
+def _decode(name: str, spec: dict, value):
+    """The parsed value of one tensor -> a tensor of its declared shape and dtype."""
+    stored = spec["stored_as"]
+    dtype = tf.as_dtype(spec["dtype"])
+    if stored in ("float_list", "int64_list"):
+        if isinstance(value, tf.SparseTensor):
+            value = tf.reshape(tf.sparse.to_dense(value), _reshape_shape(name, spec))
+        return tf.cast(value, dtype) if value.dtype != dtype else value
+    if stored == "raw":
+        return tf.reshape(tf.io.decode_raw(value, dtype), _reshape_shape(name, spec))
+    channels = spec["shape"][-1] or 0  # 0: as stored
+    image = tf.io.decode_image(value, channels=channels, dtype=tf.uint8, expand_animations=False)
+    return tf.ensure_shape(image, spec["shape"])
+
+
+def _decode_batch(spec: dict, value, batch: int):
+    dtype = tf.as_dtype(spec["dtype"])
+    if spec["stored_as"] == "raw":  # the static batch keeps shapes fully defined for XLA
+        return tf.reshape(tf.io.decode_raw(value, dtype), [batch, *spec["shape"]])
+    return tf.cast(value, dtype) if value.dtype != dtype else value
+
+
+def _structure(tensors: dict):
+    """The structure rule: one entry -> that tensor; several -> dict; none -> None."""
+    if not tensors:
+        return None
+    if len(tensors) == 1:
+        return next(iter(tensors.values()))
+    return dict(tensors)
+
+
+def _split(tensors: dict, features: dict, labels: dict):
+    return (_structure({n: tensors[n] for n in features}), _structure({n: tensors[n] for n in labels}))
+
+
+def parse_example_fn(features: Dict[str, dict], labels: Dict[str, dict]) -> Callable:
+    """A function parsing one serialized tf.train.Example into (features, labels).
+
+    Each side is the single tensor when it declares one, a dict by name for several, None for none.
+    """
+    specs = {**features, **labels}
+    config = _parse_config(specs)
+
+    def parse(serialized):
+        parsed = tf.io.parse_single_example(serialized, config)
+        return _split({name: _decode(name, spec, parsed[spec["key"]]) for name, spec in specs.items()},
+                      features, labels)
+
+    return parse
+
+
+def parse_batch_fn(features: Dict[str, dict], labels: Dict[str, dict]) -> Callable:
+    """Like `parse_example_fn`, for a vector of serialized records: every tensor gets a leading batch dim."""
+    specs = {**features, **labels}
+    config = _parse_config(specs)
+
+    def parse(serialized):
+        parsed = tf.io.parse_example(serialized, config)
+        batch = serialized.shape[0] if serialized.shape[0] is not None else -1
+        return _split({name: _decode_batch(spec, parsed[spec["key"]], batch) for name, spec in specs.items()},
+                      features, labels)
+
+    return parse
+
+
+def batch_parse_possible(specs: Dict[str, dict], *, skip_corrupt: bool, cache: bool) -> bool:
+    """Whole batches can be parsed at once when every tensor is static and none is an image.
+
+    One vectorised tf.io.parse_example per batch is about twice as fast as a parse per record; images
+    still decode one by one, and skip_corrupt needs records that fail alone.
+    """
+    return (not skip_corrupt and not cache
+            and all(_is_static(s) and s["stored_as"] not in ("png", "jpeg") for s in specs.values()))
+
+
+def host_shard(context) -> Tuple[int, int]:
+    """(this input pipeline's index, number of input pipelines) from what params["context"] holds.
+
+    TPUEstimator passes a TPUContext whose `current_input_fn_deployment()` is (host device, invocation
+    index, invocation count, replicas fed); under PER_HOST_V2 that is one invocation per host.
+    tf.distribute passes an InputContext (input_pipeline_id, num_input_pipelines). Anything else, or
+    None, means a single pipeline.
+    """
+    if context is None:
+        return 0, 1
+    if hasattr(context, "current_input_fn_deployment"):
+        _, index, count, _ = context.current_input_fn_deployment()
+        return int(index), int(count)
+    if hasattr(context, "input_pipeline_id") and hasattr(context, "num_input_pipelines"):
+        return int(context.input_pipeline_id), int(context.num_input_pipelines)
+    return 0, 1
+
+
+# ------------------------------------------------------------------------------------------ input_fn
+
+# How many bytes TFRecordDataset reads ahead per file. With one reader per core interleaved, 8 MiB
+# buffers cost ~20 % throughput locally (benchmarks/data_pipeline.py); gs:// reads have their own
+# read-ahead in TensorFlow's GCS filesystem.
+READ_BUFFER_BYTES = 256 * 1024
+
+
+def make_input_fn(files: Sequence[str], *, training: bool, use_tpu: bool, features: Dict[str, dict],
+                  labels: Dict[str, dict], compression: str, shuffle_buffer: int, cache: bool,
+                  skip_corrupt: bool) -> Callable:
+    """An `input_fn(params)` for TPUEstimator reading `files` (TFRecords of tf.train.Example).
+
+    `params["batch_size"]` is the batch this pipeline produces: per host under TPUEstimator
+    PER_HOST_V2, global on CPU. With `params["context"]` each host reads its own share: whole files
+    when there are at least as many files as hosts, else every n-th record. Training shuffles files
+    and records and repeats forever; evaluation reads in a fixed order, and repeats only on a TPU,
+    where running out of data mid-loop is an error rather than the end of evaluation. `skip_corrupt`
+    drops records that fail to read or parse (see `_parse_skipping_bad_records`). Batches always drop
+    the remainder, so shapes are static.
+    """
+    files = list(files)
+    parse = parse_example_fn(features, labels)
+    specs = {**features, **labels}
+    batch_parse = batch_parse_possible(specs, skip_corrupt=skip_corrupt, cache=cache)
+    parse_batch = parse_batch_fn(features, labels) if batch_parse else None
+    count_block = skip_count_block(specs)
+
+    def input_fn(params):
+        autotune = tf.data.AUTOTUNE
+        index, count = host_shard(params.get("context"))
+        dataset = tf.data.Dataset.from_tensor_slices(files)
+        shard_files = count > 1 and len(files) >= count
+        if shard_files:
+            dataset = dataset.shard(count, index)
+        if training:
+            dataset = dataset.shuffle(len(files), reshuffle_each_iteration=True)
+            if not cache:
+                dataset = dataset.repeat()
+        dataset = dataset.interleave(
+            lambda f: tf.data.TFRecordDataset(f, compression_type=compression, buffer_size=READ_BUFFER_BYTES),
+            cycle_length=autotune, num_parallel_calls=autotune, deterministic=not training)
+        if count > 1 and not shard_files:
+            dataset = dataset.shard(count, index)
+        if not batch_parse:  # records parsed one by one: images, skip_corrupt, cache
+            if skip_corrupt:
+                dataset = _parse_skipping_bad_records(dataset, parse, count_block)
+            else:
+                dataset = dataset.map(parse, num_parallel_calls=autotune, deterministic=not training)
+            if cache:
+                dataset = dataset.cache()
+                if training:
+                    dataset = dataset.repeat()
+        if training and shuffle_buffer > 0:
+            dataset = dataset.shuffle(shuffle_buffer)
+        if not training and use_tpu:
+            dataset = dataset.repeat()
+        dataset = dataset.batch(params["batch_size"], drop_remainder=True)
+        if batch_parse:  # serialized records were shuffled and batched: one vectorised parse per batch
+            dataset = dataset.map(parse_batch, num_parallel_calls=autotune, deterministic=not training)
+        return dataset.prefetch(autotune)
+
+    return input_fn
+
+
+# The graph collection holding each input pipeline's count of records skipped under skip_corrupt
+# (one variable per input_fn call: one per host on a TPU slice); `tpulaunch train` sums and shows them.
+SKIPPED_RECORDS = "skipped_input_records"
+
+# Records per counting step under skip_corrupt: blocks of about this many bytes (at most 64 records,
+# at least one, so a block of CT volumes stays one volume). Counting record by record cost a third
+# of the examples/s on 48 KiB records; by blocks, with the in-order parse it needs, about a fifth
+# there and nothing on 40-byte records (benchmarks/data_pipeline.py).
+SKIP_COUNT_BLOCK_BYTES = 256 * 1024
+
+
+def skip_count_block(specs: Dict[str, dict]) -> int:
+    example_bytes = sum((math.prod(s["shape"]) if _is_static(s) else 1) * tf.as_dtype(s["dtype"]).size
+                        for s in specs.values())
+    return max(1, min(64, SKIP_COUNT_BLOCK_BYTES // max(1, example_bytes)))
+
+
+def _parse_skipping_bad_records(dataset, parse: Callable, block: int):
+    """Parse records one by one, dropping those that fail, and count what was dropped.
+
+    Records are numbered before parsing and kept in order through the (parallel) parse, so after the
+    failures are dropped, the last record number of each block of `block` kept records minus the
+    records kept so far is how many were skipped so far in this pass. The increase is added to a
+    local variable in `SKIPPED_RECORDS`, which so keeps counting when the dataset is repeated after
+    this point (evaluation on a TPU). The count is of what the pipeline has read, read-ahead into
+    shuffle and prefetch buffers included. A record that fails its CRC or is cut short counts as one
+    and ends the read of its file (TFRecord framing cannot be trusted past it): the records after it
+    are never read, so they are not counted. Each skip is logged as a TensorFlow warning "Ignoring
+    error: ...".
+    """
+    skipped = tf.compat.v1.Variable(
+        0, dtype=tf.int64, trainable=False, use_resource=True, name="records_skipped",
+        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES, SKIPPED_RECORDS])
+    dataset = dataset.enumerate().map(lambda number, record: (number, parse(record)),
+                                      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    dataset = dataset.ignore_errors(log_warning=True).batch(block)
+
+    def count_gaps(state, numbered):
+        kept, counted = state  # records kept and skips already counted, in this pass
+        numbers, examples = numbered
+        kept += tf.cast(tf.shape(numbers)[0], tf.int64)
+        gaps = numbers[-1] + 1 - kept
+        with tf.control_dependencies([skipped.assign_add(gaps - counted, read_value=False)]):
+            examples = tf.nest.map_structure(lambda t: t if t is None else tf.identity(t), examples)
+        return (kept, gaps), examples
+
+    zero = tf.constant(0, tf.int64)
+    return dataset.scan((zero, zero), count_gaps).unbatch()
+
+
+# ------------------------------------------------------------------------------------------ precision
+
+def policy_name(precision: str, *, use_tpu: bool, has_gpu: Optional[bool] = None) -> str:
+    """The Keras mixed-precision policy for `precision` (float32 | bfloat16 | mixed_float16) on this device.
+
+    bfloat16 means mixed_bfloat16 on a TPU and on a CPU, and mixed_float16 on a GPU (where fp16 is
+    the fast half-precision type).
+    """
+    if precision == "float32":
+        return "float32"
+    if precision == "mixed_float16":
+        return "mixed_float16"
+    if not use_tpu:
+        gpu = bool(tf.config.list_physical_devices("GPU")) if has_gpu is None else has_gpu
+        if gpu:
+            return "mixed_float16"
+    return "mixed_bfloat16"
+
+
+# ----------------------------------------------------------------------------------------------- heads
+
+_CROSSENTROPY = {
+    "sparse_categorical_crossentropy": (tf.keras.losses.SparseCategoricalCrossentropy, "sparse"),
+    "categorical_crossentropy": (tf.keras.losses.CategoricalCrossentropy, "onehot"),
+    "binary_crossentropy": (tf.keras.losses.BinaryCrossentropy, "binary"),
+}
+_REGRESSION = {
+    "mean_squared_error": tf.keras.losses.MeanSquaredError,
+    "mean_absolute_error": tf.keras.losses.MeanAbsoluteError,
+    "huber": tf.keras.losses.Huber,
+}
+
+# Which metrics fit which heads: class metrics need a crossentropy loss, value metrics a regression
+# loss; the job's own loss fits both (classes are then read from the shapes), the job's own metric every head.
+CLASSIFICATION_METRICS = ("accuracy", "mean_iou", "auc", "precision", "recall")
+REGRESSION_METRICS = ("mean_squared_error", "mean_absolute_error")
+
+
+class Head(NamedTuple):
+    """One label and the model output scored against it: its loss, and what class predictions mean for the metrics."""
+
+    loss_name: str
+    kind: Optional[str]  # "sparse" | "onehot" | "binary": classification; None: regression; "shapes": the job's own loss
+    from_logits: bool
+
+
+def head_for(loss_name: str, from_logits: bool) -> Head:
+    if loss_name in _CROSSENTROPY:
+        return Head(loss_name, _CROSSENTROPY[loss_name][1], from_logits)
+    if loss_name in _REGRESSION:
+        return Head(loss_name, None, False)
+    return Head(loss_name, "shapes", from_logits)  # an import-path loss: metrics infer classes from the shapes
+
+
+def metric_fits(name: str, head: Head) -> bool:
+    if name in CLASSIFICATION_METRICS:
+        return head.kind is not None
+    if name in REGRESSION_METRICS:
+        return head.kind in (None, "shapes")
+    return True  # the job's own metric (an import path): every head
+
+
+# Ops that keep what a tensor means (probabilities stay probabilities).
+_SHAPE_OPS = ("Identity", "Cast", "Reshape", "Squeeze", "ExpandDims", "Transpose")
+
+
+def _layer_gives_probabilities(layer) -> bool:
+    if isinstance(layer, tf.keras.layers.Softmax):
+        return True
+    return getattr(getattr(layer, "activation", None), "__name__", "") in ("softmax", "sigmoid")
+
+
+def _tensor_is_probabilities(tensor) -> bool:
+    """Whether `tensor` comes out of a softmax or sigmoid (through casts and reshapes)."""
+    if hasattr(tensor, "_keras_logits"):  # Keras marks the outputs of its softmax and sigmoid activations
+        return True
+    try:
+        op = tensor.op
+    except AttributeError:  # an eager tensor has no producing op
+        return False
+    while op.type in _SHAPE_OPS and op.inputs:
+        op = op.inputs[0].op
+    return op.type in ("Softmax", "Sigmoid")
+
+
+def _output_layers(model, count: int) -> list:
+    """The layer producing each of the model's `count` (flattened) outputs, None where the model does not record it:
+    a functional model's output layers, a Sequential's last layer; a subclassed model's are unknown."""
+    if isinstance(model, tf.keras.Sequential) and model.layers and count == 1:
+        return [model.layers[-1]]
+    known = list(getattr(model, "outputs", None) or []) if getattr(model, "_is_graph_network", False) else []
+    if len(known) == count:
+        return [getattr(getattr(t, "_keras_history", None), "layer", None) for t in known]
+    return [None] * count
+
+
+def probabilities_of(model, outputs):
+    """For each output (same structure): whether it holds probabilities rather than logits, from the layer that
+    produces it, or else from the op that computes it (subclassed models, custom layers)."""
+    flat = tf.nest.flatten(outputs)
+    layers = _output_layers(model, len(flat))
+    return tf.nest.pack_sequence_as(
+        outputs, [_layer_gives_probabilities(layer) or _tensor_is_probabilities(t) for layer, t in zip(layers, flat)])
+
+
+def outputs_by_label(outputs, label_names: Sequence[str], output_names: Sequence[str] = ()) -> dict:
+    """The model's outputs keyed by the label each is scored against, in the order of `label_names`.
+
+    By name: dict outputs keyed like the labels; a list whose output layers are named like the labels
+    (a functional model's `output_names`). Else by order: a list pairs with the labels as declared,
+    a single tensor with the only label.
+    """
+    names = list(label_names)
+    if not names:
+        raise SpecError("the job declares no labels to score the model's outputs against",
+                        hint="declare data.labels, or give model.loss as an import path fn(labels, outputs)",
+                        key=("data", "labels"))
+    if isinstance(outputs, dict):
+        if set(outputs) != set(names):
+            raise SpecError(f"the model returns outputs {sorted(outputs)}, but data.labels declares {names}",
+                            hint="key the model's outputs by the names in data.labels (or rename the labels)",
+                            key=("data", "labels"))
+        return {n: outputs[n] for n in names}
+    flat = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    if len(flat) != len(names):
+        said = "one tensor" if len(flat) == 1 else f"{len(flat)} outputs"
+        raise SpecError(f"the model returns {said}, but data.labels declares {len(names)}: {names}",
+                        hint="return one output per label: a dict keyed by label, or a list in the order of data.labels",
+                        key=("data", "labels"))
+    given = list(output_names or ())
+    if len(flat) > 1 and len(given) == len(flat):
+        if set(given) == set(names):
+            return {n: flat[given.index(n)] for n in names}
+        if set(given) & set(names):
+            raise SpecError(f"the model's output layers are named {given}: some like the labels {names}, some not",
+                            hint="name every output layer like its label, or none of them (outputs then pair with "
+                                 "data.labels in declared order)", key=("data", "labels"))
+    return dict(zip(names, flat))
+
+
+def _losses_by_label(loss, names: Sequence[str]) -> Dict[str, str]:
+    return {n: loss[n] for n in names} if isinstance(loss, dict) else {n: loss for n in names}
+
+
+class Pair(NamedTuple):
+    """One label's tensor and the model output scored against it, with how they are scored."""
+
+    head: Head
+    labels: Any
+    outputs: Any
+
+
+def pair_heads(labels, outputs, probabilities, loss_names: Dict[str, str], output_names: Sequence[str]) -> dict:
+    """label -> Pair, in declared order (`loss_names`: each label's loss; `probabilities`: as `probabilities_of`)."""
+    names = list(loss_names)
+    by_label = labels if isinstance(labels, dict) else dict(zip(names, [labels]))
+    paired = outputs_by_label(outputs, names, output_names)
+    is_probability = outputs_by_label(probabilities, names, output_names)
+    return {n: Pair(head_for(loss_names[n], not is_probability[n]), by_label[n], paired[n]) for n in names}
+
+
+# ----------------------------------------------------------------------------------------------- loss
+
+def _single_loss(head: Optional[Head], labels, outputs, custom: Optional[Callable]):
+    if custom is not None:
+        value = custom(labels, outputs)
+    elif head.loss_name in _CROSSENTROPY:
+        cls = _CROSSENTROPY[head.loss_name][0]
+        value = cls(from_logits=head.from_logits, reduction=tf.keras.losses.Reduction.SUM_OVER_BATCH_SIZE)(labels, outputs)
+    else:
+        value = _REGRESSION[head.loss_name](reduction=tf.keras.losses.Reduction.SUM_OVER_BATCH_SIZE)(labels, outputs)
+    # Reduce whatever came back to one float32 scalar (a custom loss may return per-example values).
+    return tf.reduce_mean(tf.cast(value, tf.float32))
+
+
+def _label_loss(name: str, head: Head, labels, outputs, custom: Optional[Callable], key: tuple):
+    try:
+        return _single_loss(head, labels, outputs, custom)
+    except ValueError as exc:  # the loss's own shape checks, at graph building
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SpecError(
+            f"loss {head.loss_name!r} cannot score label {name!r} ({_per_example(labels)}) against the model's "
+            f"output ({_per_example(outputs)}): {detail}",
+            hint="declare the label's shape and dtype as the loss needs them against this output (sparse "
+                 "crossentropy: class ids, one fewer axis than the output), or give that label a loss that fits "
+                 "(model.loss: {label: loss})", key=key) from exc
+
+
+def _per_example(tensor) -> str:
+    return f"{tensor.dtype.name} {tensor.shape.as_list()[1:]} per example"
+
+
+def compute_loss(loss, labels, outputs, pairs: Dict[str, Pair], *, custom_loss: Optional[Callable] = None,
+                 custom_losses: Optional[Dict[str, Callable]] = None):
+    """The scalar float32 loss.
+
+    An import-path `loss` (a string, its function `custom_loss`) is called once with the whole labels
+    and outputs, dicts included: it defines how its heads pair up (RetinaNet's {cls_targets,
+    box_targets} against {cls_logits, box_regression}). Otherwise each label's loss (one for all, or
+    per label when `loss` is a mapping) scores its Pair, and the losses are summed.
+    """
+    if not isinstance(loss, dict) and custom_loss is not None:
+        return _single_loss(None, labels, outputs, custom_loss)
+    total = []
+    for name, pair in pairs.items():
+        loss_name = pair.head.loss_name
+        custom = (custom_losses or {}).get(loss_name)
+        if ":" in loss_name and custom is None:
+            raise SpecError(f"loss {loss_name!r} for label {name!r} was not given as a function",
+                            hint="pass it in custom_losses", key=("model", "loss", name))
+        key = ("model", "loss", name) if isinstance(loss, dict) else ("model", "loss")
+        total.append(_label_loss(name, pair.head, pair.labels, pair.outputs, custom, key))
+    return tf.add_n(total)
+
+
+# -------------------------------------------------------------------------------------------- metrics
+
+def _classes(head: Head, labels, outputs):
+    """(label classes, predicted classes, probabilities, number of classes) for one head.
+
+    Binary: one output per example (or per pixel), or a binary crossentropy loss. Sparse: integer
+    labels with one output per class. One-hot: labels with the same shape as the outputs.
+    """
+    extra_axis = outputs.shape.rank == labels.shape.rank + 1
+    if head.kind == "binary" or (extra_axis and outputs.shape[-1] == 1):
+        if extra_axis:
+            outputs = tf.squeeze(outputs, -1)
+        probabilities = tf.sigmoid(outputs) if head.from_logits else outputs
+        truth = labels > 0.5 if labels.dtype.is_floating else labels
+        return tf.cast(truth, tf.int32), tf.cast(probabilities > 0.5, tf.int32), probabilities, 2
+    probabilities = tf.nn.softmax(outputs) if head.from_logits else outputs
+    num_classes = int(outputs.shape[-1])
+    if not extra_axis:
+        if head.kind == "sparse":  # labels [N, 1] against outputs [N, C]
+            labels = tf.squeeze(labels, -1)
+        else:
+            labels = tf.argmax(labels, axis=-1, output_type=tf.int32)
+    return tf.cast(labels, tf.int32), tf.argmax(outputs, axis=-1, output_type=tf.int32), probabilities, num_classes
+
+
+def _values_like_labels(labels, outputs):
+    if outputs.shape.rank == labels.shape.rank + 1 and outputs.shape[-1] == 1:
+        outputs = tf.squeeze(outputs, -1)
+    return tf.cast(labels, tf.float32), outputs
+
+
+def metrics_by_label(metrics, heads: Dict[str, Head]) -> Dict[str, List[str]]:
+    """The metrics each label gets: a list applies each metric to every head it fits (one that fits none
+    is an error); a mapping names them per label."""
+    if isinstance(metrics, dict):
+        return {name: list(metrics.get(name, ())) for name in heads}
+    chosen: Dict[str, List[str]] = {name: [] for name in heads}
+    for i, metric in enumerate(metrics):
+        fitting = [name for name, head in heads.items() if metric_fits(metric, head)]
+        if not fitting:
+            losses = ", ".join(f"{name}: {head.loss_name}" for name, head in heads.items())
+            raise SpecError(f"metric {metric!r} fits none of the model's heads ({losses})",
+                            hint="remove it, or give metrics per label (model.metrics: {label: [...]})",
+                            key=("model", "metrics", i))
+        for name in fitting:
+            chosen[name].append(metric)
+    return chosen
+
+
+def _predictions(outputs, label_names: Sequence[str], output_names: Sequence[str]) -> dict:
+    """PREDICT's (and export's) outputs by name: a dict as is, one tensor as 'outputs', a list by label."""
+    if isinstance(outputs, dict):
+        return outputs
+    if not isinstance(outputs, (list, tuple)):
+        return {"outputs": outputs}
+    try:
+        return outputs_by_label(outputs, label_names, output_names)
+    except SpecError:
+        return {f"output_{i}": t for i, t in enumerate(outputs)}
+
+
+# ------------------------------------------------------------------------------------------ schedule
+
+def boundaries(start: int, steps: int, every: Optional[int]) -> List[int]:
+    """Global steps to train to, one segment each; an evaluation follows each when `every` is set."""
+    if not every:
+        return [steps]
+    return list(range((start // every + 1) * every, steps, every)) + [steps]
