@@ -236,7 +236,8 @@ class KerasTraining:
         self.model_dir = model_dir
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, self._checkpoint_dir(model_dir), max_to_keep=keep_checkpoint_max,
-            checkpoint_name=CHECKPOINT_NAME, step_counter=self.global_step, checkpoint_interval=save_checkpoints_steps)
+            checkpoint_name=CHECKPOINT_NAME)
+        self.save_checkpoints_steps = save_checkpoints_steps
         self._train_step = None
         self._eval_step = None
         self._eval_metrics = None
@@ -261,9 +262,9 @@ class KerasTraining:
             self.checkpoint.restore(path).assert_existing_objects_matched()
         return self.step
 
-    def save(self, *, force: bool = True) -> Optional[str]:
-        """Checkpoint at the current step (`force=False`: only when save_checkpoints_steps have passed)."""
-        return self.manager.save(checkpoint_number=self.global_step, check_interval=not force)
+    def save(self) -> str:
+        """Checkpoint at the current step, as model_dir/model.ckpt-STEP."""
+        return self.manager.save(checkpoint_number=self.step)
 
     # ------------------------------------------------------------------------------ steps
 
@@ -423,17 +424,19 @@ def train_loop(training: KerasTraining, iterator, *, until: int, steps_per_call:
     `should_stop()` is asked after each call: when it says so, a checkpoint is saved and the loop ends.
     """
     run = training.train_step_fn(time_input=time_input)
+    every = training.save_checkpoints_steps
     step = training.step
     while step < until:
-        steps = min(steps_per_call, until - step)
+        steps = min(steps_per_call, until - step, every - step % every)  # a call ends on each checkpoint step
         loss, waited = run(iterator, tf.constant(steps))
         step = training.step
         if on_steps is not None:
             on_steps(step, float(loss.numpy()), float(waited.numpy()) if time_input else None)
         stopping = should_stop is not None and should_stop()
-        path = training.save(force=stopping or step >= until)
-        if path and on_checkpoint is not None:
-            on_checkpoint(step, path)
+        if stopping or step >= until or step % every == 0:
+            path = training.save()
+            if on_checkpoint is not None:
+                on_checkpoint(step, path)
         if stopping:
             break
     return step
