@@ -137,6 +137,10 @@ job_argument = click.argument("job_file", metavar="JOB.yaml", type=click.Path(di
 local_option = click.option(
     "--local", is_flag=True,
     help="Run on this machine's CPU/GPU (use_tpu=False) even when the job has a tpu: section.")
+cpu_replicas_option = click.option(
+    "--cpu-replicas", type=click.IntRange(min=1), default=None, metavar="N",
+    help="keras engine, on this machine: split the CPU into N devices and run N replicas with MirroredStrategy "
+         "(rehearses multi-replica batches and gradients in CI; the global batch must divide by N).")
 wait_option = click.option(
     "--wait", "wait_s", type=click.FloatRange(min=0), default=0, show_default=True, metavar="SECONDS",
     help="Wait up to this long for a starting or repairing TPU to become ready.")

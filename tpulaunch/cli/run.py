@@ -16,8 +16,8 @@ from typing import Optional, Sequence
 
 import click
 
-from tpulaunch.cli.base import (Context, checkpoint_option, command, job_argument, local_option, pass_obj, set_option,
-                                wait_option)
+from tpulaunch.cli.base import (Context, checkpoint_option, command, cpu_replicas_option, job_argument, local_option,
+                                pass_obj, set_option, wait_option)
 from tpulaunch.errors import AlreadyReported
 from tpulaunch.tf_env import quiet_tensorflow
 
@@ -141,9 +141,11 @@ def _model_dir_override(model_dir: Optional[str]) -> list:
 @click.option("--profile", type=StepRange(), default=None, metavar="START-END",
               help="Capture a TensorBoard profile of these global steps into model_dir "
                    "(tensorboard --logdir MODEL_DIR, Profile tab). Skip the first steps: they include start-up.")
+@cpu_replicas_option
 @pass_obj
 def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Optional[str], force: bool, wait_s: float,
-          watch_interval: float, auto_resume: int, resume_wait: float, watch_node: bool, profile):
+          watch_interval: float, auto_resume: int, resume_wait: float, watch_node: bool, profile,
+          cpu_replicas: Optional[int]):
     """Train the job: resume from model_dir's latest complete checkpoint, evaluate as eval: says, show progress.
 
     Ctrl-C (or SIGTERM) finishes the current step, saves a checkpoint there and exits 130 (143);
@@ -167,6 +169,7 @@ def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Option
       tpulaunch train job.yaml --model-dir runs/try2 # a fresh run next to the first
       tpulaunch train job.yaml --auto-resume 5       # survive up to 5 preemptions
       tpulaunch train job.yaml --local --profile 20-25   # a TensorBoard profile of steps 20 to 25
+      tpulaunch train job.yaml --local --cpu-replicas 2  # keras engine: two replicas on this CPU
     """
     from tpulaunch.cli.recorded import recorded_run
     from tpulaunch.data.input_help import input_help
@@ -190,7 +193,7 @@ def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Option
                                 auto_resume=auto_resume, resume_wait=resume_wait)
         try:
             engine.train(job, checked.plan, recorder=recorder, cluster_resolver=resolver, force=force, watch=watch,
-                         profile=profile)
+                         profile=profile, **_replicas(engine, cpu_replicas, checked.plan))
         except (TrainingStopped, NodeLost) as stopped:
             hint = stopped.hint
             if isinstance(stopped, EvaluationStopped):
@@ -203,6 +206,20 @@ def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Option
             if hint:
                 obj.err.print(f"hint: {hint}", highlight=False, markup=False, soft_wrap=True)
             raise AlreadyReported(stopped.exit_code) from None
+
+
+def _replicas(engine, cpu_replicas: Optional[int], plan) -> dict:
+    """`cpu_replicas` for the engine, when asked: only the keras engine runs them, and only on this machine."""
+    from tpulaunch.errors import TpuLaunchError
+
+    if cpu_replicas is None:
+        return {}
+    if engine.name != "keras":
+        raise TpuLaunchError("--cpu-replicas needs the keras engine (tf.distribute)",
+                             hint="set run.engine: keras (TensorFlow 2.16 or later), or drop --cpu-replicas")
+    if plan.on_tpu:
+        raise TpuLaunchError("--cpu-replicas runs on this machine", hint="add --local, or drop --cpu-replicas")
+    return {"cpu_replicas": cpu_replicas}
 
 
 def _resolving(recorder, job, *, local: bool, watch_node: bool):
@@ -220,8 +237,10 @@ def _resolving(recorder, job, *, local: bool, watch_node: bool):
 @set_option
 @checkpoint_option
 @wait_option
+@cpu_replicas_option
 @pass_obj
-def evaluate(obj: Context, job_file: str, local: bool, overrides, checkpoint: Optional[str], wait_s: float):
+def evaluate(obj: Context, job_file: str, local: bool, overrides, checkpoint: Optional[str], wait_s: float,
+             cpu_replicas: Optional[int]):
     """Evaluate the latest checkpoint in run.model_dir on data.eval for eval.steps batches.
 
     \b
@@ -240,7 +259,8 @@ def evaluate(obj: Context, job_file: str, local: bool, overrides, checkpoint: Op
     with recorded_run(obj, recorder, engine, checked, "evaluate"):
         with _resolving(recorder, job, local=local, watch_node=False):
             resolver = _resolver(job, local, wait_s)
-        engine.evaluate(job, checked.plan, recorder=recorder, checkpoint=checkpoint, cluster_resolver=resolver)
+        engine.evaluate(job, checked.plan, recorder=recorder, checkpoint=checkpoint, cluster_resolver=resolver,
+                        **_replicas(engine, cpu_replicas, checked.plan))
 
 
 @command()

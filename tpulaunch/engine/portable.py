@@ -465,10 +465,12 @@ def _single_loss(head: Optional[Head], labels, outputs, custom: Optional[Callabl
         value = custom(labels, outputs)
     elif head.loss_name in _CROSSENTROPY:
         cls = _CROSSENTROPY[head.loss_name][0]
-        value = cls(from_logits=head.from_logits, reduction=tf.keras.losses.Reduction.SUM_OVER_BATCH_SIZE)(labels, outputs)
+        value = cls(from_logits=head.from_logits, reduction=tf.keras.losses.Reduction.NONE)(labels, outputs)
     else:
-        value = _REGRESSION[head.loss_name](reduction=tf.keras.losses.Reduction.SUM_OVER_BATCH_SIZE)(labels, outputs)
-    # Reduce whatever came back to one float32 scalar (a custom loss may return per-example values).
+        value = _REGRESSION[head.loss_name](reduction=tf.keras.losses.Reduction.NONE)(labels, outputs)
+    # Reduce whatever came back to one float32 scalar: the mean over the (replica's) batch, which is what
+    # Keras's SUM_OVER_BATCH_SIZE computes; Keras refuses that reduction inside a tf.distribute replica.
+    # A custom loss may return per-example values.
     return tf.reduce_mean(tf.cast(value, tf.float32))
 
 

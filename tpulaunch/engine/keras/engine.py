@@ -37,17 +37,20 @@ class KerasEngine(Engine):
 
         return tf_problems(loaded, search_path=loaded.job.search_path if loaded.job else ())
 
-    def train(self, job, plan, *, recorder, cluster_resolver=None, force=False, watch=None, profile=None):
+    def train(self, job, plan, *, recorder, cluster_resolver=None, force=False, watch=None, profile=None,
+              cpu_replicas: Optional[int] = None):
         from tpulaunch.engine.keras import runner
 
         return runner.train(job, plan, recorder=recorder, cluster_resolver=cluster_resolver,
-                            search_path=job.search_path, force=force, watch=watch, profile=profile)
+                            search_path=job.search_path, force=force, watch=watch, profile=profile,
+                            cpu_replicas=cpu_replicas)
 
-    def evaluate(self, job, plan, *, recorder, checkpoint: Optional[str] = None, cluster_resolver: Any = None):
+    def evaluate(self, job, plan, *, recorder, checkpoint: Optional[str] = None, cluster_resolver: Any = None,
+                 cpu_replicas: Optional[int] = None):
         from tpulaunch.engine.keras import runner
 
         return runner.evaluate(job, plan, checkpoint=checkpoint, recorder=recorder, cluster_resolver=cluster_resolver,
-                               search_path=job.search_path)
+                               search_path=job.search_path, cpu_replicas=cpu_replicas)
 
     def export(self, job, plan, out_dir: str, *, checkpoint: Optional[str] = None) -> str:
         from tpulaunch.engine.keras import runner
@@ -56,7 +59,10 @@ class KerasEngine(Engine):
 
     def append_run_record(self, model_dir: str, line: str) -> str:
         from tpulaunch.engine.estimator.records import append_record  # TensorFlow's filesystem: engine-neutral
+        from tpulaunch.engine.keras.plain import is_chief_worker
 
+        if not is_chief_worker():  # one record per run, the chief's: every worker would append its own
+            return ""
         return append_record(model_dir, line)
 
     def run_record_lines(self, model_dir: str):

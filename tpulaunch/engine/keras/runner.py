@@ -51,12 +51,27 @@ def _refuse_estimator_checkpoints(model_dir: str) -> None:
 
 
 def make_training(job: Job, plan: Plan, *, use_tpu: bool, cluster_resolver: Any = None,
-                  search_path: Sequence[str] = (), model_dir: Optional[str] = None):
+                  search_path: Sequence[str] = (), model_dir: Optional[str] = None, cpu_replicas: Optional[int] = None):
     """The job's KerasTraining (strategy, model, optimizer, checkpoints), failures located at their job key."""
+    import tensorflow as tf
+
     from tpulaunch.engine.keras import standalone
 
-    strategy = standalone.make_strategy(use_tpu=use_tpu, cluster_resolver=cluster_resolver,
-                                        **plain.strategy_settings(job, plan, use_tpu=use_tpu))
+    try:
+        strategy = standalone.make_strategy(use_tpu=use_tpu, cluster_resolver=cluster_resolver,
+                                            cpu_replicas=cpu_replicas,
+                                            **plain.strategy_settings(job, plan, use_tpu=use_tpu))
+    except RuntimeError as exc:  # TensorFlow's runtime started before the CPU could be split
+        raise TpuLaunchError(f"cannot split the CPU into {cpu_replicas} devices: {exc}") from None
+    replicas = strategy.num_replicas_in_sync
+    for section in (job.train, job.eval):
+        if section is not None and section.batch_size % replicas:
+            name = "train" if section is job.train else "eval"
+            raise TpuLaunchError(f"{name}.batch_size {section.batch_size} does not divide over the {replicas} replicas "
+                                 f"of {type(strategy).__name__}",
+                                 hint=f"use a multiple of {replicas} (each replica gets the same share)")
+    if job.run.seed is not None:
+        tf.keras.utils.set_random_seed(job.run.seed)
     parts = plain.job_parts(job, use_tpu=use_tpu, search_path=search_path)
     settings = plain.training_settings(job, plan, use_tpu=use_tpu)
     if model_dir:
@@ -72,7 +87,7 @@ def _dataset(job: Job, plan: Plan, training, mode: str, use_tpu: bool):
     from tpulaunch.data.pipeline import make_input_fn
     from tpulaunch.engine.keras import standalone
 
-    batch = plan.train_batch_size if mode == "train" else plan.eval_batch_size
+    batch = job.train.batch_size if mode == "train" else (job.eval.batch_size or job.train.batch_size)
     return standalone.distributed_dataset(training.strategy, make_input_fn(job, mode, use_tpu=use_tpu), batch)
 
 
@@ -80,7 +95,8 @@ def _dataset(job: Job, plan: Plan, training, mode: str, use_tpu: bool):
 
 def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop: Optional[StopSignal] = None,
           cluster_resolver: Any = None, search_path: Sequence[str] = (), force: bool = False,
-          watch: Optional["WatchPlan"] = None, profile: Optional[Tuple[int, int]] = None) -> TrainSummary:
+          watch: Optional["WatchPlan"] = None, profile: Optional[Tuple[int, int]] = None,
+          cpu_replicas: Optional[int] = None) -> TrainSummary:
     """Train to `job.train.steps`, resuming from model_dir's latest complete checkpoint, evaluating as the job says.
 
     As the estimator engine's `runner.train` (its Raises apply): signals save a checkpoint at the current
@@ -96,8 +112,9 @@ def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop:
     stop = stop or StopSignal()
     with model_dir_errors(model_dir):
         _refuse_estimator_checkpoints(model_dir)
-        _repair_checkpoints(model_dir, recorder)
-        write_job_copy(job, model_dir, force=force)
+        if plain.is_chief_worker():  # the other workers of a multi-worker run leave model_dir to the chief
+            _repair_checkpoints(model_dir, recorder)
+            write_job_copy(job, model_dir, force=force)
     dog = None
     if watch is not None:
         from tpulaunch.engine.estimator.hooks import is_lost_tpu_error
@@ -108,15 +125,29 @@ def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop:
         while True:
             with model_dir_errors(model_dir):
                 event = _train_segments(job, plan, recorder, stop, dog, use_tpu, cluster_resolver, search_path,
-                                        profile)
+                                        profile, cpu_replicas)
             if event is None:
+                _remove_worker_scratch(model_dir)
                 return recorder.finish()
             cluster_resolver = _recover(event, job, watch, recorder, stop, use_tpu)
             dog.reset()
 
 
+def _remove_worker_scratch(model_dir: str) -> None:
+    """A non-chief worker's checkpoints (saved only because saving is collective) are removed at the end."""
+    import tensorflow as tf
+
+    from tpulaunch.engine.keras.standalone import worker_scratch_dir
+
+    task = plain.worker_task()
+    if task is not None and not plain.is_chief_worker():
+        scratch = worker_scratch_dir(model_dir, *task)
+        if tf.io.gfile.exists(scratch):
+            tf.io.gfile.rmtree(scratch)
+
+
 def _train_segments(job: Job, plan: Plan, recorder: RunRecorder, stop: StopSignal, dog, use_tpu: bool,
-                    cluster_resolver, search_path: Sequence[str], profile):
+                    cluster_resolver, search_path: Sequence[str], profile, cpu_replicas: Optional[int]):
     """Build, restore and train (and evaluate) to the end; the NodeEvent if the TPU was lost, else None."""
     from tpulaunch.engine import portable
     from tpulaunch.engine.keras import standalone
@@ -131,7 +162,7 @@ def _train_segments(job: Job, plan: Plan, recorder: RunRecorder, stop: StopSigna
         with recorder.phase_scope():
             recorder.phase_began(phases.BUILD)
             training = make_training(job, plan, use_tpu=use_tpu, cluster_resolver=cluster_resolver,
-                                     search_path=search_path)
+                                     search_path=search_path, cpu_replicas=cpu_replicas)
             restoring = training.manager.latest_checkpoint is not None
             recorder.phase_switch(phases.RESTORE if restoring else phases.INITIALISE)
             step = training.restore()
@@ -158,7 +189,7 @@ def _train_segments(job: Job, plan: Plan, recorder: RunRecorder, stop: StopSigna
                         return dog.tripped
                 if every or (boundary == job.train.steps and evaluates and step == boundary):
                     try:
-                        _evaluate_into(training, job, plan, use_tpu, recorder,
+                        _evaluate_into(training, job, use_tpu, recorder,
                                        should_stop=lambda: stop.received is not None)
                     except standalone.EvaluationInterrupted:
                         raise _evaluation_stopped(job, step, stop, recorder) from None
@@ -243,17 +274,18 @@ class _Profiler:
 
 # --------------------------------------------------------------------------------------- evaluate
 
-def _evaluate_into(training, job: Job, plan: Plan, use_tpu: bool, recorder: RunRecorder,
-                   should_stop=None) -> EvalResult:
+def _evaluate_into(training, job: Job, use_tpu: bool, recorder: RunRecorder, should_stop=None) -> EvalResult:
     with naming_read_errors(job, "eval"), recorder.phase(phases.EVALUATION), build_errors(job, "eval"), spec_errors():
-        dataset = _dataset(job, plan, training, "eval", use_tpu)
+        dataset = _dataset(job, None, training, "eval", use_tpu)
+        batch = job.eval.batch_size or job.train.batch_size
         results = training.evaluate(dataset, job.eval.steps, should_stop=should_stop,
-                                    per_replica_batch=plan.batch("eval").per_replica)
+                                    per_replica_batch=batch // training.strategy.num_replicas_in_sync)
     return recorder.evaluated(int(results["global_step"]), results)
 
 
 def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None, recorder: Optional[RunRecorder] = None,
-             cluster_resolver: Any = None, search_path: Sequence[str] = ()) -> EvalResult:
+             cluster_resolver: Any = None, search_path: Sequence[str] = (),
+             cpu_replicas: Optional[int] = None) -> EvalResult:
     """Evaluate model_dir's latest checkpoint (or `checkpoint`) for `eval.steps` batches."""
     if job.eval is None or job.data.eval is None:
         raise TpuLaunchError("the job has nothing to evaluate", hint="add an eval: section and data.eval")
@@ -264,10 +296,10 @@ def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None, recorder
     with recorder.phase(phases.BUILD):
         _refuse_estimator_checkpoints(job.run.model_dir)
         training = make_training(job, plan, use_tpu=plan.on_tpu, cluster_resolver=cluster_resolver,
-                                 search_path=search_path)
+                                 search_path=search_path, cpu_replicas=cpu_replicas)
     with recorder.phase(phases.RESTORE):
         training.restore(checkpoint)
-    return _evaluate_into(training, job, plan, plan.on_tpu, recorder)
+    return _evaluate_into(training, job, plan.on_tpu, recorder)
 
 
 # ----------------------------------------------------------------------------------------- export

@@ -40,13 +40,14 @@ def workers_in(tf_config: Optional[str]) -> int:
 
 
 def make_strategy(*, use_tpu: bool, cluster_resolver=None, computation_shape: Optional[List[int]] = None,
-                  num_replicas: Optional[int] = None):
+                  num_replicas: Optional[int] = None, cpu_replicas: Optional[int] = None):
     """The tf.distribute strategy for this job on this machine.
 
     On a TPU: TPUStrategy; when a replica spans several cores (`computation_shape` covers more than one
     core) with a DeviceAssignment built from the slice's topology for `num_replicas` replicas. Else
     MultiWorkerMirroredStrategy when $TF_CONFIG names several workers, MirroredStrategy when this
-    machine has several GPUs, and TensorFlow's default strategy (one device) otherwise.
+    machine has several GPUs (or over `cpu_replicas` logical devices this CPU is split into, when
+    given: before TensorFlow's runtime starts), and TensorFlow's default strategy (one device) otherwise.
     """
     if use_tpu:
         tf.config.experimental_connect_to_cluster(cluster_resolver)
@@ -58,6 +59,10 @@ def make_strategy(*, use_tpu: bool, cluster_resolver=None, computation_shape: Op
         return tf.distribute.TPUStrategy(cluster_resolver, experimental_device_assignment=assignment)
     if workers_in(os.environ.get("TF_CONFIG")) > 1:
         return tf.distribute.MultiWorkerMirroredStrategy()
+    if cpu_replicas and cpu_replicas > 1:
+        (cpu,) = tf.config.list_physical_devices("CPU")
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * cpu_replicas)
+        return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(cpu_replicas)])
     if len(tf.config.list_logical_devices("GPU")) > 1:
         return tf.distribute.MirroredStrategy()
     return tf.distribute.get_strategy()
@@ -78,6 +83,11 @@ def is_chief(strategy) -> bool:
     task_type, task_id = resolver.task_type, resolver.task_id
     return task_type == "chief" or (task_type == "worker" and task_id == 0
                                     and "chief" not in resolver.cluster_spec().as_dict())
+
+
+def worker_scratch_dir(model_dir: str, task_type: str, task_id: int) -> str:
+    """Where a non-chief worker's checkpoints go (every worker takes part in a save; the chief's is kept)."""
+    return os.path.join(model_dir, f"worker-{task_type}-{task_id}-scratch")
 
 
 def distributed_dataset(strategy, input_fn: Callable, global_batch_size: int):
@@ -247,7 +257,7 @@ class KerasTraining:
         if is_chief(self.strategy):
             return model_dir
         resolver = self.strategy.cluster_resolver
-        return os.path.join(model_dir, f"worker-{resolver.task_type}-{resolver.task_id}-temp")
+        return worker_scratch_dir(model_dir, resolver.task_type, resolver.task_id)
 
     # ------------------------------------------------------------------------------ checkpoints
 
