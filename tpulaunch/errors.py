@@ -132,6 +132,14 @@ class ProblemList:
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (TensorFlow's `.message` when it has one), else its type name."""
+    """The first line of an exception's message (TensorFlow's `.message` when it has one), else its type name.
+
+    An error raised inside a tf.function's Python comes with autograph's "in user code:" and the frames
+    first; its own message is the last line ("ValueError: Layer ... expects 2 input(s)"), without its type.
+    """
     text = str(getattr(exc, "message", None) or exc).strip()
+    if text.startswith("in user code:"):
+        last = [line.strip() for line in text.splitlines() if line.strip()][-1]
+        kind = f"{type(exc).__name__}: "
+        return last[len(kind):] if last.startswith(kind) else last
     return text.splitlines()[0] if text else type(exc).__name__

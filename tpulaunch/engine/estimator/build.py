@@ -179,10 +179,23 @@ def _inputs(job, mode: str, params: dict):
     return tuple(tf.nest.map_structure(placeholder, part) if part is not None else None for part in spec)
 
 
+def _unstaged(exc: BaseException) -> BaseException:
+    """The error the job's code (or ours) raised, under the StagingError tf.function's autograph wraps it in
+    (the keras engine traces its steps; an error class autograph cannot rebuild comes out as StagingError)."""
+    seen = 0
+    while type(exc).__name__ == "StagingError" and seen < 10:
+        inner = exc.__cause__ or exc.__context__
+        if inner is None:
+            break
+        exc, seen = inner, seen + 1
+    return exc
+
+
 def _blame(exc: BaseException, stage: tuple, job) -> tuple:
     """(job key, message, hint) for a failure while building: the key of the code it failed in."""
     from tpulaunch.engine.portable import SpecError
 
+    exc = _unstaged(exc)
     if isinstance(exc, BuildError):
         return exc.key, exc.detail, exc.hint
     if isinstance(exc, TpuLaunchError):

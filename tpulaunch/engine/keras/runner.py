@@ -230,6 +230,8 @@ def _train_to(job: Job, training, iterator, until: int, steps_per_call: int, rec
         recorder.checkpoint_saved(step, path)
 
     try:
+        with build_errors(job, "train"), spec_errors():  # the step's trace: the job's code is called here
+            training.prepare_training(iterator, time_input=not use_tpu)
         with naming_read_errors(job, "train"):
             step = standalone.train_loop(training, iterator, until=until, steps_per_call=steps_per_call,
                                          on_steps=on_steps, should_stop=should_stop, on_checkpoint=on_checkpoint,
@@ -275,11 +277,14 @@ class _Profiler:
 # --------------------------------------------------------------------------------------- evaluate
 
 def _evaluate_into(training, job: Job, use_tpu: bool, recorder: RunRecorder, should_stop=None) -> EvalResult:
-    with naming_read_errors(job, "eval"), recorder.phase(phases.EVALUATION), build_errors(job, "eval"), spec_errors():
-        dataset = _dataset(job, None, training, "eval", use_tpu)
-        batch = job.eval.batch_size or job.train.batch_size
-        results = training.evaluate(dataset, job.eval.steps, should_stop=should_stop,
-                                    per_replica_batch=batch // training.strategy.num_replicas_in_sync)
+    with recorder.phase(phases.EVALUATION):
+        batch = (job.eval.batch_size or job.train.batch_size) // training.strategy.num_replicas_in_sync
+        with naming_read_errors(job, "eval"):
+            dataset = _dataset(job, None, training, "eval", use_tpu)
+        with build_errors(job, "eval"), spec_errors():  # metrics made and the step traced: the job's code runs
+            training.prepare_evaluation(dataset, batch)
+        with naming_read_errors(job, "eval"):
+            results = training.evaluate(dataset, job.eval.steps, should_stop=should_stop, per_replica_batch=batch)
     return recorder.evaluated(int(results["global_step"]), results)
 
 

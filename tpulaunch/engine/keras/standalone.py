@@ -288,6 +288,7 @@ class KerasTraining:
         only = next(iter(dims.values())) if len(dims) == 1 else None  # a single tensor: its one entry
         return split(tensors, only) if only else tensors
 
+    @tf.autograph.experimental.do_not_convert  # straight-line code: its frames stay this module's
     def _forward(self, features, labels, training: bool):
         """(the batch's loss, the heads' pairs) for one replica's batch; the loss is its mean over the batch."""
         features = self._split(features, self.feature_dims)
@@ -301,6 +302,7 @@ class KerasTraining:
                              custom_losses=self.custom_losses)
         return total, pairs
 
+    @tf.autograph.experimental.do_not_convert  # straight-line code: its frames stay this module's
     def _replica_train_step(self, features, labels):
         replicas = self.strategy.num_replicas_in_sync
         with tf.GradientTape() as tape:
@@ -367,6 +369,7 @@ class KerasTraining:
                     label, name, _keras_metric(name, heads[label], num_classes, custom), custom)
         return objects
 
+    @tf.autograph.experimental.do_not_convert  # straight-line code: its frames stay this module's
     def _replica_eval_step(self, features, labels):
         total, pairs = self._forward(features, labels, training=False)
         self._eval_metrics["loss"].update_state(total)
@@ -375,22 +378,27 @@ class KerasTraining:
                 pair = pairs[entry.label]
                 _update_metric(entry.metric, entry.name, pair.head, pair.labels, pair.outputs, entry.custom)
 
-    def evaluate(self, dataset, steps: int, *, should_stop: Optional[Callable[[], bool]] = None,
-                 per_replica_batch: int = 1) -> dict:
-        """Evaluate the current weights on at most `steps` batches of the distributed `dataset` (fewer when it
-        ends first); returns {"loss": ..., metric: ..., "global_step": ...}. `should_stop` is asked between batches."""
+    def prepare_evaluation(self, dataset, per_replica_batch: int) -> None:
+        """Make the evaluation's metrics and trace its step for `dataset`'s batches (what fails to build, fails here)."""
         strategy = self.strategy
         if self._eval_metrics is None:
             with strategy.scope():
                 self._eval_metrics = self._metric_objects(_tensor_specs(self.features, per_replica_batch))
-        for entry in self._eval_metrics.values():
-            _metric_of(entry).reset_state()
         if self._eval_step is None:
             @tf.function
             def run(batch):
                 return strategy.run(self._replica_eval_step, args=batch)
 
             self._eval_step = run
+        self._eval_step.get_concrete_function(dataset.element_spec)
+
+    def evaluate(self, dataset, steps: int, *, should_stop: Optional[Callable[[], bool]] = None,
+                 per_replica_batch: int = 1) -> dict:
+        """Evaluate the current weights on at most `steps` batches of the distributed `dataset` (fewer when it
+        ends first); returns {"loss": ..., metric: ..., "global_step": ...}. `should_stop` is asked between batches."""
+        self.prepare_evaluation(dataset, per_replica_batch)
+        for entry in self._eval_metrics.values():
+            _metric_of(entry).reset_state()
         done = 0
         for batch in dataset:
             if done >= steps:
@@ -404,6 +412,10 @@ class KerasTraining:
             results[key] = float(_metric_of(entry).result().numpy())
         results["global_step"] = self.step
         return results
+
+    def prepare_training(self, iterator, *, time_input: bool = False) -> None:
+        """Trace the training step for `iterator`'s batches (what fails to build, fails here, before any step)."""
+        self.train_step_fn(time_input=time_input).get_concrete_function(iterator, tf.constant(1))
 
 
 class _EvalMetric(NamedTuple):

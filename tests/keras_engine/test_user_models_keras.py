@@ -1,0 +1,54 @@
+"""`validate` says OK exactly when `train` works on the keras engine too, on the same user-written models.
+
+The corpus of tests/test_user_models.py (subclassed, Sequential without Input, Keras Applications,
+two inputs, two heads as a list, a named list and a dict, a custom layer, a hand-written model_fn,
+and broken jobs), each pinned to `run.engine: keras`: a full validate and a real 2-step train plus
+evaluation must agree, and a broken job is refused at the same job key by both.
+"""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+import test_user_models as corpus
+from tpulaunch.cli import run as cli_run
+from tpulaunch.cli import validate as cli_validate
+
+# What differs on the keras engine: a TPUEstimator model_fn is estimator-only, and a TensorFlow 1 metric
+# ((value, update_op), tf.compat.v1.metrics) cannot be averaged per batch.
+KERAS_JOBS = {
+    **corpus.JOBS,
+    "own_model_fn": (corpus.JOBS["own_model_fn"][0], "model.model_fn"),
+    "two_outputs_dict_own_loss_and_metric": (corpus.JOBS["two_outputs_dict_own_loss_and_metric"][0],
+                                             "model.metrics"),
+}
+
+
+project = corpus.project
+
+
+@pytest.mark.parametrize("name", list(KERAS_JOBS))
+def test_validate_agrees_with_train_on_the_keras_engine(project, name):
+    document, broken_at = KERAS_JOBS[name]
+    path = corpus.write_job(project, name, document)
+    engine = ["--set", "run.engine=keras"]
+
+    validated = CliRunner().invoke(cli_validate.validate, [str(path), *engine], catch_exceptions=False)
+    trained = CliRunner().invoke(cli_run.train, [str(path), "--local", *engine], catch_exceptions=False)
+
+    said = f"validate:\n{validated.output}\ntrain:\n{trained.output}"
+    assert (validated.exit_code == 0) == (trained.exit_code == 0), said
+    assert "unexpected" not in validated.output and "unexpected" not in trained.output, said
+    assert "Traceback" not in said
+    if broken_at is None:
+        assert validated.exit_code == 0, said
+        assert "done | step 2/2" in trained.output, said
+        if name in corpus.EVAL_METRICS:
+            (line,) = [line for line in trained.output.splitlines() if line.startswith("eval | step 2 |")]
+            assert {part.split()[0] for part in line.split(" | ")[2:]} == corpus.EVAL_METRICS[name] | {"loss"}, line
+    else:
+        validate_key, train_says = broken_at if isinstance(broken_at, tuple) else (broken_at, f"{broken_at}")
+        assert validated.exit_code == 1, said
+        assert f"{path.name}:" in validated.output and f"{validate_key}" in validated.output, said
+        assert train_says in trained.output, said
