@@ -71,6 +71,15 @@ def keras_key_problems(loaded: LoadedJob) -> list:
     return problems
 
 
+def _first_per_axis(findings: list) -> list:
+    seen, out = set(), []
+    for f in findings:
+        if f.index not in seen:
+            seen.add(f.index)
+            out.append(f)
+    return out
+
+
 def keras_split_problems(loaded: LoadedJob) -> list:
     """Every split axis divides evenly at the per-replica shape (batch axis included): TPUStrategy's rule.
 
@@ -87,8 +96,10 @@ def keras_split_problems(loaded: LoadedJob) -> list:
     cores = tpu.cores_per_replica
     if cores not in VALID_CORES_PER_REPLICA or cores == 1:
         return []  # reported by the slice rule; with one core nothing is split
-    batch_key = "train.batch_size" if loaded.section("train") is not None else "eval.batch_size"
-    batch = per_replica_batch(loaded, "train") or per_replica_batch(loaded, "eval") or 1
+    # The batch axis is split at each mode's per-replica batch; the other axes are the same in both.
+    batches = [(f"{section}.batch_size", per_replica_batch(loaded, section)) for section in ("train", "eval")
+               if loaded.section(section) is not None] or [("train.batch_size", 1)]
+    batch = batches[0][1]
     layout = layout_of(loaded)
     replicas = layout.replicas if layout else 1
     auto = part == "auto"
@@ -108,8 +119,12 @@ def keras_split_problems(loaded: LoadedJob) -> list:
                 product *= d
             if product != cores:
                 continue  # core 0 only (product 1) is not split; a wrong product is the partition rule's
-            shape = [batch] + list(declared[name].shape)
-            for f in split_findings(name, shape, dims, replicas=replicas, batch_key=batch_key):
+            findings = []
+            for batch_key, mode_batch in batches:
+                shape = [mode_batch] + list(declared[name].shape)
+                findings += [f for f in split_findings(name, shape, dims, replicas=replicas, batch_key=batch_key)
+                             if f.index == 0 or batch_key == batches[0][0]]
+            for f in _first_per_axis(findings):
                 if auto:
                     problems.append(loaded.problem(("partition",), f.code, f"partition: auto chose {dims} for "
                                                    f"'{name}': {f.message}", f.hint))
