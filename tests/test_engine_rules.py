@@ -197,8 +197,8 @@ def test_plan_for_keras_shows_layout_and_engine(tmp_path):
     proc = run_cli("plan", "--no-memory", path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "engine: keras: Keras + tf.distribute.TPUStrategy" in proc.stdout
-    assert ("replicas: 2 of 16 logical device(s), computation shape [4, 2, 1, 2]; input: 2 pipeline(s), one per "
-            "feeding host, 1 replica(s) each (distribute_datasets_from_function)") in proc.stdout
+    assert ("replicas: 2 x 16 logical device(s), computation shape [4, 2, 1, 2]; 2 input pipeline(s) (hosts), "
+            "1 replica(s) each") in proc.stdout
     assert "input_fn runs" not in proc.stdout and "params['batch_size']" not in proc.stdout
     doc = json.loads(run_cli("plan", "--no-memory", "--format", "json", path).stdout)
     assert doc["engine"] == "keras"

@@ -39,9 +39,9 @@ def render_plan(console: Console, plan: Plan) -> None:
             f"per host; mesh {shape_text(k.topology_shape)}; usable HBM {human_bytes(s.usable_bytes_per_device)} per device",
             highlight=False, soft_wrap=False)
         console.print(
-            f"replicas: {k.replicas} of {k.logical_devices} logical device(s), computation shape "
-            f"{shape_text(k.computation_shape)}; input: {k.input_pipelines} pipeline(s), one per feeding host, "
-            f"{k.replicas_per_pipeline} replica(s) each (distribute_datasets_from_function)",
+            f"replicas: {k.replicas} x {k.logical_devices} logical device(s), computation shape "
+            f"{shape_text(k.computation_shape)}; {k.input_pipelines} input pipeline(s) (hosts), "
+            f"{k.replicas_per_pipeline} replica(s) each",
             highlight=False, soft_wrap=False)
     else:
         # One line, readable at any terminal width.
