@@ -10,16 +10,26 @@ TPUEstimator-only keys (`model.model_fn`, `data.input_fn`) and the features it d
 
 from __future__ import annotations
 
-from tpulaunch.engine.choice import engine_name
+from tpulaunch.engine.choice import ENGINES, engine_name
 from tpulaunch.job.load import LoadedJob
 
 ESTIMATOR_ONLY = "estimator-only-key"
 NOT_YET = "keras-engine-unsupported"
 
 
+def job_engine(loaded: LoadedJob) -> str:
+    """The job's engine; a `run:` section with a mistake elsewhere still names it (`run.engine` as written)."""
+    run = loaded.section("run")
+    if run is None and isinstance(loaded.data, dict) and isinstance(loaded.data.get("run"), dict):
+        written = loaded.data["run"].get("engine")
+        if written in ENGINES:
+            return written
+    return engine_name(run)
+
+
 def engine_problems(loaded: LoadedJob) -> list:
     """The rules of the job's engine that `checks/static.py` does not hold."""
-    if engine_name(loaded.section("run")) != "keras":
+    if job_engine(loaded) != "keras":
         return []
     return keras_key_problems(loaded) + keras_split_problems(loaded)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from tpulaunch.engine.choice import engine_name
 from tpulaunch.job.load import LoadedJob, did_you_mean
 from tpulaunch.plan import partition as rules
 from tpulaunch.plan.build import layout_for, per_replica
@@ -24,7 +23,9 @@ PADDING_WARN_BYTES = 1 << 20
 def is_estimator(loaded: LoadedJob) -> bool:
     """The job runs on TPUEstimator (its `run.engine`, else the installed TensorFlow's): the rules that are
     TPUEstimator's own apply only then (the keras engine's are in `checks/engine_rules.py`)."""
-    return engine_name(loaded.section("run")) == "estimator"
+    from tpulaunch.checks.engine_rules import job_engine
+
+    return job_engine(loaded) == "estimator"
 
 
 def check_slice(loaded: LoadedJob) -> list:
