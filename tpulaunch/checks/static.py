@@ -20,8 +20,17 @@ PADDING_WARN_FACTOR = 4.0
 PADDING_WARN_BYTES = 1 << 20
 
 
+def is_estimator(loaded: LoadedJob) -> bool:
+    """The job runs on TPUEstimator (its `run.engine`, else the installed TensorFlow's): the rules that are
+    TPUEstimator's own apply only then (the keras engine's are in `checks/engine_rules.py`)."""
+    from tpulaunch.checks.engine_rules import job_engine
+
+    return job_engine(loaded) == "estimator"
+
+
 def check_slice(loaded: LoadedJob) -> list:
-    """TPU type known; cores_per_replica allowed, fits the slice and divides it."""
+    """TPU type known; cores_per_replica allowed, fits the slice and divides it (the keras engine: and its
+    computation shape fits the slice's topology, `engine_rules.keras_slice_problems`)."""
     tpu = loaded.section("tpu")
     if tpu is None:
         return []
@@ -30,6 +39,10 @@ def check_slice(loaded: LoadedJob) -> list:
         tpu_type = parse_tpu_type(tpu.type)
     except UnknownTpuType as exc:
         return [loaded.problem(("tpu", "type"), "unknown-tpu-type", str(exc), getattr(exc, "hint", None))]
+    if not is_estimator(loaded):
+        from tpulaunch.checks.engine_rules import keras_slice_problems
+
+        return keras_slice_problems(loaded, tpu_type)
     cpr = tpu.cores_per_replica
     if cpr not in rules.VALID_CORES_PER_REPLICA:
         allowed = ", ".join(map(str, rules.VALID_CORES_PER_REPLICA))
@@ -114,13 +127,13 @@ def check_partition(loaded: LoadedJob) -> list:
             if cpr is None:
                 continue
             shape = [batch] + list(declared[name].shape)
-            findings = rules.check_tensor_dims(name, shape, dims, cpr)
+            findings = _engine_findings(loaded, rules.check_tensor_dims(name, shape, dims, cpr))
             any_partitioned |= math.prod(dims) > 1
             for f in findings:
                 problems.append(_at(loaded, path, f, index_path=True))
-    if cpr and cpr > 1 and len(data.features) > 1:
+    if cpr and cpr > 1 and len(data.features) > 1 and is_estimator(loaded):
         problems.extend(_packed_small_features(loaded, data))
-    if cpr and cpr > 1 and not any(p.is_error for p in problems):
+    if cpr and cpr > 1 and not any(p.is_error for p in problems) and is_estimator(loaded):
         problems.extend(_labels_without_feature(loaded, data, part))
     explicit = all(name in getattr(part, group) for group in ("features", "labels") for name in getattr(data, group))
     if cpr and cpr > 1 and not any_partitioned and not explicit and not any(p.is_error for p in problems):
@@ -145,10 +158,12 @@ def _check_auto_partition(loaded: LoadedJob, data, cpr: Optional[int], batch: in
                                "or remove partition:", severity="warning")]
     if not all(spec.is_static for spec in data.features.values()):
         return []  # reported once by the static-shape rule
-    chosen = auto_partition(data.features, data.labels, cpr, batch)
+    even = not is_estimator(loaded)
+    chosen = auto_partition(data.features, data.labels, cpr, batch, even=even)
     if chosen is None:
+        enough = "divisible by 2 often enough (the keras engine splits only evenly)" if even else "large enough"
         return [loaded.problem(("partition",), "partition-auto-impossible",
-                               f"partition: auto cannot split the features over {cpr} cores: no spatial axis is large enough",
+                               f"partition: auto cannot split the features over {cpr} cores: no spatial axis is {enough}",
                                "use fewer cores_per_replica, or give partition dims per tensor")]
     problems = []
     for group in ("features", "labels"):
@@ -156,10 +171,20 @@ def _check_auto_partition(loaded: LoadedJob, data, cpr: Optional[int], batch: in
             if dims is None:
                 continue
             shape = [batch] + list(getattr(data, group)[name].shape)
-            for f in rules.check_tensor_dims(name, shape, dims, cpr):
+            for f in _engine_findings(loaded, rules.check_tensor_dims(name, shape, dims, cpr)):
                 problems.append(loaded.problem(("partition",), f.code, f"partition: auto chose {dims} for '{name}': {f.message}",
                                                f.hint, severity=f.severity))
     return problems
+
+
+# TPUEstimator pads uneven pieces (warned about); the keras engine refuses them (errors from engine_rules).
+_PADDED_SPLIT_CODES = ("partition-uneven", "partition-empty-pieces")
+
+
+def _engine_findings(loaded: LoadedJob, findings: list) -> list:
+    if is_estimator(loaded):
+        return findings
+    return [f for f in findings if f.code not in _PADDED_SPLIT_CODES]
 
 
 # tpu_estimator.py TensorPacker (:1218, constants :92-93): 5 or more [batch, 1] features of one dtype
@@ -287,9 +312,12 @@ def static_problems(loaded: LoadedJob) -> list:
     from tpulaunch.checks.heads import head_problems
     from tpulaunch.checks.paths import path_form_problems
 
+    from tpulaunch.checks.engine_rules import engine_problems
+
     problems = []
     for rule in STATIC_RULES:
         problems.extend(rule(loaded))
+    problems.extend(engine_problems(loaded))
     problems.extend(head_problems(loaded))
     if loaded.usable("data", "tpu", "run"):
         problems.extend(path_form_problems(loaded))

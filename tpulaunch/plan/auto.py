@@ -19,23 +19,25 @@ def main_feature(features: Mapping) -> str:
     return max(features, key=lambda n: features[n].num_elements or 0)
 
 
-def suggest_dims(features: Mapping, cores: int, per_replica_batch: int) -> Optional[tuple]:
-    """Partition dims of the main feature over `cores`: the largest spatial axes first."""
+def suggest_dims(features: Mapping, cores: int, per_replica_batch: int, *, even: bool = False) -> Optional[tuple]:
+    """Partition dims of the main feature over `cores`: the largest spatial axes first (`even`: only
+    splits that divide their axis, as the keras engine needs)."""
     spec = features[main_feature(features)]
-    dims = rules.suggest([per_replica_batch] + list(spec.shape), cores)
+    dims = rules.suggest([per_replica_batch] + list(spec.shape), cores, even=even)
     return tuple(dims) if dims else None
 
 
-def auto_partition(features: Mapping, labels: Mapping, cores: int, per_replica_batch: int) -> Optional[Partition]:
-    """The Partition `partition: auto` stands for; None when the main feature cannot be split `cores` ways,
-    an empty Partition for one core per replica."""
+def auto_partition(features: Mapping, labels: Mapping, cores: int, per_replica_batch: int, *,
+                   even: bool = False) -> Optional[Partition]:
+    """The Partition `partition: auto` stands for; None when the main feature cannot be split `cores` ways
+    (`even`: into equal pieces), an empty Partition for one core per replica."""
     if cores <= 1:
         return Partition()
     name = main_feature(features)
     spec = features[name]
     if not spec.is_static:
         return None
-    dims = suggest_dims(features, cores, per_replica_batch)
+    dims = suggest_dims(features, cores, per_replica_batch, even=even)
     if dims is None:
         return None
     chosen = {n: None for n in features}

@@ -11,9 +11,10 @@ from the Plan; the checks use the same functions on the sections that validated.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
+from tpulaunch.engine.choice import engine_name
 from tpulaunch.job.schema import DTYPE_BYTES, Job, Partition
 from tpulaunch.plan import partition as rules
 from tpulaunch.plan.auto import auto_partition
@@ -41,10 +42,12 @@ def per_replica(global_batch: int, layout: Optional[rules.SliceLayout]) -> int:
     return max(1, global_batch // (layout.replicas if layout else 1))
 
 
-def resolve_partition(partition, features, labels, cores_per_replica: int, per_replica_batch: int) -> Optional[Partition]:
-    """The dims each tensor is fed with: the job's own, or what `partition: auto` chooses (None if it cannot)."""
+def resolve_partition(partition, features, labels, cores_per_replica: int, per_replica_batch: int, *,
+                      even: bool = False) -> Optional[Partition]:
+    """The dims each tensor is fed with: the job's own, or what `partition: auto` chooses (None if it cannot;
+    `even`: only even splits, for the keras engine)."""
     if partition == "auto":
-        return auto_partition(features, labels, cores_per_replica, per_replica_batch)
+        return auto_partition(features, labels, cores_per_replica, per_replica_batch, even=even)
     return partition
 
 
@@ -90,7 +93,20 @@ class BatchPlan:
     global_batch: int
     per_replica: int
     per_host: int  # examples one host's input pipeline produces per step (its dataset, dequeued once per replica)
-    params_batch_size: int  # what each input_fn call gets as params['batch_size'] (PER_HOST_V2)
+    params_batch_size: int  # what each input_fn call gets as params['batch_size'] (PER_HOST_V2); keras: the
+    # per-replica batch InputContext.get_per_replica_batch_size gives each input pipeline
+
+
+@dataclass(frozen=True)
+class KerasSlicePlan:
+    """The keras engine's TPUStrategy layout (`engine/keras/tpu_layout.py`) and its input pipelines."""
+
+    logical_devices: int  # per replica (tpu.cores_per_replica)
+    computation_shape: list  # DeviceAssignment.build's block, [x, y, z, devices per chip]
+    replicas: int
+    topology_shape: list  # the slice's mesh
+    input_pipelines: int  # distribute_datasets_from_function: one per host that feeds a replica's logical device 0
+    replicas_per_pipeline: int
 
 
 @dataclass
@@ -105,6 +121,8 @@ class Plan:
     feed_partition: Optional[Partition] = None  # the dims the engine feeds; None: no spatial partitioning
     auto_partition: bool = False  # feed_partition was chosen by `partition: auto`
     cores_per_replica: int = 1  # as the job declares it (the checks say whether the slice allows it)
+    engine: str = "estimator"  # the engine the plan is for (run.engine, else the installed TensorFlow's)
+    keras: Optional[KerasSlicePlan] = None  # the keras engine's layout on a TPU
 
     @property
     def replicas(self) -> int:
@@ -136,7 +154,9 @@ class Plan:
             chosen = {"features": self.feed_partition.features, "labels": self.feed_partition.labels}
         return {
             "job": self.job,
+            "engine": self.engine,
             "on_tpu": self.on_tpu,
+            "keras": asdict(self.keras) if self.keras else None,
             "slice": asdict(self.slice) if self.slice else None,
             "batches": [asdict(b) for b in self.batches],
             "tensors": [dict(asdict(t), padding_factor=round(t.padding_factor, 2)) for t in self.tensors],
@@ -188,7 +208,12 @@ def build_plan(job: Job, *, local: bool = False) -> Plan:
             input_fn_calls_per_host=layout.input_fn_calls_per_host,
             usable_bytes_per_device=tpu_type.usable_bytes_per_device,
         )
-    replicas_per_host = max(1, layout.replicas_per_host) if layout else 1
+    engine = engine_name(job.run)
+    keras = _keras_slice(job, tpu_type) if engine == "keras" and layout is not None else None
+    if keras is not None:
+        # One dataset_fn call per input pipeline (a host), batched per replica, dequeued once per replica it feeds.
+        slice_plan = replace(slice_plan, input_fn_calls_per_host=1)
+    replicas_per_host = keras.replicas_per_pipeline if keras else max(1, layout.replicas_per_host) if layout else 1
     batches = []
     for split in ("train", "eval"):
         spec = getattr(job, split)
@@ -197,13 +222,27 @@ def build_plan(job: Job, *, local: bool = False) -> Plan:
         share = per_replica(spec.batch_size, layout)
         batches.append(BatchPlan(split, spec.batch_size, share, per_host=share * replicas_per_host, params_batch_size=share))
     cores = tpu.cores_per_replica if tpu is not None else 1
-    plan = Plan(job.name, tpu is not None, slice_plan, batches, [], cores_per_replica=cores)
+    plan = Plan(job.name, tpu is not None, slice_plan, batches, [], cores_per_replica=cores, engine=engine, keras=keras)
     if cores > 1 and job.partition is not None:
         plan.feed_partition = resolve_partition(job.partition, job.data.features, job.data.labels, cores,
-                                                plan.per_replica_batch)
+                                                plan.per_replica_batch, even=engine == "keras")
         plan.auto_partition = job.partition == "auto"
     plan.tensors = tensor_plans(job, plan.per_replica_batch, plan.feed_partition)
     return plan
+
+
+def _keras_slice(job: Job, tpu_type: TpuType) -> Optional[KerasSlicePlan]:
+    """The keras engine's layout, or None when the slice cannot hold it (validate says why)."""
+    from tpulaunch.engine.keras.tpu_layout import keras_layout
+
+    layout = keras_layout(job)
+    if layout is None:
+        return None
+    # TPUStrategy feeds each replica through the host of its logical device 0; replicas are packed compactly,
+    # so that is every host when a replica fits in one, else one host per replica (`validate --tf` asks TF).
+    pipelines = min(tpu_type.hosts, layout.replicas)
+    return KerasSlicePlan(layout.logical_devices, list(layout.computation_shape), layout.replicas,
+                          list(layout.topology_shape), pipelines, max(1, layout.replicas // pipelines))
 
 
 def add_memory(plan: Plan, job: Job, xla: bool = False) -> Plan:

@@ -194,12 +194,22 @@ def _split_findings(name: str, shape: Sequence[int], dims: Sequence[int]) -> lis
     return findings
 
 
+def uneven_axes(shape: Sequence[Optional[int]], dims: Sequence[int]) -> list:
+    """(axis, size, ways) for each known axis that `ways` does not divide: the splits TF's
+    `TPUStrategy.experimental_split_to_logical_devices` refuses (TPUEstimator pads them instead)."""
+    return [(axis, size, ways) for axis, (size, ways) in enumerate(zip(shape, dims))
+            if size is not None and ways > 1 and size % ways]
+
+
 def _most_ways_without_empty(size: int, ways: int) -> int:
     return max(w for w in range(1, ways + 1) if 0 not in split_sizes(size, w))
 
 
-def suggest(shape: Sequence[Optional[int]], cores: int) -> Optional[list]:
-    """A dims list that splits the largest non-batch, non-channel axes first, or None."""
+def suggest(shape: Sequence[Optional[int]], cores: int, *, even: bool = False) -> Optional[list]:
+    """A dims list that splits the largest non-batch, non-channel axes first, or None.
+
+    `even`: only splits that divide their axis exactly (the keras engine's TPUStrategy refuses others).
+    """
     rank = len(shape)
     if rank < 2 or any(d is None for d in shape):
         return None
@@ -207,7 +217,7 @@ def suggest(shape: Sequence[Optional[int]], cores: int) -> Optional[list]:
     spatial = list(range(1, rank - 1)) if rank >= 4 else list(range(1, rank))
     remaining = cores
     while remaining > 1:
-        candidates = [a for a in spatial if shape[a] // dims[a] >= 2]
+        candidates = [a for a in spatial if shape[a] // dims[a] >= 2 and (not even or shape[a] % (dims[a] * 2) == 0)]
         if not candidates:
             return None
         axis = max(candidates, key=lambda a: (shape[a] / dims[a], -a))

@@ -23,11 +23,26 @@ def human_bytes(n) -> str:
     return f"{n:.2f} TiB"
 
 
+ENGINE_TEXT = {"estimator": "TPUEstimator (TensorFlow 2.15)", "keras": "Keras + tf.distribute.TPUStrategy"}
+
+
 def render_plan(console: Console, plan: Plan) -> None:
     console.print(f"[bold]{escape(plan.job)}[/]", highlight=False)
+    console.print(f"engine: {plan.engine}: {ENGINE_TEXT.get(plan.engine, plan.engine)}", highlight=False)
     s = plan.slice
     if s is None:
         console.print("runs locally (no tpu: section): CPU/GPU, one replica, no partitioning", highlight=False)
+    elif plan.keras is not None:
+        k = plan.keras
+        console.print(
+            f"slice: {s.tpu_type}: {s.devices} TPU devices ({s.chips} chips) on {s.hosts} host(s), {s.devices_per_host} "
+            f"per host; mesh {shape_text(k.topology_shape)}; usable HBM {human_bytes(s.usable_bytes_per_device)} per device",
+            highlight=False, soft_wrap=False)
+        console.print(
+            f"replicas: {k.replicas} x {k.logical_devices} logical device(s), computation shape "
+            f"{shape_text(k.computation_shape)}; {k.input_pipelines} input pipeline(s) (hosts), "
+            f"{k.replicas_per_pipeline} replica(s) each",
+            highlight=False, soft_wrap=False)
     else:
         # One line, readable at any terminal width.
         replicas_per_host = (str(s.replicas_per_host) if s.replicas_per_host
@@ -40,7 +55,10 @@ def render_plan(console: Console, plan: Plan) -> None:
             highlight=False, soft_wrap=False)
     if plan.batches:
         table = Table(title="batch", box=box.SIMPLE_HEAD, title_justify="left")
-        for col in ("split", "global", "per replica", "per host", "params['batch_size']"):
+        columns = ("split", "global", "per replica", "per host", "params['batch_size']")
+        if plan.keras is not None:  # the dataset_fn batches per replica (InputContext.get_per_replica_batch_size)
+            columns = ("split", "global", "per replica", "per input pipeline", "dataset batch")
+        for col in columns:
             table.add_column(col, justify="right")
         for b in plan.batches:
             table.add_row(b.split, str(b.global_batch), str(b.per_replica), str(b.per_host), str(b.params_batch_size))
@@ -89,20 +107,32 @@ def render_tf_built(console: Console, built: dict) -> None:
     """What TensorFlow's own TPUEstimator built for the declared slice (validate --tf)."""
     for mode, info in built.items():
         verdict = "[green]accepted[/]" if info.get("accepted") else "[red]rejected[/]"
+        if info.get("engine") == "keras":
+            console.print(f"TensorFlow {mode}: {verdict}  DeviceAssignment: {info.get('replicas')} replica(s) x "
+                          f"{info.get('logical_devices')} logical device(s), computation shape "
+                          f"{shape_text(info.get('computation_shape') or [])}, {info.get('core_coordinates', '?')} TPU "
+                          f"devices, {info.get('input_pipelines', '?')} input pipeline(s); per-replica batch "
+                          f"{info.get('per_replica_batch')}", highlight=False)
+            _render_pieces(console, info)
+            continue
         console.print(f"TensorFlow {mode}: {verdict}  replicas={info.get('replicas')} "
                       f"params['batch_size']={info.get('params_batch_size')} input_fn calls={info.get('input_fn_calls')}"
                       + ("  (model: a stand-in; the job's builder could not be built at the declared shapes)"
                          if info.get("model") == "stand-in" else ""),
                       highlight=False)
-        pieces = info.get("piece_shapes") or {}
-        if pieces:
-            table = Table(box=box.SIMPLE_HEAD)
-            table.add_column("tensor")
-            table.add_column("sharding")
-            table.add_column("pieces per core")
-            for name, shapes in pieces.items():
-                table.add_row(name, info.get("sharding", {}).get(name, "?"), _grouped_shapes(shapes))
-            console.print(table)
+        _render_pieces(console, info)
+
+
+def _render_pieces(console: Console, info: dict) -> None:
+    pieces = info.get("piece_shapes") or {}
+    if pieces:
+        table = Table(box=box.SIMPLE_HEAD)
+        table.add_column("tensor")
+        table.add_column("sharding")
+        table.add_column("pieces per core")
+        for name, shapes in pieces.items():
+            table.add_row(name, info.get("sharding", {}).get(name, "?"), _grouped_shapes(shapes))
+        console.print(table)
 
 
 def _grouped_shapes(shapes) -> str:

@@ -158,43 +158,22 @@ class FakeTopology:
         ).serialized()
 
 
-def _grid(count: int) -> tuple[int, int]:
-    """Lay `count` blocks out as x*y with x >= y, as square as powers of two allow (x grows first)."""
-    y = 2 ** ((count.bit_length() - 1) // 2)
-    return (count // y, y) if count % y == 0 else (count, 1)
-
-
 def fake_topology(devices: int, hosts: int) -> FakeTopology:
     """The topology of a v2/v3 slice with `devices` TPU cores on `hosts` hosts.
 
     Two cores per chip; each host owns a block of chips (2x2 for 8 cores), and host blocks are laid
     out x-fastest. The mesh matches real slices (v3-8 [2,2,1,2], v3-32 [4,4,1,2], v3-64 [8,4,1,2],
     v3-128 [8,8,1,2], ...), so TF's fixed computation shapes for 1..128 cores per replica
-    (tpu_context.py:36) fit exactly where they fit on hardware.
+    (tpu_context.py:36) fit exactly where they fit on hardware. The layout itself is
+    `tpulaunch.tpu.topology.core_pair_topology`, which the keras engine's checks share.
 
     Raises:
         ValueError: devices not a positive multiple of hosts.
     """
-    if hosts < 1 or devices < hosts or devices % hosts:
-        raise ValueError(f"devices ({devices}) must be a positive multiple of hosts ({hosts})")
-    per_host = devices // hosts
-    cores_per_chip = 2 if per_host % 2 == 0 else 1
-    chips_per_host = per_host // cores_per_chip
-    # Two chips on a host go along y, so TF's 4-core computation shape [1, 2, 1, 2] fits on them.
-    block_x, block_y = (1, 2) if chips_per_host == 2 else _grid(chips_per_host)
-    hosts_x, hosts_y = _grid(hosts)
-    coordinates = []
-    for host in range(hosts):
-        host_x, host_y = host % hosts_x, host // hosts_x
-        host_coordinates = []
-        for index in range(per_host):
-            chip, core = divmod(index, cores_per_chip)
-            x = host_x * block_x + chip % block_x
-            y = host_y * block_y + chip // block_x
-            host_coordinates.append((x, y, 0, core))
-        coordinates.append(tuple(host_coordinates))
-    mesh = (hosts_x * block_x, hosts_y * block_y, 1, cores_per_chip)
-    return FakeTopology(mesh_shape=mesh, device_coordinates=tuple(coordinates))
+    from tpulaunch.tpu.topology import core_pair_topology
+
+    layout = core_pair_topology(devices, hosts)
+    return FakeTopology(mesh_shape=layout.mesh_shape, device_coordinates=layout.device_coordinates)
 
 
 def _device_names(devices: int, hosts: int) -> list[tuple[str, str]]:
