@@ -7,7 +7,8 @@ from tensorflow.compiler.xla import xla_data_pb2
 from tensorflow.python.compiler.xla.experimental import xla_sharding
 
 from tpulaunch.engine.keras.tpu_layout import computation_shape, layout_for_type
-from tpulaunch.engine.keras.tpu_setup import device_assignment, split_inputs, topology_for
+from tpulaunch.engine.keras.standalone import annotate_for_logical_devices
+from tpulaunch.engine.keras.tpu_setup import device_assignment, topology_for
 from tpulaunch.engine.keras.verdict import _StandIn, tf_problems
 from tpulaunch.job.load import load_job
 from tpulaunch.plan.build import build_plan
@@ -122,7 +123,7 @@ def test_validate_tf_without_tpu_is_informational(job_file):
     assert built == {}
 
 
-def test_split_inputs_annotates_inside_a_tf_function(job_file):
+def test_inputs_are_annotated_for_the_logical_devices_inside_a_tf_function(job_file):
     job = load_job(job_file).job
     plan = build_plan(job)
     strategy = _StandIn(__import__("numpy").empty((2, 16), dtype=object))
@@ -134,8 +135,8 @@ def test_split_inputs_annotates_inside_a_tf_function(job_file):
 
     @tf.function(input_signature=[tf.TensorSpec([2, 128, 128, 128, 1]), tf.TensorSpec([2, 128, 128, 128], tf.uint8)])
     def step(image, mask):
-        features, labels = split_inputs(strategy, {"image": image}, mask, plan.feed_partition.features,
-                                        plan.feed_partition.labels)
+        features = annotate_for_logical_devices(strategy, {"image": image}, plan.feed_partition.features)
+        labels = annotate_for_logical_devices(strategy, mask, plan.feed_partition.labels)
         for name, tensor in (("image", features["image"]), ("mask", labels)):
             proto = xla_data_pb2.OpSharding()
             proto.ParseFromString(xla_sharding.get_tensor_sharding(tensor))
@@ -152,4 +153,5 @@ def test_split_inputs_annotates_inside_a_tf_function(job_file):
 
 def test_split_inputs_leaves_replicated_tensors_alone():
     image = tf.zeros([2, 8, 8, 1])
-    assert split_inputs(object(), {"image": image}, None, {"image": None}, None) == ({"image": image}, None)
+    assert annotate_for_logical_devices(object(), {"image": image}, {"image": None}) == {"image": image}
+    assert annotate_for_logical_devices(object(), None, {"mask": [1, 2]}) is None

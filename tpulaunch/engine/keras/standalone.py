@@ -31,6 +31,33 @@ CHECKPOINT_NAME = "model.ckpt"  # checkpoints are model_dir/model.ckpt-STEP, as 
 
 # ------------------------------------------------------------------------------------------ strategy
 
+def annotate_for_logical_devices(strategy, tensors, dims_by_name: Optional[Dict[str, Optional[list]]]):
+    """`tensors` (one tensor or a dict) annotated for the replica's logical devices (TPU spatial partitioning);
+    call inside the replica step.
+
+    Per tensor name: None leaves it as it is (XLA's sharding propagation places it: the job's
+    "replicated"); dims split it with `experimental_split_to_logical_devices` (batch axis first); dims
+    whose product is 1 are TensorFlow's "logical device 0 only" (`experimental_assign_to_logical_device`),
+    as a job's `[1]` means. A single tensor takes the dims of its only name.
+    """
+    if tensors is None or not dims_by_name:
+        return tensors
+    if not isinstance(tensors, dict):
+        if len(dims_by_name) != 1:
+            raise SpecError(f"a single tensor, but partition dims for {sorted(dims_by_name)}",
+                            hint="give the dims of its one name", key=("partition",))
+        return _annotated(strategy, tensors, next(iter(dims_by_name.values())))
+    return {name: _annotated(strategy, tensor, dims_by_name.get(name)) for name, tensor in tensors.items()}
+
+
+def _annotated(strategy, tensor, dims):
+    if dims is None:
+        return tensor
+    if _product(dims) == 1:
+        return strategy.experimental_assign_to_logical_device(tensor, 0)
+    return strategy.experimental_split_to_logical_devices(tensor, list(dims))
+
+
 def workers_in(tf_config: Optional[str]) -> int:
     """How many workers (chief included) the TF_CONFIG cluster names; 0 without one."""
     if not tf_config:
@@ -50,7 +77,8 @@ def make_strategy(*, use_tpu: bool, cluster_resolver=None, computation_shape: Op
     given: before TensorFlow's runtime starts), and TensorFlow's default strategy (one device) otherwise.
     """
     if use_tpu:
-        tf.config.experimental_connect_to_cluster(cluster_resolver)
+        if cluster_resolver.master() not in ("", "local"):  # a TPU VM's own TPU needs no remote connection
+            tf.config.experimental_connect_to_cluster(cluster_resolver)
         topology = tf.tpu.experimental.initialize_tpu_system(cluster_resolver)
         assignment = None
         if computation_shape and _product(computation_shape) > 1:
@@ -278,21 +306,11 @@ class KerasTraining:
 
     # ------------------------------------------------------------------------------ steps
 
-    def _split(self, tensors, dims: Dict[str, Optional[list]]):
-        """Spatial partitioning: each tensor with dims is split over the replica's logical devices (TPU)."""
-        if not dims or tensors is None:
-            return tensors
-        split = self.strategy.experimental_split_to_logical_devices
-        if isinstance(tensors, dict):
-            return {n: (split(t, dims[n]) if dims.get(n) else t) for n, t in tensors.items()}
-        only = next(iter(dims.values())) if len(dims) == 1 else None  # a single tensor: its one entry
-        return split(tensors, only) if only else tensors
-
     @tf.autograph.experimental.do_not_convert  # straight-line code: its frames stay this module's
     def _forward(self, features, labels, training: bool):
         """(the batch's loss, the heads' pairs) for one replica's batch; the loss is its mean over the batch."""
-        features = self._split(features, self.feature_dims)
-        labels = self._split(labels, self.label_dims)
+        features = annotate_for_logical_devices(self.strategy, features, self.feature_dims)
+        labels = annotate_for_logical_devices(self.strategy, labels, self.label_dims)
         outputs = self.model(features, training=training)
         probabilities = probabilities_of(self.model, outputs)  # read before the cast hides the softmax
         outputs = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), outputs)
