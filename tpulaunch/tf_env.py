@@ -16,9 +16,7 @@ def quiet_tensorflow(verbose: int = 0) -> None:
     """Must run before TensorFlow is imported: the C++ level is read once, at import."""
     import logging
 
-    # TensorFlow 2.16+ makes `tf.keras` Keras 3 unless this is set; with it, `tf.keras` is tf-keras (Keras 2),
-    # which the keras engine and the job's own builders use. TensorFlow 2.15 ignores it.
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    use_legacy_keras()
 
     global _level
     if verbose >= 2:
@@ -31,6 +29,17 @@ def quiet_tensorflow(verbose: int = 0) -> None:
         logging.getLogger(name).setLevel(_level)
     if "tensorflow" in sys.modules:
         sys.modules["tensorflow"].get_logger().setLevel(_level)
+
+
+def use_legacy_keras() -> None:
+    """TensorFlow 2.16+ makes `tf.keras` Keras 3 unless TF_USE_LEGACY_KERAS is set; with it, `tf.keras` is
+    tf-keras (Keras 2), which the keras engine and the job's own builders use. TensorFlow 2.15 reads the
+    variable too, and then looks for tf-keras, which it does not have: set only on 2.16 and later."""
+    from tpulaunch.engine.choice import FIRST_WITHOUT_ESTIMATOR, installed_tensorflow
+
+    version = installed_tensorflow()
+    if version is not None and version >= FIRST_WITHOUT_ESTIMATOR:
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 
 def import_tensorflow():

@@ -4,9 +4,10 @@ test command: `pytest tests/keras_engine`); under TensorFlow 2.15 they are not c
 import os
 
 from tpulaunch.engine.choice import missing_for
+from tpulaunch.tf_env import use_legacy_keras
 
-# As `tpulaunch` sets it before importing TensorFlow: tf.keras is then tf-keras (Keras 2).
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-collect_ignore_glob = ["test_*.py"] if missing_for("keras") else []
+if missing_for("keras"):
+    collect_ignore_glob = ["test_*.py"]
+else:
+    use_legacy_keras()  # as `tpulaunch` does before importing TensorFlow: tf.keras is then tf-keras (Keras 2)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
