@@ -23,7 +23,8 @@ def human_bytes(n) -> str:
     return f"{n:.2f} TiB"
 
 
-ENGINE_TEXT = {"estimator": "TPUEstimator (TensorFlow 2.15)", "keras": "Keras + tf.distribute.TPUStrategy"}
+ENGINE_TEXT = {"estimator": "TPUEstimator (TensorFlow 2.15)",
+               "keras": "Keras + tf.distribute (TPUStrategy on a TPU; Mirrored/MultiWorkerMirrored on GPUs and workers)"}
 
 
 def render_plan(console: Console, plan: Plan) -> None:
@@ -56,7 +57,7 @@ def render_plan(console: Console, plan: Plan) -> None:
     if plan.batches:
         table = Table(title="batch", box=box.SIMPLE_HEAD, title_justify="left")
         columns = ("split", "global", "per replica", "per host", "params['batch_size']")
-        if plan.keras is not None:  # the dataset_fn batches per replica (InputContext.get_per_replica_batch_size)
+        if plan.engine == "keras":  # the dataset_fn batches per replica (InputContext.get_per_replica_batch_size)
             columns = ("split", "global", "per replica", "per input pipeline", "dataset batch")
         for col in columns:
             table.add_column(col, justify="right")

@@ -347,7 +347,7 @@ def _kept_by_backward(graph) -> list:
             continue
         for tensor in op.inputs:
             tensor = _source(tensor)
-            if (tensor._is_gradient(op.name) or not tensor.dtype.is_floating
+            if (_is_gradient(tensor.op.name) or not tensor.dtype.is_floating
                     or tensor.op.type in _WEIGHT_SOURCES or tensor.shape.rank in (None, 0)
                     or tensor.shape[0] != PROBE_BATCH or not tensor.shape.is_fully_defined()):
                 continue
