@@ -53,7 +53,12 @@ def validate_job(
     except JobFileError as exc:
         return Validation(filename, None, exc.problems, ["file"])
     loaded.local = local
-    result = Validation(filename, loaded, list(loaded.problems), ["schema"])
+    from tpulaunch.engine.choice import engine_name
+
+    # Which engine's rules the job is checked against is part of what was checked (run.engine, or the
+    # installed TensorFlow's engine).
+    engine = engine_name(loaded.section("run")) if loaded.usable("run") else engine_name(None)
+    result = Validation(filename, loaded, list(loaded.problems), ["schema", f"{engine} engine"])
     if not isinstance(loaded.data, dict):
         return result
 
