@@ -206,3 +206,25 @@ def test_plan_for_keras_shows_layout_and_engine(tmp_path):
                             "topology_shape": [4, 4, 1, 2], "input_pipelines": 2, "replicas_per_pipeline": 1}
     estimator = run_cli("plan", "--no-memory", "--set", "run.engine=estimator", path)
     assert "engine: estimator" in estimator.stdout and "input_fn runs 1x per feeding host" in estimator.stdout
+
+
+# ------------------------------------------------------------------------------- the installed engine
+
+def test_the_engine_the_installed_tensorflow_lacks_is_refused_before_anything_is_built(tmp_path):
+    """validate locates it at run.engine with the extra to install; train stops before building, naming it too."""
+    from tpulaunch.engine.choice import default_engine
+
+    other = "keras" if default_engine() == "estimator" else "estimator"
+    path = write_job(tmp_path, engine=other, image="128, 128, 128, 1", tpu_type="v3-8", cores=1,
+                     dims="null", batch=8)
+    validated = run_cli("validate", path)
+    assert validated.returncode == 1, validated.stdout + validated.stderr
+    assert f"run.engine: the job runs on the {other} engine, but " in validated.stdout, validated.stdout
+    assert f"tpulaunch[{'keras' if other == 'keras' else 'cpu'}]" in validated.stdout
+    assert "validate --static" in validated.stdout
+    static = run_cli("validate", "--static", path)
+    assert static.returncode == 0 and f"{other} engine" in static.stdout, static.stdout + static.stderr
+
+    trained = run_cli("train", path, "--local")
+    assert trained.returncode == 1, trained.stderr
+    assert f"error: run.engine is {other}, but " in trained.stderr and "Traceback" not in trained.stderr

@@ -71,6 +71,16 @@ def validate_job(
     result.checked += ["slice", "partition", "batch", "paths"]
 
     if not static:
+        from tpulaunch.engine.choice import INSTALL_HINT, missing_for
+
+        missing = missing_for(engine)
+        if missing:  # every check below runs the engine's own TensorFlow code
+            path = ("run", "engine") if loaded.section("run") is not None and loaded.section("run").engine else ("run",)
+            result.problems.append(loaded.problem(
+                path, "engine-not-installed", f"the job runs on the {engine} engine, but {missing}",
+                f"{INSTALL_HINT[engine]}; or check only what needs no TensorFlow: validate --static"))
+            result.problems = _sorted(_dedupe(result.problems))
+            return result
         search_path = [os.path.dirname(os.path.abspath(filename))]
         if loaded.usable("model", "data", "flags"):
             stage("flags")  # first: the job's functions called below read the flags it sets

@@ -18,7 +18,7 @@ FIRST_WITHOUT_ESTIMATOR = (2, 16)
 
 INSTALL_HINT = {
     "estimator": "pip install 'tpulaunch[cpu]' (or [tpu]): TensorFlow 2.15 with tensorflow-estimator, Python 3.9-3.11",
-    "keras": "pip install 'tpulaunch[keras]': current TensorFlow with tf-keras, Python 3.10 and later",
+    "keras": "pip install 'tpulaunch[keras]': current TensorFlow with tf-keras",
 }
 
 

@@ -12,7 +12,14 @@ class EstimatorEngine(Engine):
     name = "estimator"
 
     def load(self) -> None:
+        from tpulaunch.engine.choice import INSTALL_HINT, missing_for
+        from tpulaunch.errors import TpuLaunchError
         from tpulaunch.tf_env import import_tensorflow
+
+        missing = missing_for("estimator")
+        if missing:
+            raise TpuLaunchError(f"run.engine is estimator, but {missing}",
+                                 hint=f"{INSTALL_HINT['estimator']}; or set run.engine: keras")
 
         tf = import_tensorflow()
         _ = tf.compat.v1.estimator.tpu.TPUEstimator, tf.keras.layers.Layer  # touched: their lazy imports run now

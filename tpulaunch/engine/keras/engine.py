@@ -18,7 +18,8 @@ class KerasEngine(Engine):
 
         missing = missing_for("keras")
         if missing:
-            raise TpuLaunchError(f"run.engine is keras, but {missing}", hint=INSTALL_HINT["keras"])
+            raise TpuLaunchError(f"run.engine is keras, but {missing}",
+                                 hint=f"{INSTALL_HINT['keras']}; or set run.engine: estimator")
         tf = import_tensorflow()
         _ = tf.keras.layers.Layer, tf.distribute.Strategy  # touched: their lazy imports run now
 
