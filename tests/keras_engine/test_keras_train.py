@@ -127,27 +127,40 @@ def _free_ports(count: int) -> list:
     return ports
 
 
-def test_two_workers_train_one_job_with_multi_worker_mirrored_strategy(project, tmp_path):
-    """Two `tpulaunch train` processes with TF_CONFIG on 127.0.0.1: one run, one set of checkpoints and one run
-    record in model_dir (the chief's), and both workers end at the same step and loss."""
+def _two_workers(project: Path, run: Path, *args: str) -> list:
+    """Run `tpulaunch train` as worker 1 and worker 0 of one TF_CONFIG cluster on 127.0.0.1; their stdout lines."""
     workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
-    run = tmp_path / "run"
     children = []
     for index in (1, 0):
         tf_config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
-        children.append(subprocess.Popen([*TRAIN, str(project / "job.yaml"), "--model-dir", str(run)],
+        children.append(subprocess.Popen([*TRAIN, str(project / "job.yaml"), "--model-dir", str(run), *args],
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                          env=_env(TF_CONFIG=tf_config)))
     outputs = [child.communicate(timeout=300) for child in children]
     for child, (out, err) in zip(children, outputs):
         assert child.returncode == 0, err[-3000:]
-    dones = [[line for line in out.splitlines() if line.startswith("done |")] for out, _ in outputs]
-    assert all(d and d[0].startswith("done | step 12/12 |") for d in dones), dones
+    return [out.splitlines() for out, _ in outputs]
+
+
+def test_two_workers_train_one_job_with_multi_worker_mirrored_strategy(project, tmp_path):
+    """Two `tpulaunch train` processes with TF_CONFIG on 127.0.0.1: one run, one set of checkpoints and one run
+    record per run in model_dir (the chief's), both workers at the same step and loss, and both resume from the
+    chief's checkpoint."""
+    run = tmp_path / "run"
+    _two_workers(project, run, "--set", "train.steps=6", "--set", "eval=null")
+    assert checkpoint_step(str(run)) == 6
+
+    outputs = _two_workers(project, run)
+    for lines in outputs:
+        assert f"resumed from step 6 ({run})" in lines, lines
+    dones = [[line for line in lines if line.startswith("done |")] for lines in outputs]
+    assert all(d and d[0].startswith("done | step 12/12 | 6 steps in ") for d in dones), dones
     losses = {re.search(r"\| loss ([0-9.e-]+)", d[0]).group(1) for d in dones}
     assert len(losses) == 1, dones  # one model: the replicas' losses are all-reduced
     assert checkpoint_step(str(run)) == 12
     assert not list(run.glob("worker-*")), list(run.iterdir())  # the other worker's scratch checkpoints are gone
-    assert len((run / "tpulaunch-runs.jsonl").read_text().splitlines()) == 1
+    records = [json.loads(line) for line in (run / "tpulaunch-runs.jsonl").read_text().splitlines()]
+    assert [r["command"] for r in records] == ["train", "resume"]
 
 
 def test_sigint_saves_a_checkpoint_and_the_rerun_finishes_exactly(project, tmp_path):

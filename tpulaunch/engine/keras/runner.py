@@ -149,6 +149,8 @@ def _remove_worker_scratch(model_dir: str) -> None:
 def _train_segments(job: Job, plan: Plan, recorder: RunRecorder, stop: StopSignal, dog, use_tpu: bool,
                     cluster_resolver, search_path: Sequence[str], profile, cpu_replicas: Optional[int]):
     """Build, restore and train (and evaluate) to the end; the NodeEvent if the TPU was lost, else None."""
+    import tensorflow as tf
+
     from tpulaunch.engine import portable
     from tpulaunch.engine.keras import standalone
 
@@ -163,7 +165,7 @@ def _train_segments(job: Job, plan: Plan, recorder: RunRecorder, stop: StopSigna
             recorder.phase_began(phases.BUILD)
             training = make_training(job, plan, use_tpu=use_tpu, cluster_resolver=cluster_resolver,
                                      search_path=search_path, cpu_replicas=cpu_replicas)
-            restoring = training.manager.latest_checkpoint is not None
+            restoring = tf.train.latest_checkpoint(model_dir) is not None
             recorder.phase_switch(phases.RESTORE if restoring else phases.INITIALISE)
             step = training.restore()
             if step >= job.train.steps:

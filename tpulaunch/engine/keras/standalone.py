@@ -294,8 +294,10 @@ class KerasTraining:
         return int(self.global_step.numpy())
 
     def restore(self, path: Optional[str] = None) -> int:
-        """Restore `path` (default: model_dir's latest checkpoint, when there is one); returns the global step."""
-        path = path or self.manager.latest_checkpoint
+        """Restore `path` (default: model_dir's latest checkpoint, when there is one); returns the global step.
+
+        Every worker restores the chief's checkpoint (its own saves go to a scratch folder)."""
+        path = path or tf.train.latest_checkpoint(self.model_dir)
         if path:
             self.checkpoint.restore(path).assert_existing_objects_matched()
         return self.step
