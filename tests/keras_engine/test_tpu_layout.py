@@ -155,3 +155,22 @@ def test_split_inputs_leaves_replicated_tensors_alone():
     image = tf.zeros([2, 8, 8, 1])
     assert annotate_for_logical_devices(object(), {"image": image}, {"image": None}) == {"image": image}
     assert annotate_for_logical_devices(object(), None, {"mask": [1, 2]}) is None
+
+
+def test_validate_tf_on_the_cli_shows_what_tensorflow_built_for_the_keras_engine():
+    """`validate --static --tf` of the UNet3D example on a v3-32, pinned to the keras engine: TensorFlow's own
+    DeviceAssignment and split annotations, as the user reads them."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run([sys.executable, "-m", "tpulaunch", "validate", "--static", "--tf",
+                             str(root / "configs" / "unet3d_ct.yaml"), "--set", "run.engine=keras"],
+                            capture_output=True, text=True, env={**__import__("os").environ, "COLUMNS": "200"},
+                            timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "(checked: schema, keras engine," in result.stdout
+    assert ("TensorFlow train: accepted  DeviceAssignment: 2 replica(s) x 16 logical device(s), computation shape "
+            "[4, 2, 1, 2], 32 TPU devices, 2 input pipeline(s); per-replica batch 1") in result.stdout, result.stdout
+    assert "16 x [1, 64, 128, 128, 1]" in result.stdout
