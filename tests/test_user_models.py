@@ -148,7 +148,11 @@ def test_validate_agrees_with_train(project, name):
 
     validated = CliRunner().invoke(cli_validate.validate, [str(path)], catch_exceptions=False)
     trained = CliRunner().invoke(cli_run.train, [str(path), "--local"], catch_exceptions=False)
+    assert_agreement(name, path, validated, trained, broken_at)
 
+
+def assert_agreement(name: str, path: Path, validated, trained, broken_at) -> None:
+    """validate OK <=> train exit 0, neither "unexpected"; a broken job refused at its key by both."""
     said = f"validate:\n{validated.output}\ntrain:\n{trained.output}"
     assert (validated.exit_code == 0) == (trained.exit_code == 0), said
     assert "unexpected" not in validated.output and "unexpected" not in trained.output, said

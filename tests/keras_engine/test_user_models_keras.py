@@ -37,18 +37,4 @@ def test_validate_agrees_with_train_on_the_keras_engine(project, name):
     validated = CliRunner().invoke(cli_validate.validate, [str(path), *engine], catch_exceptions=False)
     trained = CliRunner().invoke(cli_run.train, [str(path), "--local", *engine], catch_exceptions=False)
 
-    said = f"validate:\n{validated.output}\ntrain:\n{trained.output}"
-    assert (validated.exit_code == 0) == (trained.exit_code == 0), said
-    assert "unexpected" not in validated.output and "unexpected" not in trained.output, said
-    assert "Traceback" not in said
-    if broken_at is None:
-        assert validated.exit_code == 0, said
-        assert "done | step 2/2" in trained.output, said
-        if name in corpus.EVAL_METRICS:
-            (line,) = [line for line in trained.output.splitlines() if line.startswith("eval | step 2 |")]
-            assert {part.split()[0] for part in line.split(" | ")[2:]} == corpus.EVAL_METRICS[name] | {"loss"}, line
-    else:
-        validate_key, train_says = broken_at if isinstance(broken_at, tuple) else (broken_at, f"{broken_at}")
-        assert validated.exit_code == 1, said
-        assert f"{path.name}:" in validated.output and f"{validate_key}" in validated.output, said
-        assert train_says in trained.output, said
+    corpus.assert_agreement(name, path, validated, trained, broken_at)

@@ -85,11 +85,16 @@ class ModeBuild:
 
 def build_problems(loaded, plan) -> list:
     """The failed builds as problems: one per job key and message, naming the graphs that failed."""
+    return problems_of(loaded, build_modes(loaded.job, plan), "graph")
+
+
+def problems_of(loaded, builds, built: str) -> list:
+    """`builds` (ModeBuild per mode) as problems, one per job key and message: 'building the train and eval {built}'."""
     failed: dict = {}
-    for build in build_modes(loaded.job, plan):
+    for build in builds:
         if not build.ok:
             failed.setdefault((build.key, build.message, build.hint, build.code), []).append(build.mode)
-    return [loaded.problem(key, code or "model-build-failed", f"building the {' and '.join(modes)} graph: {message}",
+    return [loaded.problem(key, code or "model-build-failed", f"building the {' and '.join(modes)} {built}: {message}",
                            hint)
             for (key, message, hint, code), modes in failed.items()]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import tempfile
 
 from tpulaunch.engine.estimator.build import (PROBE_BATCH, ModeBuild, StepTensors, _blame, _elements,
-                                              _kept_by_backward)
+                                              _kept_by_backward, problems_of)
 from tpulaunch.errors import TpuLaunchError
 
 
@@ -69,14 +69,8 @@ def _failed(mode: str, exc: BaseException, stage: tuple, job) -> ModeBuild:
 
 
 def build_problems(loaded, plan) -> list:
-    """The failed builds as problems: one per job key and message, naming the graphs that failed."""
-    failed: dict = {}
-    for build in build_modes(loaded.job, plan):
-        if not build.ok:
-            failed.setdefault((build.key, build.message, build.hint, build.code), []).append(build.mode)
-    return [loaded.problem(key, code or "model-build-failed", f"building the {' and '.join(modes)} step: {message}",
-                           hint)
-            for (key, message, hint, code), modes in failed.items()]
+    """The failed builds as problems: one per job key and message, naming the steps that failed."""
+    return problems_of(loaded, build_modes(loaded.job, plan), "step")
 
 
 def step_tensors(job, *, use_tpu: bool) -> StepTensors:
