@@ -1,32 +1,65 @@
-"""`tpulaunch explain JOB.yaml [-o FILE]`: print (or write) the TPUEstimator program a job stands for."""
+"""`tpulaunch explain JOB.yaml [--engine estimator|keras] [-o FILE]`: print (or write) the program a job stands for."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import click
 
 from tpulaunch.cli.base import Context, command, job_argument, pass_obj, set_option
+from tpulaunch.engine.choice import ENGINES
+from tpulaunch.errors import TpuLaunchError
+
+# What to do instead when a job names TPUEstimator's own functions and the keras program is asked for.
+_KERAS_FIX = {
+    "model.model_fn": "explain it with --engine estimator (the TPUEstimator program), or migrate the model to "
+                      "model.builder: a function returning a tf.keras.Model, with model.loss and model.metrics",
+    "data.input_fn": "explain it with --engine estimator (the TPUEstimator program), or migrate the input to "
+                     "data.train/data.eval TFRecords with data.features and data.labels",
+}
 
 
-@command()
+@command(epilog="""\b
+Examples:
+  tpulaunch explain job.yaml                       # the program of the job's engine
+  tpulaunch explain job.yaml -o program.py         # write it; then: python program.py [train|evaluate]
+  tpulaunch explain job.yaml --engine keras        # a TPUEstimator job migrated to Keras + tf.distribute
+  tpulaunch explain job.yaml --engine estimator    # the TPUEstimator program (any TensorFlow installed)
+""")
 @job_argument
 @set_option
+@click.option("--engine", type=click.Choice(ENGINES), default=None,
+              help="The engine whose program to print (default: the job's run.engine, else the installed "
+                   "TensorFlow's). keras on a TPUEstimator job prints its migration to Keras + tf.distribute.")
 @click.option("-o", "--out", "output", type=click.Path(dir_okay=False, path_type=str), default=None,
-              help="Write the script to this file instead of printing it.")
+              help="Write the program to this file instead of printing it.")
 @pass_obj
-def explain(obj: Context, job_file: str, overrides, output):
-    """Print a standalone TensorFlow 2.15 script that does what `tpulaunch train` does for JOB.yaml.
+def explain(obj: Context, job_file: str, overrides, engine, output):
+    """Print a standalone TensorFlow program that does what `tpulaunch train` does for JOB.yaml.
 
-    The script imports only TensorFlow and the job's own model code. Its middle is the module
-    `tpulaunch train` runs (input pipeline, model_fn, TPUEstimator), verbatim; each value taken from
-    the job file is commented with its key and line. `python SCRIPT evaluate` evaluates the latest
-    checkpoint, as `tpulaunch evaluate` does.
+    The program imports only TensorFlow and the job's own model code (tpulaunch's reference models
+    are copied in). Its middle is the engine's own code that `tpulaunch train` runs (input pipeline,
+    model, training and evaluation), verbatim; each value taken from the job file is commented with
+    its key and line. `python PROGRAM evaluate` evaluates the latest checkpoint, as `tpulaunch
+    evaluate` does.
+
+    The estimator engine's program is TPUEstimator on TensorFlow 2.15; the keras engine's is Keras 2
+    (tf-keras) with tf.distribute on TensorFlow 2.16 and later. --engine keras on a TPUEstimator
+    builder job shows the same job on Keras + tf.distribute (jobs with model.model_fn or data.input_fn,
+    TPUEstimator's own functions, have no keras program). Writing the program imports no TensorFlow.
     """
-    from tpulaunch.cli.gate import load_checked
+    from tpulaunch.cli.gate import JobRefused, load_checked
     from tpulaunch.engine.base import engine_for
 
-    checked = load_checked(job_file, overrides, verb="explaining")
+    # The job is checked under the engine's rules, as `tpulaunch train` would check it on that engine.
+    sets = [*overrides, f"run.engine={engine}"] if engine else list(overrides)
+    try:
+        checked = load_checked(job_file, sets, verb="explaining")
+    except JobRefused as exc:
+        if engine == "keras":
+            _refuse_estimator_only(job_file, exc)
+        raise
     script = engine_for(checked.job).program(checked.loaded, checked.plan)
     if output is None:
         click.echo(script, nl=False)
@@ -35,3 +68,19 @@ def explain(obj: Context, job_file: str, overrides, output):
         handle.write(script)
     os.chmod(output, 0o755)
     obj.err.print(f"wrote {output}: run it with `python {output}`", highlight=False)
+
+
+def _refuse_estimator_only(job_file: str, refused: TpuLaunchError) -> None:
+    """--engine keras on a job with TPUEstimator's own functions: those keys, what to do, exit 1."""
+    from tpulaunch.checks.engine_rules import ESTIMATOR_ONLY
+
+    only = [p for p in refused.problems if p.code == ESTIMATOR_ONLY]
+    if not only:
+        return
+    problems = [dataclasses.replace(p, hint=_KERAS_FIX.get(p.path, p.hint)) if p.code == ESTIMATOR_ONLY else p
+                for p in refused.problems]
+    keys = " and ".join(p.path for p in only)
+    raise TpuLaunchError(
+        f"no keras program for {job_file}: {keys} {'is' if len(only) == 1 else 'are'} TPUEstimator's own "
+        "(only the estimator engine runs them)",
+        hint="drop --engine keras (or use --engine estimator) for the TPUEstimator program", problems=problems)
