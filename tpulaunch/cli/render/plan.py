@@ -23,13 +23,16 @@ def human_bytes(n) -> str:
     return f"{n:.2f} TiB"
 
 
-ENGINE_TEXT = {"estimator": "TPUEstimator (TensorFlow 2.15)",
-               "keras": "Keras + tf.distribute (TPUStrategy on a TPU; Mirrored/MultiWorkerMirrored on GPUs and workers)"}
+ENGINE_TEXT = {"estimator": "TPUEstimator (TensorFlow 2.15)", "keras": "Keras + tf.distribute.TPUStrategy"}
+# On this machine the keras engine's strategy depends on the machine (engine/keras/standalone.make_strategy).
+LOCAL_KERAS_TEXT = ("Keras + tf.distribute (MultiWorkerMirrored with several workers in TF_CONFIG, Mirrored over "
+                    "several GPUs, else one device)")
 
 
 def render_plan(console: Console, plan: Plan) -> None:
     console.print(f"[bold]{escape(plan.job)}[/]", highlight=False)
-    console.print(f"engine: {plan.engine}: {ENGINE_TEXT.get(plan.engine, plan.engine)}", highlight=False)
+    text = LOCAL_KERAS_TEXT if plan.engine == "keras" and plan.slice is None else ENGINE_TEXT.get(plan.engine, plan.engine)
+    console.print(f"engine: {plan.engine}: {text}", highlight=False)
     s = plan.slice
     if s is None:
         console.print("runs locally (no tpu: section): CPU/GPU, one replica, no partitioning", highlight=False)
