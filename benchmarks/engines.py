@@ -49,16 +49,21 @@ run: {{model_dir: {tmp}/unused, save_checkpoints_steps: 100, engine: keras}}
 """
 
 
-def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    return dict(env, PYTHONPATH=ROOT, CI="1", PYTHONUNBUFFERED="1", TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
+def _env(engine: str = "keras") -> dict:
+    """The child's environment: TF_USE_LEGACY_KERAS only for the keras engine (TensorFlow 2.15's tf.keras is Keras 2
+    already; with the variable set it looks for the tf_keras package, which its venv need not have)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS")}
+    env = dict(env, PYTHONPATH=ROOT, CI="1", PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
+    if engine == "keras":
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    return env
 
 
 def train(python: str, job: str, engine: str, model_dir: str) -> dict:
     """One `tpulaunch train` process; its run record, with the process's wall seconds added."""
     started = time.perf_counter()
     done = subprocess.run([python, "-m", "tpulaunch", "train", job, "--set", f"run.engine={engine}",
-                           "--model-dir", model_dir], capture_output=True, text=True, env=_env(), cwd=ROOT)
+                           "--model-dir", model_dir], capture_output=True, text=True, env=_env(engine), cwd=ROOT)
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"{engine}: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
