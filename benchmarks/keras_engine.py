@@ -22,7 +22,12 @@ checkpoints saved between K and N are inside the window on both sides, the final
 tpulaunch side's step ends are the times its recorder emits each step (`StepsRun` events); the
 hand-written side's are taken after each step call returns.
 
-    PYTHONPATH=. /work/main/.venv-keras/bin/python benchmarks/keras_engine.py [--steps 200] [--rounds 3]
+    PYTHONPATH=. .venv-keras/bin/python benchmarks/keras_engine.py [--steps 200] [--rounds 3] [--skip 20]
+        [--model cnn|corner] [--hand-loop python|function]
+
+It also prints each side's CPU ms per step (this process's CPU time over the same window: less moved by
+other work on the machine than wall time) and median single-step time. `--model corner` trains a dense
+layer on a 4x4 corner of the image instead (a step of about 1.6 ms: a fixed per-step cost shows most).
 
 Goal: tpulaunch steps/s >= 0.97 of the hand-written program's.
 """
