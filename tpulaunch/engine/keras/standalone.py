@@ -342,7 +342,8 @@ class KerasTraining:
 
     def train_step_fn(self, *, time_input: bool = False) -> Callable:
         """`run(iterator, steps)`: `steps` training steps in one compiled call; returns (the last step's loss, the
-        mean over replicas; the seconds the steps waited for their batches, when `time_input`, else -1).
+        mean over replicas; the seconds the steps waited for their batches, when `time_input`, else -1; the
+        global step after them).
 
         On a TPU the loop runs on the device (as TPUEstimator's iterations_per_loop). The wait is the time
         between two timestamps around `next(iterator)`: near zero while prefetched batches are ready.
@@ -364,7 +365,7 @@ class KerasTraining:
                         batch = next(iterator)
                     per_replica = strategy.run(self._replica_train_step, args=batch)
                     loss = strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
-                return loss, waited
+                return loss, waited, self.global_step.read_value()  # the step comes back with the call
 
             self._train_step = run
         return self._train_step
@@ -470,8 +471,8 @@ def train_loop(training: KerasTraining, iterator, *, until: int, steps_per_call:
     step = training.step
     while step < until:
         steps = min(steps_per_call, until - step, every - step % every)  # a call ends on each checkpoint step
-        loss, waited = run(iterator, tf.constant(steps))
-        step = training.step
+        loss, waited, step = run(iterator, tf.constant(steps))
+        step = int(step)  # read with the call: a separate read of the variable costs a round trip per call
         if on_steps is not None:
             on_steps(step, float(loss.numpy()), float(waited.numpy()) if time_input else None)
         stopping = should_stop is not None and should_stop()
