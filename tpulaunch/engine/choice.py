@@ -2,13 +2,15 @@
 
 TensorFlow 2.16 removed tf.estimator, so TensorFlow 2.15 and earlier mean the estimator engine
 (TPUEstimator) and 2.16 and later the keras engine (Keras 2 from tf-keras + tf.distribute). Read from
-the installed packages' metadata: TensorFlow is never imported here (the CLI's fast path uses this).
+what is installed, without importing TensorFlow (the CLI's fast path uses this).
 """
 
 from __future__ import annotations
 
 import functools
-from importlib import metadata
+import importlib.util
+import os
+import re
 from typing import Optional, Tuple
 
 ENGINES = ("estimator", "keras")
@@ -24,26 +26,34 @@ INSTALL_HINT = {
 
 @functools.lru_cache(maxsize=None)
 def installed_tensorflow() -> Optional[Tuple[int, int]]:
-    """(major, minor) of the installed TensorFlow, or None when there is none."""
-    for name in TENSORFLOW_DISTRIBUTIONS:
-        try:
-            version = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-        parts = version.split(".")
-        try:
-            return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
-        except (IndexError, ValueError):
-            continue
+    """(major, minor) of the installed TensorFlow, or None when there is none.
+
+    Read from the `*.dist-info` folder beside the `tensorflow` package, found without importing it:
+    `importlib.metadata` alone costs more than the rest of `validate --static`'s imports together.
+    """
+    origin = _package_dir("tensorflow")
+    if origin is None:
+        return None
+    names = {name.replace("-", "_") for name in TENSORFLOW_DISTRIBUTIONS}
+    for entry in sorted(os.listdir(os.path.dirname(origin))):
+        match = _DIST_INFO.match(entry)
+        if match and match.group(1).lower() in names:
+            return int(match.group(2)), int(match.group(3))
     return None
 
 
-def _installed(name: str) -> bool:
-    try:
-        metadata.version(name)
-        return True
-    except metadata.PackageNotFoundError:
-        return False
+_DIST_INFO = re.compile(r"^([A-Za-z0-9_.]+)-(\d+)\.(\d+)[^-]*\.dist-info$")
+
+
+def _package_dir(name: str) -> Optional[str]:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
+
+
+def _installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
 
 
 def default_engine() -> str:
@@ -68,11 +78,11 @@ def missing_for(engine: str) -> Optional[str]:
     if engine == "estimator":
         if version >= FIRST_WITHOUT_ESTIMATOR:
             return f"the estimator engine needs TensorFlow 2.15 or earlier (tf.estimator); TensorFlow {shown} is installed"
-        if not _installed("tensorflow-estimator"):
+        if not _installed("tensorflow_estimator"):
             return "the estimator engine needs tensorflow-estimator, which is not installed"
         return None
     if version < FIRST_WITHOUT_ESTIMATOR:
         return f"the keras engine needs TensorFlow 2.16 or later; TensorFlow {shown} is installed"
-    if not _installed("tf-keras"):
+    if not _installed("tf_keras"):
         return "the keras engine needs tf-keras (Keras 2), which is not installed"
     return None
