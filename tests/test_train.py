@@ -11,7 +11,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,8 @@ from tpulaunch.engine.estimator import runner
 from tpulaunch.errors import ExitCode, TpuLaunchError
 from tpulaunch.job.load import load_job
 from tpulaunch.job.yamlfile import SECRET_MASK
-from tpulaunch.run.events import RunRecorder, StepsRun
+from tpulaunch.run import phases
+from tpulaunch.run.events import PhaseStarted, RunRecorder, StepsRun
 from tpulaunch.run.signals import EvaluationStopped, TrainingStopped
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,21 +44,17 @@ MODELS = textwrap.dedent('''
         return tf.keras.Model(image, tf.keras.layers.Dense(num_classes)(x))
 
     class EvalWitness(tf.keras.layers.Layer):
-        """Identity. Outside training (evaluation) each batch pauses 50 ms, and the first one creates
-        the file $EVAL_MARKER names: proof, for a test, that an evaluation is running."""
+        """Identity. Outside training (evaluation) each batch pauses 50 ms: a long evaluation to interrupt."""
 
         def call(self, x, training=None):
             if training:
                 return x
 
-            def announce(value):
-                marker = os.environ.get("EVAL_MARKER")
-                if marker and not os.path.exists(marker):
-                    open(marker, "w").close()
+            def pause(value):
                 time.sleep(0.05)
                 return value
 
-            return tf.ensure_shape(tf.numpy_function(announce, [x], x.dtype), x.shape)
+            return tf.ensure_shape(tf.numpy_function(pause, [x], x.dtype), x.shape)
 
     def witnessed_classifier(num_classes=2, input_shape=(8, 8, 1), **unused):
         image = tf.keras.Input(shape=tuple(input_shape), name="image")
@@ -264,17 +260,16 @@ def long_eval(project) -> Path:
 def test_sigint_during_the_final_evaluation_exits_130_and_says_how_to_evaluate(project, long_eval, tmp_path):
     """Ctrl-C while the final evaluation runs: training's checkpoint stays, the unfinished evaluation is
     not reported, and the hint's command evaluates the checkpoint."""
-    marker = tmp_path / "evaluating"
     sets = ["--set", "model.builder=train_models:witnessed_classifier", "--set", "train.steps=4",
             "--set", "eval.every_steps=null", "--set", "eval.steps=100000", "--set", f"data.eval={long_eval}"]
     job = str(project / "job.yaml")
-    env = dict(os.environ, PYTHONUNBUFFERED="1", CI="1", PYTHONPATH=str(ROOT), EVAL_MARKER=str(marker))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", CI="1", PYTHONPATH=str(ROOT))
     child = subprocess.Popen([*TRAIN_COMMAND, job, "--local", "--model-dir", str(tmp_path / "run"), *sets],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 240
-    while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert marker.exists(), child.communicate(timeout=60)
+    line = child.stdout.readline()  # the event: the run says its (500-batch) evaluation has begun
+    while line and line.rstrip("\n") != "phase | evaluation":
+        line = child.stdout.readline()
+    assert line, child.communicate(timeout=60)
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=120)
 
@@ -301,26 +296,21 @@ def test_sigint_during_the_final_evaluation_exits_130_and_says_how_to_evaluate(p
     assert re.fullmatch(r"eval \| step 4 \| accuracy [0-9.]+ \| loss [0-9.e-]+", scored)
 
 
-def test_sigint_during_a_periodic_evaluation_stops_there_without_reporting_it(project, long_eval, tmp_path,
-                                                                             monkeypatch):
-    marker = tmp_path / "evaluating"
-    monkeypatch.setenv("EVAL_MARKER", str(marker))
+def test_sigint_during_a_periodic_evaluation_stops_there_without_reporting_it(project, long_eval, tmp_path):
     run_dir = tmp_path / "periodic"
     loaded = load_job(str(project / "job.yaml"), [f"run.model_dir={run_dir}", "train.steps=8", "eval.every_steps=4",
                                                   "eval.steps=100000", f"data.eval={long_eval}",
                                                   "model.builder=train_models:witnessed_classifier"])
 
-    def interrupt_once_evaluating():
-        deadline = time.monotonic() + 120
-        while not marker.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        os.kill(os.getpid(), signal.SIGINT)
+    recorder = RunRecorder(total_steps=8, batch_size=8)
 
-    killer = threading.Thread(target=interrupt_once_evaluating, daemon=True)
-    killer.start()
+    def interrupt_once_evaluating(event):  # the event: the recorder reports the evaluation's phase beginning
+        if isinstance(event, PhaseStarted) and event.name == phases.EVALUATION:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    recorder.subscribe(interrupt_once_evaluating)
     with pytest.raises(EvaluationStopped) as stopped:
-        runner.train(loaded.job, local=True, search_path=[str(project)])
-    killer.join()
+        runner.train(loaded.job, local=True, search_path=[str(project)], recorder=recorder)
 
     assert (stopped.value.exit_code, stopped.value.step, stopped.value.final) == (ExitCode.INTERRUPTED, 4, False)
     assert stopped.value.message == ("stopped at step 4, checkpoint saved; the evaluation at that step did not finish "
