@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 from tpulaunch.data.pipeline import naming_read_errors
 from tpulaunch.engine.estimator.build import build_errors
 from tpulaunch.engine.estimator.plain import spec_errors
-from tpulaunch.engine.estimator.runner import (_evaluation_stopped, _recover, _repair_checkpoints, model_dir_errors,
-                                               write_job_copy)
+from tpulaunch.engine.estimator.runner import (  # engine-neutral: either engine's checkpoints and model_dir
+    _evaluation_stopped, _recover, _repair_checkpoints, checkpoint_step, model_dir_errors, write_job_copy)
 from tpulaunch.engine.keras import plain
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.schema import Job
@@ -27,13 +27,6 @@ from tpulaunch.run.signals import StopSignal, TrainingStopped
 
 if TYPE_CHECKING:
     from tpulaunch.run.watchdog import WatchPlan
-
-
-def checkpoint_step(model_dir: str) -> Optional[int]:
-    """The global step of model_dir's latest checkpoint (either engine's), or None when there is none."""
-    from tpulaunch.engine.estimator.runner import checkpoint_step as step_of
-
-    return step_of(model_dir)
 
 
 def _refuse_estimator_checkpoints(model_dir: str) -> None:
@@ -83,7 +76,7 @@ def make_training(job: Job, plan: Plan, *, use_tpu: bool, cluster_resolver: Any 
                                         **settings)
 
 
-def _dataset(job: Job, plan: Plan, training, mode: str, use_tpu: bool):
+def _dataset(job: Job, training, mode: str, use_tpu: bool):
     from tpulaunch.data.pipeline import make_input_fn
     from tpulaunch.engine.keras import standalone
 
@@ -178,7 +171,7 @@ def _train_segments(job: Job, plan: Plan, recorder: RunRecorder, stop: StopSigna
                 if step < boundary:
                     if iterator is None:
                         with naming_read_errors(job, "train"):
-                            iterator = iter(_dataset(job, plan, training, "train", use_tpu))
+                            iterator = iter(_dataset(job, training, "train", use_tpu))
                     step = _train_to(job, training, iterator, boundary, steps_per_call, recorder, stop, dog,
                                      use_tpu, profile)
                     if stop.received is not None:
@@ -282,7 +275,7 @@ def _evaluate_into(training, job: Job, use_tpu: bool, recorder: RunRecorder, sho
     with recorder.phase(phases.EVALUATION):
         batch = (job.eval.batch_size or job.train.batch_size) // training.strategy.num_replicas_in_sync
         with naming_read_errors(job, "eval"):
-            dataset = _dataset(job, None, training, "eval", use_tpu)
+            dataset = _dataset(job, training, "eval", use_tpu)
         with build_errors(job, "eval"), spec_errors():  # metrics made and the step traced: the job's code runs
             training.prepare_evaluation(dataset, batch)
         with naming_read_errors(job, "eval"):
