@@ -269,7 +269,7 @@ NETWORKS = textwrap.dedent('''
 
     def model_fn(features, labels, mode, params):
         model = functional([64, 64, 3])
-        logits = model(features, training=mode == tf.estimator.ModeKeys.TRAIN)
+        logits = model(features["image"], training=mode == tf.estimator.ModeKeys.TRAIN)
         loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
         step = tf.compat.v1.train.get_or_create_global_step()
         train_op = tf.compat.v1.train.AdamOptimizer(1e-3).minimize(loss, global_step=step,

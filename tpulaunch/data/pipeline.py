@@ -15,7 +15,7 @@ import time
 from typing import Callable, List, Optional, Tuple
 
 from tpulaunch.checks.paths import as_list
-from tpulaunch.engine.estimator.plain import input_settings, spec_errors, tensor_specs
+from tpulaunch.engine.estimator.plain import features_as_dict, input_settings, spec_errors, tensor_specs
 from tpulaunch.errors import TpuLaunchError, first_line
 from tpulaunch.job.schema import Job
 
@@ -57,7 +57,8 @@ def parse_example_fn(job: Job) -> Callable:
     from tpulaunch.engine import portable
 
     with spec_errors():
-        return portable.parse_example_fn(tensor_specs(job.data.features), tensor_specs(job.data.labels))
+        return portable.parse_example_fn(tensor_specs(job.data.features), tensor_specs(job.data.labels),
+                                         features_as_dict(job))
 
 
 def _files_for(job: Job, mode: str):
@@ -68,6 +69,13 @@ def _files_for(job: Job, mode: str):
     return expand_files(files, what=f"data.{mode}")
 
 
+def _unread_files(job: Job, mode: str) -> List[str]:
+    """The file names of a pipeline that is built and never read: the patterns as written (a job planned
+    before its data exists has none; a name that says so stands in, since no file is opened)."""
+    patterns = as_list(job.data.train if mode == "train" else job.data.eval)
+    return [str(pattern) for pattern in patterns] or [f"(data.{mode} is not set: nothing is read)"]
+
+
 def _check_static(job: Job) -> None:
     for section in ("features", "labels"):
         for name, spec in getattr(job.data, section).items():
@@ -76,7 +84,7 @@ def _check_static(job: Job) -> None:
                                      hint="declare every dim")
 
 
-def make_input_fn(job: Job, mode: str, *, use_tpu: bool) -> Callable:
+def make_input_fn(job: Job, mode: str, *, use_tpu: bool, unread_files: bool = False) -> Callable:
     """An `input_fn(params)` for TPUEstimator (or Estimator) reading the job's TFRecords.
 
     See `portable.make_input_fn` for what the pipeline does. `data.skip_corrupt` drops records
@@ -85,7 +93,9 @@ def make_input_fn(job: Job, mode: str, *, use_tpu: bool) -> Callable:
     with -vv). Without it the first bad record stops the run: wrap the training call in
     `naming_read_errors` so the message names the file.
 
-    With `data.input_fn` set, the mode's function is imported and returned unchanged.
+    With `data.input_fn` set, the mode's function is imported and returned unchanged. `unread_files`: the
+    pipeline reads the data patterns as written instead of listing the files they match (a graph built for
+    checking, never run: nothing is listed or read).
 
     Raises:
         TpuLaunchError: unknown mode, no files for the mode, a glob that matches nothing, unknown dims
@@ -102,7 +112,7 @@ def make_input_fn(job: Job, mode: str, *, use_tpu: bool) -> Callable:
         return resolve(path, what=f"{mode} input_fn")
     if use_tpu:
         _check_static(job)
-    files = _files_for(job, mode)
+    files = _unread_files(job, mode) if unread_files else _files_for(job, mode)
     from tpulaunch.engine import portable
 
     with spec_errors():

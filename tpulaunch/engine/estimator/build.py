@@ -1,12 +1,15 @@
-"""The model layer of `validate`: build the graphs `train` builds, on this machine, and stop before a session.
+"""The model layer of `validate`: the graphs `train` builds, built by `train`'s own code and stopped before a step.
 
-For each mode the job runs (train, eval), in a fresh graph: the features and labels the input_fn
-yields (the job's own input_fn called and its dataset's element spec taken; tpulaunch's pipeline
-parses a placeholder of serialized records with the same parse code), then the job's real model_fn
-(made from the builder, or the user's own) with the params TPUEstimator would pass, the eval metrics
-built from `eval_metrics` as TPUEstimator builds them. Nothing is read and no step runs, so a 256^3
-volume costs what a small one does. What the model_fn refuses here, `train` would refuse: the error
-is reported at the job key its code comes from, with TensorFlow's (or the user's) message.
+For each mode the job runs (train, eval), `stopped_run.build_stopped` makes the TPUEstimator `train --local`
+makes and calls its own `train`/`evaluate` with the job's input_fn, stopping once the session exists,
+before the first step: nothing is read and nothing trains, so a 256^3 volume costs what a small one
+does. What fails there is what `train` would refuse, reported at the job key its code comes from
+(`model.builder`, `model.loss`, `model.metrics`, `model.optimizer`, `data.features`, `model.model_fn`,
+`data.input_fn`) with TensorFlow's (or the job's code's) message; `train` raises the same BuildErrors,
+since the wrappers that locate them (`build_errors`, `located`) are in the code both run.
+
+Also here: what one training step keeps for its backward pass (`step_tensors`, the memory plan's input),
+read from the same stopped build.
 """
 
 from __future__ import annotations
@@ -73,6 +76,24 @@ def located_metric_fn(job, metric_fn):
     return job_metric_fn
 
 
+def located(function, job, mode: str, key: tuple):
+    """The job's own `function` (its model_fn, an input_fn) with its failures located at `key` (a BuildError),
+    in train as in validate. TensorFlow reads the arguments it passes from the function's signature
+    (`function_utils.fn_args`), so the wrapper is a TensorFlow decorator that shows the function's own."""
+    from tensorflow.python.util import tf_decorator
+
+    def job_function(*args, **kwargs):
+        with build_errors(job, kwargs.get("mode", mode), key):
+            result = function(*args, **kwargs)
+        eval_metrics = getattr(result, "eval_metrics", None)  # a TPUEstimatorSpec's metric_fn runs later
+        if eval_metrics is not None and key == ("model", "model_fn"):
+            metric_fn, tensors = eval_metrics
+            result = result._replace(eval_metrics=(located(metric_fn, job, "eval", key), tensors))
+        return result
+
+    return tf_decorator.make_decorator(function, job_function)
+
+
 @dataclass
 class ModeBuild:
     mode: str
@@ -85,7 +106,8 @@ class ModeBuild:
 
 def build_problems(loaded, plan) -> list:
     """The failed builds as problems: one per job key and message, naming the graphs that failed."""
-    return problems_of(loaded, build_modes(loaded.job, plan), "graph")
+    del plan  # validate builds what `train --local` builds (the TPU's graphs: validate --tf, verdict.py)
+    return problems_of(loaded, build_modes(loaded.job), "graph")
 
 
 def problems_of(loaded, builds, built: str) -> list:
@@ -99,89 +121,37 @@ def problems_of(loaded, builds, built: str) -> list:
             for (key, message, hint, code), modes in failed.items()]
 
 
-def build_modes(job, plan, modes=("train", "eval")) -> list:
-    """One `ModeBuild` per mode the job runs, each from a fresh graph."""
-    return [_build(job, plan, mode) for mode in modes if getattr(job, mode, None) is not None]
+def build_modes(job, modes=("train", "eval")) -> list:
+    """One `ModeBuild` per mode the job runs: `train`'s and `evaluate`'s own calls, stopped before the first step."""
+    return [_build(job, mode) for mode in modes if _runs(job, mode)]
 
 
-def _build(job, plan, mode: str) -> ModeBuild:
-    import tensorflow as tf
+def _runs(job, mode: str) -> bool:
+    """Whether the job runs `mode` (as the runner decides: a section, and data or the job's own input_fn)."""
+    return (getattr(job, mode, None) is not None
+            and (getattr(job.data, mode) is not None or bool(job.data.input_fn)))
 
-    from tpulaunch.engine.estimator.model_fn import make_model_fn
 
-    keys = {"train": tf.estimator.ModeKeys.TRAIN, "eval": tf.estimator.ModeKeys.EVAL}
-    batch = plan.batch(mode)
-    params = {"batch_size": batch.params_batch_size if plan.on_tpu else batch.global_batch, "use_tpu": False}
-    params.update(_user_params(job))
-    graph = tf.Graph()
-    stage = ("data", "input_fn") if job.data.input_fn else ("data", "features")
+def _build(job, mode: str) -> ModeBuild:
+    from tpulaunch.engine.estimator.stopped_run import build_stopped
+
     try:
-        with graph.as_default():
-            features, labels = _inputs(job, mode, params)
-            stage = ("model", "model_fn") if job.model.model_fn else ("model", "builder")
-            model_fn = make_model_fn(job, use_tpu=False, search_path=job.search_path)
-            spec = _call_model_fn(model_fn, features, labels, keys[mode], params, _config(job))
-            if mode == "eval" and getattr(spec, "eval_metrics", None):
-                stage = ("model", "metrics")
-                fn, tensors = spec.eval_metrics
-                fn(**tensors) if isinstance(tensors, dict) else fn(*tensors)
-            return ModeBuild(mode, True)
+        build_stopped(job, mode)
+        return ModeBuild(mode, True)
     except Exception as exc:  # noqa: BLE001 (any failure of the user's code or TF's is the verdict)
-        key, message, hint = _blame(exc, stage, job)
+        key, message, hint = _blame(exc, _stage(job, mode, exc), job)
         return ModeBuild(mode, False, key, message, hint,
                          code=getattr(exc, "code", None) if isinstance(exc, TpuLaunchError) else None)
 
 
-def _call_model_fn(model_fn, features, labels, mode, params, config):
-    """`model_fn` called as TPUEstimator calls it: labels, mode and config only if it takes them, params always."""
-    from tensorflow.python.util import function_utils  # TPUEstimator's own reading of a model_fn's arguments
-
-    accepted = function_utils.fn_args(model_fn)
-    if "labels" not in accepted and labels is not None:  # TPUEstimator's words, here and below
-        raise ValueError("model_fn does not take labels, but input_fn returns labels.")
-    if "params" not in accepted:
-        raise ValueError(f"model_fn ({model_fn}) does not include params argument, required by TPUEstimator to pass "
-                         "batch size as params['batch_size']")
-    given = {"labels": labels, "mode": mode, "params": params, "config": config}
-    return model_fn(features=features, **{name: value for name, value in given.items() if name in accepted})
-
-
-def _user_params(job) -> dict:
-    """What a model_fn job's `params` hold beyond TensorFlow's keys (model.params, when the schema has it)."""
-    extra = getattr(job.model, "params", None) or {}
-    return dict(extra) if job.model.model_fn else {}
-
-
-def _config(job):
-    import tensorflow as tf
-
-    return tf.compat.v1.estimator.tpu.RunConfig(model_dir=job.run.model_dir)
-
-
-def _inputs(job, mode: str, params: dict):
-    """(features, labels) as the input_fn yields them, as graph placeholders of its element spec."""
-    import tensorflow as tf
-
-    if job.data.input_fn:
-        from tpulaunch.engine.estimator.runner import _input_fn
-
-        dataset = _input_fn(job, mode, False, job.search_path)(params)
-        spec = dataset.element_spec
-    else:
-        from tpulaunch.engine import portable
-        from tpulaunch.engine.estimator.plain import spec_errors, tensor_specs
-
-        with spec_errors():
-            parse = portable.parse_batch_fn(tensor_specs(job.data.features), tensor_specs(job.data.labels))
-        records = tf.compat.v1.placeholder(tf.string, [params["batch_size"]], name="serialized_records")
-        return parse(records)
-    if not isinstance(spec, tuple) or len(spec) != 2:
-        spec = (spec, None)
-
-    def placeholder(s):
-        return tf.compat.v1.placeholder(s.dtype, s.shape, name=None)
-
-    return tuple(tf.nest.map_structure(placeholder, part) if part is not None else None for part in spec)
+def _stage(job, mode: str, exc: BaseException) -> tuple:
+    """The job key of a failure raised by TensorFlow's own code between the job's functions (its checks of
+    what a model_fn returned, of the eval metrics): the code that gave TensorFlow what it refused."""
+    if job.model.model_fn:
+        return ("model", "model_fn")
+    if mode == "eval" and "metric" in str(exc):
+        return ("model", "metrics")
+    return ("model", "builder")
 
 
 def _unstaged(exc: BaseException) -> BaseException:
@@ -292,30 +262,34 @@ class StepTensors:
 
 
 def step_tensors(job, *, use_tpu: bool) -> StepTensors:
-    """Build the job's training step (its real model_fn, TRAIN mode, loss, optimizer) for PROBE_BATCH examples of
-    the declared shapes and list what its gradient computation reads from the forward pass.
+    """Build the job's training step as `train --local` builds it (build_stopped: its real model_fn, TRAIN mode,
+    loss, optimizer, input pipeline) for a global batch of PROBE_BATCH examples, and list what its gradient
+    computation reads from the forward pass. `use_tpu` does not change what is kept: the TPU's CrossShardOptimizer
+    sums gradients across replicas after they are computed, and bfloat16 is 2 bytes wherever it runs.
 
     Raises:
         TpuLaunchError, or whatever the job's code raises while building (the caller reports it).
     """
     import tensorflow as tf
 
-    from tpulaunch.engine.estimator.model_fn import make_model_fn
+    from tpulaunch.engine.estimator.stopped_run import build_stopped
     from tpulaunch.plan.auto import main_feature
 
-    graph = tf.Graph()
-    with graph.as_default():
-        params = {"batch_size": PROBE_BATCH, "use_tpu": False, **_user_params(job)}
-        features, labels = _inputs(job, "train", params)
-        model_fn = make_model_fn(job, use_tpu=use_tpu, search_path=job.search_path)
-        _call_model_fn(model_fn, features, labels, tf.estimator.ModeKeys.TRAIN, params, _config(job))
-        kept = _kept_by_backward(graph)
+    del use_tpu
+    found = {}
+
+    def measure(graph):
         variables = [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
                      if "global_step" not in v.name]
         trainable = graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
-        params_count = _model_params(trainable, variables)
+        found.update(kept=_kept_by_backward(graph), params=_model_params(trainable, variables),
+                     trainable=sum(_elements(v) for v in trainable))
+
+    probe = job.model_copy(update={"train": job.train.model_copy(update={"batch_size": PROBE_BATCH})})
+    with build_errors(job, "train"):
+        build_stopped(probe, "train", on_graph=measure)
     shape = tuple(job.data.features[main_feature(job.data.features)].shape)
-    return StepTensors(shape, params_count, sum(_elements(v) for v in trainable), tuple(kept))
+    return StepTensors(shape, found["params"], found["trainable"], tuple(found["kept"]))
 
 
 def _elements(variable) -> int:

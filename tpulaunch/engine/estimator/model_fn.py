@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tpulaunch.engine import portable
 from tpulaunch.engine.estimator import standalone
-from tpulaunch.engine.estimator.build import build_errors, located_metric_fn
+from tpulaunch.engine.estimator.build import build_errors, located, located_metric_fn
 from tpulaunch.engine.estimator.plain import model_settings, optimizer_settings
 from tpulaunch.engine.estimator.flags import apply_flags
 from tpulaunch.engine.job_code import apply_precision, job_builder, job_functions
@@ -91,7 +91,8 @@ def make_model_fn(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -
     spec = job.model
     apply_flags(job, search_path=search_path)
     if spec.model_fn:
-        return resolve(spec.model_fn, search_path=search_path, what="model_fn")
+        own = resolve(spec.model_fn, search_path=search_path, what="model_fn")
+        return located(own, job, "train", ("model", "model_fn"))
     checked_builder, kwargs = job_builder(job, search_path=search_path)
     whole_loss, custom_losses, custom_metrics = job_functions(job, search_path=search_path)
     make_optimizer = make_optimizer_factory(job, search_path=search_path)

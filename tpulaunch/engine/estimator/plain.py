@@ -36,7 +36,14 @@ def input_settings(job: Job) -> dict:
     data = job.data
     return {"features": tensor_specs(data.features), "labels": tensor_specs(data.labels),
             "compression": data.compression or "", "shuffle_buffer": data.shuffle_buffer, "cache": data.cache,
-            "skip_corrupt": data.skip_corrupt}
+            "skip_corrupt": data.skip_corrupt, "features_as_dict": features_as_dict(job)}
+
+
+def features_as_dict(job: Job) -> bool:
+    """Whether tpulaunch's pipeline hands the features over as a dict by name whatever their count: to the
+    job's own `model.model_fn`, which indexes them as TPUEstimator programs do (`features["image"]`).
+    A builder's Keras model takes one declared feature as that tensor; a job's own input_fn decides for itself."""
+    return bool(job.model.model_fn) and not job.data.input_fn
 
 
 def optimizer_settings(job: Job) -> dict:
@@ -101,6 +108,7 @@ def estimator_settings(job: Job, plan: "Plan") -> dict:
 # The job key each value above comes from.
 SOURCES = {
     "features": ("data", "features"),
+    "features_as_dict": ("model", "model_fn"),
     "labels": ("data", "labels"),
     "compression": ("data", "compression"),
     "shuffle_buffer": ("data", "shuffle_buffer"),
@@ -144,15 +152,15 @@ def partition_dims(job: Job, plan: Optional["Plan"] = None) -> Optional[list]:
     feed = plan.feed_partition
     if feed is None:
         return None
-    feature_dims = _mirror(job.data.features, feed.features)
+    feature_dims = _mirror(job.data.features, feed.features, as_dict=features_as_dict(job))
     label_dims = _mirror(job.data.labels, feed.labels) if job.data.labels else None
     if feature_dims is None and label_dims is None:
         return None
     return [feature_dims, label_dims]
 
 
-def _mirror(specs: dict, dims: dict):
-    if len(specs) == 1:
+def _mirror(specs: dict, dims: dict, as_dict: bool = False):
+    if len(specs) == 1 and not as_dict:
         (name,) = specs
         value = dims.get(name)
         return list(value) if value is not None else None

@@ -69,20 +69,27 @@ def make_estimator(job: Job, *, use_tpu: bool, cluster_resolver: Any = None, sea
         use_tpu=use_tpu, export_to_tpu=export_to_tpu, **estimator_settings(job, plan))
 
 
-def _input_fn(job: Job, mode: str, use_tpu: bool, search_path: Sequence[str]):
+def input_fn_for(job: Job, mode: str, use_tpu: bool, search_path: Sequence[str], *, unread_files: bool = False):
+    """The input_fn `train`/`evaluate` hand the estimator for `mode`: the job's own (`data.input_fn`), whose
+    failures while building its dataset are reported at data.input_fn, or tpulaunch's pipeline.
+
+    `unread_files`: the pipeline is built over the data patterns as written, not the files they match (for a
+    build that reads nothing: see stopped_run.py).
+    """
     if job.data.input_fn:
         # Resolved here rather than in data.py: the job file's directory must be on the search path.
-        # TPUEstimator itself passes `mode` (and `config`) to a function that names them.
+        from tpulaunch.engine.estimator.build import located
         from tpulaunch.job.imports import resolve
 
         path = job.data.input_fn_for(mode)
         if path is None:
             raise TpuLaunchError(f"data.input_fn names no {mode} function",
                                  hint=f"add data.input_fn.{mode}: pkg.mod:{mode}_input_fn")
-        return resolve(path, search_path=search_path, what=f"{mode} input_fn")
+        return located(resolve(path, search_path=search_path, what=f"{mode} input_fn"), job, mode,
+                       ("data", "input_fn"))
     from tpulaunch.data.pipeline import make_input_fn
 
-    return make_input_fn(job, mode, use_tpu=use_tpu)
+    return make_input_fn(job, mode, use_tpu=use_tpu, unread_files=unread_files)
 
 
 # --------------------------------------------------------------------------------------- checkpoints
@@ -210,18 +217,25 @@ def train(job: Job, *, local: bool, recorder: Optional[RunRecorder] = None, stop
         recorder.note(f"already at step {start} of {job.train.steps} in {model_dir}; nothing to train")
     elif start:
         recorder.note(f"resumed from step {start} ({model_dir})")
-    train_input = _input_fn(job, "train", use_tpu, search_path)
+    if _evaluates(job):  # a run that cannot build its evaluation would find out only after training
+        from tpulaunch.engine.estimator.stopped_run import build_stopped
+
+        with recorder.phase(phases.BUILD):
+            build_stopped(job, "eval")
+    train_input = input_fn_for(job, "train", use_tpu, search_path)
     if time_input and not use_tpu:
         from tpulaunch.engine.estimator.input_wait import timed_input_fn
 
         train_input = timed_input_fn(train_input)
 
     from tpulaunch.engine.estimator import hooks as tf_hooks
+    from tpulaunch.engine.estimator.stopped_run import graph_checks_hook
 
     steps_per_run = job.tpu.iterations_per_loop if use_tpu else 1
     hook, listener = tf_hooks.progress_hooks(recorder, steps_per_run=steps_per_run, model_dir=model_dir,
                                              on_tpu=use_tpu)
-    hooks = [hook, tf_hooks.RequestStopHook(lambda: stop.received is not None), tf_hooks.skipped_records_hook(recorder)]
+    hooks = [graph_checks_hook(job), hook, tf_hooks.RequestStopHook(lambda: stop.received is not None),
+             tf_hooks.skipped_records_hook(recorder)]
     if profile is not None:
         hooks += tf_hooks.profile_hooks(profile, recorder, start_step=start, total_steps=job.train.steps,
                                         model_dir=model_dir, steps_per_run=steps_per_run,
@@ -296,7 +310,7 @@ def _train_segments(estimator, job: Job, train_input, hooks: list, listener, rec
     from tpulaunch.engine import portable
 
     model_dir = job.run.model_dir
-    evaluates = job.eval is not None and (job.data.eval is not None or bool(job.data.input_fn))
+    evaluates = _evaluates(job)
     every = job.eval.every_steps if evaluates else None
     step = checkpoint_step(model_dir) or 0
     for boundary in portable.boundaries(step, job.train.steps, every):
@@ -340,6 +354,10 @@ def _train_segments(estimator, job: Job, train_input, hooks: list, listener, rec
                     raise
                 return dog.tripped
     return None
+
+
+def _evaluates(job: Job) -> bool:
+    return job.eval is not None and (job.data.eval is not None or bool(job.data.input_fn))
 
 
 def _evaluation_stopped(job: Job, step: int, stop: StopSignal, recorder: RunRecorder) -> EvaluationStopped:
@@ -409,7 +427,7 @@ def _evaluate_into(estimator, job: Job, use_tpu: bool, search_path: Sequence[str
 
     hook, skipped = skipped_records_counter()
     with naming_read_errors(job, "eval"), recorder.phase(phases.EVALUATION):
-        results = estimator.evaluate(_input_fn(job, "eval", use_tpu, search_path), steps=job.eval.steps,
+        results = estimator.evaluate(input_fn_for(job, "eval", use_tpu, search_path), steps=job.eval.steps,
                                      checkpoint_path=checkpoint, hooks=[hook, *hooks])
     return recorder.evaluated(int(results.get("global_step", 0)), results, skipped())
 
@@ -439,12 +457,14 @@ def serving_input_receiver_fn(job: Job):
     """Placeholders of the declared feature shapes (batch dim open), in the input_fn's structure."""
     import tensorflow as tf
 
+    from tpulaunch.engine.estimator.plain import features_as_dict
+
     def receiver_fn():
         placeholders = {}
         for name, spec in job.data.features.items():
             dtype = "float32" if spec.dtype == "bfloat16" else spec.dtype
             placeholders[name] = tf.compat.v1.placeholder(dtype, [None, *spec.shape], name=name)
-        if len(placeholders) == 1:
+        if len(placeholders) == 1 and not features_as_dict(job):
             (tensor,) = placeholders.values()
             return tf.estimator.export.TensorServingInputReceiver(tensor, placeholders)
         return tf.estimator.export.ServingInputReceiver(placeholders, placeholders)
@@ -467,6 +487,8 @@ def export(job: Job, out_dir: str, *, checkpoint: Optional[str] = None, search_p
     """
     import tensorflow as tf
 
+    from tpulaunch.engine.estimator.build import BuildError
+
     if checkpoint is None and checkpoint_step(job.run.model_dir) is None:
         raise TpuLaunchError(f"no checkpoint in {job.run.model_dir} to export", hint="train first")
     estimator = make_estimator(job, use_tpu=False, search_path=search_path)
@@ -474,10 +496,11 @@ def export(job: Job, out_dir: str, *, checkpoint: Optional[str] = None, search_p
     before = set(tf.io.gfile.listdir(out_dir)) if existed else set()
     try:
         path = estimator.export_saved_model(out_dir, serving_input_receiver_fn(job), checkpoint_path=checkpoint)
-    except (TypeError, ValueError) as exc:  # building the serving graph on the declared features failed
+    except (TypeError, ValueError, BuildError) as exc:  # building the serving graph on the declared features failed
         _remove_failed_export(out_dir, before, existed)
+        detail = exc.detail if isinstance(exc, BuildError) else f"{type(exc).__name__}: {first_line(exc)}"
         raise TpuLaunchError(
-            f"export failed building the serving graph from data.features: {type(exc).__name__}: {first_line(exc)}",
+            f"export failed building the serving graph from data.features: {detail}",
             hint="data.features must describe what the model receives (what the input_fn yields, for an input_fn "
                  "job): `tpulaunch validate` compares them") from exc
     except BaseException:
