@@ -120,14 +120,18 @@ def _structure(tensors: dict):
     return dict(tensors)
 
 
-def _split(tensors: dict, features: dict, labels: dict):
-    return (_structure({n: tensors[n] for n in features}), _structure({n: tensors[n] for n in labels}))
+def _split(tensors: dict, features: dict, labels: dict, features_as_dict: bool):
+    feature_tensors = {n: tensors[n] for n in features}
+    return (feature_tensors if features_as_dict else _structure(feature_tensors),
+            _structure({n: tensors[n] for n in labels}))
 
 
-def parse_example_fn(features: Dict[str, dict], labels: Dict[str, dict]) -> Callable:
+def parse_example_fn(features: Dict[str, dict], labels: Dict[str, dict], features_as_dict: bool = False) -> Callable:
     """A function parsing one serialized tf.train.Example into (features, labels).
 
-    Each side is the single tensor when it declares one, a dict by name for several, None for none.
+    Each side is the single tensor when it declares one, a dict by name for several, None for none;
+    `features_as_dict`: the features are a dict by name whatever their count (as a TPUEstimator
+    model_fn indexes them: `features["image"]`, the structure `tf.io.parse_example` gives).
     """
     specs = {**features, **labels}
     config = _parse_config(specs)
@@ -135,12 +139,12 @@ def parse_example_fn(features: Dict[str, dict], labels: Dict[str, dict]) -> Call
     def parse(serialized):
         parsed = tf.io.parse_single_example(serialized, config)
         return _split({name: _decode(name, spec, parsed[spec["key"]]) for name, spec in specs.items()},
-                      features, labels)
+                      features, labels, features_as_dict)
 
     return parse
 
 
-def parse_batch_fn(features: Dict[str, dict], labels: Dict[str, dict]) -> Callable:
+def parse_batch_fn(features: Dict[str, dict], labels: Dict[str, dict], features_as_dict: bool = False) -> Callable:
     """Like `parse_example_fn`, for a vector of serialized records: every tensor gets a leading batch dim."""
     specs = {**features, **labels}
     config = _parse_config(specs)
@@ -149,7 +153,7 @@ def parse_batch_fn(features: Dict[str, dict], labels: Dict[str, dict]) -> Callab
         parsed = tf.io.parse_example(serialized, config)
         batch = serialized.shape[0] if serialized.shape[0] is not None else -1
         return _split({name: _decode_batch(spec, parsed[spec["key"]], batch) for name, spec in specs.items()},
-                      features, labels)
+                      features, labels, features_as_dict)
 
     return parse
 
@@ -192,7 +196,7 @@ READ_BUFFER_BYTES = 256 * 1024
 
 def make_input_fn(files: Sequence[str], *, training: bool, use_tpu: bool, features: Dict[str, dict],
                   labels: Dict[str, dict], compression: str, shuffle_buffer: int, cache: bool,
-                  skip_corrupt: bool) -> Callable:
+                  skip_corrupt: bool, features_as_dict: bool = False) -> Callable:
     """An `input_fn(params)` for TPUEstimator reading `files` (TFRecords of tf.train.Example).
 
     `params["batch_size"]` is the batch this pipeline produces: per host under TPUEstimator
@@ -201,13 +205,13 @@ def make_input_fn(files: Sequence[str], *, training: bool, use_tpu: bool, featur
     and records and repeats forever; evaluation reads in a fixed order, and repeats only on a TPU,
     where running out of data mid-loop is an error rather than the end of evaluation. `skip_corrupt`
     drops records that fail to read or parse (see `_parse_skipping_bad_records`). Batches always drop
-    the remainder, so shapes are static.
+    the remainder, so shapes are static. `features_as_dict`: see `parse_example_fn`.
     """
     files = list(files)
-    parse = parse_example_fn(features, labels)
+    parse = parse_example_fn(features, labels, features_as_dict)
     specs = {**features, **labels}
     batch_parse = batch_parse_possible(specs, skip_corrupt=skip_corrupt, cache=cache)
-    parse_batch = parse_batch_fn(features, labels) if batch_parse else None
+    parse_batch = parse_batch_fn(features, labels, features_as_dict) if batch_parse else None
     count_block = skip_count_block(specs)
 
     def input_fn(params):
