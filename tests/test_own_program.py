@@ -124,6 +124,35 @@ def test_flags_reach_the_program_before_it_runs(project, tmp_path):
         np.testing.assert_array_equal(start.get_tensor(name), after.get_tensor(name))
 
 
+def test_the_good_job_validates(project):
+    """The README's own example: validate says OK for the job train runs (its model_fn's learning-rate schedule
+    reads TensorFlow's global step, which exists because validate runs TPUEstimator's own train)."""
+    proc = tpulaunch("validate", "job.yaml", cwd=project)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("OK job.yaml (checked: "), proc.stdout
+
+
+@pytest.mark.parametrize("broken, key", [
+    (("learning_rate: 0.05", "learning_rte: 0.05"), "flags.learning_rte"),
+    (("shape: [784]", "shape: [28, 28]"), "data.features.image.shape"),
+    (("labels=labels, logits=logits)", "labels=labels, logits=logitz)"), "model.model_fn"),
+])
+def test_validate_and_train_refuse_a_broken_program_at_the_same_key(project, tmp_path, broken, key):
+    """A flag typo, a wrong declared feature, a model_fn bug: validate and train both exit 1 at the key."""
+    old, new = broken
+    job, program = (project / "job.yaml").read_text(), (project / "mnist_tpu.py").read_text()
+    assert old in job + program
+    (tmp_path / "job.yaml").write_text(job.replace(old, new))
+    (tmp_path / "mnist_tpu.py").write_text(program.replace(old, new))
+    validated = tpulaunch("validate", "job.yaml", cwd=tmp_path)
+    trained = tpulaunch("train", "job.yaml", "--model-dir", str(tmp_path / "run"), cwd=tmp_path)
+    for proc in (validated, trained):
+        said = proc.stdout + proc.stderr
+        assert proc.returncode == 1 and key in said, said
+        assert "Traceback" not in said and "unexpected" not in said, said
+    assert tf.train.latest_checkpoint(str(tmp_path / "run")) is None
+
+
 def test_a_flag_typo_is_located_with_a_did_you_mean(project, tmp_path):
     job = tmp_path / "typo.yaml"
     job.write_text((project / "job.yaml").read_text().replace("learning_rate: 0.05", "learning_rte: 0.05"))
@@ -246,11 +275,18 @@ def test_what_model_fn_and_input_fn_receive_locally(probe):
     assert invoke("train", str(probe / "job.yaml")).exit_code == 0
     assert invoke("export", str(probe / "job.yaml"), str(probe / "exported")).exit_code == 0
     own = ["record_to", "scale"]
+    train_input = {"who": "input_fn", "mode": "train", "keys": ["batch_size", *own], "batch_size": 8, "use_tpu": None}
+    train_model = {"who": "model_fn", "mode": "train", "keys": ["batch_size", *own, "use_tpu"], "batch_size": 8,
+                   "use_tpu": False}
+    eval_input = {"who": "input_fn", "mode": "eval", "keys": ["batch_size", *own], "batch_size": 4, "use_tpu": None}
+    eval_model = {"who": "model_fn", "mode": "eval", "keys": ["batch_size", *own, "use_tpu"], "batch_size": 4,
+                  "use_tpu": False}
     assert records(probe) == [
-        {"who": "input_fn", "mode": "train", "keys": ["batch_size", *own], "batch_size": 8, "use_tpu": None},
-        {"who": "model_fn", "mode": "train", "keys": ["batch_size", *own, "use_tpu"], "batch_size": 8, "use_tpu": False},
-        {"who": "input_fn", "mode": "eval", "keys": ["batch_size", *own], "batch_size": 4, "use_tpu": None},
-        {"who": "model_fn", "mode": "eval", "keys": ["batch_size", *own, "use_tpu"], "batch_size": 4, "use_tpu": False},
+        train_input, eval_input,  # train: validate's check of what each input_fn yields, before anything is built
+        eval_input, eval_model,  # its evaluation built first and stopped, so a broken one is found before training
+        train_input, train_model,  # training
+        eval_input, eval_model,  # the evaluation at the end
+        train_input, eval_input,  # export: the same check of the input_fns
         {"who": "model_fn", "mode": "infer", "keys": [*own, "use_tpu"], "batch_size": None, "use_tpu": False},
     ]
 
@@ -258,15 +294,16 @@ def test_what_model_fn_and_input_fn_receive_locally(probe):
 def test_a_failed_export_leaves_nothing_behind(probe):
     assert invoke("train", str(probe / "job.yaml"), "--set", "eval=null").exit_code == 0
     out = probe / "exported"
-    # Declared int32 while the model multiplies float32 weights: the serving graph cannot be built.
-    result = CliRunner().invoke(cli, ["export", str(probe / "job.yaml"), str(out), "--set", "data.features.x.dtype=int32"])
+    # A scale the model_fn cannot multiply by: only the serving graph, built by export, fails.
+    broken = ["--set", "model.params.scale=twice"]
+    result = CliRunner().invoke(cli, ["export", str(probe / "job.yaml"), str(out), *broken])
     assert result.exit_code == 1, result.output
     assert "error: export failed building the serving graph from data.features:" in result.output
     assert "unexpected" not in result.output and not out.exists()
 
     out.mkdir()
     (out / "older").mkdir()
-    result = CliRunner().invoke(cli, ["export", str(probe / "job.yaml"), str(out), "--set", "data.features.x.dtype=int32"])
+    result = CliRunner().invoke(cli, ["export", str(probe / "job.yaml"), str(out), *broken])
     assert result.exit_code == 1 and sorted(os.listdir(out)) == ["older"]
 
 

@@ -84,6 +84,13 @@ JOBS = {
                                                {"image": {"shape": [32, 32, 3]}}),
                                            ("model.params.clases", "model.builder:")),  # train runs no param check
     "wrong_number_of_inputs": (job({"builder": "two_inputs:build"}), "data.features"),
+    # add_loss in a layer of a functional model: TPUEstimator's graph keeps the penalty on the model's Input
+    # placeholder, which nothing feeds (train used to stop at the first step); refused before it, at the builder.
+    "add_loss_in_a_functional_model": (job({"builder": "activity_penalty:build"}), "model.builder"),
+    # A metric returning a tensor, not TensorFlow 1's (value, update_op): TPUEstimator cannot evaluate it,
+    # and train now finds that before its first step rather than after the whole run.
+    "metric_returning_a_tensor": (job({"builder": "subclassed:build", "metrics": ["tensor_metric:mean_top_logit"]}),
+                                  "model.metrics"),
 }
 
 

@@ -82,24 +82,7 @@ def validate_job(
             result.problems = _sorted(_dedupe(result.problems))
             return result
         search_path = [os.path.dirname(os.path.abspath(filename))]
-        if loaded.usable("model", "data", "flags"):
-            stage("flags")  # first: the job's functions called below read the flags it sets
-            from tpulaunch.checks.flags import flag_problems
-
-            result.problems.extend(flag_problems(loaded, search_path))
-            result.checked.append("flags")
-        if loaded.usable("model", "data"):
-            stage("model")
-            from tpulaunch.checks.model import model_problems
-
-            result.problems.extend(model_problems(loaded, search_path=search_path))
-            result.checked.append("model")
-        if loaded.job is not None and loaded.job.data.input_fn is not None and result.ok:
-            stage("input_fn")
-            from tpulaunch.checks.input_signature import input_signature_problems
-
-            result.problems.extend(input_signature_problems(loaded, search_path))
-            result.checked.append("input_fn")
+        result.problems.extend(code_problems(loaded, search_path, result.checked, prior_ok=result.ok, stage=stage))
         if loaded.job is not None and result.ok:
             stage("build")  # the engine's own graphs, as train builds them: what fails here fails there
             from tpulaunch.engine.base import engine_for
@@ -132,6 +115,34 @@ def validate_job(
         result.checked.append("tensorflow")
     result.problems = _sorted(_dedupe(result.problems))
     return result
+
+
+def code_problems(loaded, search_path: Sequence[str], checked: list, *, prior_ok: bool = True,
+                  stage: Callable[[str], None] = lambda name: None) -> list:
+    """The checks of the job's own code that need TensorFlow but build nothing: its flags, its import paths and
+    the builder's parameters, what its input_fns yield. `train`, `evaluate` and `export` run them too, once
+    TensorFlow is loaded, so what validate refuses here they refuse before they build anything."""
+    problems: list = []
+    if loaded.usable("model", "data", "flags"):
+        stage("flags")  # first: the job's functions called below read the flags it sets
+        from tpulaunch.checks.flags import flag_problems
+
+        problems.extend(flag_problems(loaded, search_path))
+        checked.append("flags")
+    if loaded.usable("model", "data"):
+        stage("model")
+        from tpulaunch.checks.model import model_problems
+
+        problems.extend(model_problems(loaded, search_path=search_path))
+        checked.append("model")
+    ok = prior_ok and not any(p.is_error for p in problems)
+    if loaded.job is not None and loaded.job.data.input_fn is not None and ok:
+        stage("input_fn")
+        from tpulaunch.checks.input_signature import input_signature_problems
+
+        problems.extend(input_signature_problems(loaded, search_path))
+        checked.append("input_fn")
+    return problems
 
 
 def _dedupe(problems):

@@ -138,10 +138,17 @@ def _build(job, mode: str) -> ModeBuild:
     try:
         build_stopped(job, mode)
         return ModeBuild(mode, True)
-    except Exception as exc:  # noqa: BLE001 (any failure of the user's code or TF's is the verdict)
-        key, message, hint = _blame(exc, _stage(job, mode, exc), job)
-        return ModeBuild(mode, False, key, message, hint,
-                         code=getattr(exc, "code", None) if isinstance(exc, TpuLaunchError) else None)
+    except BuildError as exc:
+        return ModeBuild(mode, False, exc.key, exc.detail, exc.hint, exc.code)
+
+
+def located_error(job, mode: str, exc: BaseException) -> BuildError:
+    """`exc`, raised while building `mode`, as a BuildError at the job key its code comes from."""
+    if isinstance(exc, BuildError):
+        return exc
+    key, message, hint = _blame(exc, _stage(job, mode, exc), job)
+    code = exc.code if isinstance(exc, TpuLaunchError) else None
+    return BuildError(key, {"infer": "predict"}.get(mode, mode), message, hint, code)
 
 
 def _stage(job, mode: str, exc: BaseException) -> tuple:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import tempfile
 from typing import Callable, Optional
 
+from tpulaunch.engine.estimator.build import located_error
 from tpulaunch.errors import TpuLaunchError
 
 
@@ -60,6 +61,8 @@ def build_stopped(job, mode: str, *, on_graph: Optional[Callable] = None) -> Non
                 estimator.evaluate(input_fn, steps=1, hooks=hooks)
         except BuiltNotRun:
             return
+        except Exception as exc:  # noqa: BLE001 (the job's code or TensorFlow refused it: located at its key)
+            raise located_error(job, mode, exc) from exc
     raise TpuLaunchError(f"the {mode} run ended without reaching its first step",
                          hint="report this with `tpulaunch --debug validate` output")
 
