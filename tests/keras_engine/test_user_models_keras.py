@@ -16,9 +16,12 @@ from tpulaunch.cli import run as cli_run
 from tpulaunch.cli import validate as cli_validate
 
 # What differs on the keras engine: a TPUEstimator model_fn is estimator-only, and a TensorFlow 1 metric
-# ((value, update_op), tf.compat.v1.metrics) cannot be averaged per batch.
+# ((value, update_op), tf.compat.v1.metrics) cannot be averaged per batch; a metric returning a tensor is
+# averaged, and a functional model's add_loss is traced with the model (both refused by TPUEstimator).
 KERAS_JOBS = {
     **corpus.JOBS,
+    "add_loss_in_a_functional_model": (corpus.JOBS["add_loss_in_a_functional_model"][0], None),
+    "metric_returning_a_tensor": (corpus.JOBS["metric_returning_a_tensor"][0], None),
     "own_model_fn": (corpus.JOBS["own_model_fn"][0], "model.model_fn"),
     "two_outputs_dict_own_loss_and_metric": (corpus.JOBS["two_outputs_dict_own_loss_and_metric"][0],
                                              "model.metrics"),
