@@ -240,6 +240,12 @@ PROBE = textwrap.dedent('''
             return spec(mode, loss=loss)
         step = tf.compat.v1.train.get_global_step()
         return spec(mode, loss=loss, train_op=tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, step))
+
+
+    def serving_input_receiver_fn():
+        """Serving takes half the features and repeats them: not what data.features declares."""
+        half = tf.compat.v1.placeholder(tf.float32, [None, 2], name="half")
+        return tf.estimator.export.TensorServingInputReceiver(tf.concat([half, half], axis=1), {"half": half})
 ''')
 
 PROBE_JOB = textwrap.dedent('''
@@ -305,6 +311,24 @@ def test_a_failed_export_leaves_nothing_behind(probe):
     (out / "older").mkdir()
     result = CliRunner().invoke(cli, ["export", str(probe / "job.yaml"), str(out), *broken])
     assert result.exit_code == 1 and sorted(os.listdir(out)) == ["older"]
+
+
+def test_export_uses_the_programs_own_serving_input_receiver_fn(probe):
+    assert invoke("train", str(probe / "job.yaml"), "--set", "eval=null").exit_code == 0
+    own = ["--set", "model.serving_input_fn=probe:serving_input_receiver_fn"]
+    exported = invoke("export", str(probe / "job.yaml"), str(probe / "exported"), *own)
+    assert exported.exit_code == 0, exported.output
+    path = re.search(r"^exported (\S+)$", exported.output, re.M).group(1)
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    (name, signature), = serve.structured_input_signature[1].items()
+    assert (name, signature.shape.as_list()) == ("half", [None, 2])
+    served = serve(half=tf.ones([1, 2]))["logits"].numpy()
+    assert served.shape == (1, 2)
+
+    out = probe / "broken"
+    broken = invoke("export", str(probe / "job.yaml"), str(out), "--set", "model.serving_input_fn=probe:model_fn")
+    assert broken.exit_code == 1 and "model.serving_input_fn:" in broken.output, broken.output
+    assert "unexpected" not in broken.output and not out.exists()
 
 
 def test_on_a_tpu_model_fn_gets_the_job_params_beside_tensorflows(probe):

@@ -59,6 +59,12 @@ def keras_key_problems(loaded: LoadedJob) -> list:
             ("model", "model_fn"), ESTIMATOR_ONLY,
             "a TPUEstimator model_fn runs only on the estimator engine; this job runs on the keras engine",
             "set run.engine: estimator, or give model.builder (a function returning a tf.keras.Model)"))
+    if model is not None and model.serving_input_fn:
+        problems.append(loaded.problem(
+            ("model", "serving_input_fn"), ESTIMATOR_ONLY,
+            "a TPUEstimator serving_input_receiver_fn is used only by the estimator engine's export; the keras "
+            "engine exports the model with a signature of data.features",
+            "set run.engine: estimator, or remove model.serving_input_fn"))
     if data is not None and data.input_fn:
         problems.append(loaded.problem(
             ("data", "input_fn"), ESTIMATOR_ONLY,

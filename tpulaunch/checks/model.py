@@ -40,6 +40,8 @@ def model_problems(loaded: LoadedJob, search_path: Sequence[str] = ()) -> list:
         for mode in ("train", "eval", "predict"):
             if data.input_fn_for(mode):
                 importable(("data", "input_fn", mode), data.input_fn_for(mode), f"{mode} input_fn")
+    if model.serving_input_fn:
+        importable(("model", "serving_input_fn"), model.serving_input_fn, "serving_input_fn")
     if model.model_fn:
         importable(("model", "model_fn"), model.model_fn, "model_fn")
         return problems

@@ -152,8 +152,11 @@ class Model(Strict):
                     "fits), or a mapping label -> list")
     precision: Literal["float32", "bfloat16", "mixed_float16"] = "float32"
     model_fn: Optional[str] = Field(None, description="escape hatch: an existing TPUEstimator model_fn, 'pkg.mod:fn'")
+    serving_input_fn: Optional[str] = Field(
+        None, description="export's serving inputs: an existing serving_input_receiver_fn() returning a "
+                          "tf.estimator.export.ServingInputReceiver, 'pkg.mod:fn' (default: placeholders of data.features)")
 
-    _builder_form = field_validator("builder", "model_fn")(check_import_path)
+    _builder_form = field_validator("builder", "model_fn", "serving_input_fn")(check_import_path)
 
     @field_validator("optimizer", mode="before")
     @classmethod

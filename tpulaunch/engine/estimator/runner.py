@@ -453,8 +453,15 @@ def evaluate(job: Job, *, local: bool, checkpoint: Optional[str] = None, recorde
 
 # ----------------------------------------------------------------------------------------- export
 
-def serving_input_receiver_fn(job: Job):
-    """Placeholders of the declared feature shapes (batch dim open), in the input_fn's structure."""
+def serving_input_receiver_fn(job: Job, search_path: Sequence[str] = ()):
+    """The job's own `model.serving_input_fn`, its failures located there; else placeholders of the declared
+    feature shapes (batch dim open), in the input_fn's structure."""
+    if job.model.serving_input_fn:
+        from tpulaunch.engine.estimator.build import located
+        from tpulaunch.job.imports import resolve
+
+        own = resolve(job.model.serving_input_fn, search_path=search_path, what="serving_input_fn")
+        return located(own, job, "infer", ("model", "serving_input_fn"))
     import tensorflow as tf
 
     from tpulaunch.engine.estimator.plain import features_as_dict
@@ -495,17 +502,21 @@ def export(job: Job, out_dir: str, *, checkpoint: Optional[str] = None, search_p
     existed = tf.io.gfile.exists(out_dir)
     before = set(tf.io.gfile.listdir(out_dir)) if existed else set()
     try:
-        path = estimator.export_saved_model(out_dir, serving_input_receiver_fn(job), checkpoint_path=checkpoint)
-    except (TypeError, ValueError, BuildError) as exc:  # building the serving graph on the declared features failed
+        path = estimator.export_saved_model(out_dir, serving_input_receiver_fn(job, search_path),
+                                            checkpoint_path=checkpoint)
+    except BaseException as exc:
         _remove_failed_export(out_dir, before, existed)
+        if isinstance(exc, BuildError) and exc.key == ("model", "serving_input_fn"):
+            raise  # the job's own serving inputs failed: said at their key
+        if not isinstance(exc, (TypeError, ValueError, BuildError)):
+            raise
+        # Building the serving graph on the declared features failed.
         detail = exc.detail if isinstance(exc, BuildError) else f"{type(exc).__name__}: {first_line(exc)}"
         raise TpuLaunchError(
             f"export failed building the serving graph from data.features: {detail}",
             hint="data.features must describe what the model receives (what the input_fn yields, for an input_fn "
-                 "job): `tpulaunch validate` compares them") from exc
-    except BaseException:
-        _remove_failed_export(out_dir, before, existed)
-        raise
+                 "job): `tpulaunch validate` compares them; or name the program's own serving_input_receiver_fn "
+                 "in model.serving_input_fn") from exc
     return path.decode() if isinstance(path, bytes) else str(path)
 
 
