@@ -263,10 +263,15 @@ def check_static_shapes(loaded: LoadedJob) -> list:
                 problems.append(loaded.problem(path, "shape-not-static",
                                                f"dimension {unknown[0]} of '{name}' is unknown; XLA on a TPU needs every dimension",
                                                "declare the size (pad or resize the data to it)"))
-            elif spec.stored_as not in ("png", "jpeg"):
+            elif spec.stored_as not in ("png", "jpeg") and not data.input_fn:
+                # tpulaunch's pipeline batches with Dataset.batch, which stops at the first batch of records of
+                # different sizes (a job's own input_fn may pad: its output is checked against the declaration).
                 problems.append(loaded.problem(path, "shape-not-static",
-                                               f"dimension {unknown[0]} of '{name}' is unknown; records of different sizes cannot be batched",
-                                               "declare the size", severity="warning"))
+                                               f"dimension {unknown[0]} of '{name}' is unknown; tpulaunch's input "
+                                               "pipeline batches records as they are, and records of different sizes "
+                                               "cannot be batched",
+                                               "declare the size (pad or resize the data to it), or batch them in "
+                                               "your own data.input_fn (e.g. with padded_batch)"))
     return problems
 
 
