@@ -242,6 +242,18 @@ PROBE = textwrap.dedent('''
         return spec(mode, loss=loss, train_op=tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, step))
 
 
+    class Inputs:
+        """An input_fn as a method of an object built with arguments (tensorflow/tpu's ImageNetInput has this form)."""
+
+        def __init__(self, is_training, size=4):
+            self.is_training, self.size = is_training, size
+
+        def input_fn(self, params):
+            _record(params, "input_fn", "train" if self.is_training else "eval")
+            return tf.data.Dataset.from_tensors((tf.ones([self.size]), tf.constant(1))).repeat().batch(
+                params["batch_size"], drop_remainder=True)
+
+
     def serving_input_receiver_fn():
         """Serving takes half the features and repeats them: not what data.features declares."""
         half = tf.compat.v1.placeholder(tf.float32, [None, 2], name="half")
@@ -329,6 +341,33 @@ def test_export_uses_the_programs_own_serving_input_receiver_fn(probe):
     broken = invoke("export", str(probe / "job.yaml"), str(out), "--set", "model.serving_input_fn=probe:model_fn")
     assert broken.exit_code == 1 and "model.serving_input_fn:" in broken.output, broken.output
     assert "unexpected" not in broken.output and not out.exists()
+
+
+FACTORY_INPUTS = ("input_fn: {train: {factory: 'probe:Inputs', args: {is_training: true}}, "
+                  "eval: {factory: 'probe:Inputs', args: {is_training: false}, method: input_fn}}")
+
+
+def test_an_input_fn_made_by_a_factory_with_arguments(probe):
+    """data.input_fn.MODE: {factory, args, method}: validate, train and explain build the object as the program does."""
+    job = probe / "job.yaml"
+    job.write_text(job.read_text().replace("input_fn: probe:input_fn", FACTORY_INPUTS))
+    validated = tpulaunch("validate", "job.yaml", cwd=probe)
+    assert validated.returncode == 0, validated.stdout + validated.stderr
+    assert invoke("train", str(job)).exit_code == 0
+    assert {(r["who"], r["mode"]) for r in records(probe)} == {("input_fn", "train"), ("input_fn", "eval"),
+                                                                ("model_fn", "train"), ("model_fn", "eval")}
+    program = invoke("explain", str(job)).output
+    assert "user_train_input_fn = user_train_input_fn_factory(**{'is_training': True}).input_fn" in program
+    assert "user_eval_input_fn = user_eval_input_fn_factory(**{'is_training': False}).input_fn" in program
+
+    job.write_text(job.read_text().replace("is_training: true", "is_training: true, sise: 4"))
+    validated = tpulaunch("validate", "job.yaml", cwd=probe)
+    trained = tpulaunch("train", "job.yaml", "--model-dir", str(probe / "again"), cwd=probe)
+    for proc in (validated, trained):
+        said = proc.stdout + proc.stderr
+        assert proc.returncode == 1 and "data.input_fn.train: probe:Inputs(**args) failed building the train input_fn: " \
+            "TypeError:" in said and "unexpected keyword argument 'sise'" in said, said
+        assert "Traceback" not in said and "unexpected TypeError" not in said
 
 
 def test_on_a_tpu_model_fn_gets_the_job_params_beside_tensorflows(probe):

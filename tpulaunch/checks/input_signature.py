@@ -14,7 +14,7 @@ import inspect
 from typing import Optional, Sequence
 
 from tpulaunch.errors import first_line
-from tpulaunch.job.imports import ImportPathError, resolve
+from tpulaunch.job.imports import ImportPathError, resolve, resolve_input_fn
 from tpulaunch.job.load import LoadedJob
 from tpulaunch.plan.partition import shape_text
 
@@ -36,9 +36,14 @@ def input_signature_problems(loaded: LoadedJob, search_path: Sequence[str] = ())
             continue
         key = ("data", "input_fn") if isinstance(job.data.input_fn, str) else ("data", "input_fn", mode)
         try:
-            input_fn = resolve(path, search_path=search_path, what=f"{mode} input_fn")
+            resolve(path, search_path=search_path, what=f"{mode} input_fn")
         except ImportPathError:
             continue  # reported by the model check, at the same key
+        try:
+            input_fn = resolve_input_fn(job.data, mode, search_path=search_path)
+        except ImportPathError as exc:  # a factory that refused its arguments
+            problems.append(loaded.problem(key, CALL_FAILED, exc.message, exc.hint))
+            continue
         try:
             yielded = yielded_spec(loaded, input_fn, mode)
         except Exception as exc:  # pylint: disable=broad-except  # the user's function failed: say where, not a traceback

@@ -104,12 +104,11 @@ def make_input_fn(job: Job, mode: str, *, use_tpu: bool, unread_files: bool = Fa
     if mode not in MODES:
         raise TpuLaunchError(f"unknown input mode {mode!r}; use one of {', '.join(MODES)}")
     if job.data.input_fn:
-        from tpulaunch.job.imports import resolve
+        from tpulaunch.job.imports import resolve_input_fn
 
-        path = job.data.input_fn_for(mode)
-        if path is None:
+        if job.data.input_fn_for(mode) is None:
             raise TpuLaunchError(f"data.input_fn names no {mode} function", hint=f"add data.input_fn.{mode}")
-        return resolve(path, what=f"{mode} input_fn")
+        return resolve_input_fn(job.data, mode)
     if use_tpu:
         _check_static(job)
     files = _unread_files(job, mode) if unread_files else _files_for(job, mode)

@@ -220,14 +220,23 @@ def input_fn_lines(data, at) -> list:
                 import_line(data.input_fn, "user_input_fn"),
                 "INPUT_FNS = {'train': user_input_fn, 'eval': user_input_fn, 'predict': user_input_fn}"]
     lines = [f"# {at('data', 'input_fn')}: the job's own input_fn per mode, used instead of make_input_fn."]
-    aliases: dict = {}
+    aliases: dict = {}  # one name per function as written (a path, or a factory with its arguments)
+    names = {}
     for mode in INPUT_MODES:
-        path = data.input_fn_for(mode)
-        if path and path not in aliases:
-            aliases[path] = f"user_{mode}_input_fn"
-            lines.append(f"{import_line(path, aliases[path])}  # {at('data', 'input_fn', mode)}")
-    by_mode = ", ".join(f"{mode!r}: {aliases[data.input_fn_for(mode)]}" for mode in INPUT_MODES
-                        if data.input_fn_for(mode))
+        spec = data.input_fn_spec(mode)
+        if spec is None:
+            continue
+        written = repr(spec)
+        if written not in aliases:
+            alias = aliases[written] = f"user_{mode}_input_fn"
+            factory = data.input_fn_factory(mode)
+            if factory is None:
+                lines.append(f"{import_line(spec, alias)}  # {at('data', 'input_fn', mode)}")
+            else:
+                lines.append(f"{import_line(factory.factory, alias + '_factory')}  # {at('data', 'input_fn', mode)}")
+                lines.append(f"{alias} = {alias}_factory(**{dict(factory.args)!r}).{factory.method}")
+        names[mode] = aliases[written]
+    by_mode = ", ".join(f"{mode!r}: {name}" for mode, name in names.items())
     return lines + ["INPUT_FNS = {" + by_mode + "}"]
 
 

@@ -74,3 +74,28 @@ def _last_frame_in_user_code(exc: BaseException) -> Optional[str]:
         return None
     last = frames[-1]
     return f"{last.filename}:{last.lineno}"
+
+
+def resolve_input_fn(data, mode: str, *, search_path: Sequence[str] = ()) -> Any:
+    """The job's own input_fn for `mode`: the function its import path names, or the method of the object its
+    factory builds with `args` (`data.input_fn.MODE: {factory, args, method}`).
+
+    Raises:
+        ImportPathError: the path does not import, the factory refuses its arguments, or the object has no
+            such method.
+    """
+    factory = data.input_fn_factory(mode)
+    if factory is None:
+        return resolve(data.input_fn_for(mode), search_path=search_path, what=f"{mode} input_fn")
+    make = resolve(factory.factory, search_path=search_path, what=f"{mode} input_fn factory")
+    try:
+        owner = make(**factory.args)
+    except Exception as exc:  # the program's own constructor: its message, located at the job key
+        raise ImportPathError(f"{factory.factory}(**args) failed building the {mode} input_fn: "
+                              f"{type(exc).__name__}: {exc}",
+                              hint=f"check data.input_fn.{mode}.args against the factory's parameters") from None
+    method = getattr(owner, factory.method, None)
+    if not callable(method):
+        raise ImportPathError(f"the object {factory.factory} builds has no method {factory.method!r}",
+                              hint=f"name its input_fn(params) method in data.input_fn.{mode}.method")
+    return method

@@ -194,14 +194,43 @@ Files = Union[str, List[str]]
 INPUT_MODES = ("train", "eval", "predict")
 
 
+class InputFnFactory(Strict):
+    """An input_fn that is a method of an object the program builds with arguments, as tensorflow/tpu's ResNet
+    has it: `imagenet_input.ImageNetInput(is_training=True, data_dir=...).input_fn`."""
+
+    factory: str = Field(description="'pkg.mod:Class' (or any callable) that builds the object")
+    args: Dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the factory")
+    method: str = Field("input_fn", description="the object's input_fn(params) method")
+
+    _form = field_validator("factory")(check_import_path)
+
+    @field_validator("method")
+    @classmethod
+    def _identifier(cls, value: str) -> str:
+        if not value.isidentifier():
+            raise ValueError(f"{value!r} is not a method name")
+        return value
+
+
+def _one_input_fn_form(value) -> str:
+    return "input-fn-factory" if isinstance(value, (dict, InputFnFactory)) else "input-fn-path"
+
+
+# A function by import path, or a method of an object built by a factory.
+OneInputFn = Annotated[
+    Union[Annotated[str, AfterValidator(check_import_path), Tag("input-fn-path")],
+          Annotated[InputFnFactory, Tag("input-fn-factory")]],
+    Discriminator(_one_input_fn_form)]
+
+
 class InputFns(Strict):
     """One input_fn per mode, as a TPUEstimator program has them."""
 
-    train: Optional[str] = Field(None, description="'pkg.mod:train_input_fn(params)'")
-    eval: Optional[str] = Field(None, description="'pkg.mod:eval_input_fn(params)'")
-    predict: Optional[str] = Field(None, description="'pkg.mod:predict_input_fn(params)' (used by no command yet)")
-
-    _forms = field_validator("train", "eval", "predict")(check_import_path)
+    train: Optional[OneInputFn] = Field(None, description="'pkg.mod:train_input_fn(params)', or "
+                                                          "{factory: 'pkg.mod:Class', args: {...}, method: input_fn}")
+    eval: Optional[OneInputFn] = Field(None, description="'pkg.mod:eval_input_fn(params)', or a factory as for train")
+    predict: Optional[OneInputFn] = Field(None, description="'pkg.mod:predict_input_fn(params)' (used by no command "
+                                                            "yet)")
 
     @model_validator(mode="after")
     def _at_least_one(self):
@@ -236,7 +265,18 @@ class Data(Strict):
                           "then describe what it yields")
 
     def input_fn_for(self, mode: str) -> Optional[str]:
-        """The import path of the input_fn for `mode` ("train", "eval", "predict"), or None."""
+        """The import path of the input_fn for `mode` ("train", "eval", "predict") — of its factory, for one made
+        by a factory (`input_fn_factory`) — or None."""
+        spec = self.input_fn_spec(mode)
+        return spec.factory if isinstance(spec, InputFnFactory) else spec
+
+    def input_fn_factory(self, mode: str) -> Optional[InputFnFactory]:
+        """How the input_fn for `mode` is made, when a factory makes it; else None."""
+        spec = self.input_fn_spec(mode)
+        return spec if isinstance(spec, InputFnFactory) else None
+
+    def input_fn_spec(self, mode: str):
+        """The input_fn for `mode` as written: an import path, an InputFnFactory, or None."""
         if isinstance(self.input_fn, InputFns):
             return getattr(self.input_fn, mode)
         return self.input_fn
