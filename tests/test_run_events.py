@@ -79,6 +79,7 @@ def test_plain_lines_of_a_whole_run_with_an_evaluation_a_preemption_and_a_resume
     assert out.getvalue() == textwrap.dedent("""\
         resumed from step 2 (runs/cnn)
         train | start | step 2/6 | batch 8 | model_dir runs/cnn
+        train | loss: mean of the last 2 steps' losses, each the loss the optimizer minimizes (regularizers included)
         data.skip_corrupt: skipping records that fail to parse (1 so far)
         train | step 4/6 | 2.0 steps/s | 16 examples/s | loss 0.8 | eta 0:00:01 | skipped 1
         checkpoint | step 4 | runs/cnn/model.ckpt-4
@@ -114,6 +115,7 @@ def test_plain_lines_of_a_run_stopped_by_a_signal_and_of_one_with_nothing_to_tra
 
     assert out.getvalue() == textwrap.dedent("""\
         train | start | step 0/400 | batch 8
+        train | loss: mean of the last 100 steps' losses, each the loss the optimizer minimizes (regularizers included)
         stopped (SIGINT) | step 37/400 | 37 steps in 2.0 s | 18.5 steps/s | 148 examples/s | loss -
         """)
     assert idle_out.getvalue() == textwrap.dedent("""\
@@ -211,6 +213,7 @@ def test_plain_lines_of_a_run_with_its_phases_from_the_first_moment():
         phase | initialise | 1.2 s
         phase | first step | XLA compiles the TPU program
         train | start | step 0/4 | batch 8 | model_dir runs/cnn
+        train | loss: mean of the last 2 steps' losses, each the loss the optimizer minimizes (regularizers included)
         phase | still first step after 600 s | usually under 600 s | XLA compiles the TPU program before the first step runs: minutes for a big model | TPU node READY/HEALTHY for 602 s (its last reported state)
         phase | still first step after 1200 s | usually under 600 s | XLA compiles the TPU program before the first step runs: minutes for a big model | TPU node READY/HEALTHY for 1202 s (its last reported state)
         phase | first step | 1393.5 s

@@ -42,6 +42,7 @@ class TrainingStarted:
     total_steps: int
     batch_size: int
     model_dir: Optional[str] = None
+    loss_window: int = 1  # the progress lines' loss is the mean of the last this many steps' losses
 
 
 @dataclass(frozen=True)
@@ -315,7 +316,8 @@ class RunRecorder:
         self._first_run = True
         self._next_log = (step // self.log_every_steps + 1) * self.log_every_steps
         if first:
-            self._emit(TrainingStarted(step, self.total_steps, self.batch_size, self.model_dir))
+            self._emit(TrainingStarted(step, self.total_steps, self.batch_size, self.model_dir,
+                                       self._losses.maxlen or 1))
 
     def at_step(self, step: int) -> None:
         """Training is already at `step` (no session will run): the summary starts and ends there."""

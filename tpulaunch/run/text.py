@@ -44,7 +44,13 @@ def first_skipped_text(count: int) -> str:
 
 def start_text(event: TrainingStarted) -> str:
     where = f" | model_dir {event.model_dir}" if event.model_dir else ""
-    return f"train | start | step {event.step}/{event.total_steps} | batch {event.batch_size}{where}"
+    return f"train | start | step {event.step}/{event.total_steps} | batch {event.batch_size}{where}\n{loss_note(event)}"
+
+
+def loss_note(event: TrainingStarted) -> str:
+    """What the loss on the progress and done lines is: the same on both engines."""
+    window = f"mean of the last {event.loss_window} steps' losses" if event.loss_window > 1 else "the last step's loss"
+    return f"train | loss: {window}, each the loss the optimizer minimizes (regularizers included)"
 
 
 def train_text(steps: StepProgress) -> str:

@@ -310,7 +310,8 @@ class KerasTraining:
 
     @tf.autograph.experimental.do_not_convert  # straight-line code: its frames stay this module's
     def _forward(self, features, labels, training: bool):
-        """(the batch's loss, the heads' pairs) for one replica's batch; the loss is its mean over the batch."""
+        """(the batch's loss, the heads' pairs) for one replica's batch: the data loss's mean over the batch plus the
+        model's own losses (regularizers, add_loss), the loss TPUEstimator's model_fn optimizes and reports too."""
         features = annotate_for_logical_devices(self.strategy, features, self.feature_dims)
         labels = annotate_for_logical_devices(self.strategy, labels, self.label_dims)
         outputs = self.model(features, training=training)
@@ -320,6 +321,8 @@ class KerasTraining:
             self.custom_loss is None or any(self.metrics)) else {}
         total = compute_loss(self.loss, labels, outputs, pairs, custom_loss=self.custom_loss,
                              custom_losses=self.custom_losses)
+        if self.model.losses:
+            total += tf.add_n([tf.cast(t, tf.float32) for t in self.model.losses])
         return total, pairs
 
     @tf.autograph.experimental.do_not_convert  # straight-line code: its frames stay this module's
@@ -327,9 +330,7 @@ class KerasTraining:
         replicas = self.strategy.num_replicas_in_sync
         with tf.GradientTape() as tape:
             total, _ = self._forward(features, labels, training=True)
-            scaled = total / replicas
-            if self.model.losses:  # regularizers: once per replica, so also divided
-                scaled += tf.add_n([tf.cast(t, tf.float32) for t in self.model.losses]) / replicas
+            scaled = total / replicas  # each replica's gradients are summed: the mean over replicas
             if self.policy == "mixed_float16":
                 scaled = self.optimizer.get_scaled_loss(scaled)
         variables = self.model.trainable_variables
