@@ -91,6 +91,11 @@ JOBS = {
     # and train now finds that before its first step rather than after the whole run.
     "metric_returning_a_tensor": (job({"builder": "subclassed:build", "metrics": ["tensor_metric:mean_top_logit"]}),
                                   "model.metrics"),
+    # Probabilities out of an op that does not say (a clipped softmax): refused rather than read as logits...
+    "clipped_probabilities_undeclared": (job({"builder": "clipped_softmax:build"}), "model.outputs"),
+    # ... and trained as probabilities once the job says so.
+    "clipped_probabilities_declared": (job({"builder": "clipped_softmax:build", "outputs": "probabilities",
+                                            "metrics": ["accuracy"]}), None),
 }
 
 
@@ -210,3 +215,20 @@ def test_the_explained_program_of_per_label_import_path_losses_and_metrics_runs(
     assert "CUSTOM_METRICS = {'two_outputs:box_error': " in text
     printed = run(program, "train") + run(program, "evaluate")
     assert "'box/box_error'" in printed and "'cls/accuracy'" in printed, printed[-2000:]
+
+
+def test_declared_probabilities_are_scored_as_probabilities(project):
+    """model.outputs: probabilities makes the loss the cross-entropy of those probabilities, -log p[label]."""
+    from tpulaunch.engine.portable import compute_loss, pair_heads, probabilities_of
+    from tpulaunch.job.imports import resolve
+
+    model = resolve("clipped_softmax:build", search_path=[str(project)], what="model builder")()
+    images = tf.random.stateless_normal([4, 8, 8, 1], seed=[1, 2])
+    labels = tf.constant([0, 1, 2, 1], tf.int64)
+    outputs = model(images)
+    losses = {"label": "sparse_categorical_crossentropy"}
+    pairs = pair_heads(labels, outputs, probabilities_of(model, outputs), losses, [], {"label": "probabilities"})
+    loss = compute_loss("sparse_categorical_crossentropy", labels, outputs, pairs)
+    by_hand = -np.mean(np.log(np.take_along_axis(outputs.numpy(), labels.numpy()[:, None], axis=1)))
+    np.testing.assert_allclose(float(loss), by_hand, rtol=1e-5)
+    assert not pairs["label"].head.from_logits

@@ -28,6 +28,8 @@ def head_problems(loaded: LoadedJob) -> list:
                 ("model", "loss"), "label-without-loss",
                 f"model.loss gives a loss per label but none for {', '.join(repr(m) for m in missing)}",
                 "add " + ", ".join(f"{m}: <loss>" for m in missing) + " (every label is scored by its own loss)"))
+    if isinstance(model.outputs, dict):
+        problems += _keys_not_labels(loaded, "outputs", model.outputs, labels)
     losses = model.losses_by_label(labels)
     if isinstance(model.metrics, dict):
         problems += _keys_not_labels(loaded, "metrics", model.metrics, labels)

@@ -13,7 +13,7 @@ from tpulaunch.job.load import LoadedJob
 from tpulaunch.job.schema import InputFns
 
 # Model keys that only mean something for a model tpulaunch builds from `model.builder`.
-BUILDER_ONLY = ("loss", "optimizer", "metrics", "precision")
+BUILDER_ONLY = ("loss", "optimizer", "metrics", "precision", "outputs")
 
 
 def own_program_problems(loaded: LoadedJob) -> list:

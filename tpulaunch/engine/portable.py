@@ -367,23 +367,39 @@ def metric_fits(name: str, head: Head) -> bool:
 _SHAPE_OPS = ("Identity", "Cast", "Reshape", "Squeeze", "ExpandDims", "Transpose")
 
 
-def _layer_gives_probabilities(layer) -> bool:
+# Ops whose output is a logit for certain when a head ends in them: linear maps and sums (a Dense or
+# convolution with its bias, a mean over space). Anything else (a clip, a product, a log) says nothing
+# about whether the values are probabilities: the job says, in model.outputs.
+_LOGIT_OPS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "BiasAdd", "Add", "AddV2", "Sub", "Mean",
+              "Conv2D", "Conv3D", "DepthwiseConv2dNative", "Conv2DBackpropInput", "Conv3DBackpropInputV2",
+              "LogSoftmax")
+_PROBABILITY_OPS = ("Softmax", "Sigmoid")
+
+
+def _layer_output_kind(layer) -> Optional[bool]:
+    """True: the layer gives probabilities; False: logits (a linear activation); None: it does not say."""
     if isinstance(layer, tf.keras.layers.Softmax):
         return True
-    return getattr(getattr(layer, "activation", None), "__name__", "") in ("softmax", "sigmoid")
+    activation = getattr(getattr(layer, "activation", None), "__name__", None)
+    if activation in ("softmax", "sigmoid"):
+        return True
+    return False if activation == "linear" else None
 
 
-def _tensor_is_probabilities(tensor) -> bool:
-    """Whether `tensor` comes out of a softmax or sigmoid (through casts and reshapes)."""
+def _tensor_output_kind(tensor) -> Optional[bool]:
+    """True: `tensor` comes out of a softmax or sigmoid (through casts and reshapes); False: out of a linear op;
+    None: neither is certain."""
     if hasattr(tensor, "_keras_logits"):  # Keras marks the outputs of its softmax and sigmoid activations
         return True
     try:
         op = tensor.op
     except AttributeError:  # an eager tensor has no producing op
-        return False
+        return None
     while op.type in _SHAPE_OPS and op.inputs:
         op = op.inputs[0].op
-    return op.type in ("Softmax", "Sigmoid")
+    if op.type in _PROBABILITY_OPS:
+        return True
+    return False if op.type in _LOGIT_OPS else None
 
 
 def _output_layers(model, count: int) -> list:
@@ -398,12 +414,34 @@ def _output_layers(model, count: int) -> list:
 
 
 def probabilities_of(model, outputs):
-    """For each output (same structure): whether it holds probabilities rather than logits, from the layer that
-    produces it, or else from the op that computes it (subclassed models, custom layers)."""
+    """For each output (same structure): True when it holds probabilities, False when logits, None when neither is
+    certain: from the layer that produces it, or else from the op that computes it (subclassed models, custom
+    layers)."""
     flat = tf.nest.flatten(outputs)
     layers = _output_layers(model, len(flat))
-    return tf.nest.pack_sequence_as(
-        outputs, [_layer_gives_probabilities(layer) or _tensor_is_probabilities(t) for layer, t in zip(layers, flat)])
+    kinds = []
+    for layer, tensor in zip(layers, flat):
+        kind = _layer_output_kind(layer) if layer is not None else None
+        kinds.append(kind if kind is not None else _tensor_output_kind(tensor))
+    return tf.nest.pack_sequence_as(outputs, kinds)
+
+
+def _output_kind(name: str, loss_name: str, found: Optional[bool], declared: Optional[str], tensor) -> bool:
+    """Whether head `name` holds probabilities: as declared in model.outputs, else as found for certain. A
+    crossentropy head the model does not say of, and the job does not declare, is refused: guessing would
+    train on the wrong loss without a word."""
+    if declared is not None:
+        return declared == "probabilities"
+    if found is None and loss_name in _CROSSENTROPY:
+        op = getattr(tensor, "op", None)
+        while op is not None and op.type in _SHAPE_OPS and op.inputs:
+            op = op.inputs[0].op
+        op = getattr(op, "type", "an op")
+        raise SpecError(f"cannot tell whether the model's output for '{name}' holds logits or probabilities: it comes "
+                        f"out of {op}, not a softmax/sigmoid or a linear layer",
+                        hint=f"say which: model.outputs: {{{name}: probabilities}} (or logits)",
+                        key=("model", "outputs"))
+    return bool(found)
 
 
 def outputs_by_label(outputs, label_names: Sequence[str], output_names: Sequence[str] = ()) -> dict:
@@ -453,13 +491,17 @@ class Pair(NamedTuple):
     outputs: Any
 
 
-def pair_heads(labels, outputs, probabilities, loss_names: Dict[str, str], output_names: Sequence[str]) -> dict:
-    """label -> Pair, in declared order (`loss_names`: each label's loss; `probabilities`: as `probabilities_of`)."""
+def pair_heads(labels, outputs, probabilities, loss_names: Dict[str, str], output_names: Sequence[str],
+               declared: Optional[Dict[str, str]] = None) -> dict:
+    """label -> Pair, in declared order (`loss_names`: each label's loss; `probabilities`: as `probabilities_of`;
+    `declared`: model.outputs, label -> "logits" | "probabilities", which wins over what was found)."""
     names = list(loss_names)
+    declared = dict(declared or {})
     by_label = labels if isinstance(labels, dict) else dict(zip(names, [labels]))
     paired = outputs_by_label(outputs, names, output_names)
-    is_probability = outputs_by_label(probabilities, names, output_names)
-    return {n: Pair(head_for(loss_names[n], not is_probability[n]), by_label[n], paired[n]) for n in names}
+    found = outputs_by_label(probabilities, names, output_names)
+    return {n: Pair(head_for(loss_names[n], not _output_kind(n, loss_names[n], found[n], declared.get(n), paired[n])),
+                    by_label[n], paired[n]) for n in names}
 
 
 # ----------------------------------------------------------------------------------------------- loss

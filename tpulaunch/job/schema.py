@@ -137,6 +137,9 @@ MetricsOrPerLabel = Annotated[
     Discriminator(_per_label_form)]
 
 
+OutputKind = Literal["logits", "probabilities"]
+
+
 class Model(Strict):
     builder: Optional[str] = Field(None, description="module:function returning an inference-only tf.keras.Model")
     params: Dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the builder; with model_fn: "
@@ -151,6 +154,10 @@ class Model(Strict):
         description=f"any of {', '.join(METRICS)}, or import paths: a list (each applied to every label whose loss it "
                     "fits), or a mapping label -> list")
     precision: Literal["float32", "bfloat16", "mixed_float16"] = "float32"
+    outputs: Optional[Union[OutputKind, Dict[str, OutputKind]]] = Field(
+        None, description="what the model returns for a classification head: logits or probabilities (for every "
+                          "label, or a mapping label -> kind); needed where the op producing an output does not "
+                          "say (tpulaunch reads softmax/sigmoid as probabilities, linear layers as logits)")
     model_fn: Optional[str] = Field(None, description="escape hatch: an existing TPUEstimator model_fn, 'pkg.mod:fn'")
     serving_input_fn: Optional[str] = Field(
         None, description="export's serving inputs: an existing serving_input_receiver_fn() returning a "
@@ -162,6 +169,12 @@ class Model(Strict):
     @classmethod
     def _optimizer_shorthand(cls, value):
         return {"name": value} if isinstance(value, str) else value
+
+    def outputs_by_label(self, labels) -> Dict[str, str]:
+        """Each label's declared output kind ("logits" or "probabilities"), for the labels `model.outputs` covers."""
+        if isinstance(self.outputs, dict):
+            return {name: self.outputs[name] for name in labels if name in self.outputs}
+        return {name: self.outputs for name in labels} if self.outputs else {}
 
     def losses_by_label(self, labels) -> Dict[str, str]:
         """Each label's loss name, for the labels `labels` names."""

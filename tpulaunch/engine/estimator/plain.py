@@ -64,7 +64,7 @@ def model_settings(job: Job) -> dict:
     return {"loss": dict(spec.loss) if isinstance(spec.loss, dict) else spec.loss, "metrics": metrics,
             "labels": tensor_specs(job.data.labels), "learning_rate": spec.optimizer.learning_rate,
             "model_dir": job.run.model_dir, "summary_steps": job.run.log_every_steps or DEFAULT_SUMMARY_STEPS,
-            "seed": job.run.seed, **warm_start_settings(job)}
+            "seed": job.run.seed, **warm_start_settings(job), "outputs": spec.outputs_by_label(job.data.labels)}
 
 
 def warm_start_settings(job: Job) -> dict:
@@ -109,6 +109,7 @@ def estimator_settings(job: Job, plan: "Plan") -> dict:
 SOURCES = {
     "features": ("data", "features"),
     "features_as_dict": ("model", "model_fn"),
+    "outputs": ("model", "outputs"),
     "labels": ("data", "labels"),
     "compression": ("data", "compression"),
     "shuffle_buffer": ("data", "shuffle_buffer"),

@@ -115,7 +115,8 @@ def make_model_fn(builder: Callable, builder_kwargs: dict, *, use_tpu: bool, pol
                   labels: Optional[Dict[str, dict]] = None, custom_loss: Optional[Callable] = None,
                   custom_losses: Optional[Dict[str, Callable]] = None,
                   custom_metrics: Optional[Dict[str, Callable]] = None, seed: Optional[int] = None,
-                  warm_start_from: Optional[str] = None, warm_start_vars: str = ".*") -> Callable:
+                  warm_start_from: Optional[str] = None, warm_start_vars: str = ".*",
+                  outputs: Optional[Dict[str, str]] = None) -> Callable:
     """The TPUEstimator model_fn around a Keras builder: `model_fn(features, labels, mode, params, config=None)`.
 
     It follows the one pattern known to work for Keras inside TPUEstimator: the model is built once
@@ -129,7 +130,8 @@ def make_model_fn(builder: Callable, builder_kwargs: dict, *, use_tpu: bool, pol
 
     A model with several outputs has one head per label: its outputs pair with the labels by name
     (dict keys, or output layers named like the labels) or by order (a list, labels as declared),
-    and each head's from_logits comes from the layer or op producing its output.
+    and each head's from_logits comes from `outputs` (label -> "logits" | "probabilities") where given, else
+    from the layer or op producing its output; a crossentropy head neither says is refused.
 
     Args:
         builder: returns the (inference-only) tf.keras.Model, called as `builder(**builder_kwargs)`.
@@ -143,11 +145,13 @@ def make_model_fn(builder: Callable, builder_kwargs: dict, *, use_tpu: bool, pol
         custom_losses: the functions of import-path losses in a `loss` mapping, by import path.
         model_dir: where summaries go when RunConfig has none.
         seed, warm_start_from, warm_start_vars: as given to `run_config` and `tpu_estimator`.
+        outputs: what each label's output holds, "logits" or "probabilities", where the job declares it.
     """
     label_names = list(labels or {})
     custom_losses = dict(custom_losses or {})
     custom_metrics = dict(custom_metrics or {})
     loss_names = _losses_by_label(loss, label_names)
+    declared_outputs = dict(outputs or {})
 
     def model_fn(features, labels, mode, params, config=None):
         del params  # batch size and context come from TPUEstimator; the model needs neither
@@ -167,7 +171,7 @@ def make_model_fn(builder: Callable, builder_kwargs: dict, *, use_tpu: bool, pol
 
         # Outputs pair with labels for a loss per label and for metrics; the job's loss for all labels pairs its own.
         whole_loss = custom_loss if not isinstance(loss, dict) else None
-        pairs = pair_heads(labels, outputs, probabilities, loss_names, output_names) if (
+        pairs = pair_heads(labels, outputs, probabilities, loss_names, output_names, declared_outputs) if (
             whole_loss is None or any(metrics)) else {}
         total = compute_loss(loss, labels, outputs, pairs, custom_loss=whole_loss, custom_losses=custom_losses)
         extra = model.get_losses_for(None) + model.get_losses_for(features)  # regularizers

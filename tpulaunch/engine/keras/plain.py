@@ -122,4 +122,5 @@ def training_settings(job: Job, plan: "Plan", *, use_tpu: bool) -> dict:
     return {"loss": dict(spec.loss) if isinstance(spec.loss, dict) else spec.loss, "metrics": metrics,
             "labels": tensor_specs(job.data.labels), "features": tensor_specs(job.data.features),
             "model_dir": job.run.model_dir, "keep_checkpoint_max": job.run.keep_checkpoint_max,
-            "save_checkpoints_steps": job.run.save_checkpoints_steps, **partition_settings(plan, use_tpu=use_tpu)}
+            "save_checkpoints_steps": job.run.save_checkpoints_steps, **partition_settings(plan, use_tpu=use_tpu),
+            "outputs": spec.outputs_by_label(job.data.labels)}

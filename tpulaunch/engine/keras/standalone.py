@@ -236,6 +236,7 @@ class KerasTraining:
         model_dir, keep_checkpoint_max, save_checkpoints_steps: where and how often to checkpoint.
         feature_dims, label_dims: per tensor name, the dims to split it into over the logical devices
             of a replica (TPU spatial partitioning); None or a missing name: not split.
+        outputs: what each label's output holds, "logits" or "probabilities", where the job declares it.
     """
 
     def __init__(self, builder: Callable, builder_kwargs: dict, *, strategy, policy: str, loss, metrics,
@@ -244,7 +245,8 @@ class KerasTraining:
                  custom_losses: Optional[Dict[str, Callable]] = None,
                  custom_metrics: Optional[Dict[str, Callable]] = None,
                  feature_dims: Optional[Dict[str, Optional[list]]] = None,
-                 label_dims: Optional[Dict[str, Optional[list]]] = None):
+                 label_dims: Optional[Dict[str, Optional[list]]] = None,
+                 outputs: Optional[Dict[str, str]] = None):
         self.strategy = strategy
         self.policy = policy
         self.loss = loss
@@ -255,6 +257,7 @@ class KerasTraining:
         self.custom_losses = dict(custom_losses or {})
         self.custom_metrics = dict(custom_metrics or {})
         self.loss_names = _losses_by_label(loss, self.label_names)
+        self.declared_outputs = dict(outputs or {})
         self.feature_dims = dict(feature_dims or {})
         self.label_dims = dict(label_dims or {})
         with strategy.scope():
@@ -317,7 +320,8 @@ class KerasTraining:
         outputs = self.model(features, training=training)
         probabilities = probabilities_of(self.model, outputs)  # read before the cast hides the softmax
         outputs = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), outputs)
-        pairs = pair_heads(labels, outputs, probabilities, self.loss_names, self.output_names) if (
+        pairs = pair_heads(labels, outputs, probabilities, self.loss_names, self.output_names,
+                           self.declared_outputs) if (
             self.custom_loss is None or any(self.metrics)) else {}
         total = compute_loss(self.loss, labels, outputs, pairs, custom_loss=self.custom_loss,
                              custom_losses=self.custom_losses)
