@@ -111,3 +111,15 @@ def test_padding_warnings_only_where_the_padded_size_matters(tmp_path):
     padding = [p for p in thin.problems if p.code == "layout-padding-waste"]
     assert [p.path for p in padding] == ["data.features.image", "data.labels.mask"], thin.problems
     assert "[16, 24, 24, 24, 3] takes 5x its size" in padding[0].message
+
+
+def test_validate_local_checks_the_target_train_local_uses():
+    """A TPU job's batch of 3 does not split over its 2 replicas, which matters on the TPU only: validate
+    refuses it for the slice, and `validate --local` accepts it, as `train --local` does."""
+    odd = ["--set", "train.batch_size=3", "--set", "eval.batch_size=3"]
+    for_tpu = CliRunner().invoke(cli, ["validate", "--static", "configs/unet3d_ct.yaml", *odd])
+    assert for_tpu.exit_code == 1 and "[batch-not-divisible]" in for_tpu.output, for_tpu.output
+    for_cpu = CliRunner().invoke(cli, ["validate", "--static", "--local", "configs/unet3d_ct.yaml", *odd])
+    assert for_cpu.exit_code == 0 and for_cpu.output.startswith("OK configs/unet3d_ct.yaml"), for_cpu.output
+    both = CliRunner().invoke(cli, ["validate", "--local", "--tf", "configs/unet3d_ct.yaml"])
+    assert both.exit_code == 2 and "use one" in both.output

@@ -17,8 +17,10 @@ from tpulaunch.errors import AlreadyReported
               help="Records to sample per data file.")
 @click.option("--all-records", is_flag=True, help="Read every record: exact counts and corruption across whole files (contents are checked on the --records sample of each file).")
 @click.option("--tf", "use_tf", is_flag=True, help="Also build the TPU graph with TensorFlow's own TPUEstimator for the declared slice (offline).")
+@click.option("--local", is_flag=True, help="Check for this machine's CPU/GPU, the target `train --local` uses "
+                                            "(tpu: and partition: do not apply).")
 @pass_obj
-def validate(obj: Context, job_files, overrides, fmt, static, records_per_file, all_records, use_tf):
+def validate(obj: Context, job_files, overrides, fmt, static, records_per_file, all_records, use_tf, local):
     """Check job files: schema, partitioning, batch arithmetic, paths, model and data.
 
     Every problem is reported at once as FILE:LINE:COL: path: message, with a hint.
@@ -29,11 +31,14 @@ def validate(obj: Context, job_files, overrides, fmt, static, records_per_file, 
       tpulaunch validate configs/unet3d_ct.yaml
       tpulaunch validate jobs/*.yaml --static --format github   # in CI, as annotations
       tpulaunch validate job.yaml --set train.batch_size=48      # try a change without editing
+      tpulaunch validate job.yaml --local                        # as `train --local` runs it (CI smoke runs)
     """
     from tpulaunch.checks.validate import validate_job
     from tpulaunch.cli.render.problems import PlainText, render_text, to_github, to_json
     from tpulaunch.tf_env import bound_gcs_retries
 
+    if local and use_tf:
+        raise click.UsageError("--tf checks the declared TPU slice; --local checks this machine: use one")
     bound_gcs_retries()
     results = []
     for job_file in job_files:
@@ -49,7 +54,7 @@ def validate(obj: Context, job_files, overrides, fmt, static, records_per_file, 
 
         try:
             result = validate_job(job_file, overrides, static=static, records_per_file=records_per_file,
-                                  all_records=all_records, use_tf=use_tf, on_stage=on_stage)
+                                  all_records=all_records, use_tf=use_tf, on_stage=on_stage, local=local)
         finally:
             if status is not None:
                 status.stop()
