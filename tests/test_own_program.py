@@ -382,3 +382,18 @@ def test_on_a_tpu_model_fn_gets_the_job_params_beside_tensorflows(probe):
         ("model_fn", "train", ["batch_size", "context", "record_to", "scale", "use_tpu"], 1, True),
         ("model_fn", "eval", ["batch_size", "context", "record_to", "scale", "use_tpu"], 2, True),
     ]
+
+
+def test_an_error_the_run_hits_is_one_line_unless_debug(probe):
+    """An error TensorFlow raises while the steps run (here the model_fn's own assertion) says its first line:
+    TensorFlow's message goes on with the graph's stack frames; --debug shows everything."""
+    program = (probe / "probe.py").read_text()
+    (probe / "probe.py").write_text(program.replace(
+        "    logits = tf.matmul(", "    features = tf.debugging.assert_all_finite(features / 0.0, 'no features')\n"
+                                  "    logits = tf.matmul("))
+    assert "assert_all_finite" in (probe / "probe.py").read_text()
+    result = CliRunner().invoke(cli, ["train", str(probe / "job.yaml"), "--set", "eval=null"])
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.exit_code == 1 and len(errors) == 1, result.output
+    assert "no features" in errors[0] and errors[0].endswith("(rerun with --debug for the traceback)"), errors
+    assert "Traceback" not in result.output and "stack trace" not in result.output.lower(), result.output

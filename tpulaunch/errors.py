@@ -136,8 +136,16 @@ def first_line(exc: BaseException) -> str:
 
     An error raised inside a tf.function's Python comes with autograph's "in user code:" and the frames
     first; its own message is the last line ("ValueError: Layer ... expects 2 input(s)"), without its type.
+    An op that failed while a graph ran ("Graph execution error:") says what went wrong after the frames
+    of the node's definition ("no features : Tensor had Inf values").
     """
     text = str(getattr(exc, "message", None) or exc).strip()
+    if text.startswith("Graph execution error:"):  # the op's own message follows the frames of the node's definition
+        said = [line.strip() for line in text.splitlines()
+                if line.strip() and not line.startswith((" ", "\t")) and not line.startswith(
+                    ("Graph execution error:", "Detected at node", "Node: ", "Detected unsupported operations"))]
+        if said:
+            return said[-1]
     if text.startswith("in user code:"):
         last = [line.strip() for line in text.splitlines() if line.strip()][-1]
         kind = f"{type(exc).__name__}: "

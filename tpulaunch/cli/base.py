@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional, Union
 import click
 
 from tpulaunch.cli.render.problems import FORMATS, PIPE_WIDTH, PlainText, plain_text, write_line
-from tpulaunch.errors import AlreadyReported, ExitCode, TpuLaunchError
+from tpulaunch.errors import AlreadyReported, ExitCode, TpuLaunchError, first_line
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -98,7 +98,9 @@ def _invoke_mapped(ctx: click.Context, invoke):
     except Exception as exc:  # a bug in tpulaunch or an unexpected library error
         if ctx.ensure_object(Context).debug:
             raise
-        click.echo(f"error: unexpected {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", err=True)
+        # One line: TensorFlow's messages carry the graph's stack frames, dozens of lines (--debug shows all).
+        click.echo(f"error: unexpected {type(exc).__name__}: {first_line(exc)} (rerun with --debug for the "
+                   "traceback)", err=True)
         ctx.exit(int(ExitCode.PROBLEMS))
 
 
