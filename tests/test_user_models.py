@@ -82,7 +82,7 @@ JOBS = {
     "misspelled_param_of_kwargs_builder": (job({**MOBILENET, "params": {"weights": None, "input_shape": [32, 32, 3],
                                                                           "clases": 10, "alpha": 0.25}},
                                                {"image": {"shape": [32, 32, 3]}}),
-                                           ("model.params.clases", "model.builder:")),  # train runs no param check
+                                           "model.params.clases"),
     "wrong_number_of_inputs": (job({"builder": "two_inputs:build"}), "data.features"),
     # add_loss in a layer of a functional model: TPUEstimator's graph keeps the penalty on the model's Input
     # placeholder, which nothing feeds (train used to stop at the first step); refused before it, at the builder.

@@ -2,7 +2,11 @@
 metric functions, and the Keras precision policy.
 
 Failures become messages naming the job key: a builder that rejects model.params, one that cannot
-download its weights, one that returns something other than a tf.keras.Model.
+download its weights, one that returns something other than a tf.keras.Model (a Keras 3 model named as
+such), and a model that would train otherwise than its author wrote: one with its own train_step,
+test_step or compute_loss, or one the builder compile()d (tpulaunch's step uses the job's loss and
+optimizer and calls none of these). A Keras Metric (class or object) given by import path, or a Keras
+Loss given as a metric, is refused at its job key; a Keras Loss as model.loss trains (portable.compute_loss).
 """
 
 from __future__ import annotations
@@ -54,7 +58,9 @@ def job_builder(job: Job, *, search_path: Sequence[str] = ()) -> Tuple[Callable,
             message, hint = download_error(spec.builder, failure)
             raise TpuLaunchError(message, hint=hint, code="builder-download-failed") from exc
         if not isinstance(model, tf.keras.Model):
-            raise TpuLaunchError(f"model builder {spec.builder!r} returned {type(model).__name__}, not a tf.keras.Model")
+            raise _not_a_tf_keras_model(spec.builder, model)
+        _refuse_own_training(spec.builder, model)
+        _refuse_compiled(spec.builder, model)
         return model
 
     return checked_builder, kwargs
@@ -63,11 +69,148 @@ def job_builder(job: Job, *, search_path: Sequence[str] = ()) -> Tuple[Callable,
 def job_functions(job: Job, *, search_path: Sequence[str] = ()) -> Tuple[Optional[Callable], Dict[str, Callable],
                                                                         Dict[str, Callable]]:
     """(the loss function for all labels when model.loss is one import path, import-path losses by path,
-    import-path metrics by path)."""
+    import-path metrics by path); a Keras Metric among them, or a Keras Loss as a metric, is refused at its job key."""
     spec = job.model
-    functions = {(key[1], path): resolve(path, search_path=search_path, what="loss" if key[1] == "loss" else "metric")
-                 for key, path in spec.function_paths()}
+    functions = {}
+    for key, path in spec.function_paths():
+        function = resolve(path, search_path=search_path, what="loss" if key[1] == "loss" else "metric")
+        _refuse_keras_objects(key, path, function)
+        functions[(key[1], path)] = function
     custom_losses = {path: fn for (kind, path), fn in functions.items() if kind == "loss"}
     custom_metrics = {path: fn for (kind, path), fn in functions.items() if kind == "metrics"}
     whole_loss = custom_losses.get(spec.loss) if isinstance(spec.loss, str) else None  # gets all labels and outputs
     return whole_loss, custom_losses, custom_metrics
+
+
+# ------------------------------------------------------------------------------- what a builder returns
+
+# Model methods that only Keras's own fit()/evaluate() call: tpulaunch's training and evaluation steps do not.
+_FIT_ONLY_METHODS = ("train_step", "test_step", "compute_loss")
+_KERAS_PACKAGES = ("keras", "tf_keras")  # tf.keras's own: keras under TensorFlow 2.15, tf_keras under 2.16+
+
+
+def _package_of(cls: type) -> str:
+    return cls.__module__.split(".")[0]
+
+
+def _is_keras3(model) -> bool:
+    """Whether `model`, which is no tf.keras.Model, is a Keras 3 one (`import keras` under TensorFlow 2.16+), told by
+    the package its classes come from (a subclass's own module is the user's)."""
+    return any(_package_of(cls) == "keras" for cls in type(model).__mro__)
+
+
+def _installed_version(package: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _not_a_tf_keras_model(builder: str, model) -> TpuLaunchError:
+    import tensorflow as tf
+
+    found = type(model).__name__
+    if not _is_keras3(model):
+        return TpuLaunchError(f"model builder {builder!r} returned {found}, not a tf.keras.Model",
+                              hint="return the model itself (a tf.keras.Model), not its outputs or a wrapper")
+    versions = (f"keras {_installed_version('keras')}, tf-keras {_installed_version('tf_keras')}, "
+                f"TensorFlow {tf.__version__}")
+    return TpuLaunchError(
+        f"model builder {builder!r} returned {found}, a Keras 3 model ({type(model).__module__}); tpulaunch trains "
+        f"tf.keras (Keras 2) models. Installed: {versions}",
+        hint="in the builder's module, `import tf_keras as keras` instead of `import keras` (or use "
+             "`from tensorflow import keras`, which is tf-keras under TF_USE_LEGACY_KERAS=1, as tpulaunch sets it)")
+
+
+def _own_override(model, method: str) -> bool:
+    """Whether the model's class replaces Keras's `method` with one of its own (Keras's Sequential and Functional
+    keep Model's)."""
+    import tensorflow as tf
+
+    if getattr(type(model), method, None) is getattr(tf.keras.Model, method, None):
+        return False
+    owner = next((cls for cls in type(model).__mro__ if method in vars(cls)), None)
+    return owner is not None and _package_of(owner) not in _KERAS_PACKAGES
+
+
+def _refuse_own_training(builder: str, model) -> None:
+    for method in _FIT_ONLY_METHODS:
+        if _own_override(model, method):
+            raise TpuLaunchError(
+                f"model builder {builder!r} returned {type(model).__name__}, which overrides {method}: tpulaunch "
+                f"trains with the job's loss and optimizer in its own step and would never call it",
+                hint="move that logic into the job (model.loss as an import path 'pkg.mod:fn(labels, outputs)', "
+                     "model.optimizer, model.metrics) and drop the override, or train the model with your own "
+                     "program (`tpulaunch explain` prints the one tpulaunch runs, to start from)")
+
+
+def _loss_name(loss) -> str:
+    if isinstance(loss, str):
+        return repr(loss)
+    if isinstance(loss, (dict, list, tuple)):
+        return "per output"
+    return getattr(loss, "__name__", type(loss).__name__)
+
+
+def _compile_settings(model) -> str:
+    """What compile() left on the model: 'optimizer Adam, loss SparseCategoricalCrossentropy'."""
+    found = []
+    if getattr(model, "optimizer", None) is not None:
+        found.append(f"optimizer {type(model.optimizer).__name__}")
+    loss = getattr(model, "loss", None)
+    if loss:
+        found.append(f"loss {_loss_name(loss)}")
+    return ", ".join(found) or "no optimizer or loss"
+
+
+def _refuse_compiled(builder: str, model) -> None:
+    compiled = (getattr(model, "_is_compiled", False) or getattr(model, "optimizer", None) is not None
+                or getattr(model, "compiled_loss", None) is not None)
+    if compiled:
+        raise TpuLaunchError(
+            f"model builder {builder!r} returned {type(model).__name__} already compiled ({_compile_settings(model)}): "
+            f"tpulaunch trains with the job's model.loss and model.optimizer in its own step, so compile()'s would "
+            f"be ignored",
+            hint="remove compile() from the builder (a loaded model: tf.keras.models.load_model(path, compile=False)) "
+                 "and put its loss in model.loss and its optimizer in model.optimizer")
+
+
+# --------------------------------------------------------------------------- losses and metrics by path
+
+_KERAS_BASES = (("metrics", "Metric"), ("losses", "Loss"))
+
+
+def _keras_kind(function) -> Optional[str]:
+    """'tf.keras.metrics.Metric class', 'tf.keras.losses.Loss object', ... for a Keras metric or loss; else None."""
+    import tensorflow as tf
+
+    for module, name in _KERAS_BASES:
+        base = getattr(getattr(tf.keras, module), name)
+        if isinstance(function, type) and issubclass(function, base):
+            return f"tf.keras.{module}.{name} class"
+        if isinstance(function, base):
+            return f"tf.keras.{module}.{name} object"
+    return None
+
+
+def _refuse_keras_objects(key: tuple, path: str, function) -> None:
+    """A Keras Metric anywhere, or a Keras Loss as a metric, refused at its key before anything is built: a Metric
+    keeps its state across batches, which neither engine feeds, and each engine calls a job's own metric as a
+    function. A Loss as model.loss trains (portable.compute_loss)."""
+    from tpulaunch.engine.estimator.build import BuildError
+
+    kind = _keras_kind(function)
+    if kind is None or (key[1] == "loss" and kind.startswith("tf.keras.losses")):
+        return
+    found = f"{path!r} is a {kind}"
+    if key[1] == "loss":
+        raise BuildError(key, "train", f"{found}, not a loss",
+                         hint="give model.loss a Keras loss name, a tf.keras.losses.Loss (class or object) or a "
+                              "function fn(labels, outputs) by its import path")
+    raise BuildError(
+        key, "train", f"{found}: tpulaunch calls a job's own metric as a function fn(labels, outputs) on each batch",
+        hint="use a built-in metric name (accuracy, auc, precision, recall, mean_iou, mean_squared_error, ...), or "
+             "a function fn(labels, outputs) by its import path: the batch's value on the keras engine, a "
+             "tf.compat.v1.metrics (value, update_op) on the estimator engine")

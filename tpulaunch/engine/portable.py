@@ -17,6 +17,7 @@ TPU needs:
 - png / jpeg: one encoded image, decoded to uint8 [height, width, channels].
 """
 
+import copy
 import math
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -537,6 +538,23 @@ def _per_example(tensor) -> str:
     return f"{tensor.dtype.name} {tensor.shape.as_list()[1:]} per example"
 
 
+def _per_example_loss(custom: Callable, path: str, key: tuple) -> Callable:
+    """The job's own loss as a function of (labels, outputs): a function as it is; a tf.keras.losses.Loss class
+    made with no arguments, as Keras's compile() takes it, and a Loss object copied to reduce nothing, since
+    _single_loss takes the batch mean itself (Keras refuses its own inside a tf.distribute replica)."""
+    if isinstance(custom, type) and issubclass(custom, tf.keras.losses.Loss):
+        try:
+            custom = custom()
+        except TypeError as exc:
+            raise SpecError(f"loss {path!r}: the Keras loss class cannot be made without arguments: {exc}",
+                            hint="give the import path of a loss object made with its arguments "
+                                 "(my_loss = MyLoss(...) in its module)", key=key) from None
+    if isinstance(custom, tf.keras.losses.Loss):
+        custom = copy.copy(custom)
+        custom.reduction = tf.keras.losses.Reduction.NONE
+    return custom
+
+
 def compute_loss(loss, labels, outputs, pairs: Dict[str, Pair], *, custom_loss: Optional[Callable] = None,
                  custom_losses: Optional[Dict[str, Callable]] = None):
     """The scalar float32 loss.
@@ -544,10 +562,11 @@ def compute_loss(loss, labels, outputs, pairs: Dict[str, Pair], *, custom_loss: 
     An import-path `loss` (a string, its function `custom_loss`) is called once with the whole labels
     and outputs, dicts included: it defines how its heads pair up (RetinaNet's {cls_targets,
     box_targets} against {cls_logits, box_regression}). Otherwise each label's loss (one for all, or
-    per label when `loss` is a mapping) scores its Pair, and the losses are summed.
+    per label when `loss` is a mapping) scores its Pair, and the losses are summed. An import-path loss
+    may also be a tf.keras.losses.Loss class or object (`_per_example_loss`).
     """
     if not isinstance(loss, dict) and custom_loss is not None:
-        return _single_loss(None, labels, outputs, custom_loss)
+        return _single_loss(None, labels, outputs, _per_example_loss(custom_loss, loss, ("model", "loss")))
     total = []
     for name, pair in pairs.items():
         loss_name = pair.head.loss_name
@@ -556,6 +575,8 @@ def compute_loss(loss, labels, outputs, pairs: Dict[str, Pair], *, custom_loss: 
             raise SpecError(f"loss {loss_name!r} for label {name!r} was not given as a function",
                             hint="pass it in custom_losses", key=("model", "loss", name))
         key = ("model", "loss", name) if isinstance(loss, dict) else ("model", "loss")
+        if custom is not None:
+            custom = _per_example_loss(custom, loss_name, key)
         total.append(_label_loss(name, pair.head, pair.labels, pair.outputs, custom, key))
     return tf.add_n(total)
 

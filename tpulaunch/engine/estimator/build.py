@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from tpulaunch.errors import TpuLaunchError, first_line
+from tpulaunch.job.yamlfile import dotted
 
 STANDALONE = "standalone.py"
 
@@ -47,7 +48,7 @@ class BuildError(TpuLaunchError):
     failing code comes from, `detail` the message (TensorFlow's, the job's code's or tpulaunch's)."""
 
     def __init__(self, key: tuple, mode: str, detail: str, hint: Optional[str], code: Optional[str] = None):
-        super().__init__(f"{'.'.join(map(str, key))}: building the {mode} graph: {detail}", hint=hint, code=code)
+        super().__init__(f"{dotted(key)}: building the {mode} graph: {detail}", hint=hint, code=code)
         self.key = key
         self.detail = detail
 
