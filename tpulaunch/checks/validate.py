@@ -83,6 +83,13 @@ def validate_job(
             return result
         search_path = [os.path.dirname(os.path.abspath(filename))]
         result.problems.extend(code_problems(loaded, search_path, result.checked, prior_ok=result.ok, stage=stage))
+        if loaded.usable("run", "model", "data") and loaded.section("run") and loaded.section("run").warm_start:
+            stage("warm start")
+            from tpulaunch.checks.warm_start import warm_start_problems
+
+            # Before the build, which warm-starts as train does. The model is built again only when the model check passed (no second failure, no second download).
+            result.problems.extend(warm_start_problems(loaded, search_path, build=result.ok))
+            result.checked.append("warm_start")
         if loaded.job is not None and result.ok:
             stage("build")  # the engine's own graphs, as train builds them: what fails here fails there
             from tpulaunch.engine.base import engine_for
@@ -90,13 +97,6 @@ def validate_job(
 
             result.problems.extend(engine_for(loaded.job).check_build(loaded, build_plan(loaded.job, local=local)))
             result.checked.append("build")
-        if loaded.usable("run", "model", "data") and loaded.section("run") and loaded.section("run").warm_start:
-            stage("warm start")
-            from tpulaunch.checks.warm_start import warm_start_problems
-
-            # The model is built again only when the model check passed (no second failure, no second download).
-            result.problems.extend(warm_start_problems(loaded, search_path, build=result.ok))
-            result.checked.append("warm_start")
         if loaded.usable("data", "tpu", "train", "eval"):
             stage("data")
             from tpulaunch.checks.data import dry_run
