@@ -6,8 +6,10 @@ errors only by default, warnings with -v, everything with -vv.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import tempfile
 
 _level = 40  # logging.ERROR; `logging` itself is imported only when a command starts (`--help` never needs it)
 
@@ -43,11 +45,42 @@ def use_legacy_keras() -> None:
 
 
 def import_tensorflow():
-    """`import tensorflow`, keeping the chosen log level (TensorFlow resets its logger on import)."""
-    import tensorflow as tf
+    """`import tensorflow`, keeping the chosen log level (TensorFlow resets its logger on import).
 
+    TensorFlow 2.16 and later print start-up lines (oneDNN, CUDA probes) through C++ logging that is not yet
+    initialized, so TF_CPP_MIN_LOG_LEVEL does not hold them back: below -vv they are kept off the terminal
+    while TensorFlow loads and finds its devices, and shown if that fails.
+    """
+    import logging
+
+    if "tensorflow" in sys.modules or _level <= logging.INFO:
+        import tensorflow as tf
+    else:
+        with _startup_lines_held():
+            import tensorflow as tf
+
+            tf.config.list_physical_devices()  # the device probe's lines (cuInit) come now, not at the first op
     tf.get_logger().setLevel(_level)
     return tf
+
+
+@contextlib.contextmanager
+def _startup_lines_held():
+    """Send what C++ code writes to stderr to a scratch file; write it out only if the block fails."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            held.seek(0)
+            sys.stderr.write(held.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 # A dry run must answer in seconds: TensorFlow's GCS filesystem retries an unreachable endpoint for

@@ -82,6 +82,9 @@ def validate_job(
             result.problems = _sorted(_dedupe(result.problems))
             return result
         search_path = [os.path.dirname(os.path.abspath(filename))]
+        from tpulaunch.tf_env import import_tensorflow
+
+        import_tensorflow()  # before the job's own modules import it: its start-up lines stay off the terminal
         result.problems.extend(code_problems(loaded, search_path, result.checked, prior_ok=result.ok, stage=stage))
         if loaded.usable("run", "model", "data") and loaded.section("run") and loaded.section("run").warm_start:
             stage("warm start")
