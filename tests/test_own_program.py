@@ -397,3 +397,57 @@ def test_an_error_the_run_hits_is_one_line_unless_debug(probe):
     assert result.exit_code == 1 and len(errors) == 1, result.output
     assert "no features" in errors[0] and errors[0].endswith("(rerun with --debug for the traceback)"), errors
     assert "Traceback" not in result.output and "stack trace" not in result.output.lower(), result.output
+
+
+HOST_CALL = textwrap.dedent('''
+    """A program whose host_call writes summaries under FLAGS.model_dir, as tensorflow/tpu's ResNet does."""
+    from absl import flags
+    import tensorflow as tf
+
+    flags.DEFINE_string("model_dir", None, "Estimator model_dir")
+    FLAGS = flags.FLAGS
+
+
+    def input_fn(params):
+        return tf.data.Dataset.from_tensors((tf.ones([4]), tf.constant(1))).repeat().batch(
+            params["batch_size"], drop_remainder=True)
+
+
+    def host_call_fn(gs, loss):
+        with tf.compat.v2.summary.create_file_writer(FLAGS.model_dir).as_default():
+            with tf.compat.v2.summary.record_if(True):
+                tf.compat.v2.summary.scalar("program_loss", loss[0], step=gs[0])
+                return tf.compat.v1.summary.all_v2_summary_ops()
+
+
+    def model_fn(features, labels, mode, params):
+        logits = tf.matmul(features, tf.compat.v1.get_variable("w", [4, 2]))
+        loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+        step = tf.compat.v1.train.get_global_step()
+        train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, step)
+        host_call = (host_call_fn, [tf.reshape(step, [1]), tf.reshape(loss, [1])])
+        return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(mode, loss=loss, train_op=train_op, host_call=host_call)
+''')
+
+
+def test_host_call_summaries_land_in_run_model_dir(tmp_path):
+    """A program that writes its host_call summaries under FLAGS.model_dir gets run.model_dir there (its main()
+    would have passed --model_dir), so TensorBoard on model_dir shows them."""
+    (tmp_path / "summaries.py").write_text(HOST_CALL)
+    (tmp_path / "job.yaml").write_text(textwrap.dedent('''
+        name: summaries
+        model: {model_fn: summaries:model_fn}
+        data:
+          input_fn: summaries:input_fn
+          features: {x: {shape: [4]}}
+          labels: {label: {shape: [], dtype: int32}}
+        train: {batch_size: 8, steps: 3}
+        run: {model_dir: runs/summaries}
+    '''))
+    result = invoke("train", str(tmp_path / "job.yaml"))
+    assert result.exit_code == 0, result.output
+    tags = set()
+    for path in tf.io.gfile.glob(str(tmp_path / "runs" / "summaries" / "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            tags |= {value.tag for value in event.summary.value}
+    assert "program_loss" in tags, tags

@@ -18,5 +18,7 @@ def flag_problems(loaded: LoadedJob, search_path: Sequence[str] = ()) -> list:
         return []
     from tpulaunch.engine.estimator.flags import set_flags
 
-    findings = set_flags(model, data, loaded.section("flags") or {}, search_path, strict=False)
+    run = loaded.section("run") if loaded.usable("run") else None
+    findings = set_flags(model, data, loaded.section("flags") or {}, search_path, strict=False,
+                         model_dir=run.model_dir if run is not None else None)
     return [loaded.problem(f.path, f.code, f.message, f.hint, at_key=f.code == "flag-unknown") for f in findings]

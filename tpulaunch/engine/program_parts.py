@@ -17,7 +17,7 @@ import textwrap
 from importlib.machinery import PathFinder
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
-from tpulaunch.engine.estimator.flags import job_import_paths
+from tpulaunch.engine.estimator.flags import MODEL_DIR_FLAG, job_import_paths
 from tpulaunch.engine.sources import module_source
 from tpulaunch.job.load import LoadedJob
 from tpulaunch.job.schema import INPUT_MODES
@@ -261,6 +261,10 @@ def flag_lines(job, at) -> list:
     lines.append("")
     for name, value in job.flags.items():
         lines.append(f"absl_flags.FLAGS[{name!r}].parse({value!r})  # {at('flags', name)}")
+    if MODEL_DIR_FLAG not in job.flags:
+        lines += [f"if {MODEL_DIR_FLAG!r} in absl_flags.FLAGS:  # the program's own --{MODEL_DIR_FLAG}, as its main() "
+                  "would get it",
+                  f"    absl_flags.FLAGS[{MODEL_DIR_FLAG!r}].parse({job.run.model_dir!r})  # {at('run', 'model_dir')}"]
     return lines + ["absl_flags.FLAGS.mark_as_parsed()", "absl_flags.FLAGS.validate_all_flags()", ""]
 
 

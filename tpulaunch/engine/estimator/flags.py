@@ -122,8 +122,13 @@ def _bad_value(name: str, flag, value: Any, exc: Exception) -> FlagFinding:
     return FlagFinding(("flags", name), "flag-value", f"--{name} is {'an' if kind[0] in 'aeiou' else 'a'} {kind} flag; {value!r} is not one: {reason}", hint)
 
 
+# The flag a TPUEstimator program's main() hands its model_dir through (tensorflow/tpu's programs all define it;
+# their host_call summaries are written under FLAGS.model_dir): set to run.model_dir unless `flags:` sets it.
+MODEL_DIR_FLAG = "model_dir"
+
+
 def set_flags(model: Model, data: Data, values: Dict[str, Any], search_path: Sequence[str] = (), *,
-              strict: bool = True) -> List[FlagFinding]:
+              strict: bool = True, model_dir: Optional[str] = None) -> List[FlagFinding]:
     """Import the job's modules, reset their flags to the defaults, parse `values` into them, mark FLAGS parsed.
 
     Values that do not parse are left at their defaults and reported; so are unknown names and
@@ -136,6 +141,7 @@ def set_flags(model: Model, data: Data, values: Dict[str, Any], search_path: Seq
         search_path: directories for the job's import paths (the job file's directory).
         strict: raise when one of the job's modules cannot be imported (else skip it: validate
             reports it at its key).
+        model_dir: run.model_dir, for a `model_dir` flag of the job's modules that `values` leaves out.
 
     Returns:
         The findings, in the order of `values`, then validator failures.
@@ -159,6 +165,8 @@ def set_flags(model: Model, data: Data, values: Dict[str, Any], search_path: Seq
         except (flags.IllegalFlagValueError, TypeError, ValueError) as exc:
             own[name].unparse()
             findings.append(_bad_value(name, own[name], value, exc))
+    if model_dir is not None and MODEL_DIR_FLAG in own and MODEL_DIR_FLAG not in values:
+        own[MODEL_DIR_FLAG].parse(model_dir)
     flags.FLAGS.mark_as_parsed()
     findings += _validator_findings(values, own)
     return findings
@@ -191,7 +199,7 @@ def apply_flags(job: Job, search_path: Sequence[str] = ()) -> None:
         TpuLaunchError: an unknown flag, a value that does not parse, a failing validator, or a
             module that cannot be imported.
     """
-    findings = set_flags(job.model, job.data, job.flags, search_path)
+    findings = set_flags(job.model, job.data, job.flags, search_path, model_dir=job.run.model_dir)
     if findings:
         first = findings[0]
         where = ".".join(str(p) for p in first.path)
