@@ -91,6 +91,8 @@ JOBS = {
     # and train now finds that before its first step rather than after the whole run.
     "metric_returning_a_tensor": (job({"builder": "subclassed:build", "metrics": ["tensor_metric:mean_top_logit"]}),
                                   "model.metrics"),
+    # add_loss in a subclassed model's own call: TPUEstimator's graph adds it to the optimized loss.
+    "add_loss_in_a_subclassed_model": (job({"builder": "subclassed_add_loss:build"}), None),
     # Probabilities out of an op that does not say (a clipped softmax): refused rather than read as logits...
     "clipped_probabilities_undeclared": (job({"builder": "clipped_softmax:build"}), "model.outputs"),
     # ... and trained as probabilities once the job says so.

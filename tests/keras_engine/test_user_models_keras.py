@@ -22,6 +22,8 @@ KERAS_JOBS = {
     **corpus.JOBS,
     "add_loss_in_a_functional_model": (corpus.JOBS["add_loss_in_a_functional_model"][0], None),
     "metric_returning_a_tensor": (corpus.JOBS["metric_returning_a_tensor"][0], None),
+    # Keras's Model.build() runs a subclassed model's call() outside its call context, where add_loss is refused.
+    "add_loss_in_a_subclassed_model": (corpus.JOBS["add_loss_in_a_subclassed_model"][0], "model.builder"),
     "own_model_fn": (corpus.JOBS["own_model_fn"][0], "model.model_fn"),
     "two_outputs_dict_own_loss_and_metric": (corpus.JOBS["two_outputs_dict_own_loss_and_metric"][0],
                                              "model.metrics"),

@@ -186,6 +186,11 @@ def _blame(exc: BaseException, stage: tuple, job) -> tuple:
     if isinstance(exc, SpecError):
         return exc.key or _key_in_trace(exc, stage, job), str(exc), exc.hint or None
     message = f"{type(exc).__name__}: {first_line(exc)}"
+    if any(frame.name == "add_loss" for frame in traceback.extract_tb(exc.__traceback__)):
+        return ("model", "builder"), message, (
+            "the model calls add_loss() where Keras refuses it: a subclassed model is built with Model.build(), "
+            "which runs call() outside Keras's call context; build the model functionally (from tf.keras.Input), "
+            "or compute that loss in model.loss ('pkg.mod:fn(labels, outputs)')")
     key = _key_in_trace(exc, stage, job)
     hints = {("model", "loss"): "the loss must take the labels as declared and the model's outputs",
              ("model", "metrics"): "each metric must fit the labels and outputs (classification metrics need a "
