@@ -388,11 +388,14 @@ def test_an_error_the_run_hits_is_one_line_unless_debug(probe):
     """An error TensorFlow raises while the steps run (here the model_fn's own assertion) says its first line:
     TensorFlow's message goes on with the graph's stack frames; --debug shows everything."""
     program = (probe / "probe.py").read_text()
-    (probe / "probe.py").write_text(program.replace(
+    # A module of its own name: this process may have imported probe.py already.
+    (probe / "probe_inf.py").write_text(program.replace(
         "    logits = tf.matmul(", "    features = tf.debugging.assert_all_finite(features / 0.0, 'no features')\n"
                                   "    logits = tf.matmul("))
-    assert "assert_all_finite" in (probe / "probe.py").read_text()
-    result = CliRunner().invoke(cli, ["train", str(probe / "job.yaml"), "--set", "eval=null"])
+    assert "assert_all_finite" in (probe / "probe_inf.py").read_text()
+    job = probe / "job.yaml"
+    job.write_text(job.read_text().replace("probe:", "probe_inf:"))
+    result = CliRunner().invoke(cli, ["train", str(job), "--set", "eval=null"])
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert result.exit_code == 1 and len(errors) == 1, result.output
     assert "no features" in errors[0] and errors[0].endswith("(rerun with --debug for the traceback)"), errors
@@ -444,8 +447,8 @@ def test_host_call_summaries_land_in_run_model_dir(tmp_path):
         train: {batch_size: 8, steps: 3}
         run: {model_dir: runs/summaries}
     '''))
-    result = invoke("train", str(tmp_path / "job.yaml"))
-    assert result.exit_code == 0, result.output
+    result = tpulaunch("train", "job.yaml", cwd=tmp_path)  # its own process: absl flags are process-wide
+    assert result.returncode == 0, result.stdout + result.stderr
     tags = set()
     for path in tf.io.gfile.glob(str(tmp_path / "runs" / "summaries" / "events.out.tfevents.*")):
         for event in tf.compat.v1.train.summary_iterator(path):
