@@ -343,7 +343,7 @@ def test_export_uses_the_programs_own_serving_input_receiver_fn(probe):
     assert "unexpected" not in broken.output and not out.exists()
 
 
-FACTORY_INPUTS = ("input_fn: {train: {factory: 'probe:Inputs', args: {is_training: true}}, "
+FACTORY_INPUTS = ("input_fn: {train: {factory: 'probe:Inputs', args: {is_training: true}, method: input_fn}, "
                   "eval: {factory: 'probe:Inputs', args: {is_training: false}, method: input_fn}}")
 
 
@@ -357,15 +357,16 @@ def test_an_input_fn_made_by_a_factory_with_arguments(probe):
     assert {(r["who"], r["mode"]) for r in records(probe)} == {("input_fn", "train"), ("input_fn", "eval"),
                                                                 ("model_fn", "train"), ("model_fn", "eval")}
     program = invoke("explain", str(job)).output
-    assert "user_train_input_fn = user_train_input_fn_factory(**{'is_training': True}).input_fn" in program
-    assert "user_eval_input_fn = user_eval_input_fn_factory(**{'is_training': False}).input_fn" in program
+    assert "from probe import Inputs as _user_train_input_fn_0\n" in program
+    assert "user_train_input_fn = _user_train_input_fn_0(is_training=True).input_fn  # data.input_fn.train" in program
+    assert "user_eval_input_fn = _user_eval_input_fn_0(is_training=False).input_fn  # data.input_fn.eval" in program
 
     job.write_text(job.read_text().replace("is_training: true", "is_training: true, sise: 4"))
     validated = tpulaunch("validate", "job.yaml", cwd=probe)
     trained = tpulaunch("train", "job.yaml", "--model-dir", str(probe / "again"), cwd=probe)
     for proc in (validated, trained):
         said = proc.stdout + proc.stderr
-        assert proc.returncode == 1 and "data.input_fn.train: probe:Inputs(**args) failed building the train input_fn: " \
+        assert proc.returncode == 1 and "data.input_fn.train: probe:Inputs(**args) failed making the train input_fn: " \
             "TypeError:" in said and "unexpected keyword argument 'sise'" in said, said
         assert "Traceback" not in said and "unexpected TypeError" not in said
 

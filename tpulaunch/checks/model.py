@@ -43,7 +43,7 @@ def model_problems(loaded: LoadedJob, search_path: Sequence[str] = ()) -> list:
     if model.serving_input_fn:
         importable(("model", "serving_input_fn"), model.serving_input_fn, "serving_input_fn")
     if model.model_fn:
-        importable(("model", "model_fn"), model.model_fn, "model_fn")
+        importable(("model", "model_fn"), model.model_fn_path, "model_fn")
         return problems
     builder = importable(("model", "builder"), model.builder, "model builder")
     for key, path in model.function_paths():

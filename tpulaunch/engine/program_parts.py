@@ -229,15 +229,37 @@ def input_fn_lines(data, at) -> list:
         written = repr(spec)
         if written not in aliases:
             alias = aliases[written] = f"user_{mode}_input_fn"
-            factory = data.input_fn_factory(mode)
-            if factory is None:
+            made = data.input_fn_call(mode)
+            if made is None:
                 lines.append(f"{import_line(spec, alias)}  # {at('data', 'input_fn', mode)}")
             else:
-                lines.append(f"{import_line(factory.factory, alias + '_factory')}  # {at('data', 'input_fn', mode)}")
-                lines.append(f"{alias} = {alias}_factory(**{dict(factory.args)!r}).{factory.method}")
+                lines += call_lines(made, alias, at("data", "input_fn", mode))
         names[mode] = aliases[written]
     by_mode = ", ".join(f"{mode!r}: {name}" for mode, name in names.items())
     return lines + ["INPUT_FNS = {" + by_mode + "}"]
+
+
+def call_lines(made, alias: str, comment: str) -> list:
+    """Statements binding `alias` to what a job-file call makes (schema.Call), as job.imports.make_call makes it:
+    the imports, then one expression (a value under args that is itself a call is made in place)."""
+    imports: list = []
+    expression = _call_expression(made, alias, imports)
+    return imports + [f"{alias} = {expression}  # {comment}"]
+
+
+def _call_expression(made, alias: str, imports: list) -> str:
+    from tpulaunch.job.schema import Call, is_call
+
+    name = f"_{alias}_{len(imports)}"
+    imports.append(import_line(made.path, name))
+    args = ", ".join(f"{key}={_call_expression(Call.model_validate(value), alias, imports) if is_call(value) else repr(value)}"
+                     for key, value in made.args.items())
+    if made.function:
+        if "import functools" not in imports:
+            imports.insert(0, "import functools")
+        return f"functools.partial({name}{', ' + args if args else ''})"
+    result = f"{name}({args})"
+    return f"{result}.{made.method}" if made.method else result
 
 
 def flag_lines(job, at) -> list:

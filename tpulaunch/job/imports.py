@@ -77,25 +77,38 @@ def _last_frame_in_user_code(exc: BaseException) -> Optional[str]:
 
 
 def resolve_input_fn(data, mode: str, *, search_path: Sequence[str] = ()) -> Any:
-    """The job's own input_fn for `mode`: the function its import path names, or the method of the object its
-    factory builds with `args` (`data.input_fn.MODE: {factory, args, method}`).
+    """The job's own input_fn for `mode`: the function its import path names, or what its call makes."""
+    call = data.input_fn_call(mode)
+    if call is None:
+        return resolve(data.input_fn_for(mode), search_path=search_path, what=f"{mode} input_fn")
+    return make_call(call, search_path=search_path, what=f"the {mode} input_fn")
+
+
+def make_call(call, *, search_path: Sequence[str] = (), what: str) -> Any:
+    """What a job-file Call makes (schema.Call): `factory(**args)` or its `.method`, or `function` with `args`
+    bound; a value in `args` that is itself a call is made first.
 
     Raises:
-        ImportPathError: the path does not import, the factory refuses its arguments, or the object has no
-            such method.
+        ImportPathError: a path that does not import, a factory that refuses its arguments, or no such method.
     """
-    factory = data.input_fn_factory(mode)
-    if factory is None:
-        return resolve(data.input_fn_for(mode), search_path=search_path, what=f"{mode} input_fn")
-    make = resolve(factory.factory, search_path=search_path, what=f"{mode} input_fn factory")
+    import functools
+
+    from tpulaunch.job.schema import Call, is_call
+
+    target = resolve(call.path, search_path=search_path, what=what)
+    args = {name: make_call(Call.model_validate(value), search_path=search_path, what=f"{what}'s {name}")
+            if is_call(value) else value for name, value in call.args.items()}
+    if call.function:
+        return functools.partial(target, **args)
     try:
-        owner = make(**factory.args)
-    except Exception as exc:  # the program's own constructor: its message, located at the job key
-        raise ImportPathError(f"{factory.factory}(**args) failed building the {mode} input_fn: "
-                              f"{type(exc).__name__}: {exc}",
-                              hint=f"check data.input_fn.{mode}.args against the factory's parameters") from None
-    method = getattr(owner, factory.method, None)
+        made = target(**args)
+    except Exception as exc:  # the program's own code: its message, located at the job key
+        raise ImportPathError(f"{call.path}(**args) failed making {what}: {type(exc).__name__}: {exc}",
+                              hint="check the args against its parameters") from None
+    if call.method is None:
+        return made
+    method = getattr(made, call.method, None)
     if not callable(method):
-        raise ImportPathError(f"the object {factory.factory} builds has no method {factory.method!r}",
-                              hint=f"name its input_fn(params) method in data.input_fn.{mode}.method")
+        raise ImportPathError(f"what {call.path} makes has no method {call.method!r}",
+                              hint="name the method TensorFlow should call, e.g. method: input_fn")
     return method

@@ -137,6 +137,65 @@ MetricsOrPerLabel = Annotated[
     Discriminator(_per_label_form)]
 
 
+CALL_KEYS = ("factory", "function", "args", "method")
+
+
+class Call(Strict):
+    """Something a program's main() makes with a call, said in the job file: `factory(**args)` (its `.method` when
+    one is named: tensorflow/tpu's `imagenet_input.ImageNetInput(is_training=True, ...).input_fn`, BERT's
+    `model_fn_builder(bert_config=..., ...)`), or `function` with `args` bound (functools.partial: TAPAS's
+    `input_fn(name=..., file_patterns=..., ...)` that TPUEstimator then calls with params). A value in `args`
+    that is itself such a mapping is made first (`BertConfig.from_dict(...)`)."""
+
+    factory: Optional[str] = Field(None, description="'pkg.mod:Class' or 'pkg.mod:fn' (or 'pkg.mod:Class.from_x'): "
+                                                     "called with args")
+    function: Optional[str] = Field(None, description="'pkg.mod:fn': args are bound to it (functools.partial)")
+    args: Dict[str, Any] = Field(default_factory=dict, description="keyword arguments; a mapping with factory: or "
+                                                                  "function: is made first")
+    method: Optional[str] = Field(None, description="with factory: the method of what it returns to use "
+                                                    "(e.g. input_fn)")
+
+    _forms = field_validator("factory", "function")(check_import_path)
+
+    @field_validator("method")
+    @classmethod
+    def _identifier(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not value.isidentifier():
+            raise ValueError(f"{value!r} is not a method name")
+        return value
+
+    @model_validator(mode="after")
+    def _one_target(self):
+        if bool(self.factory) == bool(self.function):
+            raise ValueError("give one of factory (called with args) and function (args bound to it)")
+        if self.method and self.function:
+            raise ValueError("method goes with factory: the method of the object the factory makes")
+        return self
+
+    @property
+    def path(self) -> str:
+        """The import path of what is called."""
+        return self.factory or self.function
+
+
+def is_call(value) -> bool:
+    """Whether a value under `args` is itself a call to make (a mapping with factory: or function:)."""
+    return (isinstance(value, dict) and ("factory" in value or "function" in value)
+            and set(value) <= set(CALL_KEYS))
+
+
+def _call_form(value) -> str:
+    return "made-by-call" if isinstance(value, (dict, Call)) else "import-path"
+
+
+# A function by import path, or one a call makes.
+PathOrCall = Annotated[
+    Union[Annotated[str, AfterValidator(check_import_path), Tag("import-path")],
+          Annotated[Call, Tag("made-by-call")]],
+    Discriminator(_call_form)]
+OneInputFn = PathOrCall
+
+
 OutputKind = Literal["logits", "probabilities"]
 
 
@@ -158,17 +217,24 @@ class Model(Strict):
         None, description="what the model returns for a classification head: logits or probabilities (for every "
                           "label, or a mapping label -> kind); needed where the op producing an output does not "
                           "say (tpulaunch reads softmax/sigmoid as probabilities, linear layers as logits)")
-    model_fn: Optional[str] = Field(None, description="escape hatch: an existing TPUEstimator model_fn, 'pkg.mod:fn'")
+    model_fn: Optional[PathOrCall] = Field(
+        None, description="an existing TPUEstimator model_fn, 'pkg.mod:fn', or a call that makes it "
+                          "({factory: 'pkg.mod:model_fn_builder', args: {...}})")
     serving_input_fn: Optional[str] = Field(
         None, description="export's serving inputs: an existing serving_input_receiver_fn() returning a "
                           "tf.estimator.export.ServingInputReceiver, 'pkg.mod:fn' (default: placeholders of data.features)")
 
-    _builder_form = field_validator("builder", "model_fn", "serving_input_fn")(check_import_path)
+    _builder_form = field_validator("builder", "serving_input_fn")(check_import_path)
 
     @field_validator("optimizer", mode="before")
     @classmethod
     def _optimizer_shorthand(cls, value):
         return {"name": value} if isinstance(value, str) else value
+
+    @property
+    def model_fn_path(self) -> Optional[str]:
+        """The import path of the model_fn, or of what a call that makes it calls."""
+        return self.model_fn.path if isinstance(self.model_fn, Call) else self.model_fn
 
     def outputs_by_label(self, labels) -> Dict[str, str]:
         """Each label's declared output kind ("logits" or "probabilities"), for the labels `model.outputs` covers."""
@@ -207,41 +273,13 @@ Files = Union[str, List[str]]
 INPUT_MODES = ("train", "eval", "predict")
 
 
-class InputFnFactory(Strict):
-    """An input_fn that is a method of an object the program builds with arguments, as tensorflow/tpu's ResNet
-    has it: `imagenet_input.ImageNetInput(is_training=True, data_dir=...).input_fn`."""
-
-    factory: str = Field(description="'pkg.mod:Class' (or any callable) that builds the object")
-    args: Dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the factory")
-    method: str = Field("input_fn", description="the object's input_fn(params) method")
-
-    _form = field_validator("factory")(check_import_path)
-
-    @field_validator("method")
-    @classmethod
-    def _identifier(cls, value: str) -> str:
-        if not value.isidentifier():
-            raise ValueError(f"{value!r} is not a method name")
-        return value
-
-
-def _one_input_fn_form(value) -> str:
-    return "input-fn-factory" if isinstance(value, (dict, InputFnFactory)) else "input-fn-path"
-
-
-# A function by import path, or a method of an object built by a factory.
-OneInputFn = Annotated[
-    Union[Annotated[str, AfterValidator(check_import_path), Tag("input-fn-path")],
-          Annotated[InputFnFactory, Tag("input-fn-factory")]],
-    Discriminator(_one_input_fn_form)]
-
-
 class InputFns(Strict):
     """One input_fn per mode, as a TPUEstimator program has them."""
 
-    train: Optional[OneInputFn] = Field(None, description="'pkg.mod:train_input_fn(params)', or "
-                                                          "{factory: 'pkg.mod:Class', args: {...}, method: input_fn}")
-    eval: Optional[OneInputFn] = Field(None, description="'pkg.mod:eval_input_fn(params)', or a factory as for train")
+    train: Optional[OneInputFn] = Field(None, description="'pkg.mod:train_input_fn(params)', or a call that makes it: "
+                                                          "{factory: 'pkg.mod:Class', args: {...}, method: input_fn} "
+                                                          "or {function: 'pkg.mod:input_fn', args: {...}}")
+    eval: Optional[OneInputFn] = Field(None, description="'pkg.mod:eval_input_fn(params)', or a call as for train")
     predict: Optional[OneInputFn] = Field(None, description="'pkg.mod:predict_input_fn(params)' (used by no command "
                                                             "yet)")
 
@@ -278,18 +316,18 @@ class Data(Strict):
                           "then describe what it yields")
 
     def input_fn_for(self, mode: str) -> Optional[str]:
-        """The import path of the input_fn for `mode` ("train", "eval", "predict") — of its factory, for one made
-        by a factory (`input_fn_factory`) — or None."""
+        """The import path of the input_fn for `mode` ("train", "eval", "predict") — of what is called, for one a
+        call makes (`input_fn_call`) — or None."""
         spec = self.input_fn_spec(mode)
-        return spec.factory if isinstance(spec, InputFnFactory) else spec
+        return spec.path if isinstance(spec, Call) else spec
 
-    def input_fn_factory(self, mode: str) -> Optional[InputFnFactory]:
-        """How the input_fn for `mode` is made, when a factory makes it; else None."""
+    def input_fn_call(self, mode: str) -> Optional[Call]:
+        """How the input_fn for `mode` is made, when a call makes it; else None."""
         spec = self.input_fn_spec(mode)
-        return spec if isinstance(spec, InputFnFactory) else None
+        return spec if isinstance(spec, Call) else None
 
     def input_fn_spec(self, mode: str):
-        """The input_fn for `mode` as written: an import path, an InputFnFactory, or None."""
+        """The input_fn for `mode` as written: an import path, a Call, or None."""
         if isinstance(self.input_fn, InputFns):
             return getattr(self.input_fn, mode)
         return self.input_fn

@@ -81,7 +81,12 @@ def located(function, job, mode: str, key: tuple):
     """The job's own `function` (its model_fn, an input_fn) with its failures located at `key` (a BuildError),
     in train as in validate. TensorFlow reads the arguments it passes from the function's signature
     (`function_utils.fn_args`), so the wrapper is a TensorFlow decorator that shows the function's own."""
+    import functools
+
     from tensorflow.python.util import tf_decorator
+
+    if isinstance(function, functools.partial):  # TensorFlow reads a partial's remaining arguments itself
+        return functools.partial(located(function.func, job, mode, key), *function.args, **function.keywords)
 
     def job_function(*args, **kwargs):
         with build_errors(job, kwargs.get("mode", mode), key):
@@ -155,6 +160,8 @@ def located_error(job, mode: str, exc: BaseException) -> BuildError:
 def _stage(job, mode: str, exc: BaseException) -> tuple:
     """The job key of a failure raised by TensorFlow's own code between the job's functions (its checks of
     what a model_fn returned, of the eval metrics): the code that gave TensorFlow what it refused."""
+    if job.data.input_fn and "input_fn" in str(exc):
+        return ("data", "input_fn")
     if job.model.model_fn:
         return ("model", "model_fn")
     if mode == "eval" and "metric" in str(exc):

@@ -44,9 +44,10 @@ class FlagFinding:
 def job_import_paths(model: Model, data: Data) -> List[Tuple[Tuple, str]]:
     """(job-file keys, import path) for every function the job's model and data sections name, in file order."""
     paths: List[Tuple[Tuple, str]] = []
-    for key in ("builder", "model_fn"):
-        if getattr(model, key):
-            paths.append((("model", key), getattr(model, key)))
+    if model.builder:
+        paths.append((("model", "builder"), model.builder))
+    if model.model_fn:
+        paths.append((("model", "model_fn"), model.model_fn_path))
     paths += model.function_paths()
     if ":" in model.optimizer.name:
         paths.append((("model", "optimizer", "name"), model.optimizer.name))

@@ -37,7 +37,7 @@ def timed_input_fn(input_fn: Callable) -> Callable:
     def timed(params, mode=None, config=None):
         # TPUEstimator passes `mode` and `config` to a function that names them: hand on what input_fn names.
         given = {name: value for name, value in (("mode", mode), ("config", config)) if name in takes}
-        result = input_fn(params, **given)
+        result = input_fn(params=params, **given)  # by name, as TPUEstimator calls it (a partial may bind others)
         if not isinstance(result, tf.data.Dataset):
             return result
         iterator = tf.compat.v1.data.make_initializable_iterator(result)

@@ -19,7 +19,7 @@ from tpulaunch.engine.estimator.plain import model_settings, optimizer_settings
 from tpulaunch.engine.estimator.flags import apply_flags
 from tpulaunch.engine.job_code import apply_precision, job_builder, job_functions
 from tpulaunch.errors import TpuLaunchError
-from tpulaunch.job.imports import resolve
+from tpulaunch.job.imports import make_call, resolve
 from tpulaunch.job.schema import CLASSIFICATION_LOSSES, CLASSIFICATION_METRICS, OPTIMIZERS, REGRESSION_METRICS, Job
 
 ModelFn = Callable[..., Any]
@@ -91,7 +91,10 @@ def make_model_fn(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -
     spec = job.model
     apply_flags(job, search_path=search_path)
     if spec.model_fn:
-        own = resolve(spec.model_fn, search_path=search_path, what="model_fn")
+        if isinstance(spec.model_fn, str):
+            own = resolve(spec.model_fn, search_path=search_path, what="model_fn")
+        else:
+            own = make_call(spec.model_fn, search_path=search_path, what="the model_fn")
         return located(own, job, "train", ("model", "model_fn"))
     checked_builder, kwargs = job_builder(job, search_path=search_path)
     whole_loss, custom_losses, custom_metrics = job_functions(job, search_path=search_path)

@@ -16,7 +16,7 @@ import os
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from tpulaunch.engine.estimator import plain
-from tpulaunch.engine.program_parts import (BANNER, Keys, builder_lines, call, files_list, flag_lines, import_line,
+from tpulaunch.engine.program_parts import (BANNER, Keys, builder_lines, call, call_lines, files_list, flag_lines, import_line,
                                             input_fn_lines, job_dir_lines, keywords, reference_lines, settings_lines,
                                             tpu_lines)
 from tpulaunch.engine.sources import program_source
@@ -37,9 +37,12 @@ def _own_code(job, at, search_path: Sequence[str]) -> list:
     spec = job.model
     lines = ["# ------------------------------------------------------------------------ the job's own code", ""]
     lines += reference_lines(job)
-    if spec.model_fn:
+    if isinstance(spec.model_fn, str):
         lines += [f"# {at('model', 'model_fn')}: the job's own TPUEstimator model_fn, used unchanged.",
                   import_line(spec.model_fn, "user_model_fn")]
+    elif spec.model_fn is not None:
+        lines += [f"# {at('model', 'model_fn')}: the job's own TPUEstimator model_fn, made as the program makes it."]
+        lines += call_lines(spec.model_fn, "user_model_fn", at("model", "model_fn"))
     else:
         lines += builder_lines(job, at, search_path, optimizers="V1_OPTIMIZERS")
     if job.data.input_fn:
