@@ -5,7 +5,7 @@ For each job, in fresh processes (a user's `tpulaunch validate JOB` starts one):
 JOB` (loading TensorFlow, the job's own code, the stopped train/evaluate builds, the data sample). The
 ratio says what validate costs on top of loading TensorFlow. Medians of --runs runs.
 
-    .venv/bin/python benchmarks/validate_time.py                      # quickstart and the own-program job
+    .venv/bin/python benchmarks/validate_time.py                      # quickstart, own program, TAPAS
     .venv/bin/python benchmarks/validate_time.py --runs 5 job.yaml   # any job files
 """
 
@@ -25,23 +25,32 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 
-def wall(command: list, cwd: Path) -> float:
+def wall(command: list, cwd: Path, env: dict) -> float:
     began = time.perf_counter()
-    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"})
+    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1", **env})
     seconds = time.perf_counter() - began
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{proc.stdout}{proc.stderr}")
     return seconds
 
 
+# TAPAS's protobuf modules need the pure-Python protobuf (tests/test_reference_programs.py): its baseline too.
+PURE_PYTHON_PROTOBUF = {"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
+
+
 def default_jobs(scratch: Path) -> list:
-    """The quickstart job on its synthesized data, and the own-program (model_fn + input_fn) job of the tests."""
+    """(job, environment): the quickstart job on its synthesized data, the own-program (model_fn + input_fn) job
+    of the tests, and google-research/tapas's pre-training (tests/programs/requirements.txt)."""
     import test_own_program
+    import test_reference_programs
 
     subprocess.run([sys.executable, "-m", "tpulaunch", "data", "synth", "--example", "quickstart",
                     str(ROOT / "data" / "quickstart")], check=True, capture_output=True)
     own = test_own_program.write_project(scratch / "own_program")
-    return [ROOT / "configs" / "quickstart.yaml", own / "job.yaml"]
+    (scratch / "tapas").mkdir()
+    tapas = test_reference_programs.write_project(scratch / "tapas")
+    return [(ROOT / "configs" / "quickstart.yaml", {}), (own / "job.yaml", {}),
+            (tapas / "job.yaml", PURE_PYTHON_PROTOBUF)]
 
 
 def main() -> None:
@@ -51,14 +60,14 @@ def main() -> None:
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="validate-time-"))
     try:
-        jobs = [job.resolve() for job in args.jobs] or default_jobs(scratch)
+        jobs = [(job.resolve(), {}) for job in args.jobs] or default_jobs(scratch)
         print(f"{'job':<40} {'import tensorflow':>18} {'validate':>10} {'ratio':>7}")
-        for job in jobs:
-            baseline = statistics.median(wall([sys.executable, "-c", "import tensorflow"], job.parent)
+        for job, env in jobs:
+            baseline = statistics.median(wall([sys.executable, "-c", "import tensorflow"], job.parent, env)
                                          for _ in range(args.runs))
-            validate = statistics.median(wall([sys.executable, "-m", "tpulaunch", "validate", str(job)], job.parent)
+            validate = statistics.median(wall([sys.executable, "-m", "tpulaunch", "validate", str(job)], job.parent, env)
                                          for _ in range(args.runs))
-            name = job.name if job.parent != ROOT / "configs" else f"configs/{job.name}"
+            name = f"{job.parent.name}/{job.name}"
             print(f"{name:<40} {baseline:>16.2f} s {validate:>8.2f} s {validate / baseline:>6.2f}x")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
