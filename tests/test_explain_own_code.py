@@ -66,9 +66,11 @@ def test_the_program_of_a_model_fn_job_imports_its_functions_and_sets_its_params
     assert any(line.startswith(f"# model.params (job.yaml:{params}): TPUEstimator's params=") for line in lines)
     assert "params=PARAMS" in Path(program).read_text()
     flags = line_of(mnist, "flags:")
-    assert lines[lines.index("from absl import flags as absl_flags") + 2:][:4] == [
+    assert lines[lines.index("from absl import flags as absl_flags") + 2:][:6] == [
         f"absl_flags.FLAGS['learning_rate'].parse(0.05)  # flags.learning_rate (job.yaml:{flags})",
         f"absl_flags.FLAGS['use_tpu'].parse(False)  # flags.use_tpu (job.yaml:{flags})",
+        "if 'model_dir' in absl_flags.FLAGS:  # the program's own --model_dir, as its main() would get it",
+        f"    absl_flags.FLAGS['model_dir'].parse({str(mnist.parent / 'explained')!r})  # run.model_dir (--set)",
         "absl_flags.FLAGS.mark_as_parsed()",
         "absl_flags.FLAGS.validate_all_flags()",
     ]
