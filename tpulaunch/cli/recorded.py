@@ -49,7 +49,7 @@ def recorded_run(obj, recorder: RunRecorder, engine, checked, command: str, *,
         with recorder.phase(phases.LOAD):
             engine.load()
         loaded = True
-        with recorder.phase(phases.CHECK):
+        with recorder.phase(phases.CHECK_CODE):
             _refuse_what_validate_refuses(checked, command)
         yield
     except BaseException as exc:

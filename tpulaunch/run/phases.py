@@ -15,7 +15,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 # The phases of a run, in the order they usually come.
 CHECK = "check the job"
 LOAD = "load TensorFlow"
+CHECK_CODE = "check the job's code"  # validate's checks of its flags, import paths and input_fns, once TF is loaded
 RESOLVE = "resolve the TPU"
+BUILD_EVALUATION = "build the evaluation"  # before training: an evaluation that cannot be built stops the run first
 BUILD = "build the graph"
 INITIALISE = "initialise"
 RESTORE = "restore"
@@ -29,7 +31,7 @@ OTHER = "other"  # time no phase covers (between phases, writing the run record)
 
 # How long a phase usually takes at most, in seconds: past this a run says it is still in it.
 # On a TPU, starting the TPU system and XLA's compile of the first step take minutes for big models.
-USUAL_S = {LOAD: 60.0, RESOLVE: 120.0, BUILD: 120.0, INITIALISE: 120.0, RESTORE: 120.0, FIRST_STEP: 120.0,
+USUAL_S = {LOAD: 60.0, CHECK_CODE: 60.0, RESOLVE: 120.0, BUILD_EVALUATION: 120.0, BUILD: 120.0, INITIALISE: 120.0, RESTORE: 120.0, FIRST_STEP: 120.0,
            CHECKPOINT: 120.0, CLOSE: 120.0, EVALUATION: 300.0, EXPORT: 300.0}
 USUAL_ON_TPU_S = {**USUAL_S, INITIALISE: 300.0, RESTORE: 300.0, FIRST_STEP: 600.0}
 

@@ -220,7 +220,7 @@ def train(job: Job, *, local: bool, recorder: Optional[RunRecorder] = None, stop
     if _evaluates(job):  # a run that cannot build its evaluation would find out only after training
         from tpulaunch.engine.estimator.stopped_run import build_stopped
 
-        with recorder.phase(phases.BUILD):
+        with recorder.phase(phases.BUILD_EVALUATION):
             build_stopped(job, "eval")
     train_input = input_fn_for(job, "train", use_tpu, search_path)
     if time_input and not use_tpu:

@@ -161,6 +161,9 @@ def _train_segments(job: Job, plan: Plan, recorder: RunRecorder, stop: StopSigna
             restoring = tf.train.latest_checkpoint(model_dir) is not None
             recorder.phase_switch(phases.RESTORE if restoring else phases.INITIALISE)
             step = training.restore()
+            if evaluates and step < job.train.steps:  # an evaluation that cannot be built stops the run first
+                recorder.phase_switch(phases.BUILD_EVALUATION)
+                _prepare_evaluation(training, job, use_tpu)
             if step >= job.train.steps:
                 recorder.at_step(step)
                 recorder.note(f"already at step {step} of {job.train.steps} in {model_dir}; nothing to train")
@@ -271,13 +274,19 @@ class _Profiler:
 
 # --------------------------------------------------------------------------------------- evaluate
 
+def _prepare_evaluation(training, job: Job, use_tpu: bool):
+    """The evaluation's dataset (built, not read), its metrics made and its step traced: (dataset, per-replica batch)."""
+    batch = (job.eval.batch_size or job.train.batch_size) // training.strategy.num_replicas_in_sync
+    with naming_read_errors(job, "eval"):
+        dataset = _dataset(job, training, "eval", use_tpu)
+    with build_errors(job, "eval"), spec_errors():  # metrics made and the step traced: the job's code runs
+        training.prepare_evaluation(dataset, batch)
+    return dataset, batch
+
+
 def _evaluate_into(training, job: Job, use_tpu: bool, recorder: RunRecorder, should_stop=None) -> EvalResult:
     with recorder.phase(phases.EVALUATION):
-        batch = (job.eval.batch_size or job.train.batch_size) // training.strategy.num_replicas_in_sync
-        with naming_read_errors(job, "eval"):
-            dataset = _dataset(job, training, "eval", use_tpu)
-        with build_errors(job, "eval"), spec_errors():  # metrics made and the step traced: the job's code runs
-            training.prepare_evaluation(dataset, batch)
+        dataset, batch = _prepare_evaluation(training, job, use_tpu)
         with naming_read_errors(job, "eval"):
             results = training.evaluate(dataset, job.eval.steps, should_stop=should_stop, per_replica_batch=batch)
     return recorder.evaluated(int(results["global_step"]), results)
