@@ -46,6 +46,7 @@ def default_jobs(scratch: Path) -> list:
 
     subprocess.run([sys.executable, "-m", "tpulaunch", "data", "synth", "--example", "quickstart",
                     str(ROOT / "data" / "quickstart")], check=True, capture_output=True)
+    (scratch / "own_program").mkdir()
     own = test_own_program.write_project(scratch / "own_program")
     (scratch / "tapas").mkdir()
     tapas = test_reference_programs.write_project(scratch / "tapas")
