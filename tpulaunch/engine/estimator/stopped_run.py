@@ -45,7 +45,7 @@ def build_stopped(job, mode: str, *, on_graph: Optional[Callable] = None) -> Non
     from tpulaunch.engine.estimator.runner import input_fn_for, make_estimator
 
     class StopBeforeFirstStep(tf.compat.v1.train.SessionRunHook):
-        def after_create_session(self, session, coord):  # the first hook called with a session
+        def after_create_session(self, session, coord):  # before the estimator's own hooks act on the session
             if on_graph is not None:
                 on_graph(session.graph)
             raise BuiltNotRun()
