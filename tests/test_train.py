@@ -303,6 +303,7 @@ def test_sigint_during_a_periodic_evaluation_stops_there_without_reporting_it(pr
                                                   "model.builder=train_models:witnessed_classifier"])
 
     recorder = RunRecorder(total_steps=8, batch_size=8)
+    handler_before = signal.getsignal(signal.SIGINT)  # Python's default, or SIG_IGN under a parent that ignores it
 
     def interrupt_once_evaluating(event):  # the event: the recorder reports the evaluation's phase beginning
         if isinstance(event, PhaseStarted) and event.name == phases.EVALUATION:
@@ -318,7 +319,7 @@ def test_sigint_during_a_periodic_evaluation_stops_there_without_reporting_it(pr
     assert stopped.value.checkpoint == str(run_dir / "model.ckpt-4")
     assert (stopped.value.summary.stopped_by, stopped.value.summary.evals) == ("SIGINT", [])
     assert runner.checkpoint_step(str(run_dir)) == 4
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is handler_before  # the handler it found is back
 
 
 def test_sigterm_stops_training_with_exit_code_143_and_a_checkpoint(project, tmp_path):
