@@ -1,8 +1,9 @@
 """A job file in front of an existing TPUEstimator program: model_fn, input_fns by mode, params, absl flags.
 
-tests/programs/mnist_tpu.py is such a program (module-level absl FLAGS, model_fn reading FLAGS, one
-input_fn per mode reading params["data_dir"]); it runs unmodified, next to the job file as a user's
-would, on TFRecords this file writes. Everything is real: TPUEstimator on the CPU, absl flags, TFRecords.
+tensorflow/tpu's own models/official/mnist/mnist_tpu.py is such a program (module-level absl FLAGS, a
+model_fn reading FLAGS, one input_fn per mode reading params["data_dir"]); its original, copied unchanged
+into tests/programs/tensorflow_tpu (license kept), runs next to the job file as a user's would, on
+TFRecords this file writes in its format. Everything is real: TPUEstimator on the CPU, absl flags, TFRecords.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from click.testing import CliRunner
 from tpulaunch.checks.validate import validate_job
 from tpulaunch.cli.app import cli
 
-PROGRAMS = Path(__file__).resolve().parent / "programs"
+MNIST_TPU = Path(__file__).resolve().parent / "programs" / "tensorflow_tpu" / "models" / "official" / "mnist" / "mnist_tpu.py"
 
 JOB = textwrap.dedent('''
     name: mnist-tpu
@@ -33,8 +34,8 @@ JOB = textwrap.dedent('''
       params: {data_dir: DATA_DIR}
     data:
       input_fn: {train: mnist_tpu:train_input_fn, eval: mnist_tpu:eval_input_fn}
-      features: {image: {shape: [784], dtype: float32}}
-      labels: {label: {shape: [], dtype: int32}}
+      features: {image: {shape: [28, 28, 1], dtype: float32}}
+      labels: {label: {shape: [], dtype: int64}}
     train: {batch_size: 32, steps: 120}
     eval: {batch_size: 32, steps: 2}
     run: {model_dir: runs/mnist, save_checkpoints_steps: 60, log_every_steps: 60}
@@ -43,7 +44,7 @@ JOB = textwrap.dedent('''
 
 
 def write_digits(path: Path, count: int, seed: int) -> None:
-    """MNIST-shaped records as the program reads them: 784 raw pixel bytes and a label; the digit is where a bar is."""
+    """MNIST records as the program reads them (image_raw: 784 pixel bytes, label: int64); the digit is where a bar is."""
     rng = np.random.default_rng(seed)
     with tf.io.TFRecordWriter(str(path)) as writer:
         for _ in range(count):
@@ -62,11 +63,11 @@ def project(tmp_path_factory) -> Path:
 
 
 def write_project(root: Path) -> Path:
-    """tests/programs/mnist_tpu.py, its records and its job file in `root`."""
-    shutil.copy(PROGRAMS / "mnist_tpu.py", root / "mnist_tpu.py")
+    """tensorflow/tpu's mnist_tpu.py, its records (the file names it reads) and its job file in `root`."""
+    shutil.copy(MNIST_TPU, root / "mnist_tpu.py")
     (root / "data").mkdir()
-    write_digits(root / "data" / "train.tfrecord", 256, seed=1)
-    write_digits(root / "data" / "eval.tfrecord", 64, seed=2)
+    write_digits(root / "data" / "train.tfrecords", 256, seed=1)
+    write_digits(root / "data" / "validation.tfrecords", 64, seed=2)
     (root / "job.yaml").write_text(JOB.replace("DATA_DIR", str(root / "data")))
     return root
 
@@ -105,11 +106,11 @@ def test_evaluate_and_export_run_the_same_program(project, trained):
     path = re.search(r"^exported (\S+)$", exported.output, re.M).group(1)
     serve = tf.saved_model.load(path).signatures["serving_default"]
     (signature,) = serve.structured_input_signature[1].values()
-    assert (signature.shape.as_list(), signature.dtype) == ([None, 784], tf.float32)
-    # A bar in rows 10-15 is digit 5 in the data the program learned from.
-    image = np.zeros((1, 28, 28), np.float32)
-    image[0, 10:16, 4:24] = 1.0
-    assert serve(tf.constant(image.reshape(1, 784)))["class_ids"].numpy().tolist() == [5]
+    assert (signature.shape.as_list(), signature.dtype) == ([None, 28, 28, 1], tf.float32)
+    # A bar in rows 10-15 is digit 5 in the data the program learned from (pixels 0-255: it divides by 255).
+    image = np.zeros((1, 28, 28, 1), np.float32)
+    image[0, 10:16, 4:24] = 255.0
+    assert serve(tf.constant(image))["class_ids"].numpy().tolist() == [5]
 
 
 def test_flags_reach_the_program_before_it_runs(project, tmp_path):
@@ -134,7 +135,7 @@ def test_the_good_job_validates(project):
 
 @pytest.mark.parametrize("broken, key", [
     (("learning_rate: 0.05", "learning_rte: 0.05"), "flags.learning_rte"),
-    (("shape: [784]", "shape: [28, 28]"), "data.features.image.shape"),
+    (("shape: [28, 28, 1]", "shape: [784]"), "data.features.image.shape"),
     (("labels=labels, logits=logits)", "labels=labels, logits=logitz)"), "model.model_fn"),
 ])
 def test_validate_and_train_refuse_a_broken_program_at_the_same_key(project, tmp_path, broken, key):
@@ -185,13 +186,13 @@ def test_features_describe_what_the_input_fn_yields(project, tmp_path):
     """Declaring the stored bytes (uint8) for what the input_fn yields decoded (float32) is refused at its place."""
     job = tmp_path / "stored.yaml"
     job.write_text((project / "job.yaml").read_text().replace("dtype: float32", "dtype: uint8")
-                   .replace("shape: [784]", "shape: [28, 28]"))
+                   .replace("shape: [28, 28, 1]", "shape: [784]"))
     shutil.copy(project / "mnist_tpu.py", tmp_path / "mnist_tpu.py")
     found = [(p.code, p.path, p.message) for p in validate_job(str(job)).problems]
     assert found == [
         ("input-fn-shape", "data.features.image.shape",
-         "the train input_fn (mnist_tpu:train_input_fn) yields 'image' with [784] per example (batch dim left out), "
-         "but it is declared [28, 28]"),
+         "the train input_fn (mnist_tpu:train_input_fn) yields 'image' with [28, 28, 1] per example (batch dim left "
+         "out), but it is declared [784]"),
         ("input-fn-dtype", "data.features.image.dtype",
          "the train input_fn (mnist_tpu:train_input_fn) yields 'image' as float32, but it is declared uint8"),
     ]

@@ -7,6 +7,7 @@ local`) the host is this machine, so local paths work.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Iterator, Union
 
@@ -89,4 +90,19 @@ def path_form_problems(loaded: LoadedJob) -> list:
                     path_key, "local-path-on-tpu",
                     f"model_dir '{path}' is local, but a Cloud TPU node writes checkpoints only to gs://",
                     "use gs://BUCKET/runs/NAME (override with --set run.model_dir=... for local runs)"))
+    return problems
+
+
+def python_path_problems(loaded: LoadedJob) -> list:
+    """python_path entries are directories of this machine, where Python imports the job's code from."""
+    problems = []
+    for i, entry in enumerate(loaded.section("python_path") or []):
+        if "://" in entry:
+            problems.append(loaded.problem(("python_path", i), "python-path-remote",
+                                           f"'{entry}' is not a local directory: Python imports only from this machine",
+                                           "copy the program's source tree here and name its directory"))
+        elif not os.path.isdir(entry):
+            problems.append(loaded.problem(("python_path", i), "python-path-missing",
+                                           f"python_path: no directory {entry}",
+                                           "entries are relative to the job file's directory"))
     return problems

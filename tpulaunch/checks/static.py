@@ -315,7 +315,7 @@ STATIC_RULES = (check_slice, check_batches, check_partition, check_static_shapes
 def static_problems(loaded: LoadedJob) -> list:
     """Every rule that needs neither TensorFlow nor the network."""
     from tpulaunch.checks.heads import head_problems
-    from tpulaunch.checks.paths import path_form_problems
+    from tpulaunch.checks.paths import path_form_problems, python_path_problems
 
     from tpulaunch.checks.engine_rules import engine_problems
 
@@ -326,4 +326,5 @@ def static_problems(loaded: LoadedJob) -> list:
     problems.extend(head_problems(loaded))
     if loaded.usable("data", "tpu", "run"):
         problems.extend(path_form_problems(loaded))
+    problems.extend(python_path_problems(loaded))
     return problems

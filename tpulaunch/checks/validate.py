@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
@@ -81,7 +80,7 @@ def validate_job(
                 f"{INSTALL_HINT[engine]}; or check only what needs no TensorFlow: validate --static"))
             result.problems = _sorted(_dedupe(result.problems))
             return result
-        search_path = [os.path.dirname(os.path.abspath(filename))]
+        search_path = loaded.search_path
         from tpulaunch.tf_env import import_tensorflow
 
         import_tensorflow()  # before the job's own modules import it: its start-up lines stay off the terminal

@@ -67,13 +67,10 @@ def recorded_run(obj, recorder: RunRecorder, engine, checked, command: str, *,
 def _refuse_what_validate_refuses(checked, command: str) -> None:
     """Validate's checks of the job's own code (flags, import paths, input_fns), now that TensorFlow is loaded:
     a job validate refuses is refused here, at the same keys, before anything is built."""
-    import os
-
     from tpulaunch.checks.validate import code_problems
     from tpulaunch.cli.gate import JobRefused
 
-    search_path = [os.path.dirname(os.path.abspath(checked.file))]
-    errors = [p for p in code_problems(checked.loaded, search_path, []) if p.is_error]
+    errors = [p for p in code_problems(checked.loaded, checked.loaded.search_path, []) if p.is_error]
     if errors:
         raise JobRefused(f"not running {command} on {checked.file}: fix the problems above "
                          f"(tpulaunch validate {checked.file})", problems=errors)

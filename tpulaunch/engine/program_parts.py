@@ -360,10 +360,16 @@ def tpu_lines(job, at) -> list:
 
 
 def job_dir_lines(loaded: LoadedJob) -> list:
-    """JOB_DIR, first on sys.path, as under `tpulaunch train`."""
-    job_dir = os.path.dirname(os.path.abspath(loaded.file))
-    return ["# The job file's directory comes first on the import path, as under `tpulaunch train`.",
-            f"JOB_DIR = {job_dir!r}", "sys.path.insert(0, JOB_DIR)", ""]
+    """JOB_DIR (then python_path) first on sys.path, as under `tpulaunch train`."""
+    job_dir, *python_path = loaded.search_path
+    lines = ["# The job file's directory comes first on the import path, as under `tpulaunch train`.",
+             f"JOB_DIR = {job_dir!r}"]
+    if python_path:
+        lines += [f"# {Keys(loaded)('python_path')}: the program's source tree, after JOB_DIR.",
+                  f"sys.path[:0] = [JOB_DIR, *{python_path!r}]", ""]
+    else:
+        lines += ["sys.path.insert(0, JOB_DIR)", ""]
+    return lines
 
 
 BANNER = "# " + "=" * 98

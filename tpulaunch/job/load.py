@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from tpulaunch.errors import JobFileError, Problem
-from tpulaunch.job.schema import SECTIONS, Job
+from tpulaunch.job.schema import SECTIONS, Job, search_path_of
 from tpulaunch.job.yamlfile import (DOCUMENT_PATH, SECRET_MASK, Mark, Marks, dotted, looks_secret, parse_yaml,
                                     read_job_text)
 
@@ -40,6 +40,12 @@ class LoadedJob:
         if self.local and name in ("tpu", "partition"):
             return None
         return self.sections.get(name)
+
+    @property
+    def search_path(self) -> list:
+        """Where the job's import paths are looked up before PYTHONPATH: the job file's directory, then
+        python_path (even when another section of the job is invalid)."""
+        return search_path_of(os.path.dirname(os.path.abspath(self.file)), self.section("python_path") or [])
 
     def usable(self, *names: str) -> bool:
         return not any(n in self.invalid for n in names)
@@ -321,7 +327,7 @@ def _field_description(path: tuple) -> Optional[str]:
 
 # ------------------------------------------------------------------------------------------- loading
 
-PATH_KEYS = (("data", "train"), ("data", "eval"), ("run", "model_dir"), ("run", "warm_start", "from"))
+PATH_KEYS = (("data", "train"), ("data", "eval"), ("run", "model_dir"), ("run", "warm_start", "from"), ("python_path",))
 
 
 def _is_remote(path: str) -> bool:
@@ -335,7 +341,7 @@ def _anchor_relative_paths(data: dict, marks: Marks, job_dir: str) -> None:
         for part in keys[:-1]:
             node = node.get(part) if isinstance(node, dict) else None
         key = keys[-1]
-        if not isinstance(node, dict) or key not in node:
+        if not isinstance(node, dict) or key not in node or not isinstance(node[key], (str, list)):
             continue
         value = node[key]
         entries = value if isinstance(value, list) else [value]

@@ -9,7 +9,7 @@ replicas, paths vs TPU) live in `tpulaunch.checks.static`.
 # its text again when it builds the models, a fifth of what importing this module costs.
 
 import re
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import Any, Dict, List, Literal, Optional, Sequence, Union
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, PrivateAttr, Tag,
                       WithJsonSchema, field_validator, model_validator)
@@ -457,6 +457,11 @@ class Job(Strict):
     flags: Dict[str, FlagValue] = Field(
         default_factory=dict, description="absl flags the job's modules define, set before any of their functions "
                                           "runs (the rest keep their defaults)")
+    python_path: List[str] = Field(
+        default_factory=list,
+        description="directories (relative to the job file) where the job's import paths are looked up after the "
+                    "job file's own directory and before PYTHONPATH: a program's source tree, e.g. tensorflow/tpu's "
+                    "[models, models/official/resnet], which its README puts on PYTHONPATH")
     _source_dir: Optional[str] = PrivateAttr(None)  # the job file's directory, set by load_job
 
     @property
@@ -465,13 +470,19 @@ class Job(Strict):
 
     @property
     def search_path(self) -> list:
-        """Where the job's import paths are looked up before PYTHONPATH: the job file's directory."""
-        return [self._source_dir] if self._source_dir else []
+        """Where the job's import paths are looked up before PYTHONPATH: the job file's directory, then
+        python_path (relative to it)."""
+        return search_path_of(self._source_dir, self.python_path)
 
     def located_at(self, directory: str) -> "Job":
         """This job, with its import paths resolved from `directory` (the job file's)."""
         self._source_dir = directory
         return self
+
+
+def search_path_of(job_dir: Optional[str], python_path: Sequence[str] = ()) -> list:
+    """The job file's directory, then python_path (made absolute from the job file's directory on load)."""
+    return ([job_dir] if job_dir else []) + list(python_path)
 
 
 SECTIONS = {name: field.annotation for name, field in Job.model_fields.items()}
