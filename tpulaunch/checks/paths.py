@@ -103,6 +103,6 @@ def python_path_problems(loaded: LoadedJob) -> list:
                                            "copy the program's source tree here and name its directory"))
         elif not os.path.isdir(entry):
             problems.append(loaded.problem(("python_path", i), "python-path-missing",
-                                           f"python_path: no directory {entry}",
+                                           f"no directory {entry}",
                                            "entries are relative to the job file's directory"))
     return problems
