@@ -173,8 +173,11 @@ take_lease_option = click.option(
 
 
 def _model_dir_override(model_dir: Optional[str]) -> list:
-    # Relative to where the command runs (the job file's own paths are relative to the job file).
-    return [f"run.model_dir={json.dumps(os.path.abspath(model_dir))}"] if model_dir else []
+    # Relative to where the command runs (the job file's own paths are relative to the job file); a URL
+    # (gs://bucket/dir) as given: abspath would turn it into a local ./gs:/bucket/dir.
+    if not model_dir:
+        return []
+    return [f"run.model_dir={json.dumps(model_dir if '://' in model_dir else os.path.abspath(model_dir))}"]
 
 
 @command()
