@@ -11,7 +11,8 @@ from a background thread while it lives and marks it released when it ends::
 
 Every change is atomic, so two runs can never both win:
 
-- local: the first lease is made with an exclusive create (O_CREAT|O_EXCL). Every later change (renew,
+- local: the first lease is made with an exclusive create (a complete temporary file, made with O_EXCL, linked
+  to the lease's name: link() fails when it exists, and no reader sees a half-written lease). Every later change (renew,
   release, a takeover) rereads the file under a guard file made the same way, checks it is still what
   the change expects (ours; or the very stale lease it judged), and writes a temporary file renamed over
   the lease.
@@ -119,16 +120,27 @@ class LocalStore:
             return None, None
         return text, text  # the token: the content itself, compared again under the guard
 
-    def create(self, text: bytes) -> object:
-        os.makedirs(self.model_dir, exist_ok=True)
-        try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            raise _Conflict() from None
+    def _written(self, text: bytes) -> str:
+        """A temporary file in model_dir holding `text`, flushed to disk."""
+        temporary = f"{self.path}.{os.getpid()}.{secrets.token_hex(3)}.tmp"
+        fd = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         with os.fdopen(fd, "wb") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        return temporary
+
+    def create(self, text: bytes) -> object:
+        # An exclusive create of a complete file: link() fails when the lease exists, like O_CREAT|O_EXCL, but
+        # a reader never sees the lease empty (an O_EXCL file is visible before its content is written).
+        os.makedirs(self.model_dir, exist_ok=True)
+        temporary = self._written(text)
+        try:
+            os.link(temporary, self.path)
+        except FileExistsError:
+            raise _Conflict() from None
+        finally:
+            os.unlink(temporary)
         return text
 
     def replace(self, text: bytes, token: object, stale_after_s: float) -> object:
@@ -137,12 +149,7 @@ class LocalStore:
             current, _ = self.read()
             if current != token:
                 raise _Conflict()
-            temporary = f"{self.path}.{os.getpid()}.{secrets.token_hex(3)}.tmp"
-            with open(temporary, "wb") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temporary, self.path)  # atomic: a reader sees the old lease or the new one
+            os.replace(self._written(text), self.path)  # atomic: a reader sees the old lease or the new one
         return text
 
     @contextlib.contextmanager
