@@ -173,6 +173,11 @@ def test_two_workers_train_one_job_with_multi_worker_mirrored_strategy(project, 
     assert not list(run.glob("worker-*")), list(run.iterdir())  # the other worker's scratch checkpoints are gone
     records = [json.loads(line) for line in (run / "tpulaunch-runs.jsonl").read_text().splitlines()]
     assert [r["command"] for r in records] == ["train", "resume"]
+    # One lease for the cluster, the chief's (worker 0 here): its run id is the one its records carry.
+    assert [p.relative_to(run) for p in run.rglob("tpulaunch.lease*")] == [Path("tpulaunch.lease")]
+    lease = json.loads((run / "tpulaunch.lease").read_text())
+    assert lease["state"] == "released" and lease["took_over"] is None  # the first run had released it
+    assert records[-1]["run_id"] == lease["run_id"] and records[0]["run_id"] != lease["run_id"]
 
 
 def test_sigint_saves_a_checkpoint_and_the_rerun_finishes_exactly(project, tmp_path):

@@ -30,7 +30,7 @@ def _outcome(recorder: RunRecorder, error: Optional[BaseException]) -> str:
 
 @contextlib.contextmanager
 def recorded_run(obj, recorder: RunRecorder, engine, checked, command: str, *,
-                 record: bool = True) -> Iterator[None]:
+                 record: bool = True, lease=None) -> Iterator[None]:
     """The run of `checked` (the job through the gate) on `engine`, told to `recorder`.
 
     `command`: "train" (recorded as "resume" when training started from a checkpoint), "evaluate" or
@@ -38,7 +38,8 @@ def recorded_run(obj, recorder: RunRecorder, engine, checked, command: str, *,
     before TensorFlow loads), TensorFlow's import the second; a `PhaseWatch` says when a phase runs
     far past what is usual. When the block ends, however it ends, the run's record is appended to model_dir
     (when `record`, and once TensorFlow was loaded: it writes through TensorFlow's filesystem, and
-    model_dir may be gs://), and the recorder is closed.
+    model_dir may be gs://), and the recorder is closed. `lease`: the model_dir lease the run holds
+    (`run/lease.py`): its run id and any takeover go into the record.
     """
     from tpulaunch.run.phase_watch import PhaseWatch
 
@@ -59,7 +60,7 @@ def recorded_run(obj, recorder: RunRecorder, engine, checked, command: str, *,
         watch.stop()
         try:
             if record and loaded:
-                _write_record(obj, recorder, engine, checked, command, _outcome(recorder, error))
+                _write_record(obj, recorder, engine, checked, command, _outcome(recorder, error), lease)
         finally:
             recorder.close()
 
@@ -76,7 +77,7 @@ def _refuse_what_validate_refuses(checked, command: str) -> None:
                          f"(tpulaunch validate {checked.file})", problems=errors)
 
 
-def _write_record(obj, recorder: RunRecorder, engine, checked, command: str, outcome: str) -> None:
+def _write_record(obj, recorder: RunRecorder, engine, checked, command: str, outcome: str, lease=None) -> None:
     from tpulaunch import __version__
     from tpulaunch.engine.estimator.runner import job_document  # the job as model_dir's job copy holds it
     from tpulaunch.run.record import job_hash, record_line, run_record
@@ -90,7 +91,9 @@ def _write_record(obj, recorder: RunRecorder, engine, checked, command: str, out
     record = run_record(
         recorder, command=command, outcome=outcome, on_tpu=plan.on_tpu, input_pipelines=pipelines,
         job={"name": job.name, "hash": job_hash(job_document(job)), "model_dir": job.run.model_dir},
-        versions={"tpulaunch": __version__, "tensorflow": installed_tensorflow_version()}, profile=recorder.profile)
+        versions={"tpulaunch": __version__, "tensorflow": installed_tensorflow_version()}, profile=recorder.profile,
+        run_id=lease.data["run_id"] if lease is not None else None,
+        lease_took_over=lease.took_over if lease is not None else None)
     try:
         engine.append_run_record(job.run.model_dir, record_line(record))
     except Exception as exc:  # the run's own outcome matters more than its record

@@ -18,7 +18,7 @@ import click
 
 from tpulaunch.cli.base import (Context, checkpoint_option, command, cpu_replicas_option, job_argument, local_option,
                                 pass_obj, set_option, wait_option)
-from tpulaunch.errors import AlreadyReported
+from tpulaunch.errors import AlreadyReported, TpuLaunchError, first_line
 from tpulaunch.tf_env import quiet_tensorflow
 
 
@@ -115,9 +115,69 @@ class StepRange(click.ParamType):
         return steps
 
 
+@contextlib.contextmanager
+def _model_dir_lease(obj: Context, job, command: str, take: bool):
+    """The run's lease on model_dir (`run/lease.py`), taken before anything is written or TensorFlow loads and
+    released however the run ends; None for a worker that is not the chief (the chief holds it for all).
+
+    A takeover is said before the run's first line; a lease lost to another run during this one is said at
+    once and fails the run at its end (its checkpoints may be mixed with the other run's)."""
+    from tpulaunch.engine.keras.plain import is_chief_worker
+    from tpulaunch.run import lease as leases
+
+    if not is_chief_worker():
+        yield None
+        return
+    lease = leases.acquire(job.run.model_dir, run_id=leases.new_run_id(), command=command, take=take)
+    say = lambda text: obj.err.print(text, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
+    took = lease.took_over
+    if took:
+        why = ("at once (--take-lease)" if took["forced"] else
+               f"its holder stopped renewing it (stale after {lease.stale_after_s:g} s)")
+        say(f"lease | took over run.model_dir {job.run.model_dir} from {leases.holder_text(took)}, last renewed "
+            f"{leases.age_text(took['renewed_s_ago'])} ago: {why}")
+
+    def lost(now_holder: dict) -> None:
+        say(f"lease | lost: {leases.holder_text(now_holder)} took run.model_dir {job.run.model_dir} over while this "
+            "run held it; both may be writing checkpoints there")
+
+    def renew_failed(exc: BaseException) -> None:
+        say(f"lease | could not renew the lease on {job.run.model_dir} ({type(exc).__name__}: {first_line(exc)}); "
+            "retrying")
+
+    lease.start_renewing(on_lost=lost, on_error=renew_failed)
+    failed = False
+    try:
+        yield lease
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        try:
+            lease.release()
+        except Exception as exc:  # left held, it goes stale: the next run takes it over
+            say(f"lease | not released ({type(exc).__name__}: {first_line(exc)}); it goes stale after "
+                f"{lease.stale_after_s:g} s")
+        if lease.lost is not None and not failed:
+            raise TpuLaunchError(
+                f"another run ({leases.holder_text(lease.lost)}) took run.model_dir {job.run.model_dir} over during "
+                "this run: the checkpoints there may be mixed from both runs",
+                hint="check model_dir's checkpoints and tpulaunch-runs.jsonl before trusting them")
+
+
+take_lease_option = click.option(
+    "--take-lease", is_flag=True,
+    help="Take model_dir's lease even when another live run holds it (only when that run is surely stopped). "
+         "Without it a run whose lease was not renewed for $TPULAUNCH_LEASE_STALE_S seconds (default 180; renewed "
+         "every $TPULAUNCH_LEASE_RENEW_S, default 30) is taken over, and a live one refuses this run.")
+
+
 def _model_dir_override(model_dir: Optional[str]) -> list:
-    # Relative to where the command runs (the job file's own paths are relative to the job file).
-    return [f"run.model_dir={json.dumps(os.path.abspath(model_dir))}"] if model_dir else []
+    # Relative to where the command runs (the job file's own paths are relative to the job file); a URL
+    # (gs://bucket/dir) as given: abspath would turn it into a local ./gs:/bucket/dir.
+    if not model_dir:
+        return []
+    return [f"run.model_dir={json.dumps(model_dir if '://' in model_dir else os.path.abspath(model_dir))}"]
 
 
 @command()
@@ -127,6 +187,7 @@ def _model_dir_override(model_dir: Optional[str]) -> list:
 @click.option("--model-dir", type=click.Path(file_okay=False, path_type=str),
               help="Checkpoints here instead of run.model_dir (relative to the current directory).")
 @click.option("--force", is_flag=True, help="Resume even if model_dir holds a job with another model or data spec.")
+@take_lease_option
 @wait_option
 @click.option("--watch-interval", type=click.FloatRange(min=0.01), default=60, show_default=True, metavar="SECONDS",
               help="Poll the TPU node's state and health this often while training.")
@@ -143,10 +204,15 @@ def _model_dir_override(model_dir: Optional[str]) -> list:
                    "(tensorboard --logdir MODEL_DIR, Profile tab). Skip the first steps: they include start-up.")
 @cpu_replicas_option
 @pass_obj
-def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Optional[str], force: bool, wait_s: float,
+def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Optional[str], force: bool, take_lease: bool,
+          wait_s: float,
           watch_interval: float, auto_resume: int, resume_wait: float, watch_node: bool, profile,
           cpu_replicas: Optional[int]):
     """Train the job: resume from model_dir's latest complete checkpoint, evaluate as eval: says, show progress.
+
+    One writer per model_dir: the run holds model_dir/tpulaunch.lease while it lives; a second run on the
+    same model_dir is refused (exit 1) naming the holder, unless the holder stopped renewing it (then it
+    is taken over) or --take-lease.
 
     Ctrl-C (or SIGTERM) finishes the current step, saves a checkpoint there and exits 130 (143);
     running the same command again continues from that step. A checkpoint that a preemption cut
@@ -171,22 +237,33 @@ def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Option
       tpulaunch train job.yaml --local --profile 20-25   # a TensorBoard profile of steps 20 to 25
       tpulaunch train job.yaml --local --cpu-replicas 2  # keras engine: two replicas on this CPU
     """
-    from tpulaunch.cli.recorded import recorded_run
-    from tpulaunch.data.input_help import input_help
     from tpulaunch.engine.base import engine_for
-    from tpulaunch.run.signals import EvaluationStopped, TrainingStopped
     from tpulaunch.run.started import run_started
-    from tpulaunch.run.watchdog import NodeLost
 
     began = run_started()
     sets = [*overrides, *_model_dir_override(model_dir)]
     checked = _checked(obj, job_file, sets, local=local)
     job, engine = checked.job, engine_for(checked.job)
+    with _model_dir_lease(obj, job, "train", take_lease) as lease:
+        _train(obj, job_file, checked, engine, began, sets, lease, local=local, force=force, wait_s=wait_s,
+               watch_node=watch_node, watch_interval=watch_interval, auto_resume=auto_resume,
+               resume_wait=resume_wait, profile=profile, cpu_replicas=cpu_replicas)
+
+
+def _train(obj: Context, job_file: str, checked, engine, began: float, sets, lease, *, local: bool, force: bool,
+           wait_s: float, watch_node: bool, watch_interval: float, auto_resume: int, resume_wait: float, profile,
+           cpu_replicas: Optional[int]):
+    from tpulaunch.cli.recorded import recorded_run
+    from tpulaunch.data.input_help import input_help
+    from tpulaunch.run.signals import EvaluationStopped, TrainingStopped
+    from tpulaunch.run.watchdog import NodeLost
+
+    job = checked.job
     recorder = _recorder(obj.out, started_at=began, total_steps=job.train.steps if job.train else 0,
                          batch_size=job.train.batch_size if job.train else 0,
                          log_every_steps=engine.log_every_steps(job), model_dir=job.run.model_dir,
                          input_help=input_help(job, on_tpu=checked.plan.on_tpu))
-    with recorded_run(obj, recorder, engine, checked, "train"):
+    with recorded_run(obj, recorder, engine, checked, "train", lease=lease):
         with _resolving(recorder, job, local=local, watch_node=watch_node):
             resolver = _resolver(job, local, wait_s)
             watch = _watch_plan(job, local=local, watch_node=watch_node, wait_s=wait_s, interval=watch_interval,
@@ -238,10 +315,14 @@ def _resolving(recorder, job, *, local: bool, watch_node: bool):
 @checkpoint_option
 @wait_option
 @cpu_replicas_option
+@take_lease_option
 @pass_obj
 def evaluate(obj: Context, job_file: str, local: bool, overrides, checkpoint: Optional[str], wait_s: float,
-             cpu_replicas: Optional[int]):
+             cpu_replicas: Optional[int], take_lease: bool):
     """Evaluate the latest checkpoint in run.model_dir on data.eval for eval.steps batches.
+
+    It writes into model_dir (its run record; TensorBoard eval summaries on the estimator engine), so it
+    holds model_dir's lease like train: refused while a train of that model_dir runs.
 
     \b
     Examples:
@@ -255,12 +336,13 @@ def evaluate(obj: Context, job_file: str, local: bool, overrides, checkpoint: Op
     began = run_started()
     checked = _checked(obj, job_file, overrides, local=local)
     job, engine = checked.job, engine_for(checked.job)
-    recorder = _recorder(obj.out, started_at=began, model_dir=job.run.model_dir)
-    with recorded_run(obj, recorder, engine, checked, "evaluate"):
-        with _resolving(recorder, job, local=local, watch_node=False):
-            resolver = _resolver(job, local, wait_s)
-        engine.evaluate(job, checked.plan, recorder=recorder, checkpoint=checkpoint, cluster_resolver=resolver,
-                        **_replicas(engine, cpu_replicas, checked.plan))
+    with _model_dir_lease(obj, job, "evaluate", take_lease) as lease:
+        recorder = _recorder(obj.out, started_at=began, model_dir=job.run.model_dir)
+        with recorded_run(obj, recorder, engine, checked, "evaluate", lease=lease):
+            with _resolving(recorder, job, local=local, watch_node=False):
+                resolver = _resolver(job, local, wait_s)
+            engine.evaluate(job, checked.plan, recorder=recorder, checkpoint=checkpoint, cluster_resolver=resolver,
+                            **_replicas(engine, cpu_replicas, checked.plan))
 
 
 @command()
@@ -273,7 +355,8 @@ def export(obj: Context, job_file: str, out_dir: str, overrides, checkpoint: Opt
     """Write a SavedModel of the latest checkpoint, with a serving signature from data.features.
 
     The SavedModel lands in a timestamped directory under OUT_DIR; it serves on CPU/GPU and takes
-    the features by name, with a free batch dimension.
+    the features by name, with a free batch dimension. Export only reads model_dir, so it takes no
+    lease and may run beside a train of the same model_dir.
 
     \b
     Examples:

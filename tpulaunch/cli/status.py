@@ -1,6 +1,7 @@
-"""`tpulaunch status JOB.yaml`: is the job's TPU node there, READY, HEALTHY and of the declared type?
+"""`tpulaunch status JOB.yaml`: is the job's TPU node there, READY, HEALTHY and of the declared type? And who
+holds the lease on its model_dir (`run/lease.py`)?
 
-No TensorFlow import: the installed version is read from package metadata.
+No TensorFlow import: the installed version is read from package metadata; the lease is read directly.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import json
 import click
 
 from tpulaunch.cli.base import command, job_argument, pass_obj, set_option, text_or_json_option
-from tpulaunch.errors import AlreadyReported, ExitCode
+from tpulaunch.errors import AlreadyReported, ExitCode, first_line
 
 
 @command()
@@ -21,7 +22,8 @@ from tpulaunch.errors import AlreadyReported, ExitCode
 @set_option
 @pass_obj
 def status(obj, job_file, wait_s, fmt, overrides):
-    """Show the job's TPU node: state, health, type, hosts, endpoints, runtime version.
+    """Show the job's TPU node: state, health, type, hosts, endpoints, runtime version; and who holds the
+    lease on run.model_dir (a live train/evaluate, a stale one, or none).
 
     The node comes from the job's tpu: section (name, zone, project), else $TPU_NAME,
     $TPU_ZONE, $TPU_PROJECT / $GOOGLE_CLOUD_PROJECT. Set $TPULAUNCH_TPU_DISCOVERY_URL to
@@ -42,13 +44,16 @@ def status(obj, job_file, wait_s, fmt, overrides):
 
     # Only the tpu: section decides whether the node can be asked about; other mistakes are validate's.
     checked = load_checked(job_file, overrides, verb="checking the TPU of", sections=("tpu",))
+    lease = _lease(checked)
     job_tpu = checked.loaded.section("tpu")
     if job_tpu is None:
         if fmt == "json":
-            click.echo(json.dumps({"file": job_file, "tpu": None, "runs": "locally", "usable": True}, indent=2))
+            click.echo(json.dumps({"file": job_file, "tpu": None, "runs": "locally", "usable": True, "lease": lease},
+                                  indent=2))
         else:
             obj.out.print(f"{job_file}: no tpu: section, so the job runs locally (CPU/GPU); nothing to check",
                           highlight=False)
+            _print_lease(obj.out, lease)
         return
 
     ref = resolve_node(job_tpu)
@@ -71,11 +76,40 @@ def status(obj, job_file, wait_s, fmt, overrides):
         if spinner is not None:
             spinner.stop()
     if fmt == "json":
-        click.echo(json.dumps({"file": job_file, **node.to_dict()}, indent=2))
+        click.echo(json.dumps({"file": job_file, **node.to_dict(), "lease": lease}, indent=2))
     else:
         render_status(obj.out, node)
+        _print_lease(obj.out, lease)
     if not node.usable:
         raise AlreadyReported(ExitCode.CLUSTER)
+
+
+def _lease(checked) -> dict:
+    """{"model_dir", "state": held | stale | released | none | unknown, "holder": the lease as written,
+    "renewed_s_ago", "text"} for run.model_dir; "unknown" (with why) when the job names none or it cannot be read."""
+    import time
+
+    from tpulaunch.run import lease as leases
+
+    run = checked.loaded.section("run")
+    model_dir = getattr(run, "model_dir", None)
+    if not model_dir:
+        return {"model_dir": None, "state": "unknown", "holder": None, "renewed_s_ago": None,
+                "text": "unknown (the job has no valid run.model_dir)"}
+    try:
+        data = leases.read_lease(model_dir)
+    except Exception as exc:  # a corrupt lease, an unreadable model_dir, no credentials for gs://
+        message = getattr(exc, "message", None) or f"{type(exc).__name__}: {first_line(exc)}"
+        return {"model_dir": model_dir, "state": "unknown", "holder": None, "renewed_s_ago": None,
+                "text": f"unknown ({message})"}
+    now = time.time()
+    return {"model_dir": model_dir, "state": leases.lease_state(data, now), "holder": data,
+            "renewed_s_ago": round(now - data["renewed"], 3) if data else None, "text": leases.describe(data, now)}
+
+
+def _print_lease(console, lease: dict) -> None:
+    where = f" ({lease['model_dir']})" if lease["model_dir"] else ""
+    console.print(f"model_dir lease{where}: {lease['text']}", highlight=False, markup=False, soft_wrap=True)
 
 
 def render_status(console, node) -> None:

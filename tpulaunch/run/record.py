@@ -11,7 +11,11 @@ the input pipeline with the step rate the last training run needed)::
      "input_pipelines": 1,
      "goodput": 0.7, "input_wait_share": 0.03, "input_bound": false, "records_skipped": null,
      "events": [], "resumes": 0, "steps_lost": 0, "evals": [{"step": 300, "metrics": {...}}],
-     "on_tpu": false, "profile": null, "versions": {"tpulaunch": "0.1.0", "tensorflow": "2.15.1"}}
+     "on_tpu": false, "profile": null, "versions": {"tpulaunch": "0.1.0", "tensorflow": "2.15.1"},
+     "run_id": "20250101T100000Z-vm-1-4242-1a2b3c", "lease_took_over": null}
+
+`run_id` is the id the run's model_dir lease names (`run/lease.py`); `lease_took_over`, when this run took
+a lease over, names the run it took it from and how long that one had not renewed it.
 
 `phases` are the recorder's exclusive seconds per phase ("other": what no phase covered), so they add
 up to `wall_s`. `examples_per_s` counts all the time in training sessions (as the final line does);
@@ -51,7 +55,8 @@ def _rounded(value: Optional[float], digits: int = 4) -> Optional[float]:
 
 def run_record(recorder: RunRecorder, *, command: str, outcome: str, job: Dict[str, Any],
                versions: Dict[str, Optional[str]], on_tpu: bool, input_pipelines: int = 1,
-               profile: Optional[str] = None, wall_clock: Callable[[], float] = time.time) -> dict:
+               profile: Optional[str] = None, wall_clock: Callable[[], float] = time.time,
+               run_id: Optional[str] = None, lease_took_over: Optional[dict] = None) -> dict:
     """The record of the run `recorder` kept, as of now.
 
     Args:
@@ -63,6 +68,9 @@ def run_record(recorder: RunRecorder, *, command: str, outcome: str, job: Dict[s
         input_pipelines: input pipelines feeding the run (one per input_fn call over the slice).
         profile: where a profile of the run went (`train --profile`), if one did.
         wall_clock: the calendar clock (seconds since the epoch), for the start and end times.
+        run_id: the run's id, as its model_dir lease names it (None: the run held no lease).
+        lease_took_over: the holder whose lease this run took over ({host, pid, run_id, renewed_s_ago, stale,
+            forced}), if it took one over.
     """
     if command not in COMMANDS:
         raise ValueError(f"`command` must be one of {COMMANDS}, got {command!r}")
@@ -104,6 +112,8 @@ def run_record(recorder: RunRecorder, *, command: str, outcome: str, job: Dict[s
         "on_tpu": on_tpu,
         "profile": profile,
         "versions": dict(versions),
+        "run_id": run_id,
+        "lease_took_over": lease_took_over,
     }
 
 

