@@ -5,7 +5,7 @@ For each job, in fresh processes (a user's `tpulaunch validate JOB` starts one):
 JOB` (loading TensorFlow, the job's own code, the stopped train/evaluate builds, the data sample). The
 ratio says what validate costs on top of loading TensorFlow. Medians of --runs runs.
 
-    .venv/bin/python benchmarks/validate_time.py                      # quickstart, own program, TAPAS
+    .venv/bin/python benchmarks/validate_time.py                      # quickstart, mnist_tpu, ResNet, TAPAS
     .venv/bin/python benchmarks/validate_time.py --runs 5 job.yaml   # any job files
 """
 
@@ -39,18 +39,22 @@ PURE_PYTHON_PROTOBUF = {"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
 
 
 def default_jobs(scratch: Path) -> list:
-    """(job, environment): the quickstart job on its synthesized data, the own-program (model_fn + input_fn) job
-    of the tests, and google-research/tapas's pre-training (tests/programs/requirements.txt)."""
+    """(job, environment): the quickstart job on its synthesized data, tensorflow/tpu's mnist_tpu.py and ResNet
+    (the originals in tests/programs/tensorflow_tpu), and google-research/tapas's pre-training
+    (tests/programs/requirements.txt), each as its test writes it."""
     import test_own_program
     import test_reference_programs
+    import test_reference_resnet
 
     subprocess.run([sys.executable, "-m", "tpulaunch", "data", "synth", "--example", "quickstart",
                     str(ROOT / "data" / "quickstart")], check=True, capture_output=True)
     (scratch / "own_program").mkdir()
     own = test_own_program.write_project(scratch / "own_program")
+    (scratch / "resnet").mkdir()
+    resnet = test_reference_resnet.write_project(scratch / "resnet")
     (scratch / "tapas").mkdir()
     tapas = test_reference_programs.write_project(scratch / "tapas")
-    return [(ROOT / "configs" / "quickstart.yaml", {}), (own / "job.yaml", {}),
+    return [(ROOT / "configs" / "quickstart.yaml", {}), (own / "job.yaml", {}), (resnet / "job.yaml", {}),
             (tapas / "job.yaml", PURE_PYTHON_PROTOBUF)]
 
 
