@@ -21,6 +21,7 @@ class ExitCode(enum.IntEnum):
     PROBLEMS = 1  # the job (or a run) has errors the user must fix
     USAGE = 2  # bad command line
     CLUSTER = 3  # the TPU could not be reached or is not usable
+    INTERNAL = 70  # an unexpected error: a fault in tpulaunch or a library it called (sysexits' EX_SOFTWARE)
     INTERRUPTED = 130  # Ctrl-C (SIGINT), checkpoint saved
     TERMINATED = 143  # SIGTERM, checkpoint saved
 
@@ -129,6 +130,13 @@ class ProblemList:
 
     def __len__(self) -> int:
         return len(self.items)
+
+
+def is_graph_error(exc: BaseException) -> bool:
+    """Whether TensorFlow raised it for an op of a graph that ran (an assertion, a NaN check, data a shape
+    did not fit): the job's computation failed, which the job's code or data must fix. Told by class name,
+    so that the CLI need not import TensorFlow to tell."""
+    return any(cls.__name__ == "OpError" and cls.__module__.startswith("tensorflow.") for cls in type(exc).__mro__)
 
 
 def first_line(exc: BaseException) -> str:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional, Union
 import click
 
 from tpulaunch.cli.render.problems import FORMATS, PIPE_WIDTH, PlainText, plain_text, write_line
-from tpulaunch.errors import AlreadyReported, ExitCode, TpuLaunchError, first_line
+from tpulaunch.errors import AlreadyReported, ExitCode, TpuLaunchError, first_line, is_graph_error
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -99,9 +99,13 @@ def _invoke_mapped(ctx: click.Context, invoke):
         if ctx.ensure_object(Context).debug:
             raise
         # One line: TensorFlow's messages carry the graph's stack frames, dozens of lines (--debug shows all).
-        click.echo(f"error: unexpected {type(exc).__name__}: {first_line(exc)} (rerun with --debug for the "
-                   "traceback)", err=True)
-        ctx.exit(int(ExitCode.PROBLEMS))
+        if is_graph_error(exc):  # the job's own graph failed while it ran: the job's to fix, like any problem
+            click.echo(f"error: {type(exc).__name__} while the graph ran: {first_line(exc)} (rerun with --debug "
+                       "for the traceback)", err=True)
+            ctx.exit(int(ExitCode.PROBLEMS))
+        click.echo(f"error: unexpected {type(exc).__name__}: {first_line(exc)} (an internal error, exit code "
+                   f"{int(ExitCode.INTERNAL)}: rerun with --debug for the traceback and report it)", err=True)
+        ctx.exit(int(ExitCode.INTERNAL))
 
 
 class Command(click.Command):
