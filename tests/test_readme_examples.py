@@ -1,6 +1,7 @@
-"""Every `$ tpulaunch ...` transcript in the README runs as shown.
+"""Every `$ tpulaunch ...` transcript in the README and in docs/ runs as shown.
 
-Each fenced block of the README whose lines start with `$ ` is a transcript: the commands, each followed by
+The pages are read in the order of DOCS, as one text. Each fenced block whose lines start with `$ ` is a
+transcript: the commands, each followed by
 what it prints. The commands run here, in a scene prepared as the README says (the repository itself; the
 quickstart's synthesized data; the own-program job, whose job file is the README's own yaml block), and what
 they print must be what the README shows: every line, in order, with `...` standing for lines left out.
@@ -23,7 +24,9 @@ import pytest
 import test_own_program
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+# The README, then the docs pages; a page's transcripts find their yaml blocks on the same page, before them.
+DOCS = ["README.md", *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "docs").glob("*.md"))]
+README = "\n".join((ROOT / page).read_text() for page in DOCS)
 
 # Which scene each transcript's command runs in (the README's own working directory for it).
 REPOSITORY, CT, QUICKSTART, OWN_PROGRAM = "repository", "ct.yaml", "quickstart", "own program"
@@ -81,7 +84,7 @@ def fenced_blocks() -> list:
 
 
 def yaml_block_before(marker: str) -> str:
-    """The README's yaml block that comes last before `marker`."""
+    """The yaml block that comes last before `marker`."""
     head = README[:README.index(marker)]
     return head[head.rindex("```yaml\n") + len("```yaml\n"):].split("```", 1)[0]
 
@@ -190,7 +193,21 @@ def assert_shows(expected: list, printed: list, *, numbers_masked: bool) -> None
 # ---------------------------------------------------------------------------------------------- tests
 
 def test_every_transcript_has_a_scene():
-    assert [command for command, _ in transcripts()] == list(SCENES)
+    commands = [command for command, _ in transcripts()]
+    assert sorted(commands) == sorted(SCENES)  # each once: a command names its transcript
+
+
+def test_the_readme_job_validates(tmp_path):
+    """The job file the README's first screen shows is a job validate accepts (its builder is the user's)."""
+    (tmp_path / "job.yaml").write_text(yaml_block_before("| verb | what it does |"))
+    proc = tpulaunch(["validate", "--static", "job.yaml"], tmp_path)
+    assert proc.returncode == 0 and proc.stdout.startswith("OK job.yaml"), proc.stdout
+
+
+def test_the_docs_links_lead_to_pages_that_exist():
+    for page in DOCS:
+        for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", (ROOT / page).read_text()):
+            assert (ROOT / page).parent.joinpath(target).is_file(), f"{page} links to {target}"
 
 
 @pytest.mark.parametrize("command", list(SCENES))
