@@ -1,4 +1,4 @@
-"""The keras engine's static rules (checks/engine_rules.py), its TPU layout (engine/keras/tpu_layout.py) and the
+"""The keras engine's static rules (checks/engine_rules.py), its TPU layout (plan/tpu_layout.py) and the
 slice topologies (tpu/topology.py): no TensorFlow. Jobs pin `run.engine`, so the verdicts do not depend on the
 installed TensorFlow; the same job on the estimator engine keeps TPUEstimator's behaviour."""
 
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tpulaunch.checks.validate import validate_job
-from tpulaunch.engine.keras.tpu_layout import KerasTpuLayout, computation_shape, layout_for_type
+from tpulaunch.plan.tpu_layout import StrategyLayout, computation_shape, layout_for_type
 from tpulaunch.plan.build import build_plan
 from tpulaunch.tpu.topology import slice_topology
 from tpulaunch.tpu.types import parse_tpu_type
@@ -182,8 +182,8 @@ def test_megacore_computation_shapes_grow_over_chips():
 
 
 def test_layout_replicas_fill_the_slice():
-    assert layout_for_type(parse_tpu_type("v4-32"), 8) == KerasTpuLayout(8, (2, 2, 2, 1), 2, (2, 2, 4, 1))
-    assert layout_for_type(parse_tpu_type("v3-32"), 16) == KerasTpuLayout(16, (4, 2, 1, 2), 2, (4, 4, 1, 2))
+    assert layout_for_type(parse_tpu_type("v4-32"), 8) == StrategyLayout(8, (2, 2, 2, 1), 2, (2, 2, 4, 1))
+    assert layout_for_type(parse_tpu_type("v3-32"), 16) == StrategyLayout(16, (4, 2, 1, 2), 2, (4, 4, 1, 2))
 
 
 def test_slice_findings_located_at_cores_per_replica(tmp_path):
@@ -202,7 +202,7 @@ def test_plan_for_keras_shows_layout_and_engine(tmp_path):
     assert "input_fn runs" not in proc.stdout and "params['batch_size']" not in proc.stdout
     doc = json.loads(run_cli("plan", "--no-memory", "--format", "json", path).stdout)
     assert doc["engine"] == "keras"
-    assert doc["keras"] == {"logical_devices": 16, "computation_shape": [4, 2, 1, 2], "replicas": 2,
+    assert doc["device_assignment"] == {"logical_devices": 16, "computation_shape": [4, 2, 1, 2], "replicas": 2,
                             "topology_shape": [4, 4, 1, 2], "input_pipelines": 2, "replicas_per_pipeline": 1}
     estimator = run_cli("plan", "--no-memory", "--set", "run.engine=estimator", path)
     assert "engine: estimator" in estimator.stdout and "input_fn runs 1x per feeding host" in estimator.stdout
@@ -212,9 +212,9 @@ def test_plan_for_keras_shows_layout_and_engine(tmp_path):
 
 def test_the_engine_the_installed_tensorflow_lacks_is_refused_before_anything_is_built(tmp_path):
     """validate locates it at run.engine with the extra to install; train stops before building, naming it too."""
-    from tpulaunch.engine.choice import default_engine
+    from tpulaunch.engine.registry import default_name
 
-    other = "keras" if default_engine() == "estimator" else "estimator"
+    other = "keras" if default_name() == "estimator" else "estimator"
     path = write_job(tmp_path, engine=other, image="128, 128, 128, 1", tpu_type="v3-8", cores=1,
                      dims="null", batch=8)
     validated = run_cli("validate", path)

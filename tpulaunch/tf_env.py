@@ -18,7 +18,7 @@ def quiet_tensorflow(verbose: int = 0) -> None:
     """Must run before TensorFlow is imported: the C++ level is read once, at import."""
     import logging
 
-    use_legacy_keras()
+    set_engine_environment()
 
     global _level
     if verbose >= 2:
@@ -33,15 +33,12 @@ def quiet_tensorflow(verbose: int = 0) -> None:
         sys.modules["tensorflow"].get_logger().setLevel(_level)
 
 
-def use_legacy_keras() -> None:
-    """TensorFlow 2.16+ makes `tf.keras` Keras 3 unless TF_USE_LEGACY_KERAS is set; with it, `tf.keras` is
-    tf-keras (Keras 2), which the keras engine and the job's own builders use. TensorFlow 2.15 reads the
-    variable too, and then looks for tf-keras, which it does not have: set only on 2.16 and later."""
-    from tpulaunch.engine.choice import FIRST_WITHOUT_ESTIMATOR, installed_tensorflow
+def set_engine_environment() -> None:
+    """What the engines the installed TensorFlow runs need in the environment before TensorFlow is imported
+    (each engine's `EngineAbout.environment`; on TensorFlow 2.16+, TF_USE_LEGACY_KERAS, so tf.keras is Keras 2)."""
+    from tpulaunch.engine.registry import set_environment
 
-    version = installed_tensorflow()
-    if version is not None and version >= FIRST_WITHOUT_ESTIMATOR:
-        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    set_environment()
 
 
 def import_tensorflow():

@@ -3,11 +3,11 @@ test command: `pytest tests/keras_engine`); under TensorFlow 2.15 they are not c
 
 import os
 
-from tpulaunch.engine.choice import missing_for
-from tpulaunch.tf_env import use_legacy_keras
+from tpulaunch.engine.registry import missing_for
+from tpulaunch.tf_env import set_engine_environment
 
 if missing_for("keras"):
     collect_ignore_glob = ["test_*.py"]
 else:
-    use_legacy_keras()  # as `tpulaunch` does before importing TensorFlow: tf.keras is then tf-keras (Keras 2)
+    set_engine_environment()  # as `tpulaunch` does before importing TensorFlow: tf.keras is then tf-keras (Keras 2)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -6,7 +6,7 @@ import tensorflow as tf
 from tensorflow.compiler.xla import xla_data_pb2
 from tensorflow.python.compiler.xla.experimental import xla_sharding
 
-from tpulaunch.engine.keras.tpu_layout import computation_shape, layout_for_type
+from tpulaunch.plan.tpu_layout import computation_shape, layout_for_type
 from tpulaunch.engine.keras.standalone import annotate_for_logical_devices
 from tpulaunch.engine.keras.tpu_setup import device_assignment, topology_for
 from tpulaunch.engine.keras.verdict import _StandIn, tf_problems

@@ -8,7 +8,7 @@ about. Pure Python and fast: no TensorFlow.
 
 from __future__ import annotations
 
-from tpulaunch.engine.estimator.params import SET_BY_TENSORFLOW
+from tpulaunch.checks.engine_rules import job_engine_about
 from tpulaunch.job.load import LoadedJob
 from tpulaunch.job.schema import InputFns
 
@@ -36,7 +36,7 @@ def model_fn_key_problems(loaded: LoadedJob) -> list:
                 "remove it; pass values your model_fn reads through model.params (params[...]) or flags:",
                 at_key=True))
     for key in model.params:
-        if key in SET_BY_TENSORFLOW:
+        if key in job_engine_about(loaded).params_set_by_tensorflow:
             problems.append(loaded.problem(
                 ("model", "params", key), "params-set-by-tensorflow",
                 f"params['{key}'] is set by TPUEstimator itself",

@@ -20,43 +20,27 @@ PADDING_WARN_FACTOR = 4.0
 PADDING_WARN_BYTES = 1 << 20
 
 
-def is_estimator(loaded: LoadedJob) -> bool:
-    """The job runs on TPUEstimator (its `run.engine`, else the installed TensorFlow's): the rules that are
-    TPUEstimator's own apply only then (the keras engine's are in `checks/engine_rules.py`)."""
-    from tpulaunch.checks.engine_rules import job_engine
+def even_splits(loaded: LoadedJob) -> bool:
+    """The job's engine splits inputs only evenly (its `EngineAbout.even_splits`): uneven pieces are its own
+    rules' errors, not padding to warn about, and `partition: auto` picks only even splits."""
+    from tpulaunch.checks.engine_rules import job_engine_about
 
-    return job_engine(loaded) == "estimator"
+    return job_engine_about(loaded).even_splits
 
 
 def check_slice(loaded: LoadedJob) -> list:
-    """TPU type known; cores_per_replica allowed, fits the slice and divides it (the keras engine: and its
-    computation shape fits the slice's topology, `engine_rules.keras_slice_problems`)."""
+    """The TPU type is known (what cores_per_replica may be there is each engine's rule)."""
     tpu = loaded.section("tpu")
     if tpu is None:
         return []
-    problems = []
     try:
-        tpu_type = parse_tpu_type(tpu.type)
+        parse_tpu_type(tpu.type)
     except UnknownTpuType as exc:
         return [loaded.problem(("tpu", "type"), "unknown-tpu-type", str(exc), getattr(exc, "hint", None))]
-    if not is_estimator(loaded):
-        from tpulaunch.checks.engine_rules import keras_slice_problems
-
-        return keras_slice_problems(loaded, tpu_type)
-    cpr = tpu.cores_per_replica
-    if cpr not in rules.VALID_CORES_PER_REPLICA:
-        allowed = ", ".join(map(str, rules.VALID_CORES_PER_REPLICA))
-        problems.append(loaded.problem(("tpu", "cores_per_replica"), "cores-per-replica-invalid",
-                                       f"{cpr} is not one of {allowed}", "TPUConfig accepts only these values"))
-        return problems
-    layout = rules.slice_layout(tpu_type.devices, tpu_type.hosts, cpr)
-    if isinstance(layout, list):  # findings: does not fit the slice
-        for f in layout:
-            problems.append(_at(loaded, ("tpu", "cores_per_replica"), f))
-    return problems
+    return []
 
 
-def _at(loaded: LoadedJob, path, finding, *, index_path: bool = False):
+def located(loaded: LoadedJob, path, finding, *, index_path: bool = False):
     if index_path and finding.index is not None:
         path = tuple(path) + (finding.index,)
     severity = "error" if finding.severity == "error" else "warning"
@@ -79,7 +63,7 @@ def check_batches(loaded: LoadedJob) -> list:
         if spec is None:
             continue
         for f in rules.check_batch(section, spec.batch_size, layout.replicas):
-            problems.append(_at(loaded, (section, "batch_size"), f))
+            problems.append(located(loaded, (section, "batch_size"), f))
     return problems
 
 
@@ -130,11 +114,7 @@ def check_partition(loaded: LoadedJob) -> list:
             findings = _engine_findings(loaded, rules.check_tensor_dims(name, shape, dims, cpr))
             any_partitioned |= math.prod(dims) > 1
             for f in findings:
-                problems.append(_at(loaded, path, f, index_path=True))
-    if cpr and cpr > 1 and len(data.features) > 1 and is_estimator(loaded):
-        problems.extend(_packed_small_features(loaded, data))
-    if cpr and cpr > 1 and not any(p.is_error for p in problems) and is_estimator(loaded):
-        problems.extend(_labels_without_feature(loaded, data, part))
+                problems.append(located(loaded, path, f, index_path=True))
     explicit = all(name in getattr(part, group) for group in ("features", "labels") for name in getattr(data, group))
     if cpr and cpr > 1 and not any_partitioned and not explicit and not any(p.is_error for p in problems):
         problems.append(loaded.problem(("partition",), "partition-missing",
@@ -158,7 +138,7 @@ def _check_auto_partition(loaded: LoadedJob, data, cpr: Optional[int], batch: in
                                "or remove partition:", severity="warning")]
     if not all(spec.is_static for spec in data.features.values()):
         return []  # reported once by the static-shape rule
-    even = not is_estimator(loaded)
+    even = even_splits(loaded)
     chosen = auto_partition(data.features, data.labels, cpr, batch, even=even)
     if chosen is None:
         enough = "divisible by 2 often enough (the keras engine splits only evenly)" if even else "large enough"
@@ -177,52 +157,15 @@ def _check_auto_partition(loaded: LoadedJob, data, cpr: Optional[int], batch: in
     return problems
 
 
-# TPUEstimator pads uneven pieces (warned about); the keras engine refuses them (errors from engine_rules).
+# Uneven pieces are padded by an engine that pads (a warning); an engine that splits only evenly refuses
+# them in its own rules (an error there), so they are not warned about here too.
 _PADDED_SPLIT_CODES = ("partition-uneven", "partition-empty-pieces")
 
 
 def _engine_findings(loaded: LoadedJob, findings: list) -> list:
-    if is_estimator(loaded):
+    if not even_splits(loaded):
         return findings
     return [f for f in findings if f.code not in _PADDED_SPLIT_CODES]
-
-
-# tpu_estimator.py TensorPacker (:1218, constants :92-93): 5 or more [batch, 1] features of one dtype
-# are concatenated before the infeed; with spatial partitioning the flattened dims then no longer
-# match the tuple and _PartitionedInfeedQueue fails with a bare AssertionError (tpu_feed.py:859).
-PACKED_FEATURES_MIN = 5
-
-
-def _packed_small_features(loaded: LoadedJob, data) -> list:
-    groups: dict = {}
-    for name, spec in data.features.items():
-        if len(spec.shape) == 1 and spec.shape[0] is not None and spec.shape[0] <= 1:
-            groups.setdefault(spec.dtype, []).append(name)
-    problems = []
-    for dtype, names in groups.items():
-        if len(names) >= PACKED_FEATURES_MIN:
-            problems.append(loaded.problem(
-                ("data", "features"), "partition-packed-small-features",
-                f"{len(names)} features of shape [1] and dtype {dtype} ({', '.join(names)}): TPUEstimator packs 5 or more "
-                f"such features into one tensor, and with spatial partitioning its infeed then fails (a bare AssertionError)",
-                f"store them as one feature of shape [{len(names)}], or keep at most {PACKED_FEATURES_MIN - 1} per dtype"))
-    return problems
-
-
-def _labels_without_feature(loaded: LoadedJob, data, part) -> list:
-    """TPUEstimator needs `input_partition_dims[0]` whenever it partitions anything (tpu_feed.py
-    `_PartitionedInfeedQueue`): a single feature that is not partitioned cannot sit beside split labels."""
-    if len(data.features) != 1:
-        return []
-    (name,) = data.features
-    if part.features.get(name) is not None or not any(d is not None for d in part.labels.values()):
-        return []
-    path = ("partition", "features") if "features" in (loaded.data.get("partition") or {}) else ("partition",)
-    rank = len(data.features[name].shape) + 1
-    return [loaded.problem(path, "partition-labels-without-feature",
-                           f"labels are partitioned but the only feature '{name}' is not: TPUEstimator needs the "
-                           "feature's dims whenever labels are partitioned",
-                           f"give partition.features.{name} its dims (all 1s, e.g. {[1] * rank}, keeps it on core 0)")]
 
 
 def check_layout_padding(loaded: LoadedJob) -> list:

@@ -52,12 +52,12 @@ def validate_job(
     except JobFileError as exc:
         return Validation(filename, None, exc.problems, ["file"])
     loaded.local = local
-    from tpulaunch.engine.choice import engine_name
+    from tpulaunch.checks.engine_rules import job_engine_about
 
-    # Which engine's rules the job is checked against is part of what was checked (run.engine, or the
-    # installed TensorFlow's engine).
-    engine = engine_name(loaded.section("run")) if loaded.usable("run") else engine_name(None)
-    result = Validation(filename, loaded, list(loaded.problems), ["schema", f"{engine} engine"])
+    # Which engine's rules the job is checked against is part of what was checked (run.engine as written,
+    # or the installed TensorFlow's engine): the one answer every rule below gets too.
+    about = job_engine_about(loaded)
+    result = Validation(filename, loaded, list(loaded.problems), ["schema", about.display])
     if not isinstance(loaded.data, dict):
         return result
 
@@ -70,14 +70,14 @@ def validate_job(
     result.checked += ["slice", "partition", "batch", "paths"]
 
     if not static:
-        from tpulaunch.engine.choice import INSTALL_HINT, missing_for
+        from tpulaunch.engine.registry import missing_for
 
-        missing = missing_for(engine)
+        missing = missing_for(about.name)
         if missing:  # every check below runs the engine's own TensorFlow code
             path = ("run", "engine") if loaded.section("run") is not None and loaded.section("run").engine else ("run",)
             result.problems.append(loaded.problem(
-                path, "engine-not-installed", f"the job runs on the {engine} engine, but {missing}",
-                f"{INSTALL_HINT[engine]}; or check only what needs no TensorFlow: validate --static"))
+                path, "engine-not-installed", f"the job runs on the {about.display}, but {missing}",
+                f"{about.install_hint}; or check only what needs no TensorFlow: validate --static"))
             result.problems = _sorted(_dedupe(result.problems))
             return result
         search_path = loaded.search_path

@@ -8,11 +8,11 @@ import os
 import click
 
 from tpulaunch.cli.base import Context, command, job_argument, pass_obj, set_option
-from tpulaunch.engine.choice import ENGINES
+from tpulaunch.engine.registry import names as engine_names
 from tpulaunch.errors import TpuLaunchError
 
-# What to do instead when a job names TPUEstimator's own functions and the keras program is asked for.
-_KERAS_FIX = {
+# What to do instead when a job names TPUEstimator's own functions and another engine's program is asked for.
+_MIGRATE_FIX = {
     "model.model_fn": "explain it with --engine estimator (the TPUEstimator program), or migrate the model to "
                       "model.builder: a function returning a tf.keras.Model, with model.loss and model.metrics",
     "data.input_fn": "explain it with --engine estimator (the TPUEstimator program), or migrate the input to "
@@ -29,7 +29,7 @@ Examples:
 """)
 @job_argument
 @set_option
-@click.option("--engine", type=click.Choice(ENGINES), default=None,
+@click.option("--engine", type=click.Choice(engine_names()), default=None,
               help="The engine whose program to print (default: the job's run.engine, else the installed "
                    "TensorFlow's). keras on a TPUEstimator job prints its migration to Keras + tf.distribute.")
 @click.option("-o", "--out", "output", type=click.Path(dir_okay=False, path_type=str), default=None,
@@ -57,8 +57,8 @@ def explain(obj: Context, job_file: str, overrides, engine, output):
     try:
         checked = load_checked(job_file, sets, verb="explaining")
     except JobRefused as exc:
-        if engine == "keras":
-            _refuse_estimator_only(job_file, exc)
+        if engine:
+            _refuse_estimator_only(job_file, engine, exc)
         raise
     script = engine_for(checked.job).program(checked.loaded, checked.plan)
     if output is None:
@@ -70,17 +70,18 @@ def explain(obj: Context, job_file: str, overrides, engine, output):
     obj.err.print(f"wrote {output}: run it with `python {output}`", highlight=False)
 
 
-def _refuse_estimator_only(job_file: str, refused: TpuLaunchError) -> None:
-    """--engine keras on a job with TPUEstimator's own functions: those keys, what to do, exit 1."""
+def _refuse_estimator_only(job_file: str, engine: str, refused: TpuLaunchError) -> None:
+    """--engine ENGINE on a job with TPUEstimator's own functions, which ENGINE does not run: those keys, what to
+    do, exit 1."""
     from tpulaunch.checks.engine_rules import ESTIMATOR_ONLY
 
     only = [p for p in refused.problems if p.code == ESTIMATOR_ONLY]
     if not only:
         return
-    problems = [dataclasses.replace(p, hint=_KERAS_FIX.get(p.path, p.hint)) if p.code == ESTIMATOR_ONLY else p
+    problems = [dataclasses.replace(p, hint=_MIGRATE_FIX.get(p.path, p.hint)) if p.code == ESTIMATOR_ONLY else p
                 for p in refused.problems]
     keys = " and ".join(p.path for p in only)
     raise TpuLaunchError(
-        f"no keras program for {job_file}: {keys} {'is' if len(only) == 1 else 'are'} TPUEstimator's own "
+        f"no {engine} program for {job_file}: {keys} {'is' if len(only) == 1 else 'are'} TPUEstimator's own "
         "(only the estimator engine runs them)",
-        hint="drop --engine keras (or use --engine estimator) for the TPUEstimator program", problems=problems)
+        hint=f"drop --engine {engine} (or use --engine estimator) for the TPUEstimator program", problems=problems)

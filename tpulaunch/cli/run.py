@@ -238,12 +238,14 @@ def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Option
       tpulaunch train job.yaml --local --cpu-replicas 2  # keras engine: two replicas on this CPU
     """
     from tpulaunch.engine.base import engine_for
+    from tpulaunch.engine.registry import require
     from tpulaunch.run.started import run_started
 
     began = run_started()
     sets = [*overrides, *_model_dir_override(model_dir)]
     checked = _checked(obj, job_file, sets, local=local)
     job, engine = checked.job, engine_for(checked.job)
+    require(engine.name)  # a run that cannot start takes no lease
     with _model_dir_lease(obj, job, "train", take_lease) as lease:
         _train(obj, job_file, checked, engine, began, sets, lease, local=local, force=force, wait_s=wait_s,
                watch_node=watch_node, watch_interval=watch_interval, auto_resume=auto_resume,
@@ -291,9 +293,12 @@ def _replicas(engine, cpu_replicas: Optional[int], plan) -> dict:
 
     if cpu_replicas is None:
         return {}
-    if engine.name != "keras":
-        raise TpuLaunchError("--cpu-replicas needs the keras engine (tf.distribute)",
-                             hint="set run.engine: keras (TensorFlow 2.16 or later), or drop --cpu-replicas")
+    from tpulaunch.engine.registry import about, names
+
+    if not about(engine.name).cpu_replicas:
+        able = " or ".join(name for name in names() if about(name).cpu_replicas)
+        raise TpuLaunchError(f"--cpu-replicas needs an engine that splits this machine into replicas ({able})",
+                             hint=f"set run.engine: {able}, or drop --cpu-replicas")
     if plan.on_tpu:
         raise TpuLaunchError("--cpu-replicas runs on this machine", hint="add --local, or drop --cpu-replicas")
     return {"cpu_replicas": cpu_replicas}
@@ -331,11 +336,13 @@ def evaluate(obj: Context, job_file: str, local: bool, overrides, checkpoint: Op
     """
     from tpulaunch.cli.recorded import recorded_run
     from tpulaunch.engine.base import engine_for
+    from tpulaunch.engine.registry import require
     from tpulaunch.run.started import run_started
 
     began = run_started()
     checked = _checked(obj, job_file, overrides, local=local)
     job, engine = checked.job, engine_for(checked.job)
+    require(engine.name)  # a run that cannot start takes no lease
     with _model_dir_lease(obj, job, "evaluate", take_lease) as lease:
         recorder = _recorder(obj.out, started_at=began, model_dir=job.run.model_dir)
         with recorded_run(obj, recorder, engine, checked, "evaluate", lease=lease):

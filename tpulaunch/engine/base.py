@@ -2,8 +2,9 @@
 
 validate, plan, train, evaluate, export and explain reach TensorFlow only through an `Engine`; the
 job, its checks and its Plan (computed once, in plan/) are the same for every engine. TPUEstimator
-(`engine/estimator/`) and Keras + tf.distribute (`engine/keras/`) implement it; `engine_for` picks
-one per job (`engine/choice.py`).
+(`engine/estimator/`) and Keras + tf.distribute (`engine/keras/`) implement it; each declares what it is
+and can do in an `EngineAbout` (its folder's about.py, no TensorFlow), and `engine/registry.py` finds
+both by name — the one place that lists the engines.
 
 Every method takes the checked job and its Plan for the target (`plan.on_tpu` says TPU or this
 machine); what a method needs beyond them comes as keyword arguments.
@@ -12,13 +13,49 @@ machine); what a method needs beyond them comes as keyword arguments.
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
     from tpulaunch.job.load import LoadedJob
     from tpulaunch.job.schema import Job
     from tpulaunch.plan.build import Plan
     from tpulaunch.run.events import RunRecorder
+
+
+@dataclass(frozen=True)
+class EngineAbout:
+    """What an engine is and can do, read by the checks, the plan and the CLI without TensorFlow.
+
+    The rest of tpulaunch asks these questions instead of testing an engine's name.
+    """
+
+    name: str  # run.engine's value
+    engine: str  # "package.module:Class" of its Engine, imported when TensorFlow work starts
+    title: str  # what trains, as `plan` says it (on a TPU slice)
+    local_title: str  # ... and on this machine
+    install_hint: str  # how to install what it needs
+    tensorflow: Tuple[Optional[Tuple[int, int]], Optional[Tuple[int, int]]]  # [first, first without) it runs on
+    packages: Tuple[Tuple[str, str], ...] = ()  # (module, what it is) it needs beside TensorFlow
+    environment: Dict[str, str] = field(default_factory=dict)  # set before TensorFlow is imported
+    static_rules: Optional[str] = None  # "module:function(loaded) -> problems": its own rules, no TensorFlow
+    even_splits: bool = False  # spatial splits must be even (uneven ones are errors; partition: auto picks even)
+    device_assignment: bool = False  # a replica is a block of the slice's topology (plan: its DeviceAssignment)
+    batches_per_replica: bool = False  # its input pipeline batches per replica (else per input_fn call)
+    cpu_replicas: bool = False  # can split this machine's CPU into replicas (--cpu-replicas)
+    params_set_by_tensorflow: Tuple[str, ...] = ()  # model.params keys its framework sets itself
+
+    @property
+    def display(self) -> str:
+        return f"{self.name} engine"
+
+    def rules(self) -> Callable:
+        """Its own static rules (none: no problems)."""
+        if not self.static_rules:
+            return lambda loaded: []
+        from tpulaunch.engine.registry import load_attribute
+
+        return load_attribute(self.static_rules)
 
 
 class Engine(abc.ABC):
@@ -81,13 +118,7 @@ class Engine(abc.ABC):
 
 
 def engine_for(job: "Job") -> Engine:
-    """The engine that runs `job`: its `run.engine`, else the one the installed TensorFlow has (`engine.choice`)."""
-    from tpulaunch.engine.choice import engine_name
+    """The engine that runs `job`: its `run.engine`, else the one the installed TensorFlow has."""
+    from tpulaunch.engine import registry
 
-    if engine_name(job.run) == "keras":
-        from tpulaunch.engine.keras.engine import KerasEngine
-
-        return KerasEngine()
-    from tpulaunch.engine.estimator.engine import EstimatorEngine
-
-    return EstimatorEngine()
+    return registry.engine(registry.engine_name(job.run))

@@ -15,6 +15,10 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Di
                       WithJsonSchema, field_validator, model_validator)
 from typing_extensions import Annotated
 
+from tpulaunch.engine.registry import names as _engine_names
+
+ENGINE_NAMES = _engine_names()  # run.engine's values: the registry's engines
+
 IMPORT_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 DType = Literal["float32", "float16", "bfloat16", "int32", "int64", "uint8", "bool"]
@@ -422,7 +426,7 @@ class WarmStart(Strict):
 
 class Run(Strict):
     model_dir: str = Field(description="checkpoints, summaries and the resolved job (gs:// for a Cloud TPU)")
-    engine: Optional[Literal["estimator", "keras"]] = Field(
+    engine: Optional[Literal[ENGINE_NAMES]] = Field(
         None, description="what trains the job: estimator (TPUEstimator, TensorFlow 2.15) or keras (Keras + "
                           "tf.distribute, TensorFlow 2.16 and later); default: the one the installed TensorFlow has")
     save_checkpoints_steps: int = Field(1000, ge=1)

@@ -14,7 +14,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
-from tpulaunch.engine.choice import engine_name
+from tpulaunch.engine import registry
 from tpulaunch.job.schema import DTYPE_BYTES, Job, Partition
 from tpulaunch.plan import partition as rules
 from tpulaunch.plan.auto import auto_partition
@@ -93,13 +93,14 @@ class BatchPlan:
     global_batch: int
     per_replica: int
     per_host: int  # examples one host's input pipeline produces per step (its dataset, dequeued once per replica)
-    params_batch_size: int  # what each input_fn call gets as params['batch_size'] (PER_HOST_V2); keras: the
-    # per-replica batch InputContext.get_per_replica_batch_size gives each input pipeline
+    params_batch_size: int  # what each input_fn call gets as params['batch_size'] (PER_HOST_V2); an engine that
+    # batches per replica: the per-replica batch InputContext.get_per_replica_batch_size gives each input pipeline
 
 
 @dataclass(frozen=True)
-class KerasSlicePlan:
-    """The keras engine's TPUStrategy layout (`engine/keras/tpu_layout.py`) and its input pipelines."""
+class DeviceAssignmentPlan:
+    """A TPUStrategy layout (`plan/tpu_layout.py`) and its input pipelines, for an engine whose replica is a
+    block of the slice's topology (`EngineAbout.device_assignment`)."""
 
     logical_devices: int  # per replica (tpu.cores_per_replica)
     computation_shape: list  # DeviceAssignment.build's block, [x, y, z, devices per chip]
@@ -122,7 +123,7 @@ class Plan:
     auto_partition: bool = False  # feed_partition was chosen by `partition: auto`
     cores_per_replica: int = 1  # as the job declares it (the checks say whether the slice allows it)
     engine: str = "estimator"  # the engine the plan is for (run.engine, else the installed TensorFlow's)
-    keras: Optional[KerasSlicePlan] = None  # the keras engine's layout on a TPU
+    device_assignment: Optional[DeviceAssignmentPlan] = None  # on a TPU, for an engine that assigns devices
 
     @property
     def replicas(self) -> int:
@@ -156,7 +157,7 @@ class Plan:
             "job": self.job,
             "engine": self.engine,
             "on_tpu": self.on_tpu,
-            "keras": asdict(self.keras) if self.keras else None,
+            "device_assignment": asdict(self.device_assignment) if self.device_assignment else None,
             "slice": asdict(self.slice) if self.slice else None,
             "batches": [asdict(b) for b in self.batches],
             "tensors": [dict(asdict(t), padding_factor=round(t.padding_factor, 2)) for t in self.tensors],
@@ -208,12 +209,13 @@ def build_plan(job: Job, *, local: bool = False) -> Plan:
             input_fn_calls_per_host=layout.input_fn_calls_per_host,
             usable_bytes_per_device=tpu_type.usable_bytes_per_device,
         )
-    engine = engine_name(job.run)
-    keras = _keras_slice(job, tpu_type) if engine == "keras" and layout is not None else None
-    if keras is not None:
+    engine = registry.engine_name(job.run)
+    about = registry.about(engine)
+    assigned = _device_assignment(job, tpu_type) if about.device_assignment and layout is not None else None
+    if assigned is not None:
         # One dataset_fn call per input pipeline (a host), batched per replica, dequeued once per replica it feeds.
         slice_plan = replace(slice_plan, input_fn_calls_per_host=1)
-    replicas_per_host = keras.replicas_per_pipeline if keras else max(1, layout.replicas_per_host) if layout else 1
+    replicas_per_host = assigned.replicas_per_pipeline if assigned else max(1, layout.replicas_per_host) if layout else 1
     batches = []
     for split in ("train", "eval"):
         spec = getattr(job, split)
@@ -222,26 +224,27 @@ def build_plan(job: Job, *, local: bool = False) -> Plan:
         share = per_replica(spec.batch_size, layout)
         batches.append(BatchPlan(split, spec.batch_size, share, per_host=share * replicas_per_host, params_batch_size=share))
     cores = tpu.cores_per_replica if tpu is not None else 1
-    plan = Plan(job.name, tpu is not None, slice_plan, batches, [], cores_per_replica=cores, engine=engine, keras=keras)
+    plan = Plan(job.name, tpu is not None, slice_plan, batches, [], cores_per_replica=cores, engine=engine,
+                device_assignment=assigned)
     if cores > 1 and job.partition is not None:
         plan.feed_partition = resolve_partition(job.partition, job.data.features, job.data.labels, cores,
-                                                plan.per_replica_batch, even=engine == "keras")
+                                                plan.per_replica_batch, even=about.even_splits)
         plan.auto_partition = job.partition == "auto"
     plan.tensors = tensor_plans(job, plan.per_replica_batch, plan.feed_partition)
     return plan
 
 
-def _keras_slice(job: Job, tpu_type: TpuType) -> Optional[KerasSlicePlan]:
-    """The keras engine's layout, or None when the slice cannot hold it (validate says why)."""
-    from tpulaunch.engine.keras.tpu_layout import keras_layout
+def _device_assignment(job: Job, tpu_type: TpuType) -> Optional[DeviceAssignmentPlan]:
+    """The TPUStrategy layout, or None when the slice cannot hold it (validate says why)."""
+    from tpulaunch.plan.tpu_layout import strategy_layout
 
-    layout = keras_layout(job)
+    layout = strategy_layout(job)
     if layout is None:
         return None
     # TPUStrategy feeds each replica through the host of its logical device 0; replicas are packed compactly,
     # so that is every host when a replica fits in one, else one host per replica (`validate --tf` asks TF).
     pipelines = min(tpu_type.hosts, layout.replicas)
-    return KerasSlicePlan(layout.logical_devices, list(layout.computation_shape), layout.replicas,
+    return DeviceAssignmentPlan(layout.logical_devices, list(layout.computation_shape), layout.replicas,
                           list(layout.topology_shape), pipelines, max(1, layout.replicas // pipelines))
 
 

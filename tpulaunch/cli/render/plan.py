@@ -23,21 +23,18 @@ def human_bytes(n) -> str:
     return f"{n:.2f} TiB"
 
 
-ENGINE_TEXT = {"estimator": "TPUEstimator (TensorFlow 2.15)", "keras": "Keras + tf.distribute.TPUStrategy"}
-# On this machine the keras engine's strategy depends on the machine (engine/keras/standalone.make_strategy).
-LOCAL_KERAS_TEXT = ("Keras + tf.distribute (MultiWorkerMirrored with several workers in TF_CONFIG, Mirrored over "
-                    "several GPUs, else one device)")
-
-
 def render_plan(console: Console, plan: Plan) -> None:
+    from tpulaunch.engine.registry import about
+
+    engine = about(plan.engine)
     console.print(f"[bold]{escape(plan.job)}[/]", highlight=False)
-    text = LOCAL_KERAS_TEXT if plan.engine == "keras" and plan.slice is None else ENGINE_TEXT.get(plan.engine, plan.engine)
+    text = engine.local_title if plan.slice is None else engine.title
     console.print(f"engine: {plan.engine}: {text}", highlight=False)
     s = plan.slice
     if s is None:
         console.print("runs locally (no tpu: section): CPU/GPU, one replica, no partitioning", highlight=False)
-    elif plan.keras is not None:
-        k = plan.keras
+    elif plan.device_assignment is not None:
+        k = plan.device_assignment
         console.print(
             f"slice: {s.tpu_type}: {s.devices} TPU devices ({s.chips} chips) on {s.hosts} host(s), {s.devices_per_host} "
             f"per host; mesh {shape_text(k.topology_shape)}; usable HBM {human_bytes(s.usable_bytes_per_device)} per device",
@@ -60,7 +57,7 @@ def render_plan(console: Console, plan: Plan) -> None:
     if plan.batches:
         table = Table(title="batch", box=box.SIMPLE_HEAD, title_justify="left")
         columns = ("split", "global", "per replica", "per host", "params['batch_size']")
-        if plan.engine == "keras":  # the dataset_fn batches per replica (InputContext.get_per_replica_batch_size)
+        if engine.batches_per_replica:  # the dataset_fn batches per replica (InputContext.get_per_replica_batch_size)
             columns = ("split", "global", "per replica", "per input pipeline", "dataset batch")
         for col in columns:
             table.add_column(col, justify="right")
@@ -111,7 +108,7 @@ def render_tf_built(console: Console, built: dict) -> None:
     """What TensorFlow's own TPUEstimator built for the declared slice (validate --tf)."""
     for mode, info in built.items():
         verdict = "[green]accepted[/]" if info.get("accepted") else "[red]rejected[/]"
-        if info.get("engine") == "keras":
+        if info.get("device_assignment"):
             console.print(f"TensorFlow {mode}: {verdict}  DeviceAssignment: {info.get('replicas')} replica(s) x "
                           f"{info.get('logical_devices')} logical device(s), computation shape "
                           f"{shape_text(info.get('computation_shape') or [])}, {info.get('core_coordinates', '?')} TPU "

@@ -6,21 +6,17 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from tpulaunch.engine.base import Engine
+from tpulaunch.engine.estimator.about import ABOUT
 
 
 class EstimatorEngine(Engine):
-    name = "estimator"
+    name = ABOUT.name
 
     def load(self) -> None:
-        from tpulaunch.engine.choice import INSTALL_HINT, missing_for
-        from tpulaunch.errors import TpuLaunchError
+        from tpulaunch.engine.registry import require
         from tpulaunch.tf_env import import_tensorflow
 
-        missing = missing_for("estimator")
-        if missing:
-            raise TpuLaunchError(f"run.engine is estimator, but {missing}",
-                                 hint=f"{INSTALL_HINT['estimator']}; or set run.engine: keras")
-
+        require(ABOUT.name)
         tf = import_tensorflow()
         _ = tf.compat.v1.estimator.tpu.TPUEstimator, tf.keras.layers.Layer  # touched: their lazy imports run now
 

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 from typing import Optional
 
+from tpulaunch.engine.estimator.about import ABOUT
 from tpulaunch.job.schema import Job
 
-# Set by TPUEstimator itself: `batch_size` and `context` in params= are refused by TPUEstimator
-# (_RESERVED_PARAMS_KEYS); `use_tpu` would be overwritten without a word.
-SET_BY_TENSORFLOW = ("batch_size", "use_tpu", "context")
+SET_BY_TENSORFLOW = ABOUT.params_set_by_tensorflow
 
 
 def estimator_params(job: Job) -> Optional[dict]:

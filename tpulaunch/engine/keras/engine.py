@@ -6,20 +6,17 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from tpulaunch.engine.base import Engine
+from tpulaunch.engine.keras.about import ABOUT
 
 
 class KerasEngine(Engine):
-    name = "keras"
+    name = ABOUT.name
 
     def load(self) -> None:
-        from tpulaunch.engine.choice import INSTALL_HINT, missing_for
-        from tpulaunch.errors import TpuLaunchError
+        from tpulaunch.engine.registry import require
         from tpulaunch.tf_env import import_tensorflow
 
-        missing = missing_for("keras")
-        if missing:
-            raise TpuLaunchError(f"run.engine is keras, but {missing}",
-                                 hint=f"{INSTALL_HINT['keras']}; or set run.engine: estimator")
+        require(ABOUT.name)
         tf = import_tensorflow()
         _ = tf.keras.layers.Layer, tf.distribute.Strategy  # touched: their lazy imports run now
 

@@ -100,9 +100,9 @@ def strategy_settings(job: Job, plan: "Plan", *, use_tpu: bool) -> dict:
     """Keywords of `standalone.make_strategy` besides use_tpu and the resolver: the TPU's device assignment."""
     if not use_tpu:
         return {}
-    from tpulaunch.engine.keras.tpu_layout import keras_layout
+    from tpulaunch.plan.tpu_layout import strategy_layout
 
-    layout = keras_layout(job, plan)
+    layout = strategy_layout(job, plan)
     return {"computation_shape": list(layout.computation_shape), "num_replicas": layout.replicas}
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpulaunch.engine.keras.tpu_layout import KerasTpuLayout, keras_layout
+from tpulaunch.plan.tpu_layout import StrategyLayout, strategy_layout
 
-__all__ = ["KerasTpuLayout", "keras_layout", "device_assignment", "topology_for"]
+__all__ = ["StrategyLayout", "strategy_layout", "device_assignment", "topology_for"]
 
 
 def topology_for(tpu_type) -> Any:
@@ -29,7 +29,7 @@ def topology_for(tpu_type) -> Any:
                                  device_coordinates=[list(map(list, host)) for host in layout.device_coordinates])
 
 
-def device_assignment(topology: Any, layout: KerasTpuLayout) -> Any:
+def device_assignment(topology: Any, layout: StrategyLayout) -> Any:
     """TensorFlow's `DeviceAssignment.build` for the layout: `layout.replicas` blocks of `computation_shape`.
 
     Raises:

@@ -40,7 +40,7 @@ def tf_problems(loaded: LoadedJob, search_path: Sequence[str] = ()) -> tuple:
         {name: [shape, ...]}, sharding {name: kind}, message}.
     """
     del search_path  # the layout and splits do not depend on the job's code
-    from tpulaunch.engine.keras.tpu_layout import computation_shape
+    from tpulaunch.plan.tpu_layout import computation_shape
     from tpulaunch.plan.build import build_plan
     from tpulaunch.tpu.topology import slice_topology
     from tpulaunch.tpu.types import UnknownTpuType, parse_tpu_type
@@ -71,7 +71,7 @@ def tf_problems(loaded: LoadedJob, search_path: Sequence[str] = ()) -> tuple:
     from tpulaunch.engine.keras.tpu_setup import topology_for
 
     problems = []
-    facts = {"engine": "keras", "logical_devices": logical, "computation_shape": list(shape), "replicas": replicas}
+    facts = {"engine": "keras", "device_assignment": True, "logical_devices": logical, "computation_shape": list(shape), "replicas": replicas}
     try:
         assignment = tf.tpu.experimental.DeviceAssignment.build(
             topology_for(tpu_type), computation_shape=list(shape), num_replicas=replicas)

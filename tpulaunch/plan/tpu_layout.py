@@ -1,4 +1,4 @@
-"""How the keras engine lays a replica out on a TPU slice, and its rules for splitting inputs. Pure Python.
+"""How TPUStrategy lays a replica out on a TPU slice, and its rules for splitting inputs (the keras engine's). Pure Python.
 
 The keras engine trains with `tf.distribute.TPUStrategy`. With `tpu.cores_per_replica` > 1 (TensorFlow's
 "logical devices per replica") it builds a `DeviceAssignment` from the slice's topology with a
@@ -33,7 +33,7 @@ Shape4 = Tuple[int, int, int, int]
 
 
 @dataclass(frozen=True)
-class KerasTpuLayout:
+class StrategyLayout:
     """One replica's block of the slice and how many replicas fill it."""
 
     logical_devices: int  # tpu.cores_per_replica: TPU devices one replica spans
@@ -64,7 +64,7 @@ def fits(topology_shape: Sequence[int], shape: Sequence[int]) -> bool:
     return all(s <= t and t % s == 0 for s, t in zip(shape, topology_shape))
 
 
-def layout_for_type(tpu_type: TpuType, logical_devices: int) -> Union[KerasTpuLayout, list]:
+def layout_for_type(tpu_type: TpuType, logical_devices: int) -> Union[StrategyLayout, list]:
     """The layout of replicas of `logical_devices` on a slice, or the findings that make it impossible."""
     topology_shape = slice_topology(tpu_type).mesh_shape
     if logical_devices not in rules.VALID_CORES_PER_REPLICA:
@@ -85,10 +85,10 @@ def layout_for_type(tpu_type: TpuType, logical_devices: int) -> Union[KerasTpuLa
                               f"{rules.shape_text(shape or [])} of TPU devices, which does not fit the "
                               f"{tpu_type.name} mesh {rules.shape_text(topology_shape)}",
                               f"use at most cores_per_replica: {largest} on {tpu_type.name}, or a larger slice")]
-    return KerasTpuLayout(logical_devices, shape, tpu_type.devices // logical_devices, topology_shape)
+    return StrategyLayout(logical_devices, shape, tpu_type.devices // logical_devices, topology_shape)
 
 
-def keras_layout(job, plan=None) -> Optional[KerasTpuLayout]:
+def strategy_layout(job, plan=None) -> Optional[StrategyLayout]:
     """The layout a TPU job trains with, or None for a job without a tpu: section (or a slice that cannot
     hold it, which validate has refused). `plan`: a Plan for this machine (`plan.on_tpu` False) gives None."""
     if job.tpu is None or (plan is not None and not plan.on_tpu):

@@ -1,0 +1,17 @@
+"""What the estimator engine is and can do (read without TensorFlow; `engine/registry.py` lists it)."""
+
+from tpulaunch.engine.base import EngineAbout
+
+ABOUT = EngineAbout(
+    name="estimator",
+    engine="tpulaunch.engine.estimator.engine:EstimatorEngine",
+    title="TPUEstimator (TensorFlow 2.15)",
+    local_title="TPUEstimator (TensorFlow 2.15)",
+    install_hint="pip install 'tpulaunch[cpu]' (or [tpu]): TensorFlow 2.15 with tensorflow-estimator, Python 3.9-3.11",
+    tensorflow=(None, (2, 16)),  # TensorFlow 2.16 removed tf.estimator
+    packages=(("tensorflow_estimator", "tensorflow-estimator"),),
+    static_rules="tpulaunch.engine.estimator.rules:problems",
+    # Set by TPUEstimator itself: `batch_size` and `context` in params= are refused by TPUEstimator
+    # (_RESERVED_PARAMS_KEYS); `use_tpu` would be overwritten without a word.
+    params_set_by_tensorflow=("batch_size", "use_tpu", "context"),
+)

@@ -1,0 +1,23 @@
+"""What the keras engine is and can do (read without TensorFlow; `engine/registry.py` lists it)."""
+
+from tpulaunch.engine.base import EngineAbout
+
+ABOUT = EngineAbout(
+    name="keras",
+    engine="tpulaunch.engine.keras.engine:KerasEngine",
+    title="Keras + tf.distribute.TPUStrategy",
+    # On this machine the strategy depends on the machine (engine/keras/standalone.make_strategy).
+    local_title=("Keras + tf.distribute (MultiWorkerMirrored with several workers in TF_CONFIG, Mirrored over "
+                 "several GPUs, else one device)"),
+    install_hint="pip install 'tpulaunch[keras]': current TensorFlow with tf-keras",
+    tensorflow=((2, 16), None),
+    packages=(("tf_keras", "tf-keras (Keras 2)"),),
+    # TensorFlow 2.16+ makes tf.keras Keras 3 unless this is set; with it, tf.keras is tf-keras (Keras 2), which
+    # the engine and the job's own builders use.
+    environment={"TF_USE_LEGACY_KERAS": "1"},
+    static_rules="tpulaunch.engine.keras.rules:problems",
+    even_splits=True,  # experimental_split_to_logical_devices refuses uneven splits
+    device_assignment=True,  # TPUStrategy's DeviceAssignment: a replica is a block of the slice's topology
+    batches_per_replica=True,  # distribute_datasets_from_function: InputContext.get_per_replica_batch_size
+    cpu_replicas=True,
+)

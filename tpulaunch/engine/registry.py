@@ -1,0 +1,97 @@
+"""The engines, by name: the one place that lists them. Each engine is a folder under engine/ whose
+about.py declares what it is and can do (`EngineAbout`, no TensorFlow); a new engine is a folder and
+one line in ENGINES. Everything else asks an engine's `about` instead of testing its name.
+
+Which engine trains a job: its `run.engine`, else the first engine here that the installed TensorFlow
+runs (TensorFlow 2.15 and earlier: estimator; 2.16, which removed tf.estimator, and later: keras; no
+TensorFlow at all: the first, so `validate --static` checks for it unless the job pins one).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Optional, Tuple
+
+from tpulaunch.engine.base import Engine, EngineAbout
+from tpulaunch.engine.installed import installed_module, installed_tensorflow
+
+ENGINES = {
+    "estimator": "tpulaunch.engine.estimator.about:ABOUT",
+    "keras": "tpulaunch.engine.keras.about:ABOUT",
+}
+
+
+def names() -> Tuple[str, ...]:
+    return tuple(ENGINES)
+
+
+def load_attribute(path: str):
+    module, _, attribute = path.partition(":")
+    return functools.reduce(getattr, attribute.split("."), importlib.import_module(module))
+
+
+@functools.lru_cache(maxsize=None)
+def about(name: str) -> EngineAbout:
+    """What engine `name` is and can do (KeyError for a name that is not an engine)."""
+    return load_attribute(ENGINES[name])
+
+
+def engine(name: str) -> Engine:
+    """Engine `name`'s implementation (imports its module; TensorFlow itself is loaded by `Engine.load`)."""
+    return load_attribute(about(name).engine)()
+
+
+def runs_on(name: str, version: Optional[Tuple[int, int]]) -> bool:
+    first, first_without = about(name).tensorflow
+    return version is not None and (first is None or version >= first) and (first_without is None or version < first_without)
+
+
+def default_name() -> str:
+    """The engine the installed TensorFlow runs (the first engine when no TensorFlow, or none, fits)."""
+    version = installed_tensorflow()
+    return next((name for name in ENGINES if runs_on(name, version)), next(iter(ENGINES)))
+
+
+def engine_name(run_section) -> str:
+    """The engine for a job's `run:` section (None: the default)."""
+    return getattr(run_section, "engine", None) or default_name()
+
+
+def missing_for(name: str) -> Optional[str]:
+    """Why this machine cannot run engine `name`, or None when it can."""
+    version = installed_tensorflow()
+    if version is None:
+        return "TensorFlow is not installed"
+    if not runs_on(name, version):
+        first, first_without = about(name).tensorflow
+        needs = (f"TensorFlow {first[0]}.{first[1]} or later" if first_without is None
+                 else f"TensorFlow before {first_without[0]}.{first_without[1]}")
+        return f"the {about(name).display} needs {needs}; TensorFlow {version[0]}.{version[1]} is installed"
+    for module, what in about(name).packages:
+        if not installed_module(module):
+            return f"the {about(name).display} needs {what}, which is not installed"
+    return None
+
+
+def require(name: str) -> None:
+    """Raise (before anything is built or written) when this machine cannot run engine `name`."""
+    missing = missing_for(name)
+    if missing:
+        from tpulaunch.errors import TpuLaunchError
+
+        others = ", ".join(other for other in ENGINES if other != name)
+        raise TpuLaunchError(f"run.engine is {name}, but {missing}",
+                             hint=f"{about(name).install_hint}; or set run.engine: {others}")
+
+
+def set_environment() -> None:
+    """Before TensorFlow is imported: what the engines the installed TensorFlow runs need in the environment
+    (the keras engine's TF_USE_LEGACY_KERAS, which TensorFlow 2.15 would misread: set only where it runs)."""
+    import os
+
+    version = installed_tensorflow()
+    for name in ENGINES:
+        if runs_on(name, version):
+            for key, value in about(name).environment.items():
+                os.environ.setdefault(key, value)
