@@ -16,7 +16,7 @@ def flag_problems(loaded: LoadedJob, search_path: Sequence[str] = ()) -> list:
     model, data = loaded.section("model"), loaded.section("data")
     if model is None or data is None or not loaded.usable("flags"):
         return []
-    from tpulaunch.engine.estimator.flags import set_flags
+    from tpulaunch.engine.flags import set_flags
 
     run = loaded.section("run") if loaded.usable("run") else None
     findings = set_flags(model, data, loaded.section("flags") or {}, search_path, strict=False,

@@ -139,11 +139,13 @@ def code_problems(loaded, search_path: Sequence[str], checked: list, *, prior_ok
         checked.append("model")
     ok = prior_ok and not any(p.is_error for p in problems)
     if loaded.job is not None and loaded.job.data.input_fn is not None and ok:
-        stage("input_fn")
-        from tpulaunch.checks.input_signature import input_signature_problems
+        from tpulaunch.checks.engine_rules import job_engine_about
+        from tpulaunch.engine.registry import load_attribute
 
-        problems.extend(input_signature_problems(loaded, search_path))
-        checked.append("input_fn")
+        for name, check in job_engine_about(loaded).code_checks:  # the engine's own contract for the job's code
+            stage(name)
+            problems.extend(load_attribute(check)(loaded, search_path))
+            checked.append(name)
     return problems
 
 

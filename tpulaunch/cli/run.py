@@ -122,7 +122,7 @@ def _model_dir_lease(obj: Context, job, command: str, take: bool):
 
     A takeover is said before the run's first line; a lease lost to another run during this one is said at
     once and fails the run at its end (its checkpoints may be mixed with the other run's)."""
-    from tpulaunch.engine.keras.plain import is_chief_worker
+    from tpulaunch.run.workers import is_chief_worker
     from tpulaunch.run import lease as leases
 
     if not is_chief_worker():

@@ -15,7 +15,7 @@ import time
 from typing import Callable, List, Optional, Tuple
 
 from tpulaunch.checks.paths import as_list
-from tpulaunch.engine.estimator.plain import features_as_dict, input_settings, spec_errors, tensor_specs
+from tpulaunch.engine.plain import features_as_dict, input_settings, spec_errors, tensor_specs
 from tpulaunch.errors import TpuLaunchError, first_line
 from tpulaunch.job.schema import Job
 

@@ -39,6 +39,9 @@ class EngineAbout:
     packages: Tuple[Tuple[str, str], ...] = ()  # (module, what it is) it needs beside TensorFlow
     environment: Dict[str, str] = field(default_factory=dict)  # set before TensorFlow is imported
     static_rules: Optional[str] = None  # "module:function(loaded) -> problems": its own rules, no TensorFlow
+    # (stage, "module:function(loaded, search_path) -> problems"): its checks of the job's own code that need
+    # TensorFlow but build nothing, after the flags and the model's import paths
+    code_checks: Tuple[Tuple[str, str], ...] = ()
     even_splits: bool = False  # spatial splits must be even (uneven ones are errors; partition: auto picks even)
     device_assignment: bool = False  # a replica is a block of the slice's topology (plan: its DeviceAssignment)
     batches_per_replica: bool = False  # its input pipeline batches per replica (else per input_fn call)

@@ -17,7 +17,7 @@ import textwrap
 from importlib.machinery import PathFinder
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
-from tpulaunch.engine.estimator.flags import MODEL_DIR_FLAG, job_import_paths
+from tpulaunch.engine.flags import MODEL_DIR_FLAG, job_import_paths
 from tpulaunch.engine.sources import module_source
 from tpulaunch.job.load import LoadedJob
 from tpulaunch.job.schema import INPUT_MODES

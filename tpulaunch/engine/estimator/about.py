@@ -11,6 +11,8 @@ ABOUT = EngineAbout(
     tensorflow=(None, (2, 16)),  # TensorFlow 2.16 removed tf.estimator
     packages=(("tensorflow_estimator", "tensorflow-estimator"),),
     static_rules="tpulaunch.engine.estimator.rules:problems",
+    # What each of the job's own input_fns yields, called as TPUEstimator calls it.
+    code_checks=(("input_fn", "tpulaunch.engine.estimator.input_signature:input_signature_problems"),),
     # Set by TPUEstimator itself: `batch_size` and `context` in params= are refused by TPUEstimator
     # (_RESERVED_PARAMS_KEYS); `use_tpu` would be overwritten without a word.
     params_set_by_tensorflow=("batch_size", "use_tpu", "context"),

@@ -15,8 +15,9 @@ import tensorflow as tf
 from tpulaunch.engine import portable
 from tpulaunch.engine.estimator import standalone
 from tpulaunch.engine.estimator.build import build_errors, located, located_metric_fn
-from tpulaunch.engine.estimator.plain import model_settings, optimizer_settings
-from tpulaunch.engine.estimator.flags import apply_flags
+from tpulaunch.engine.estimator.plain import model_settings
+from tpulaunch.engine.plain import optimizer_settings
+from tpulaunch.engine.flags import apply_flags
 from tpulaunch.engine.job_code import apply_precision, job_builder, job_functions
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.imports import make_call, resolve

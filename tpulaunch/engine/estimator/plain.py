@@ -8,48 +8,17 @@ keyword, commented with the job key in `SOURCES`. Pure Python: TensorFlow is not
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING, Optional
 
-from tpulaunch.errors import TpuLaunchError
+from tpulaunch.engine import plain as neutral
+from tpulaunch.engine.plain import features_as_dict, log_every_steps, tensor_specs
 from tpulaunch.job.schema import Job
 
 if TYPE_CHECKING:
     from tpulaunch.plan.build import Plan
 
-# Plain progress lines (and RunConfig's step logging) on CPU/GPU when the job does not say; a TPU job
-# uses iterations_per_loop.
-DEFAULT_LOG_EVERY_STEPS = 100
-
 # Summaries are recorded every this many steps by default (writing one per step costs time on CPU).
 DEFAULT_SUMMARY_STEPS = 100
-
-
-def tensor_specs(group: dict) -> dict:
-    """The job's tensor specs as standalone.py reads them: record key, stored form, shape, dtype."""
-    return {name: {"key": spec.key or name, "stored_as": spec.stored_as, "shape": list(spec.shape),
-                   "dtype": spec.dtype} for name, spec in group.items()}
-
-
-def input_settings(job: Job) -> dict:
-    """Keywords of `portable.make_input_fn`, besides the files, the mode and use_tpu."""
-    data = job.data
-    return {"features": tensor_specs(data.features), "labels": tensor_specs(data.labels),
-            "compression": data.compression or "", "shuffle_buffer": data.shuffle_buffer, "cache": data.cache,
-            "skip_corrupt": data.skip_corrupt, "features_as_dict": features_as_dict(job)}
-
-
-def features_as_dict(job: Job) -> bool:
-    """Whether tpulaunch's pipeline hands the features over as a dict by name whatever their count: to the
-    job's own `model.model_fn`, which indexes them as TPUEstimator programs do (`features["image"]`).
-    A builder's Keras model takes one declared feature as that tensor; a job's own input_fn decides for itself."""
-    return bool(job.model.model_fn) and not job.data.input_fn
-
-
-def optimizer_settings(job: Job) -> dict:
-    """Keywords of `standalone.optimizer_factory`, besides the job's own constructor."""
-    spec = job.model.optimizer
-    return {"optimizer": spec.name, "learning_rate": spec.learning_rate, "optimizer_args": dict(spec.args)}
 
 
 def model_settings(job: Job) -> dict:
@@ -71,12 +40,6 @@ def warm_start_settings(job: Job) -> dict:
     """`warm_start_from` and `warm_start_vars` for `run.warm_start` (None and '.*' without one)."""
     warm = job.run.warm_start
     return {"warm_start_from": warm.from_ if warm else None, "warm_start_vars": warm.vars if warm else ".*"}
-
-
-def log_every_steps(job: Job) -> int:
-    if job.run.log_every_steps:
-        return job.run.log_every_steps
-    return job.tpu.iterations_per_loop if job.tpu else DEFAULT_LOG_EVERY_STEPS
 
 
 def config_settings(job: Job, plan: "Plan", *, use_tpu: bool) -> dict:
@@ -105,19 +68,10 @@ def estimator_settings(job: Job, plan: "Plan") -> dict:
             "params": estimator_params(job), **warm_start_settings(job)}
 
 
-# The job key each value above comes from.
+# The job key each value comes from.
 SOURCES = {
-    "features": ("data", "features"),
-    "features_as_dict": ("model", "model_fn"),
+    **neutral.SOURCES,
     "outputs": ("model", "outputs"),
-    "labels": ("data", "labels"),
-    "compression": ("data", "compression"),
-    "shuffle_buffer": ("data", "shuffle_buffer"),
-    "cache": ("data", "cache"),
-    "skip_corrupt": ("data", "skip_corrupt"),
-    "optimizer": ("model", "optimizer", "name"),
-    "learning_rate": ("model", "optimizer", "learning_rate"),
-    "optimizer_args": ("model", "optimizer", "args"),
     "loss": ("model", "loss"),
     "metrics": ("model", "metrics"),
     "model_dir": ("run", "model_dir"),
@@ -128,7 +82,6 @@ SOURCES = {
     "save_checkpoints_steps": ("run", "save_checkpoints_steps"),
     "keep_checkpoint_max": ("run", "keep_checkpoint_max"),
     "seed": ("run", "seed"),
-    "log_every_steps": ("run", "log_every_steps"),
     "train_batch_size": ("train", "batch_size"),
     "params": ("model", "params"),
     "warm_start_from": ("run", "warm_start", "from"),
@@ -168,12 +121,3 @@ def _mirror(specs: dict, dims: dict, as_dict: bool = False):
     return {name: (list(dims[name]) if dims.get(name) is not None else None) for name in specs}
 
 
-@contextlib.contextmanager
-def spec_errors():
-    """portable.SpecError (declared data or model settings that cannot work together) as a TpuLaunchError."""
-    from tpulaunch.engine.portable import SpecError
-
-    try:
-        yield
-    except SpecError as exc:
-        raise TpuLaunchError(str(exc), hint=exc.hint) from None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from tpulaunch.engine import plain as neutral
 from tpulaunch.engine.estimator import plain
 from tpulaunch.engine.program_parts import (BANNER, Keys, builder_lines, call, call_lines, files_list, flag_lines, import_line,
                                             input_fn_lines, job_dir_lines, keywords, reference_lines, settings_lines,
@@ -58,7 +59,7 @@ _NOTES = {
     "train_batch_size": "global, over all replicas",
     "eval_batch_size": "global, over all replicas",
     "summary_steps": f"TensorBoard scalars every this many steps (default {plain.DEFAULT_SUMMARY_STEPS})",
-    "log_every_steps": f"else iterations_per_loop on a TPU, else {plain.DEFAULT_LOG_EVERY_STEPS}",
+    "log_every_steps": f"else iterations_per_loop on a TPU, else {neutral.DEFAULT_LOG_EVERY_STEPS}",
     "optimizer_args": "over standalone's OPTIMIZER_DEFAULTS for a named optimizer",
     "input_partition_dims": "[features dims, labels dims], mirroring the structure input_fn yields (a dict for "
                             "several tensors; None = replicated to every core of a replica)",
@@ -85,8 +86,8 @@ def explain_script(loaded: LoadedJob, plan: Optional["Plan"] = None, *, search_p
     at = Keys(loaded)
     on_tpu = plan.on_tpu
     own_model_fn, own_input_fn = bool(job.model.model_fn), bool(job.data.input_fn)
-    inputs = {} if own_input_fn else plain.input_settings(job)
-    optimizer = {} if own_model_fn else plain.optimizer_settings(job)
+    inputs = {} if own_input_fn else neutral.input_settings(job)
+    optimizer = {} if own_model_fn else neutral.optimizer_settings(job)
     model = {} if own_model_fn else plain.model_settings(job)
     config = plain.config_settings(job, plan, use_tpu=on_tpu)
     estimator = plain.estimator_settings(job, plan)

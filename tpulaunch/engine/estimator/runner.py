@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
 from tpulaunch.data.pipeline import naming_read_errors
 from tpulaunch.engine.estimator.plain import (  # noqa: F401  (partition_dims, log_every_steps: for callers)
-    config_settings, estimator_settings, log_every_steps, partition_dims, spec_errors)
+    config_settings, estimator_settings, log_every_steps, partition_dims)
+from tpulaunch.engine.plain import spec_errors
 from tpulaunch.errors import TpuLaunchError, first_line
 from tpulaunch.job.schema import Job
 from tpulaunch.plan.build import Plan, build_plan
@@ -79,7 +80,7 @@ def input_fn_for(job: Job, mode: str, use_tpu: bool, search_path: Sequence[str],
     if job.data.input_fn:
         # Resolved here rather than in data.py: the job file's directory must be on the search path.
         from tpulaunch.engine.estimator.build import located
-        from tpulaunch.engine.estimator.flags import apply_flags
+        from tpulaunch.engine.flags import apply_flags
         from tpulaunch.job.imports import resolve_input_fn
 
         if job.data.input_fn_for(mode) is None:
@@ -464,7 +465,7 @@ def serving_input_receiver_fn(job: Job, search_path: Sequence[str] = ()):
         return located(own, job, "infer", ("model", "serving_input_fn"))
     import tensorflow as tf
 
-    from tpulaunch.engine.estimator.plain import features_as_dict
+    from tpulaunch.engine.plain import features_as_dict
 
     def receiver_fn():
         placeholders = {}

@@ -57,7 +57,7 @@ class KerasEngine(Engine):
 
     def append_run_record(self, model_dir: str, line: str) -> str:
         from tpulaunch.engine.estimator.records import append_record  # TensorFlow's filesystem: engine-neutral
-        from tpulaunch.engine.keras.plain import is_chief_worker
+        from tpulaunch.run.workers import is_chief_worker
 
         if not is_chief_worker():  # one record per run, the chief's: every worker would append its own
             return ""

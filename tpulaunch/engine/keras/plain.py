@@ -4,11 +4,9 @@ converted from a Job and its Plan in one place. `tpulaunch explain --engine kera
 
 from __future__ import annotations
 
-import json
-import os
-from typing import TYPE_CHECKING, Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, NamedTuple, Optional, Sequence
 
-from tpulaunch.engine.estimator.plain import log_every_steps, tensor_specs  # noqa: F401  (engine-neutral values)
+from tpulaunch.engine.plain import log_every_steps, tensor_specs  # noqa: F401  (engine-neutral values)
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.imports import resolve
 from tpulaunch.job.schema import OPTIMIZERS, Job
@@ -18,25 +16,6 @@ if TYPE_CHECKING:
 
 # Where tf.train.Checkpoint(global_step=...) keeps the step: how a keras-engine checkpoint is told apart.
 STEP_KEY = "global_step/.ATTRIBUTES/VARIABLE_VALUE"
-
-
-def worker_task() -> Optional[Tuple[str, int]]:
-    """This process's (task type, index) in $TF_CONFIG's cluster, or None when it names no task."""
-    try:
-        task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task") or {}
-    except ValueError:
-        return None
-    return (str(task["type"]), int(task.get("index", 0))) if "type" in task else None
-
-
-def is_chief_worker() -> bool:
-    """Whether this process writes model_dir's shared files (job copy, run record): the chief, or worker 0 of a
-    cluster without one, or any process outside a multi-worker cluster. Others checkpoint into a scratch folder."""
-    task = worker_task()
-    if task is None:
-        return True
-    cluster = json.loads(os.environ["TF_CONFIG"]).get("cluster", {})
-    return task[0] == "chief" or (task == ("worker", 0) and "chief" not in cluster)
 
 
 class JobParts(NamedTuple):
@@ -53,7 +32,7 @@ class JobParts(NamedTuple):
 
 def job_parts(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -> JobParts:
     """Resolve the job's code (after setting its flags), with failures located at their job key."""
-    from tpulaunch.engine.estimator.flags import apply_flags
+    from tpulaunch.engine.flags import apply_flags
     from tpulaunch.engine.job_code import apply_precision, job_builder, job_functions
 
     apply_flags(job, search_path=search_path)

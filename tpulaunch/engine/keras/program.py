@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from tpulaunch.engine.estimator import plain as neutral  # the engine-neutral values: input pipeline, optimizer
+from tpulaunch.engine import plain as neutral  # the engine-neutral values: input pipeline, optimizer
 from tpulaunch.engine.keras import plain
 from tpulaunch.engine.program_parts import (BANNER, Keys, builder_lines, call, files_list, flag_lines, job_dir_lines,
                                             keywords, reference_lines, settings_lines, tpu_lines)
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 STANDALONE = "tpulaunch.engine.keras.standalone"
 
-# The job key each value comes from (besides the engine-neutral ones in estimator/plain.py).
+# The job key each value comes from (besides the engine-neutral ones in engine/plain.py).
 SOURCES = {
     **neutral.SOURCES,
     "feature_dims": ("partition",),

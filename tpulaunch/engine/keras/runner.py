@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
 from tpulaunch.data.pipeline import naming_read_errors
 from tpulaunch.engine.estimator.build import build_errors
-from tpulaunch.engine.estimator.plain import spec_errors
+from tpulaunch.engine.plain import spec_errors
 from tpulaunch.engine.estimator.runner import (  # engine-neutral: either engine's checkpoints and model_dir
     _evaluation_stopped, _recover, _repair_checkpoints, checkpoint_step, model_dir_errors, write_job_copy)
 from tpulaunch.engine.keras import plain
+from tpulaunch.run.workers import is_chief_worker, worker_task
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.schema import Job
 from tpulaunch.plan.build import Plan
@@ -105,7 +106,7 @@ def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop:
     stop = stop or StopSignal()
     with model_dir_errors(model_dir):
         _refuse_estimator_checkpoints(model_dir)
-        if plain.is_chief_worker():  # the other workers of a multi-worker run leave model_dir to the chief
+        if is_chief_worker():  # the other workers of a multi-worker run leave model_dir to the chief
             _repair_checkpoints(model_dir, recorder)
             write_job_copy(job, model_dir, force=force)
     dog = None
@@ -132,8 +133,8 @@ def _remove_worker_scratch(model_dir: str) -> None:
 
     from tpulaunch.engine.keras.standalone import worker_scratch_dir
 
-    task = plain.worker_task()
-    if task is not None and not plain.is_chief_worker():
+    task = worker_task()
+    if task is not None and not is_chief_worker():
         scratch = worker_scratch_dir(model_dir, *task)
         if tf.io.gfile.exists(scratch):
             tf.io.gfile.rmtree(scratch)
