@@ -6,29 +6,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from records import write_examples
+
 from tpulaunch.data.pipeline import make_input_fn, parse_example_fn
 from tpulaunch.engine.portable import host_shard
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.schema import Job
 from tpulaunch.data.synth import shard_name
-
-
-def _feature(value) -> tf.train.Feature:
-    if isinstance(value, bytes):
-        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-    array = np.asarray(value)
-    if array.dtype.kind == "f":
-        return tf.train.Feature(float_list=tf.train.FloatList(value=array.ravel().tolist()))
-    return tf.train.Feature(int64_list=tf.train.Int64List(value=array.ravel().tolist()))
-
-
-def write_records(path, records, compression=None) -> str:
-    """Write dicts key -> value (bytes, or a numpy-able list) as tf.train.Examples."""
-    with tf.io.TFRecordWriter(str(path), options=compression) as writer:
-        for record in records:
-            example = tf.train.Example(features=tf.train.Features(feature={k: _feature(v) for k, v in record.items()}))
-            writer.write(example.SerializeToString())
-    return str(path)
 
 
 def make_job(train=None, eval=None, features=None, labels=None, **data) -> Job:
@@ -57,7 +41,7 @@ def spec_of(dataset):
 def digits(tmp_path):
     """10 records: image [2, 3] float, label scalar int."""
     records = [{"image": np.full((2, 3), i, np.float32), "label": [i]} for i in range(10)]
-    return write_records(tmp_path / "digits.tfrecord", records)
+    return write_examples(tmp_path / "digits.tfrecord", records)
 
 
 def test_list_encodings_single_tensors_in_file_order_for_eval(digits):
@@ -96,7 +80,7 @@ def test_raw_encodings_in_every_dtype_and_dict_structure(tmp_path):
     record = {"image": image.tobytes(), "mask": mask.tobytes(), "half": half.tobytes(),
               # bfloat16 1.5 and -3.0: the high halves of their float32 bit patterns, little-endian.
               "bf16": np.array([0x3FC0, 0xC040], "<u2").tobytes(), "ints": ints.tobytes(), "flag": [1, 0, 1]}
-    path = write_records(tmp_path / "raw.tfrecord", [record] * 2)
+    path = write_examples(tmp_path / "raw.tfrecord", [record] * 2)
     job = make_job(eval=path,
                    features={"image": {"shape": [2, 3, 1], "encoding": "raw"},
                              "half": {"shape": [2], "dtype": "float16", "encoding": "raw"},
@@ -119,7 +103,7 @@ def test_raw_encodings_in_every_dtype_and_dict_structure(tmp_path):
 
 
 def test_float_list_bfloat16_is_cast_and_key_can_differ_from_name(tmp_path):
-    path = write_records(tmp_path / "k.tfrecord", [{"pixels/raw": np.array([1.25, 2.5], np.float32), "y": [3]}])
+    path = write_examples(tmp_path / "k.tfrecord", [{"pixels/raw": np.array([1.25, 2.5], np.float32), "y": [3]}])
     job = make_job(eval=path, features={"x": {"shape": [2], "dtype": "bfloat16", "key": "pixels/raw"}},
                    labels={"y": {"shape": [1], "dtype": "int32"}})
     features, labels = parse_example_fn(job)(tf.data.TFRecordDataset(path).get_single_element())
@@ -136,7 +120,7 @@ def test_png_and_jpeg_decode_to_declared_shape(tmp_path):
     picture = rng.integers(0, 256, (4, 5, 3), dtype=np.uint8)
     gray = rng.integers(0, 256, (4, 5, 1), dtype=np.uint8)
     records = [{"rgb": _png(picture), "photo": tf.io.encode_jpeg(picture).numpy(), "gray": _png(gray)}] * 3
-    path = write_records(tmp_path / "img.tfrecord", records)
+    path = write_examples(tmp_path / "img.tfrecord", records)
     job = make_job(eval=path, features={"rgb": {"shape": [4, 5, 3], "dtype": "uint8", "encoding": "png"},
                                         "photo": {"shape": [4, 5, 3], "dtype": "uint8", "encoding": "jpeg"},
                                         "gray": {"shape": [4, 5, 1], "dtype": "uint8", "encoding": "png"}})
@@ -149,7 +133,7 @@ def test_png_and_jpeg_decode_to_declared_shape(tmp_path):
 
 
 def test_png_of_the_wrong_size_fails_at_read_time(tmp_path):
-    path = write_records(tmp_path / "img.tfrecord", [{"image": _png(np.zeros((6, 5, 3), np.uint8))}])
+    path = write_examples(tmp_path / "img.tfrecord", [{"image": _png(np.zeros((6, 5, 3), np.uint8))}])
     job = make_job(eval=path, features={"image": {"shape": [4, 5, 3], "dtype": "uint8", "encoding": "png"}})
     with pytest.raises(tf.errors.InvalidArgumentError):
         next(iter(make_input_fn(job, "eval", use_tpu=False)({"batch_size": 1})))
@@ -159,7 +143,7 @@ def _sharded(tmp_path, files=4, per_file=3):
     paths = []
     for f in range(files):
         records = [{"x": [f * 100 + r]} for r in range(per_file)]
-        paths.append(write_records(tmp_path / shard_name("train", f, files), records))
+        paths.append(write_examples(tmp_path / shard_name("train", f, files), records))
     return str(tmp_path / "train-*.tfrecord"), paths
 
 
@@ -195,7 +179,7 @@ def test_host_shard_reads_a_tpu_context_deployment():
 
 
 def test_gzip_records(tmp_path):
-    path = write_records(tmp_path / "z.tfrecord.gz", [{"x": [i]} for i in range(4)], compression="GZIP")
+    path = write_examples(tmp_path / "z.tfrecord.gz", [{"x": [i]} for i in range(4)], compression="GZIP")
     job = make_job(eval=path, features={"x": {"shape": [], "dtype": "int64"}}, compression="GZIP")
     dataset = make_input_fn(job, "eval", use_tpu=False)({"batch_size": 4})
     assert batches(dataset)[0][0].tolist() == [0, 1, 2, 3]
@@ -229,7 +213,7 @@ def test_mode_without_files_and_unknown_mode(digits):
 def test_skip_corrupt_drops_unparseable_records(tmp_path):
     good = [{"x": [1.0, 2.0]}] * 3
     bad = [{"x": [1.0]}]  # wrong length for shape [2]
-    path = write_records(tmp_path / "mixed.tfrecord", good[:2] + bad + good[2:])
+    path = write_examples(tmp_path / "mixed.tfrecord", good[:2] + bad + good[2:])
     features = {"x": {"shape": [2]}}
     strict = make_input_fn(make_job(eval=path, features=features), "eval", use_tpu=False)({"batch_size": 1})
     with pytest.raises(tf.errors.InvalidArgumentError):

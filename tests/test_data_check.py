@@ -8,19 +8,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import records
+
 from tpulaunch.checks.validate import validate_job
 
 
 def example(**features) -> bytes:
-    feature = {}
-    for key, value in features.items():
-        if isinstance(value, bytes):
-            feature[key] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-        elif np.asarray(value).dtype.kind == "f":
-            feature[key] = tf.train.Feature(float_list=tf.train.FloatList(value=np.ravel(value)))
-        else:
-            feature[key] = tf.train.Feature(int64_list=tf.train.Int64List(value=np.ravel(value)))
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+    return records.example(features)
 
 
 def write(path, records, compression=None):

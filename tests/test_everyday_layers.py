@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+
+from records import write_examples
 import yaml
 from click.testing import CliRunner
 
@@ -31,15 +33,6 @@ def engine() -> list:
     return []
 
 
-def write_examples(path: Path, images: np.ndarray, labels: np.ndarray) -> None:
-    with tf.io.TFRecordWriter(str(path)) as writer:
-        for image, label in zip(images, labels):
-            writer.write(tf.train.Example(features=tf.train.Features(feature={
-                "image": tf.train.Feature(float_list=tf.train.FloatList(value=image.ravel().tolist())),
-                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
-            })).SerializeToString())
-
-
 def examples(count: int, seed: int) -> tuple:
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, 3, count)
@@ -50,8 +43,9 @@ def examples(count: int, seed: int) -> tuple:
 @pytest.fixture
 def project(tmp_path) -> Path:
     shutil.copy(MODELS / "everyday_layers.py", tmp_path / "everyday_layers.py")
-    write_examples(tmp_path / "train.tfrecord", *examples(16, seed=1))
-    write_examples(tmp_path / "eval.tfrecord", *examples(EVAL_RECORDS, seed=2))
+    for name, count, seed in (("train", 16, 1), ("eval", EVAL_RECORDS, 2)):
+        images, labels = examples(count, seed)
+        write_examples(tmp_path / f"{name}.tfrecord", [{"image": i, "label": n} for i, n in zip(images, labels)])
     return tmp_path
 
 

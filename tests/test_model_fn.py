@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from records import write_examples
+
 from tpulaunch.engine.estimator import runner
 from tpulaunch.data.pipeline import make_input_fn
 from tpulaunch.job.schema import Job
@@ -34,29 +36,17 @@ MODELS = textwrap.dedent('''
 ''')
 
 
-def _example(values: dict) -> bytes:
-    feature = {}
-    for name, value in values.items():
-        value = np.asarray(value).ravel()
-        if value.dtype.kind == "f":
-            feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=value.tolist()))
-        else:
-            feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=value.tolist()))
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
-
-
 def write_records(path, count: int, seed: int) -> str:
     """Images whose brightness gives `kind`, an `extra` vector whose sign gives `parity`."""
     rng = np.random.default_rng(seed)
-    with tf.io.TFRecordWriter(str(path)) as writer:
-        for _ in range(count):
-            kind, parity = int(rng.integers(2)), int(rng.integers(2))
-            image = rng.normal(size=(8, 8, 1)).astype(np.float32) * 0.5 + (2 * kind - 1)
-            extra = rng.normal(size=3).astype(np.float32) * 0.3
-            extra[0] += 2 * parity - 1
-            writer.write(_example({"image": image, "extra": extra, "kind": np.int64(kind),
-                                   "parity": np.int64(parity)}))
-    return str(path)
+    rows = []
+    for _ in range(count):
+        kind, parity = int(rng.integers(2)), int(rng.integers(2))
+        image = rng.normal(size=(8, 8, 1)).astype(np.float32) * 0.5 + (2 * kind - 1)
+        extra = rng.normal(size=3).astype(np.float32) * 0.3
+        extra[0] += 2 * parity - 1
+        rows.append({"image": image, "extra": extra, "kind": np.int64(kind), "parity": np.int64(parity)})
+    return write_examples(path, rows)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+
+from records import write_examples
 import yaml
 from click.testing import CliRunner
 
@@ -83,15 +85,9 @@ JOB = textwrap.dedent('''
 def write_records(path: Path, count: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tf.io.TFRecordWriter(str(path)) as writer:
-        for _ in range(count):
-            label = int(rng.integers(2))
-            image = rng.normal(size=64).astype(np.float32) * 0.5 + (2 * label - 1)
-            example = tf.train.Example(features=tf.train.Features(feature={
-                "image": tf.train.Feature(float_list=tf.train.FloatList(value=image.tolist())),
-                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
-            }))
-            writer.write(example.SerializeToString())
+    labels = [int(rng.integers(2)) for _ in range(count)]
+    write_examples(path, [{"image": rng.normal(size=64).astype(np.float32) * 0.5 + (2 * label - 1), "label": label}
+                          for label in labels])
 
 
 @pytest.fixture(scope="module")

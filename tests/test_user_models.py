@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+
+from records import write_examples
 import yaml
 from click.testing import CliRunner
 
@@ -114,18 +116,10 @@ EVAL_METRICS = {
 def write_records(path: Path, specs: dict, count: int, seed: int) -> None:
     """`count` tf.train.Examples with random values of the declared shapes (integers: class ids 0-2)."""
     rng = np.random.default_rng(seed)
-    with tf.io.TFRecordWriter(str(path)) as writer:
-        for _ in range(count):
-            feature = {}
-            for name, spec in specs.items():
-                size = int(np.prod(spec["shape"]))
-                if spec.get("dtype", "float32") == "int64":
-                    values = rng.integers(0, 3, size).tolist()
-                    feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=values))
-                else:
-                    values = rng.normal(size=size).astype(np.float32).tolist()
-                    feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=values))
-            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    write_examples(path, [{name: rng.integers(0, 3, int(np.prod(spec["shape"])))
+                           if spec.get("dtype", "float32") == "int64"
+                           else rng.normal(size=int(np.prod(spec["shape"]))).astype(np.float32)
+                           for name, spec in specs.items()} for _ in range(count)])
 
 
 @pytest.fixture(scope="module")
