@@ -57,12 +57,12 @@ class EstimatorEngine(Engine):
         return runner.export(job, out_dir, checkpoint=checkpoint, search_path=job.search_path)
 
     def append_run_record(self, model_dir: str, line: str) -> str:
-        from tpulaunch.engine.estimator.records import append_record
+        from tpulaunch.engine.core.records import append_record
 
         return append_record(model_dir, line)
 
     def run_record_lines(self, model_dir: str):
-        from tpulaunch.engine.estimator.records import record_lines
+        from tpulaunch.engine.core.records import record_lines
 
         return record_lines(model_dir)
 

@@ -8,27 +8,17 @@ keyword, commented with the job key in `SOURCES`. Pure Python: TensorFlow is not
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING, Optional
 
-from tpulaunch.errors import TpuLaunchError
+from tpulaunch.engine.core.values import (  # noqa: F401  (DEFAULT_LOG_EVERY_STEPS, spec_errors: for callers)
+    DEFAULT_LOG_EVERY_STEPS, log_every_steps, spec_errors, tensor_specs)
 from tpulaunch.job.schema import Job
 
 if TYPE_CHECKING:
     from tpulaunch.plan.build import Plan
 
-# Plain progress lines (and RunConfig's step logging) on CPU/GPU when the job does not say; a TPU job
-# uses iterations_per_loop.
-DEFAULT_LOG_EVERY_STEPS = 100
-
 # Summaries are recorded every this many steps by default (writing one per step costs time on CPU).
 DEFAULT_SUMMARY_STEPS = 100
-
-
-def tensor_specs(group: dict) -> dict:
-    """The job's tensor specs as standalone.py reads them: record key, stored form, shape, dtype."""
-    return {name: {"key": spec.key or name, "stored_as": spec.stored_as, "shape": list(spec.shape),
-                   "dtype": spec.dtype} for name, spec in group.items()}
 
 
 def input_settings(job: Job) -> dict:
@@ -71,12 +61,6 @@ def warm_start_settings(job: Job) -> dict:
     """`warm_start_from` and `warm_start_vars` for `run.warm_start` (None and '.*' without one)."""
     warm = job.run.warm_start
     return {"warm_start_from": warm.from_ if warm else None, "warm_start_vars": warm.vars if warm else ".*"}
-
-
-def log_every_steps(job: Job) -> int:
-    if job.run.log_every_steps:
-        return job.run.log_every_steps
-    return job.tpu.iterations_per_loop if job.tpu else DEFAULT_LOG_EVERY_STEPS
 
 
 def config_settings(job: Job, plan: "Plan", *, use_tpu: bool) -> dict:
@@ -166,14 +150,3 @@ def _mirror(specs: dict, dims: dict, as_dict: bool = False):
         value = dims.get(name)
         return list(value) if value is not None else None
     return {name: (list(dims[name]) if dims.get(name) is not None else None) for name in specs}
-
-
-@contextlib.contextmanager
-def spec_errors():
-    """portable.SpecError (declared data or model settings that cannot work together) as a TpuLaunchError."""
-    from tpulaunch.engine.portable import SpecError
-
-    try:
-        yield
-    except SpecError as exc:
-        raise TpuLaunchError(str(exc), hint=exc.hint) from None

@@ -7,13 +7,12 @@ differ. TensorFlow is imported inside the functions that need it.
 
 from __future__ import annotations
 
-import contextlib
-import re
-
 import os
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
 from tpulaunch.data.pipeline import naming_read_errors
+from tpulaunch.engine.core.model_dir import (  # noqa: F401  (JOB_COPY, job_document, model_dir_errors: for callers)
+    JOB_COPY, checkpoint_step, job_document, model_dir_errors, repair_checkpoints, write_job_copy)
 from tpulaunch.engine.estimator.plain import (  # noqa: F401  (partition_dims, log_every_steps: for callers)
     config_settings, estimator_settings, log_every_steps, partition_dims, spec_errors)
 from tpulaunch.errors import TpuLaunchError, first_line
@@ -26,14 +25,6 @@ from tpulaunch.run.signals import EvaluationStopped, StopSignal, TrainingStopped
 if TYPE_CHECKING:
     from tpulaunch.run.watchdog import WatchPlan
 
-JOB_COPY = "tpulaunch-job.yaml"
-STEP_KEYS = ("global_step", "global_step/.ATTRIBUTES/VARIABLE_VALUE")
-"""The resolved job, written into model_dir by `train` (secrets masked)."""
-
-
-# Sections of the job that define what a checkpoint contains: resuming with other values would
-# restore variables into a different model or feed it different tensors.
-_IDENTITY = (("model",), ("data", "features"), ("data", "labels"))
 
 
 # ------------------------------------------------------------------------------------------ configs
@@ -92,75 +83,6 @@ def input_fn_for(job: Job, mode: str, use_tpu: bool, search_path: Sequence[str],
     return make_input_fn(job, mode, use_tpu=use_tpu, unread_files=unread_files)
 
 
-# --------------------------------------------------------------------------------------- checkpoints
-
-def checkpoint_step(model_dir: str) -> Optional[int]:
-    """The global step of the latest checkpoint in `model_dir`, or None when there is none."""
-    import tensorflow as tf
-
-    path = tf.train.latest_checkpoint(model_dir)
-    if not path:
-        return None
-    reader = tf.train.load_checkpoint(path)
-    # TPUEstimator's name-based checkpoints, or the keras engine's object-based ones (tf.train.Checkpoint).
-    for key in STEP_KEYS:
-        if reader.has_tensor(key):
-            return int(reader.get_tensor(key))
-    return None
-
-
-# Where a job holds mappings of the user's own keys: the only places a secret-looking name can be
-# (everywhere else the schema fixes the key names, and `key` there is a TFRecord feature key).
-_FREE_FORM = (("model", "params"), ("model", "optimizer", "args"), ("flags",))
-
-
-def job_document(job: Job) -> dict:
-    """The resolved job as plain data, with values under secret-looking keys in free-form mappings masked."""
-    from tpulaunch.job.yamlfile import mask_secrets
-
-    document = job.model_dump(mode="json", exclude_none=True)
-    for keys in _FREE_FORM:
-        parent = _get(document, keys[:-1])
-        if isinstance(parent, dict) and keys[-1] in parent:
-            parent[keys[-1]] = mask_secrets(parent[keys[-1]])
-    return document
-
-
-def write_job_copy(job: Job, model_dir: str, *, force: bool = False) -> str:
-    """Write the resolved job into model_dir, after checking it matches the one already there.
-
-    Raises:
-        TpuLaunchError: model_dir holds checkpoints of a job with another model or data spec
-            (unless `force`).
-    """
-    import tensorflow as tf
-    import yaml
-
-    path = os.path.join(model_dir, JOB_COPY)
-    document = job_document(job)
-    if not force and tf.io.gfile.exists(path) and checkpoint_step(model_dir) is not None:
-        with tf.io.gfile.GFile(path) as handle:
-            previous = yaml.safe_load(handle.read()) or {}
-        changed = [".".join(keys) for keys in _IDENTITY if _get(previous, keys) != _get(document, keys)]
-        if changed:
-            raise TpuLaunchError(
-                f"{model_dir} holds checkpoints of a job with a different {', '.join(changed)}",
-                hint=f"compare with {path}; use another run.model_dir (or --model-dir), or pass --force to "
-                     "resume anyway")
-    tf.io.gfile.makedirs(model_dir)
-    with tf.io.gfile.GFile(path, "w") as handle:
-        handle.write(yaml.safe_dump(document, sort_keys=False))
-    return path
-
-
-def _get(document: Any, keys: tuple):
-    for key in keys:
-        if not isinstance(document, dict):
-            return None
-        document = document.get(key)
-    return document
-
-
 # ------------------------------------------------------------------------------------------ train
 
 def train(job: Job, *, local: bool, recorder: Optional[RunRecorder] = None, stop: Optional[StopSignal] = None,
@@ -209,7 +131,7 @@ def train(job: Job, *, local: bool, recorder: Optional[RunRecorder] = None, stop
     stop = stop or StopSignal()
 
     with model_dir_errors(model_dir):
-        _repair_checkpoints(model_dir, recorder)
+        repair_checkpoints(model_dir, recorder)
         write_job_copy(job, model_dir, force=force)
     start = checkpoint_step(model_dir) or 0
     if start >= job.train.steps:
@@ -258,51 +180,6 @@ def train(job: Job, *, local: bool, recorder: Optional[RunRecorder] = None, stop
             dog.reset()
 
 
-@contextlib.contextmanager
-def model_dir_errors(model_dir: str):
-    """A model_dir that cannot be written (full disk, permissions, not a directory, removed mid-run)
-    becomes one clear message naming it; the last complete checkpoint stays where it is."""
-    import tensorflow as tf
-
-    try:
-        yield
-    except (tf.errors.FailedPreconditionError, tf.errors.ResourceExhaustedError, tf.errors.NotFoundError,
-            tf.errors.PermissionDeniedError, OSError, ValueError) as exc:
-        # ValueError: the Saver's own check (saver.py) "Parent directory of ... doesn't exist, can't save."
-        if isinstance(exc, ValueError) and "can't save" not in str(exc):
-            raise
-        if not _about(model_dir, str(getattr(exc, "message", None) or exc)):
-            raise  # not about model_dir (an out-of-memory, a data file): let its own handler speak
-        try:
-            step = checkpoint_step(model_dir)
-        except Exception:  # the directory may be gone
-            step = None
-        resume = f"; a rerun resumes from step {step}" if step else ""
-        raise TpuLaunchError(f"run.model_dir {model_dir}: {first_line(exc)}",
-                             hint=f"recreate the directory, free disk space or fix its permissions{resume}") from None
-
-
-def _about(model_dir: str, text: str) -> bool:
-    """Whether an error message names model_dir, a file in it, or a directory above it."""
-    if "No space left" in text:
-        return True
-    for path in re.findall(r"(?:gs://|/)[^\s'\";,]+", text):
-        path = path.rstrip(".")
-        if path.startswith(model_dir) or model_dir.startswith(path.rstrip("/") + "/"):
-            return True
-    return False
-
-
-def _repair_checkpoints(model_dir: str, recorder: RunRecorder):
-    """Point the checkpoint state at the newest complete checkpoint, saying what was skipped."""
-    from tpulaunch.engine.estimator.checkpoints import describe_repair, repair_checkpoint_state
-
-    repair = repair_checkpoint_state(model_dir)
-    for line in describe_repair(repair):
-        recorder.note(line)
-    return repair
-
-
 def _train_segments(estimator, job: Job, train_input, hooks: list, listener, recorder: RunRecorder,
                     stop: StopSignal, dog, use_tpu: bool, search_path: Sequence[str]):
     """Train (and evaluate) from the latest checkpoint to the end; the NodeEvent if the TPU was lost, else None."""
@@ -332,7 +209,7 @@ def _train_segments(estimator, job: Job, train_input, hooks: list, listener, rec
         tripped = dog.tripped if dog is not None else None
         if stop.received is not None:
             if tripped is not None:  # the TPU went too: the save at the stop may be incomplete
-                _repair_checkpoints(model_dir, recorder)
+                repair_checkpoints(model_dir, recorder)
             step = checkpoint_step(model_dir) or step
             if step >= job.train.steps and evaluates:  # a rerun would not evaluate: say so
                 raise _evaluation_stopped(job, step, stop, recorder)
@@ -380,7 +257,7 @@ def _recover(event, job: Job, watch, recorder: RunRecorder, stop: StopSignal, us
 
     model_dir = job.run.model_dir
     event.step = recorder.step
-    repair = _repair_checkpoints(model_dir, recorder)
+    repair = repair_checkpoints(model_dir, recorder)
     event.checkpoint_step = repair.step or 0
     recorder.node_lost(event)
     name = watch.ref.name

@@ -8,7 +8,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
-from tpulaunch.engine.estimator.plain import log_every_steps, tensor_specs  # noqa: F401  (engine-neutral values)
+from tpulaunch.engine.core.values import log_every_steps, tensor_specs  # noqa: F401  (engine-neutral values)
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.imports import resolve
 from tpulaunch.job.schema import OPTIMIZERS, Job

@@ -13,10 +13,10 @@ import os
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
 from tpulaunch.data.pipeline import naming_read_errors
-from tpulaunch.engine.estimator.build import build_errors
-from tpulaunch.engine.estimator.plain import spec_errors
-from tpulaunch.engine.estimator.runner import (  # engine-neutral: either engine's checkpoints and model_dir
-    _evaluation_stopped, _recover, _repair_checkpoints, checkpoint_step, model_dir_errors, write_job_copy)
+from tpulaunch.engine.core.build_failures import build_errors
+from tpulaunch.engine.core.model_dir import checkpoint_step, model_dir_errors, repair_checkpoints, write_job_copy
+from tpulaunch.engine.core.values import spec_errors
+from tpulaunch.engine.estimator.runner import _evaluation_stopped, _recover  # until the loop is shared
 from tpulaunch.engine.keras import plain
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.schema import Job
@@ -106,11 +106,11 @@ def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop:
     with model_dir_errors(model_dir):
         _refuse_estimator_checkpoints(model_dir)
         if plain.is_chief_worker():  # the other workers of a multi-worker run leave model_dir to the chief
-            _repair_checkpoints(model_dir, recorder)
+            repair_checkpoints(model_dir, recorder)
             write_job_copy(job, model_dir, force=force)
     dog = None
     if watch is not None:
-        from tpulaunch.engine.estimator.hooks import is_lost_tpu_error
+        from tpulaunch.engine.core.lost_tpu import is_lost_tpu_error
         from tpulaunch.run.watchdog import Watchdog
 
         dog = Watchdog(watch, is_lost_error=is_lost_tpu_error, on_status=recorder.node_seen)
