@@ -11,6 +11,7 @@ import os
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
 from tpulaunch.data.pipeline import naming_read_errors
+from tpulaunch.engine.core.lost_tpu import recover
 from tpulaunch.engine.core.model_dir import (  # noqa: F401  (JOB_COPY, job_document, model_dir_errors: for callers)
     JOB_COPY, checkpoint_step, job_document, model_dir_errors, repair_checkpoints, write_job_copy)
 from tpulaunch.engine.estimator.plain import (  # noqa: F401  (partition_dims, log_every_steps: for callers)
@@ -176,7 +177,7 @@ def train(job: Job, *, local: bool, recorder: Optional[RunRecorder] = None, stop
                                         use_tpu, search_path)
             if event is None:
                 return recorder.finish()
-            cluster_resolver = _recover(event, job, watch, recorder, stop, use_tpu)
+            cluster_resolver = recover(event, job, watch, recorder, stop, use_tpu)
             dog.reset()
 
 
@@ -249,53 +250,6 @@ def _evaluation_stopped(job: Job, step: int, stop: StopSignal, recorder: RunReco
                    "reported; rerun the same command to resume training")
     return EvaluationStopped(message, signum=stop.received, step=step, summary=summary, final=final,
                              checkpoint=os.path.join(job.run.model_dir, f"model.ckpt-{step}"))
-
-
-def _recover(event, job: Job, watch, recorder: RunRecorder, stop: StopSignal, use_tpu: bool):
-    """After a lost TPU: keep the last complete checkpoint, then stop (NodeLost) or wait and return a resolver."""
-    from tpulaunch.run.watchdog import NodeLost, wait_until_ready
-
-    model_dir = job.run.model_dir
-    event.step = recorder.step
-    repair = repair_checkpoints(model_dir, recorder)
-    event.checkpoint_step = repair.step or 0
-    recorder.node_lost(event)
-    name = watch.ref.name
-    if recorder.resumes >= watch.auto_resume:
-        summary = recorder.finish(stopped_by=f"TPU {event.detail}")
-        tried = f" after {recorder.resumes} automatic resume{'s' if recorder.resumes != 1 else ''}" \
-            if recorder.resumes else ""
-        raise NodeLost(
-            f"TPU node '{name}' lost ({event.detail}) at step {event.step}{tried}; the last complete checkpoint is "
-            f"at step {event.checkpoint_step} ({event.steps_lost} steps lost)",
-            hint="once the node is READY again (`gcloud compute tpus describe` / recreate a preempted node), rerun "
-                 "the same command to resume from that checkpoint; add --auto-resume N to wait and resume "
-                 "automatically",
-            event=event, summary=summary)
-
-    def waiting(status, problem, left):
-        recorder.node_waiting(problem or (lost_state(status) if status else "no answer"), left)
-
-    status = wait_until_ready(watch, should_stop=lambda: stop.received is not None, on_wait=waiting)
-    if status is None:
-        summary = recorder.finish(stopped_by=stop.name)
-        raise TrainingStopped(
-            f"stopped while waiting for TPU node '{name}'; the checkpoint at step {event.checkpoint_step} is kept: "
-            "rerun the same command to resume",
-            signum=stop.received, step=event.checkpoint_step, summary=summary)
-    recorder.node_ready(f"{status.state}/{status.health}", event.checkpoint_step, watch.auto_resume)
-    if not use_tpu:
-        return None
-    from tpulaunch.tpu import node as cluster
-
-    return cluster.cluster_resolver(watch.ref, watch.discovery_url)
-
-
-def lost_state(status) -> str:
-    """The node's state for a waiting line: 'PREEMPTED', 'READY/UNHEALTHY_TENSORFLOW', 'CREATING'."""
-    if status.state == "READY" and status.health:
-        return f"{status.state}/{status.health}"
-    return str(status.state)
 
 
 def _evaluate_into(estimator, job: Job, use_tpu: bool, search_path: Sequence[str], recorder: RunRecorder,

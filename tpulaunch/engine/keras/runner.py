@@ -16,7 +16,8 @@ from tpulaunch.data.pipeline import naming_read_errors
 from tpulaunch.engine.core.build_failures import build_errors
 from tpulaunch.engine.core.model_dir import checkpoint_step, model_dir_errors, repair_checkpoints, write_job_copy
 from tpulaunch.engine.core.values import spec_errors
-from tpulaunch.engine.estimator.runner import _evaluation_stopped, _recover  # until the loop is shared
+from tpulaunch.engine.core.lost_tpu import recover
+from tpulaunch.engine.estimator.runner import _evaluation_stopped  # until the loop is shared
 from tpulaunch.engine.keras import plain
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.schema import Job
@@ -122,7 +123,7 @@ def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop:
             if event is None:
                 _remove_worker_scratch(model_dir)
                 return recorder.finish()
-            cluster_resolver = _recover(event, job, watch, recorder, stop, use_tpu)
+            cluster_resolver = recover(event, job, watch, recorder, stop, use_tpu)
             dog.reset()
 
 
