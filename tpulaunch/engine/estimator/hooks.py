@@ -10,7 +10,6 @@ module imports TensorFlow: the runner imports it inside the functions that train
 from __future__ import annotations
 
 import os
-import re
 import threading
 from typing import Callable, Optional, Tuple
 
