@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from tpulaunch.engine.estimator.checkpoints import (
+from tpulaunch.engine.core.checkpoints import (
     CheckpointRepair, Dropped, checkpoint_problem, describe_repair, latest_complete_checkpoint,
     repair_checkpoint_state,
 )

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.tf
 
 
 def test_each_run_appends_one_line_to_a_gs_model_dir(gcs):
-    from tpulaunch.engine.estimator.records import append_record, record_lines
+    from tpulaunch.engine.core.records import append_record, record_lines
     from tpulaunch.run.record import RECORD_FILE, read_records, record_line
 
     import tensorflow as tf

@@ -380,3 +380,19 @@ def test_skip_corrupt_counts_the_records_it_skipped(project, tmp_path):
     again = invoke(cli_run.evaluate, str(project / "job.yaml"), "--local", *sets)
     assert again.exit_code == 0, again.output
     assert lines(again.output, "eval | step 12")[0].endswith(" | 5 records skipped (data.skip_corrupt)"), again.output
+
+
+def test_a_rerun_after_the_last_step_evaluates_what_the_run_left_unevaluated(project, tmp_path):
+    """A run that reached its last step but not its final evaluation (killed, or run without eval): the rerun
+    trains nothing and evaluates, so the run's result exists (both engines run this one loop: engine/core/loop.py)."""
+    job = str(project / "job.yaml")
+    run_dir = tmp_path / "run"
+    trained = invoke(cli_run.train, job, "--local", "--set", f"run.model_dir={run_dir}", "--set", "eval=null")
+    assert trained.exit_code == 0, trained.output
+    assert eval_steps(trained.output) == []
+
+    rerun = invoke(cli_run.train, job, "--local", "--set", f"run.model_dir={run_dir}")
+    assert rerun.exit_code == 0, rerun.output
+    assert f"already at step 6 of 6 in {run_dir}; nothing to train" in rerun.output.splitlines()
+    assert lines(rerun.output, "train | start") == []
+    assert eval_steps(rerun.output) == [6]

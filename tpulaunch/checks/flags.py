@@ -1,6 +1,6 @@
 """`validate`'s flag check: every key under `flags:` is a flag the job's modules define, and takes its value.
 
-The same code as a run uses (`engine.estimator.flags.set_flags`), so validate leaves the flags set
+The same code as a run uses (`engine.flags.set_flags`), so validate leaves the flags set
 as the run will see them: the model and input checks that follow call the job's functions with them.
 """
 

@@ -94,7 +94,7 @@ def validate_job(
             result.checked.append("warm_start")
         if loaded.job is not None and result.ok:
             stage("build")  # the engine's own graphs, as train builds them: what fails here fails there
-            from tpulaunch.engine.base import engine_for
+            from tpulaunch.engine.registry import engine_for
             from tpulaunch.plan.build import build_plan
 
             result.problems.extend(engine_for(loaded.job).check_build(loaded, build_plan(loaded.job, local=local)))
@@ -109,7 +109,7 @@ def validate_job(
             result.checked.append("data")
     if use_tf and loaded.job is not None and result.ok:
         stage("TensorFlow's own TPUEstimator checks")
-        from tpulaunch.engine.base import engine_for
+        from tpulaunch.engine.registry import engine_for
 
         problems, built = engine_for(loaded.job).preflight(loaded)
         result.problems.extend(problems)

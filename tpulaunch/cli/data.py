@@ -142,7 +142,7 @@ def bench(obj: Context, job_file: str, local: bool, overrides, seconds: float, f
     """
     from tpulaunch.cli.gate import load_checked
     from tpulaunch.data.bench import bench_input, compare
-    from tpulaunch.engine.base import engine_for
+    from tpulaunch.engine.registry import engine_for
     from tpulaunch.run.record import last_training, read_records
     from tpulaunch.tf_env import quiet_tensorflow
 

@@ -50,7 +50,7 @@ def explain(obj: Context, job_file: str, overrides, engine, output):
     TPUEstimator's own functions, have no keras program). Writing the program imports no TensorFlow.
     """
     from tpulaunch.cli.gate import JobRefused, load_checked
-    from tpulaunch.engine.base import engine_for
+    from tpulaunch.engine.registry import engine_for
 
     # The job is checked under the engine's rules, as `tpulaunch train` would check it on that engine.
     sets = [*overrides, f"run.engine={engine}"] if engine else list(overrides)

@@ -32,7 +32,8 @@ def plan(obj: Context, job_file, overrides, fmt, memory, xla, use_tf):
       tpulaunch plan job.yaml --tf               # and TensorFlow's own per-core pieces
     """
     from tpulaunch.cli.gate import JobRefused, load_checked
-    from tpulaunch.plan.build import add_memory
+    from tpulaunch.engine.registry import engine_for
+    from tpulaunch.plan.memory import add_memory
 
     try:
         checked = load_checked(job_file, overrides, verb="planning")
@@ -45,7 +46,7 @@ def plan(obj: Context, job_file, overrides, fmt, memory, xla, use_tf):
         raise AlreadyReported() from None
     the_plan = checked.plan
     if memory or xla:
-        add_memory(the_plan, checked.job, xla=xla)
+        add_memory(the_plan, checked.job, engine_for(checked.job).step_tensors, xla=xla)
     built = None
     if use_tf:
         built = _tensorflow_verdict(obj, job_file, overrides)

@@ -79,7 +79,7 @@ def _refuse_what_validate_refuses(checked, command: str) -> None:
 
 def _write_record(obj, recorder: RunRecorder, engine, checked, command: str, outcome: str, lease=None) -> None:
     from tpulaunch import __version__
-    from tpulaunch.engine.estimator.runner import job_document  # the job as model_dir's job copy holds it
+    from tpulaunch.engine.core.model_dir import job_document  # the job as model_dir's job copy holds it
     from tpulaunch.run.record import job_hash, record_line, run_record
     from tpulaunch.tpu.node import installed_tensorflow_version
 

@@ -13,6 +13,8 @@ machine); what a method needs beyond them comes as keyword arguments.
 from __future__ import annotations
 
 import abc
+import functools
+import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
@@ -56,9 +58,13 @@ class EngineAbout:
         """Its own static rules (none: no problems)."""
         if not self.static_rules:
             return lambda loaded: []
-        from tpulaunch.engine.registry import load_attribute
-
         return load_attribute(self.static_rules)
+
+
+def load_attribute(path: str) -> Any:
+    """The object a "package.module:attribute.sub" path names (imported now)."""
+    module, _, attribute = path.partition(":")
+    return functools.reduce(getattr, attribute.split("."), importlib.import_module(module))
 
 
 class Engine(abc.ABC):
@@ -118,10 +124,3 @@ class Engine(abc.ABC):
     def log_every_steps(self, job: "Job") -> int:
         """How often the engine reports progress, in steps."""
         return job.run.log_every_steps or 100
-
-
-def engine_for(job: "Job") -> Engine:
-    """The engine that runs `job`: its `run.engine`, else the one the installed TensorFlow has."""
-    from tpulaunch.engine import registry
-
-    return registry.engine(registry.engine_name(job.run))

@@ -39,7 +39,7 @@ def job_builder(job: Job, *, search_path: Sequence[str] = ()) -> Tuple[Callable,
     """(the job's builder, wrapped so its failures name model.builder / model.params, its keyword arguments)."""
     import tensorflow as tf
 
-    from tpulaunch.engine.estimator.weights import download_error, download_failure
+    from tpulaunch.engine.weights import download_error, download_failure
 
     spec = job.model
     builder = resolve(spec.builder, search_path=search_path, what="model builder")
@@ -199,7 +199,7 @@ def _refuse_keras_objects(key: tuple, path: str, function) -> None:
     """A Keras Metric anywhere, or a Keras Loss as a metric, refused at its key before anything is built: a Metric
     keeps its state across batches, which neither engine feeds, and each engine calls a job's own metric as a
     function. A Loss as model.loss trains (portable.compute_loss)."""
-    from tpulaunch.engine.estimator.build import BuildError
+    from tpulaunch.engine.core.build_failures import BuildError
 
     kind = _keras_kind(function)
     if kind is None or (key[1] == "loss" and kind.startswith("tf.keras.losses")):

@@ -10,10 +10,9 @@ TensorFlow at all: the first, so `validate --static` checks for it unless the jo
 from __future__ import annotations
 
 import functools
-import importlib
 from typing import Optional, Tuple
 
-from tpulaunch.engine.base import Engine, EngineAbout
+from tpulaunch.engine.base import Engine, EngineAbout, load_attribute  # noqa: F401  (load_attribute: for callers)
 from tpulaunch.engine.installed import installed_module, installed_tensorflow
 
 ENGINES = {
@@ -24,11 +23,6 @@ ENGINES = {
 
 def names() -> Tuple[str, ...]:
     return tuple(ENGINES)
-
-
-def load_attribute(path: str):
-    module, _, attribute = path.partition(":")
-    return functools.reduce(getattr, attribute.split("."), importlib.import_module(module))
 
 
 @functools.lru_cache(maxsize=None)
@@ -51,6 +45,11 @@ def default_name() -> str:
     """The engine the installed TensorFlow runs (the first engine when no TensorFlow, or none, fits)."""
     version = installed_tensorflow()
     return next((name for name in ENGINES if runs_on(name, version)), next(iter(ENGINES)))
+
+
+def engine_for(job) -> Engine:
+    """The engine that runs `job`: its `run.engine`, else the one the installed TensorFlow has."""
+    return engine(engine_name(job.run))
 
 
 def engine_name(run_section) -> str:

@@ -246,23 +246,3 @@ def _device_assignment(job: Job, tpu_type: TpuType) -> Optional[DeviceAssignment
     pipelines = min(tpu_type.hosts, layout.replicas)
     return DeviceAssignmentPlan(layout.logical_devices, list(layout.computation_shape), layout.replicas,
                           list(layout.topology_shape), pipelines, max(1, layout.replicas // pipelines))
-
-
-def add_memory(plan: Plan, job: Job, xla: bool = False) -> Plan:
-    """Add the per-core memory section (builds the model's layer shapes with TensorFlow).
-
-    With `xla`, also XLA's own buffer-assignment total for one training step on the CPU (slow).
-    """
-    from tpulaunch.plan import memory
-
-    section = memory.plan_memory(job, plan)
-    if xla and section.tile is not None:
-        tile = memory.Tile(section.tile[0], tuple(section.tile[1:]), 1, None)
-        try:
-            section.xla = memory.xla_step_bytes(job, tile)
-        except (RuntimeError, OSError) as exc:
-            section.xla = {"error": str(exc)}
-        except Exception as exc:  # noqa: BLE001 (subprocess timeout and friends: reported, not fatal)
-            section.xla = {"error": f"{type(exc).__name__}: {exc}"}
-    plan.memory = section.to_dict()
-    return plan

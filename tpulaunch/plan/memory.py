@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from tpulaunch.job.schema import Job
 from tpulaunch.plan import partition as rules
@@ -77,16 +77,19 @@ padded_elements = rules.padded_elements
 # ----------------------------------------------------------------------- what the training step keeps
 _SHAPES_CACHE: dict = {}
 
+# The engine's step builder (`Engine.step_tensors(job, use_tpu=...)`): what one training step keeps, from the
+# graph the engine builds. The memory plan is given it; it never looks an engine up.
+BuildStep = Callable[..., Any]
 
-def step_shapes(job: Job, *, use_tpu: bool):
+
+def step_shapes(job: Job, build_step: BuildStep, *, use_tpu: bool):
     """What one training step of `job` keeps for its backward pass, read from the graph its engine builds
-    (`Engine.step_tensors`): per example, with dtypes and convolution halos. Cached per job and target."""
+    (`build_step`): per example, with dtypes and convolution halos. Cached per job, engine and target."""
     # The step depends on the model, the data specs and the flags, not on batch sizes or the slice.
-    key = (job.model_dump_json(include={"model", "data", "flags"}), tuple(job.search_path), use_tpu)
+    key = (job.model_dump_json(include={"model", "data", "flags"}), tuple(job.search_path), use_tpu,
+           getattr(build_step, "__qualname__", repr(build_step)))
     if key not in _SHAPES_CACHE:
-        from tpulaunch.engine.base import engine_for
-
-        _SHAPES_CACHE[key] = engine_for(job).step_tensors(job, use_tpu=use_tpu)
+        _SHAPES_CACHE[key] = build_step(job, use_tpu=use_tpu)
     return _SHAPES_CACHE[key]
 
 
@@ -178,17 +181,17 @@ def at_tile(job: Job, tile_shape: tuple) -> Job:
     return job.model_copy(update={"data": data})
 
 
-def shapes_for_tile(job: Job, tile: Tile) -> tuple:
+def shapes_for_tile(job: Job, tile: Tile, build_step: BuildStep) -> tuple:
     """(StepTensors, method): the step built at the tile when the builder takes `input_shape` (and the model
     builds there), else built at the declared shapes and scaled to the tile."""
     use_tpu = job.on_tpu
     if len(job.data.features) == 1 and _builder_takes_input_shape(job):
         try:
-            return step_shapes(at_tile(job, tuple(tile.shape)), use_tpu=use_tpu), "built at tile"
+            return step_shapes(at_tile(job, tuple(tile.shape)), build_step, use_tpu=use_tpu), "built at tile"
         except Exception:  # noqa: BLE001 (e.g. a tile the model's pyramid cannot divide: scale the declared build)
             pass
     reference = tuple(job.data.features[main_feature(job)].shape)
-    return step_shapes(job, use_tpu=use_tpu), f"scaled from {list(reference)}"
+    return step_shapes(job, build_step, use_tpu=use_tpu), f"scaled from {list(reference)}"
 
 
 def _scaled(shape: tuple, built: tuple, target: tuple) -> tuple:
@@ -217,7 +220,8 @@ def _with_halo(shape: tuple, halo: tuple, split: Sequence[int]) -> tuple:
     return tuple(d + h if ways > 1 else d for d, h, ways in zip(shape[:-1], halo, split)) + (shape[-1],)
 
 
-def estimate(job: Job, tile: Tile, shapes=None, method: Optional[str] = None) -> MemoryEstimate:
+def estimate(job: Job, tile: Tile, shapes=None, method: Optional[str] = None,
+             build_step: Optional[BuildStep] = None) -> MemoryEstimate:
     """The per-core memory of one training step of `job` for `tile`.
 
     Args:
@@ -225,9 +229,10 @@ def estimate(job: Job, tile: Tile, shapes=None, method: Optional[str] = None) ->
         tile: the per-core batch and piece.
         shapes: the model's shapes to scale from (default: built for the tile, or the declared shape).
         method: how `shapes` relate to the tile (for the report).
+        build_step: the engine's step builder, when `shapes` must be built.
     """
     if shapes is None:
-        shapes, method = shapes_for_tile(job, tile)
+        shapes, method = shapes_for_tile(job, tile, build_step)
     elif method is None:
         method = f"scaled from {list(shapes.input_shape)}"
     activations = padded = required = 0
@@ -258,7 +263,7 @@ def suggest_dims(job: Job, cores: int, per_replica_batch: int) -> Optional[tuple
 
 
 def smallest_fitting_partition(job: Job, devices: int, usable: int, per_replica_batch: int,
-                               start: int = 1, shapes=None) -> Optional[dict]:
+                               start: int = 1, shapes=None, build_step: Optional[BuildStep] = None) -> Optional[dict]:
     """The fewest cores per replica (and their dims) whose estimate fits, keeping the per-replica batch.
 
     Candidates are TF's valid cores_per_replica values that divide the slice; each is first sized by
@@ -271,11 +276,11 @@ def smallest_fitting_partition(job: Job, devices: int, usable: int, per_replica_
         if cores > 1 and dims is None:
             continue
         tile = tile_for(job, per_replica_batch, dims, cores)
-        quick = estimate(job, tile, shapes) if shapes is not None else estimate(job, tile)
+        quick = estimate(job, tile, shapes, build_step=build_step)
         if quick.total > usable * 1.05:
             continue
         # Scaling is close (a few %); build the model for the tile only when it is close to the line.
-        exact = quick if quick.total < usable * 0.9 else estimate(job, tile)
+        exact = quick if quick.total < usable * 0.9 else estimate(job, tile, build_step=build_step)
         if exact.total <= usable:
             return {"cores_per_replica": cores, "dims": {main_feature(job): list(dims) if dims else None},
                     "per_core_bytes": exact.total, "tile": [tile.batch, *tile.shape]}
@@ -344,12 +349,9 @@ class MemoryPlan:
         return asdict(self)
 
 
-def plan_memory(job: Job, plan: Optional["Plan"] = None) -> MemoryPlan:
-    """The memory section for a valid job on its plan: estimate, verdict and recommendation (builds the model's shapes)."""
-    if plan is None:
-        from tpulaunch.plan.build import build_plan
-
-        plan = build_plan(job)
+def plan_memory(job: Job, plan: "Plan", build_step: BuildStep) -> MemoryPlan:
+    """The memory section for a valid job on its plan: estimate, verdict and recommendation (builds the model's
+    shapes with the engine's `build_step`)."""
     spec = job.data.features[main_feature(job)]
     if not spec.is_static:
         return MemoryPlan("unknown", None, None, reason="the feature's shape has unknown dims")
@@ -361,7 +363,7 @@ def plan_memory(job: Job, plan: Optional["Plan"] = None) -> MemoryPlan:
     dims = tuple(fed) if fed and math.prod(fed) > 1 else None
     tile = tile_for(job, batch, dims, cores)
     try:
-        shapes, method = shapes_for_tile(job, tile)
+        shapes, method = shapes_for_tile(job, tile, build_step)
     except Exception as exc:  # noqa: BLE001 (a user's builder can fail any way; plan reports it, not crash)
         if isinstance(exc, ImportError) and exc.name in ("tensorflow", "keras"):
             reason = "TensorFlow is not installed: install tpulaunch[cpu] (or use plan --no-memory)"
@@ -385,7 +387,8 @@ def plan_memory(job: Job, plan: Optional["Plan"] = None) -> MemoryPlan:
         # First the largest per-core batch that fits (full speed), then spatial partitioning at this batch
         # (with its cost): partitioning first only when even one example per core does not fit.
         partition = None
-        found = smallest_fitting_partition(job, devices, usable, batch, start=cores + 1, shapes=shapes)
+        found = smallest_fitting_partition(job, devices, usable, batch, start=cores + 1, shapes=shapes,
+                                           build_step=build_step)
         if found:
             replicas = devices // found["cores_per_replica"]
             partition = dict(found, action="partition", per_replica_batch=batch, global_batch=batch * replicas,
@@ -496,3 +499,21 @@ def _xla_child() -> None:
         raise SystemExit("no buffer assignment was written")
     input_shape = [int(d) for d in tf.nest.flatten(model.inputs)[0].shape[1:]]
     print(json.dumps({"total_bytes": max(totals), "input_shape": input_shape}))
+
+
+def add_memory(plan: "Plan", job: Job, build_step: BuildStep, xla: bool = False) -> "Plan":
+    """Add the per-core memory section (builds the model's layer shapes with the engine's `build_step`).
+
+    With `xla`, also XLA's own buffer-assignment total for one training step on the CPU (slow).
+    """
+    section = plan_memory(job, plan, build_step)
+    if xla and section.tile is not None:
+        tile = Tile(section.tile[0], tuple(section.tile[1:]), 1, None)
+        try:
+            section.xla = xla_step_bytes(job, tile)
+        except (RuntimeError, OSError) as exc:
+            section.xla = {"error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 (subprocess timeout and friends: reported, not fatal)
+            section.xla = {"error": f"{type(exc).__name__}: {exc}"}
+    plan.memory = section.to_dict()
+    return plan

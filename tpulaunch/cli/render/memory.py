@@ -19,7 +19,7 @@ _ROWS = (("weights", "weights (float32)"), ("gradients", "gradients"), ("optimiz
 
 
 def _gib(n) -> str:
-    from tpulaunch.cli.render.plan import human_bytes
+    from tpulaunch.cli.render.units import human_bytes
 
     return human_bytes(n)
 

@@ -10,17 +10,7 @@ from rich.table import Table
 from tpulaunch.plan.partition import shape_text
 from tpulaunch.plan.build import Plan
 from tpulaunch.cli.render.problems import problem_line
-
-
-def human_bytes(n) -> str:
-    if n is None:
-        return "-"
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"
+from tpulaunch.cli.render.units import human_bytes
 
 
 def render_plan(console: Console, plan: Plan) -> None:

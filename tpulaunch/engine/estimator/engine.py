@@ -38,13 +38,13 @@ class EstimatorEngine(Engine):
     def train(self, job, plan, *, recorder, cluster_resolver=None, force=False, watch=None, profile=None):
         from tpulaunch.engine.estimator import runner
 
-        return runner.train(job, local=not plan.on_tpu, recorder=recorder, cluster_resolver=cluster_resolver,
+        return runner.train(job, plan, recorder=recorder, cluster_resolver=cluster_resolver,
                             search_path=job.search_path, force=force, watch=watch, profile=profile)
 
     def evaluate(self, job, plan, *, recorder, checkpoint: Optional[str] = None, cluster_resolver: Any = None):
         from tpulaunch.engine.estimator import runner
 
-        return runner.evaluate(job, local=not plan.on_tpu, checkpoint=checkpoint, recorder=recorder,
+        return runner.evaluate(job, plan, checkpoint=checkpoint, recorder=recorder,
                                cluster_resolver=cluster_resolver, search_path=job.search_path)
 
     def export(self, job, plan, out_dir: str, *, checkpoint: Optional[str] = None) -> str:
@@ -53,12 +53,12 @@ class EstimatorEngine(Engine):
         return runner.export(job, out_dir, checkpoint=checkpoint, search_path=job.search_path)
 
     def append_run_record(self, model_dir: str, line: str) -> str:
-        from tpulaunch.engine.estimator.records import append_record
+        from tpulaunch.engine.core.records import append_record
 
         return append_record(model_dir, line)
 
     def run_record_lines(self, model_dir: str):
-        from tpulaunch.engine.estimator.records import record_lines
+        from tpulaunch.engine.core.records import record_lines
 
         return record_lines(model_dir)
 

@@ -10,17 +10,16 @@ module imports TensorFlow: the runner imports it inside the functions that train
 from __future__ import annotations
 
 import os
-import re
 import threading
 from typing import Callable, Optional, Tuple
 
 import tensorflow as tf
 
+from tpulaunch.engine.core.lost_tpu import is_lost_tpu_error  # noqa: F401  (for callers)
 from tpulaunch.engine.estimator.input_wait import input_initializers, input_wait_tensor
 from tpulaunch.run import phases
 from tpulaunch.run.events import RunRecorder
 
-_TPU_WORDS = re.compile(r"\btpu|socket|connection", re.IGNORECASE)
 
 
 class ProgressHook(tf.compat.v1.train.SessionRunHook):
@@ -335,12 +334,3 @@ def skipped_records_counter():
     seen: dict = {}
     hook = SkippedRecordsHook(lambda count, ended: seen.__setitem__("count", count))
     return hook, lambda: seen.get("count")
-
-
-def is_lost_tpu_error(exc: BaseException) -> bool:
-    """Whether a TensorFlow error is what a TPU that went away raises."""
-    if isinstance(exc, (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError)):
-        return True
-    if isinstance(exc, tf.errors.InternalError):
-        return bool(_TPU_WORDS.search(str(getattr(exc, "message", exc))))
-    return False

@@ -87,7 +87,7 @@ def yielded_spec(loaded: LoadedJob, input_fn, mode: str):
     if "mode" in accepted:
         kwargs["mode"] = mode
     if "config" in accepted:
-        from tpulaunch.engine.estimator.runner import run_config
+        from tpulaunch.engine.estimator.make import run_config
 
         kwargs["config"] = run_config(loaded.job, use_tpu=False)
     with tf.Graph().as_default():

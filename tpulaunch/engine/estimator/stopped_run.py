@@ -1,6 +1,6 @@
 """`train`'s and `evaluate`'s own code, stopped before the first step: how `validate` builds a job.
 
-`build_stopped` makes the TPUEstimator `train`/`evaluate` make (runner.make_estimator: the job's
+`build_stopped` makes the TPUEstimator `train`/`evaluate` make (make.make_estimator: the job's
 RunConfig, params, batch sizes and model_fn), hands it the input_fn they hand it, and calls its own
 `train`/`evaluate`. So the global step, the params, the scaffold, the hooks and the order in which the
 input_fn and the model_fn are called are TensorFlow's own, not a copy of them. `StopBeforeFirstStep`
@@ -21,7 +21,7 @@ from __future__ import annotations
 import tempfile
 from typing import Callable, Optional
 
-from tpulaunch.engine.estimator.build import located_error
+from tpulaunch.engine.estimator.locate import located_error
 from tpulaunch.errors import TpuLaunchError
 
 
@@ -42,7 +42,7 @@ def build_stopped(job, mode: str, *, on_graph: Optional[Callable] = None) -> Non
     """
     import tensorflow as tf
 
-    from tpulaunch.engine.estimator.runner import input_fn_for, make_estimator
+    from tpulaunch.engine.estimator.make import input_fn_for, make_estimator
 
     class StopBeforeFirstStep(tf.compat.v1.train.SessionRunHook):
         def after_create_session(self, session, coord):  # before the estimator's own hooks act on the session
@@ -84,7 +84,7 @@ def unfed_placeholders(job, graph) -> None:
     loss (`add_loss`) on the model's symbolic Input, which then stays in `model.losses`."""
     import tensorflow as tf
 
-    from tpulaunch.engine.estimator.build import BuildError
+    from tpulaunch.engine.core.build_failures import BuildError
 
     losses = graph.get_collection(tf.compat.v1.GraphKeys.LOSSES)
     found = sorted({op.name for op in _ancestors([t.op for t in losses]) if op.type == "Placeholder"})

@@ -3,7 +3,7 @@
 The job's train graph (and its eval graph when it evaluates) is built by TF 2.15 itself, in a child
 process that fakes the TPU master's device list and topology (`tpulaunch.engine.estimator.offline`), with:
 
-* the job's real RunConfig/TPUConfig (`runner.run_config(job, use_tpu=True)`: cores per replica,
+* the job's real RunConfig/TPUConfig (`make.run_config(job, use_tpu=True)`: cores per replica,
   `input_partition_dims`, PER_HOST_V2, iterations_per_loop); only the master address is a fake one
   that is never contacted;
 * the job's real model_fn (`model.make_model_fn(job, use_tpu=True)`), or, when its Keras builder
@@ -63,7 +63,7 @@ class JobRunConfig:
         self.job = job
 
     def __call__(self, model_dir: str):
-        from tpulaunch.engine.estimator.runner import run_config
+        from tpulaunch.engine.estimator.make import run_config
 
         return run_config(self.job, use_tpu=True, model_dir=model_dir)
 

@@ -5,15 +5,15 @@ The job's KerasTraining under TensorFlow's default strategy (its builder in the 
 optimizer and its slots), then the training step and the evaluation's metrics traced on the
 per-replica batch of the declared shapes: a loss that cannot score a label, a metric that does not
 fit, an optimizer that refuses its arguments fail here as they would in `train`, located at the job
-key their code comes from (the estimator engine's `_blame`). Nothing is read and nothing trains.
+key their code comes from (`core/build_failures.py`). Nothing is read and nothing trains.
 """
 
 from __future__ import annotations
 
 import tempfile
 
-from tpulaunch.engine.estimator.build import (PROBE_BATCH, ModeBuild, StepTensors, _blame, _elements,
-                                              _kept_by_backward, problems_of)
+from tpulaunch.engine.core.build_failures import ModeBuild, blame, problems_of
+from tpulaunch.engine.core.step_tensors import PROBE_BATCH, StepTensors, elements, kept_by_backward
 from tpulaunch.errors import TpuLaunchError
 
 
@@ -63,7 +63,7 @@ def build_modes(job, plan) -> list:
 
 
 def _failed(mode: str, exc: BaseException, stage: tuple, job) -> ModeBuild:
-    key, message, hint = _blame(exc, stage, job)
+    key, message, hint = blame(exc, stage, job)
     return ModeBuild(mode, False, key, message, hint,
                      code=getattr(exc, "code", None) if isinstance(exc, TpuLaunchError) else None)
 
@@ -85,9 +85,9 @@ def step_tensors(job, *, use_tpu: bool) -> StepTensors:
         training = _training(job, plan, scratch)
         features, labels = _specs(job, PROBE_BATCH)
         graph = tf.function(training._replica_train_step).get_concrete_function(features, labels).graph
-        kept = _kept_by_backward(graph)
+        kept = kept_by_backward(graph)
         model = training.model
-        params = sum(_elements(v) for v in model.weights)
-        trainable = sum(_elements(v) for v in model.trainable_weights)
+        params = sum(elements(v) for v in model.weights)
+        trainable = sum(elements(v) for v in model.trainable_weights)
     shape = tuple(job.data.features[main_feature(job.data.features)].shape)
     return StepTensors(shape, params, trainable, tuple(kept))

@@ -56,7 +56,7 @@ class KerasEngine(Engine):
         return runner.export(job, plan, out_dir, checkpoint=checkpoint, search_path=job.search_path)
 
     def append_run_record(self, model_dir: str, line: str) -> str:
-        from tpulaunch.engine.estimator.records import append_record  # TensorFlow's filesystem: engine-neutral
+        from tpulaunch.engine.core.records import append_record
         from tpulaunch.run.workers import is_chief_worker
 
         if not is_chief_worker():  # one record per run, the chief's: every worker would append its own
@@ -64,7 +64,7 @@ class KerasEngine(Engine):
         return append_record(model_dir, line)
 
     def run_record_lines(self, model_dir: str):
-        from tpulaunch.engine.estimator.records import record_lines
+        from tpulaunch.engine.core.records import record_lines
 
         return record_lines(model_dir)
 

@@ -13,10 +13,10 @@ import os
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
 from tpulaunch.data.pipeline import naming_read_errors
-from tpulaunch.engine.estimator.build import build_errors
+from tpulaunch.engine.core import loop
+from tpulaunch.engine.core.build_failures import build_errors
+from tpulaunch.engine.core.model_dir import checkpoint_step, model_dir_errors
 from tpulaunch.engine.plain import spec_errors
-from tpulaunch.engine.estimator.runner import (  # engine-neutral: either engine's checkpoints and model_dir
-    _evaluation_stopped, _recover, _repair_checkpoints, checkpoint_step, model_dir_errors, write_job_copy)
 from tpulaunch.engine.keras import plain
 from tpulaunch.run.workers import is_chief_worker, worker_task
 from tpulaunch.errors import TpuLaunchError
@@ -24,7 +24,7 @@ from tpulaunch.job.schema import Job
 from tpulaunch.plan.build import Plan
 from tpulaunch.run import phases
 from tpulaunch.run.events import EvalResult, RunRecorder, TrainSummary
-from tpulaunch.run.signals import StopSignal, TrainingStopped
+from tpulaunch.run.signals import StopSignal
 
 if TYPE_CHECKING:
     from tpulaunch.run.watchdog import WatchPlan
@@ -44,12 +44,15 @@ def _refuse_estimator_checkpoints(model_dir: str) -> None:
             hint="train into another run.model_dir (or --model-dir), or set run.engine: estimator on TensorFlow 2.15")
 
 
-def make_training(job: Job, plan: Plan, *, use_tpu: bool, cluster_resolver: Any = None,
+def make_training(job: Job, plan: Plan, *, use_tpu: Optional[bool] = None, cluster_resolver: Any = None,
                   search_path: Sequence[str] = (), model_dir: Optional[str] = None, cpu_replicas: Optional[int] = None):
-    """The job's KerasTraining (strategy, model, optimizer, checkpoints), failures located at their job key."""
+    """The job's KerasTraining (strategy, model, optimizer, checkpoints) on `plan`'s target (`use_tpu=False`: on this
+    machine, as export builds it), failures located at their job key."""
     import tensorflow as tf
 
     from tpulaunch.engine.keras import standalone
+
+    use_tpu = plan.on_tpu if use_tpu is None else use_tpu
 
     try:
         strategy = standalone.make_strategy(use_tpu=use_tpu, cluster_resolver=cluster_resolver,
@@ -58,11 +61,10 @@ def make_training(job: Job, plan: Plan, *, use_tpu: bool, cluster_resolver: Any 
     except RuntimeError as exc:  # TensorFlow's runtime started before the CPU could be split
         raise TpuLaunchError(f"cannot split the CPU into {cpu_replicas} devices: {exc}") from None
     replicas = strategy.num_replicas_in_sync
-    for section in (job.train, job.eval):
-        if section is not None and section.batch_size % replicas:
-            name = "train" if section is job.train else "eval"
-            raise TpuLaunchError(f"{name}.batch_size {section.batch_size} does not divide over the {replicas} replicas "
-                                 f"of {type(strategy).__name__}",
+    for batch in plan.batches:
+        if batch.global_batch % replicas:
+            raise TpuLaunchError(f"{batch.split}.batch_size {batch.global_batch} does not divide over the {replicas} "
+                                 f"replicas of {type(strategy).__name__}",
                                  hint=f"use a multiple of {replicas} (each replica gets the same share)")
     if job.run.seed is not None:
         tf.keras.utils.set_random_seed(job.run.seed)
@@ -77,12 +79,17 @@ def make_training(job: Job, plan: Plan, *, use_tpu: bool, cluster_resolver: Any 
                                         **settings)
 
 
-def _dataset(job: Job, training, mode: str, use_tpu: bool):
+def _global_batch(plan: Plan, mode: str) -> int:
+    """The Plan's global batch of `mode` (an evaluation without a batch of its own uses train's)."""
+    return (plan.batch(mode) or plan.batch("train")).global_batch
+
+
+def _dataset(job: Job, plan: Plan, training, mode: str):
     from tpulaunch.data.pipeline import make_input_fn
     from tpulaunch.engine.keras import standalone
 
-    batch = job.train.batch_size if mode == "train" else (job.eval.batch_size or job.train.batch_size)
-    return standalone.distributed_dataset(training.strategy, make_input_fn(job, mode, use_tpu=use_tpu), batch)
+    return standalone.distributed_dataset(training.strategy, make_input_fn(job, mode, use_tpu=plan.on_tpu),
+                                          _global_batch(plan, mode))
 
 
 # ------------------------------------------------------------------------------------------ train
@@ -91,40 +98,25 @@ def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop:
           cluster_resolver: Any = None, search_path: Sequence[str] = (), force: bool = False,
           watch: Optional["WatchPlan"] = None, profile: Optional[Tuple[int, int]] = None,
           cpu_replicas: Optional[int] = None) -> TrainSummary:
-    """Train to `job.train.steps`, resuming from model_dir's latest complete checkpoint, evaluating as the job says.
-
-    As the estimator engine's `runner.train` (its Raises apply): signals save a checkpoint at the current
-    step and raise TrainingStopped / EvaluationStopped; a lost TPU stops (NodeLost) or, with
-    `watch.auto_resume`, waits and resumes from the last complete checkpoint.
-    """
-    if job.train is None or job.data.train is None:
-        raise TpuLaunchError("the job has nothing to train on", hint="add a train: section and data.train")
-    use_tpu = plan.on_tpu
+    """Train to `job.train.steps`, resuming from model_dir's latest complete checkpoint, evaluating as the job says:
+    the loop both engines run (`engine/core/loop.py`; its Raises apply), around `_KerasSession`."""
+    loop.check_trainable(job)
     model_dir = job.run.model_dir
-    recorder = recorder or RunRecorder(total_steps=job.train.steps, batch_size=job.train.batch_size,
+    recorder = recorder or RunRecorder(total_steps=job.train.steps, batch_size=plan.train_batch_size,
                                        log_every_steps=plain.log_every_steps(job), model_dir=model_dir)
-    stop = stop or StopSignal()
     with model_dir_errors(model_dir):
         _refuse_estimator_checkpoints(model_dir)
-        if is_chief_worker():  # the other workers of a multi-worker run leave model_dir to the chief
-            _repair_checkpoints(model_dir, recorder)
-            write_job_copy(job, model_dir, force=force)
-    dog = None
-    if watch is not None:
-        from tpulaunch.engine.estimator.hooks import is_lost_tpu_error
-        from tpulaunch.run.watchdog import Watchdog
 
-        dog = Watchdog(watch, is_lost_error=is_lost_tpu_error, on_status=recorder.node_seen)
-    with stop:
-        while True:
-            with model_dir_errors(model_dir):
-                event = _train_segments(job, plan, recorder, stop, dog, use_tpu, cluster_resolver, search_path,
-                                        profile, cpu_replicas)
-            if event is None:
-                _remove_worker_scratch(model_dir)
-                return recorder.finish()
-            cluster_resolver = _recover(event, job, watch, recorder, stop, use_tpu)
-            dog.reset()
+    def session_for(should_stop):
+        return _KerasSession(job, plan, recorder, should_stop, search_path=search_path, profile=profile,
+                             cpu_replicas=cpu_replicas)
+
+    # The other workers of a multi-worker run leave model_dir's shared files to the chief.
+    summary = loop.train(job, session_for, recorder=recorder, stop=stop or StopSignal(), watch=watch,
+                         use_tpu=plan.on_tpu, cluster_resolver=cluster_resolver, force=force,
+                         writes_model_dir=is_chief_worker())
+    _remove_worker_scratch(model_dir)
+    return summary
 
 
 def _remove_worker_scratch(model_dir: str) -> None:
@@ -140,75 +132,55 @@ def _remove_worker_scratch(model_dir: str) -> None:
             tf.io.gfile.rmtree(scratch)
 
 
-def _train_segments(job: Job, plan: Plan, recorder: RunRecorder, stop: StopSignal, dog, use_tpu: bool,
-                    cluster_resolver, search_path: Sequence[str], profile, cpu_replicas: Optional[int]):
-    """Build, restore and train (and evaluate) to the end; the NodeEvent if the TPU was lost, else None."""
-    import tensorflow as tf
+class _KerasSession:
+    """KerasTraining in the loop (`core/loop.TrainingSession`): built and restored at each start, one input
+    iterator per start, the steps of `standalone.train_loop`."""
 
-    from tpulaunch.engine import portable
-    from tpulaunch.engine.keras import standalone
+    def __init__(self, job: Job, plan: Plan, recorder: RunRecorder, should_stop, *, search_path: Sequence[str],
+                 profile: Optional[Tuple[int, int]], cpu_replicas: Optional[int]):
+        self.job, self.plan, self.recorder, self.should_stop = job, plan, recorder, should_stop
+        self.use_tpu, self.search_path, self.profile, self.cpu_replicas = plan.on_tpu, search_path, profile, cpu_replicas
+        self.training = self.iterator = None
 
-    model_dir = job.run.model_dir
-    evaluates = job.eval is not None and job.data.eval is not None
-    every = job.eval.every_steps if evaluates else None
-    steps_per_call = job.tpu.iterations_per_loop if use_tpu else 1
-    try:
-        if dog is not None:
-            dog.start()
-        with recorder.phase_scope():
-            recorder.phase_began(phases.BUILD)
-            training = make_training(job, plan, use_tpu=use_tpu, cluster_resolver=cluster_resolver,
-                                     search_path=search_path, cpu_replicas=cpu_replicas)
-            restoring = tf.train.latest_checkpoint(model_dir) is not None
-            recorder.phase_switch(phases.RESTORE if restoring else phases.INITIALISE)
-            step = training.restore()
-            if evaluates and step < job.train.steps:  # an evaluation that cannot be built stops the run first
-                recorder.phase_switch(phases.BUILD_EVALUATION)
-                _prepare_evaluation(training, job, use_tpu)
-            if step >= job.train.steps:
-                recorder.at_step(step)
-                recorder.note(f"already at step {step} of {job.train.steps} in {model_dir}; nothing to train")
-            elif step:
-                recorder.note(f"resumed from step {step} ({model_dir})")
-            iterator = None
-            for boundary in portable.boundaries(step, job.train.steps, every):
-                if step < boundary:
-                    if iterator is None:
-                        with naming_read_errors(job, "train"):
-                            iterator = iter(_dataset(job, training, "train", use_tpu))
-                    step = _train_to(job, training, iterator, boundary, steps_per_call, recorder, stop, dog,
-                                     use_tpu, profile)
-                    if stop.received is not None:
-                        if step >= job.train.steps and evaluates:
-                            raise _evaluation_stopped(job, step, stop, recorder)
-                        raise TrainingStopped(
-                            f"stopped at step {step}, checkpoint saved; rerun the same command to resume",
-                            signum=stop.received, step=step, summary=recorder.finish(stopped_by=stop.name))
-                    if dog is not None and dog.tripped is not None:
-                        return dog.tripped
-                if every or (boundary == job.train.steps and evaluates and step == boundary):
-                    try:
-                        _evaluate_into(training, job, use_tpu, recorder,
-                                       should_stop=lambda: stop.received is not None)
-                    except standalone.EvaluationInterrupted:
-                        raise _evaluation_stopped(job, step, stop, recorder) from None
-    except (TrainingStopped, TpuLaunchError):
-        raise
-    except Exception as exc:  # only a lost TPU is handled here; anything else propagates unchanged
-        if dog is None or not dog.record_error(exc):
-            raise
-        return dog.tripped
-    finally:
-        if dog is not None:
-            dog.stop()
-    return None
+    def start(self, cluster_resolver) -> int:
+        import tensorflow as tf
+
+        recorder = self.recorder
+        recorder.phase_began(phases.BUILD)  # the loop's phase scope closes what is open when the segment ends
+        self.training = make_training(self.job, self.plan, cluster_resolver=cluster_resolver,
+                                      search_path=self.search_path, cpu_replicas=self.cpu_replicas)
+        self.iterator = None
+        restoring = tf.train.latest_checkpoint(self.job.run.model_dir) is not None
+        recorder.phase_switch(phases.RESTORE if restoring else phases.INITIALISE)
+        return self.training.restore()
+
+    def prepare_evaluation(self) -> None:
+        self.recorder.phase_switch(phases.BUILD_EVALUATION)
+        _prepare_evaluation(self.training, self.job, self.plan)
+
+    def train_to(self, step: int) -> int:
+        if self.iterator is None:
+            with naming_read_errors(self.job, "train"):
+                self.iterator = iter(_dataset(self.job, self.plan, self.training, "train"))
+        return _train_to(self.job, self.training, self.iterator, step, self.recorder, self.should_stop,
+                         self.use_tpu, self.profile)
+
+    def evaluate(self) -> bool:
+        from tpulaunch.engine.keras import standalone
+
+        try:
+            _evaluate_into(self.training, self.job, self.plan, self.recorder, should_stop=self.should_stop)
+        except standalone.EvaluationInterrupted:
+            return False
+        return True
 
 
-def _train_to(job: Job, training, iterator, until: int, steps_per_call: int, recorder: RunRecorder,
-              stop: StopSignal, dog, use_tpu: bool, profile) -> int:
+def _train_to(job: Job, training, iterator, until: int, recorder: RunRecorder, should_stop, use_tpu: bool,
+              profile) -> int:
     """Train one segment, telling the recorder each call's steps, loss and input wait, and each checkpoint."""
     from tpulaunch.engine.keras import standalone
 
+    steps_per_call = job.tpu.iterations_per_loop if use_tpu else 1
     first = [True]
     recorder.phase_switch(phases.FIRST_STEP, "XLA compiles the TPU program" if use_tpu else None)
     recorder.session_began(training.step)
@@ -221,9 +193,6 @@ def _train_to(job: Job, training, iterator, until: int, steps_per_call: int, rec
         recorder.steps_run(step, loss, input_wait)
         if tracer is not None:
             tracer.at(step)
-
-    def should_stop() -> bool:
-        return stop.received is not None or (dog is not None and dog.tripped is not None)
 
     def on_checkpoint(step: int, path: str) -> None:
         recorder.checkpoint_saved(step, path)
@@ -275,19 +244,19 @@ class _Profiler:
 
 # --------------------------------------------------------------------------------------- evaluate
 
-def _prepare_evaluation(training, job: Job, use_tpu: bool):
+def _prepare_evaluation(training, job: Job, plan: Plan):
     """The evaluation's dataset (built, not read), its metrics made and its step traced: (dataset, per-replica batch)."""
-    batch = (job.eval.batch_size or job.train.batch_size) // training.strategy.num_replicas_in_sync
+    batch = _global_batch(plan, "eval") // training.strategy.num_replicas_in_sync
     with naming_read_errors(job, "eval"):
-        dataset = _dataset(job, training, "eval", use_tpu)
+        dataset = _dataset(job, plan, training, "eval")
     with build_errors(job, "eval"), spec_errors():  # metrics made and the step traced: the job's code runs
         training.prepare_evaluation(dataset, batch)
     return dataset, batch
 
 
-def _evaluate_into(training, job: Job, use_tpu: bool, recorder: RunRecorder, should_stop=None) -> EvalResult:
+def _evaluate_into(training, job: Job, plan: Plan, recorder: RunRecorder, should_stop=None) -> EvalResult:
     with recorder.phase(phases.EVALUATION):
-        dataset, batch = _prepare_evaluation(training, job, use_tpu)
+        dataset, batch = _prepare_evaluation(training, job, plan)
         with naming_read_errors(job, "eval"):
             results = training.evaluate(dataset, job.eval.steps, should_stop=should_stop, per_replica_batch=batch)
     return recorder.evaluated(int(results["global_step"]), results)
@@ -297,7 +266,7 @@ def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None, recorder
              cluster_resolver: Any = None, search_path: Sequence[str] = (),
              cpu_replicas: Optional[int] = None) -> EvalResult:
     """Evaluate model_dir's latest checkpoint (or `checkpoint`) for `eval.steps` batches."""
-    if job.eval is None or job.data.eval is None:
+    if not loop.evaluates(job):
         raise TpuLaunchError("the job has nothing to evaluate", hint="add an eval: section and data.eval")
     if checkpoint is None and checkpoint_step(job.run.model_dir) is None:
         raise TpuLaunchError(f"no checkpoint in {job.run.model_dir} to evaluate",
@@ -305,11 +274,11 @@ def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None, recorder
     recorder = recorder or RunRecorder()
     with recorder.phase(phases.BUILD):
         _refuse_estimator_checkpoints(job.run.model_dir)
-        training = make_training(job, plan, use_tpu=plan.on_tpu, cluster_resolver=cluster_resolver,
+        training = make_training(job, plan, cluster_resolver=cluster_resolver,
                                  search_path=search_path, cpu_replicas=cpu_replicas)
     with recorder.phase(phases.RESTORE):
         training.restore(checkpoint)
-    return _evaluate_into(training, job, plan.on_tpu, recorder)
+    return _evaluate_into(training, job, plan, recorder)
 
 
 # ----------------------------------------------------------------------------------------- export

@@ -1,0 +1,152 @@
+"""Where a failure while building a job's step belongs: the job key its code comes from (both engines).
+
+The estimator's model_fn and the keras engine's KerasTraining call the job's code (builder, loss, metrics,
+optimizer) from their `standalone.py`; a failure there is located by the function, or the line, it
+failed in, and reported at that key with TensorFlow's (or the job's code's) message, in `train` as in
+`validate`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from dataclasses import dataclass
+from typing import Optional
+
+from tpulaunch.errors import TpuLaunchError, first_line
+from tpulaunch.job.yamlfile import dotted
+
+STANDALONE = "standalone.py"
+
+# Which job key a failure inside standalone.py's model_fn belongs to, by the function it failed in.
+_KEY_OF_FUNCTION = {
+    "compute_loss": ("model", "loss"), "_single_loss": ("model", "loss"), "_label_loss": ("model", "loss"),
+    "head_for": ("model", "loss"), "metrics_by_label": ("model", "metrics"),
+    "metric_fn": ("model", "metrics"), "_one_metric": ("model", "metrics"), "_classes": ("model", "metrics"),
+    "_values_like_labels": ("model", "metrics"),
+    "factory": ("model", "optimizer"), "optimizer_factory": ("model", "optimizer"),
+    "_keras_metric": ("model", "metrics"), "_update_metric": ("model", "metrics"),
+    "_metric_objects": ("model", "metrics"), "keras_optimizer_factory": ("model", "optimizer"),
+}
+# ... and, in the functions that call the job's code (the estimator's model_fn, the keras engine's
+# KerasTraining), by the line it failed on.
+_KEY_OF_LINE = (("builder(", ("model", "builder")), ("model(features", ("data", "features")),
+                ("model.build(", ("data", "features")), ("minimize(", ("model", "optimizer")),
+                ("make_optimizer(", ("model", "optimizer")), ("apply_gradients(", ("model", "optimizer")),
+                ("optimizer.build(", ("model", "optimizer")))
+_CALLERS_OF_JOB_CODE = ("model_fn", "__init__", "_forward", "_replica_train_step")
+
+
+class BuildError(TpuLaunchError):
+    """The job's model_fn failed to build a graph (at `train` as at `validate`): `key` is the job key the
+    failing code comes from, `detail` the message (TensorFlow's, the job's code's or tpulaunch's)."""
+
+    def __init__(self, key: tuple, mode: str, detail: str, hint: Optional[str], code: Optional[str] = None):
+        super().__init__(f"{dotted(key)}: building the {mode} graph: {detail}", hint=hint, code=code)
+        self.key = key
+        self.detail = detail
+
+
+@contextlib.contextmanager
+def build_errors(job, mode: str, stage: tuple = ("model", "builder")):
+    """Any failure of the model_fn tpulaunch makes around the job's builder (or of its metric_fn: `stage`
+    ("model", "metrics")) as a BuildError at the job key its code comes from."""
+    try:
+        yield
+    except BuildError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (the user's code, Keras or TensorFlow: located, never "unexpected")
+        key, detail, hint = blame(exc, stage, job)
+        code = exc.code if isinstance(exc, TpuLaunchError) else None
+        raise BuildError(key, {"infer": "predict"}.get(mode, mode), detail, hint, code) from exc
+
+
+@dataclass
+class ModeBuild:
+    mode: str
+    ok: bool
+    key: Optional[tuple] = None  # the job key a failure is reported at
+    message: Optional[str] = None
+    hint: Optional[str] = None
+    code: Optional[str] = None  # a problem code of its own (e.g. builder-download-failed)
+
+
+def problems_of(loaded, builds, built: str) -> list:
+    """`builds` (ModeBuild per mode) as problems, one per job key and message: 'building the train and eval {built}'."""
+    failed: dict = {}
+    for build in builds:
+        if not build.ok:
+            failed.setdefault((build.key, build.message, build.hint, build.code), []).append(build.mode)
+    return [loaded.problem(key, code or "model-build-failed", f"building the {' and '.join(modes)} {built}: {message}",
+                           hint)
+            for (key, message, hint, code), modes in failed.items()]
+
+
+
+def _unstaged(exc: BaseException) -> BaseException:
+    """The error the job's code (or ours) raised, under the StagingError tf.function's autograph wraps it in
+    (the keras engine traces its steps; an error class autograph cannot rebuild comes out as StagingError)."""
+    seen = 0
+    while type(exc).__name__ == "StagingError" and seen < 10:
+        inner = exc.__cause__ or exc.__context__
+        if inner is None:
+            break
+        exc, seen = inner, seen + 1
+    return exc
+
+
+def blame(exc: BaseException, stage: tuple, job) -> tuple:
+    """(job key, message, hint) for a failure while building: the key of the code it failed in."""
+    from tpulaunch.engine.portable import SpecError
+
+    exc = _unstaged(exc)
+    if isinstance(exc, BuildError):
+        return exc.key, exc.detail, exc.hint
+    if isinstance(exc, TpuLaunchError):
+        return _named_key(exc) or _key_in_trace(exc, stage, job), exc.message, exc.hint
+    if isinstance(exc, SpecError):
+        return exc.key or _key_in_trace(exc, stage, job), str(exc), exc.hint or None
+    message = f"{type(exc).__name__}: {first_line(exc)}"
+    if any(frame.name == "add_loss" for frame in traceback.extract_tb(exc.__traceback__)):
+        return ("model", "builder"), message, (
+            "the model calls add_loss() where Keras refuses it: a subclassed model is built with Model.build(), "
+            "which runs call() outside Keras's call context; build the model functionally (from tf.keras.Input), "
+            "or compute that loss in model.loss ('pkg.mod:fn(labels, outputs)')")
+    key = _key_in_trace(exc, stage, job)
+    hints = {("model", "loss"): "the loss must take the labels as declared and the model's outputs",
+             ("model", "metrics"): "each metric must fit the labels and outputs (classification metrics need a "
+                                   "classification loss)",
+             ("model", "optimizer"): "check model.optimizer and its args",
+             ("data", "features"): "the model must accept the declared features: one tensor, or a dict by name",
+             ("model", "builder"): "check model.params against the builder, and the builder itself "
+                                   "(`tpulaunch --debug train --local` shows the traceback)",
+             ("model", "model_fn"): "the error is in the job's model_fn (`tpulaunch --debug train --local` shows the traceback)",
+             ("data", "input_fn"): "the error is in the job's input_fn (`tpulaunch --debug train --local` shows the traceback)"}
+    return key, message, hints.get(key)
+
+
+def _named_key(exc: BaseException) -> tuple:
+    """The job key a portable.SpecError names (plain.spec_errors re-raises it, so it is the context)."""
+    while exc is not None:
+        if getattr(exc, "key", None):
+            return tuple(exc.key)
+        exc = exc.__context__
+    return ()
+
+
+def _key_in_trace(exc: BaseException, stage: tuple, job) -> tuple:
+    if stage in (("data", "input_fn"), ("model", "model_fn"), ("data", "features")):
+        return stage
+    frames = traceback.extract_tb(exc.__traceback__)
+    inside = [f for f in frames if f.filename.endswith(STANDALONE)]
+    for frame in reversed(inside):
+        if frame.name in _KEY_OF_FUNCTION:
+            return _KEY_OF_FUNCTION[frame.name]
+        if frame.name in _CALLERS_OF_JOB_CODE:
+            for text, key in _KEY_OF_LINE:
+                if text in (frame.line or ""):
+                    return key
+    whole_loss = isinstance(job.model.loss, str) and ":" in job.model.loss
+    if stage == ("model", "builder") and whole_loss and any(f.name == "_single_loss" for f in inside):
+        return ("model", "loss")
+    return stage

@@ -1,0 +1,169 @@
+"""The outer training loop both engines run: one copy of what a run does around the steps.
+
+repair the checkpoint state -> write the job copy -> start (build, restore) -> "resumed" / "already at"
+-> build the evaluation -> train to each evaluation boundary and evaluate there -> a signal stops with a
+checkpoint (or abandons the evaluation), a lost TPU stops or, with --auto-resume, waits and starts again
+from the last complete checkpoint -> the run's summary.
+
+An engine supplies only a `TrainingSession` (how it builds, trains and evaluates); the loop owns the
+order, the wording and the stop, signal and lost-TPU rules, so both engines behave the same.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+
+from tpulaunch.engine.core.lost_tpu import is_lost_tpu_error, recover
+from tpulaunch.engine.core.model_dir import checkpoint_step, model_dir_errors, repair_checkpoints, write_job_copy
+from tpulaunch.errors import TpuLaunchError
+from tpulaunch.run.signals import EvaluationStopped, StopSignal, TrainingStopped
+
+if TYPE_CHECKING:
+    from tpulaunch.job.schema import Job
+    from tpulaunch.run.events import RunRecorder, TrainSummary
+    from tpulaunch.run.watchdog import WatchPlan
+
+
+class TrainingSession(Protocol):
+    """What an engine does inside the loop. `should_stop` (given when the session is made) turns true when a
+    signal arrived or the TPU was lost: training stops at the next step and saves a checkpoint there."""
+
+    def start(self, cluster_resolver: Any) -> int:
+        """Build (again, after a lost TPU: with the new resolver) and restore; the step training resumes from."""
+
+    def prepare_evaluation(self) -> None:
+        """Build the evaluation before training, so a run that cannot evaluate stops before it trains."""
+
+    def train_to(self, step: int) -> int:
+        """Train to global step `step` (fewer when `should_stop`), saving a checkpoint; the step reached."""
+
+    def evaluate(self) -> bool:
+        """Evaluate the latest checkpoint, telling the recorder; False when a stop abandoned it (not reported)."""
+
+
+def check_trainable(job: "Job") -> None:
+    """Refuse a job with nothing to train on (no train section, or no data nor input_fn of its own)."""
+    if job.train is None or (job.data.train is None and not job.data.input_fn):
+        raise TpuLaunchError("the job has nothing to train on", hint="add a train: section and data.train")
+
+
+def evaluates(job: "Job") -> bool:
+    """Whether the job evaluates: an eval section, and data or its own input_fn."""
+    return job.eval is not None and (job.data.eval is not None or bool(job.data.input_fn))
+
+
+def train(job: "Job", session_for: Callable[[Callable[[], bool]], TrainingSession], *, recorder: "RunRecorder",
+          stop: StopSignal, watch: Optional["WatchPlan"], use_tpu: bool, cluster_resolver: Any = None,
+          force: bool = False, writes_model_dir: bool = True) -> "TrainSummary":
+    """Train `job` to `train.steps` from model_dir's latest complete checkpoint, evaluating as the job says.
+
+    Args:
+        session_for: makes the engine's session, given the loop's `should_stop`.
+        watch: watch the TPU node (`watchdog.WatchPlan`); None: no watching.
+        writes_model_dir: this process repairs the checkpoint state and writes the job copy (a multi-worker
+            run's other workers leave model_dir to the chief).
+
+    Raises:
+        TrainingStopped, EvaluationStopped, watchdog.NodeLost, TpuLaunchError: see `engine/base.py`'s train.
+    """
+    model_dir = job.run.model_dir
+    with model_dir_errors(model_dir):
+        if writes_model_dir:
+            repair_checkpoints(model_dir, recorder)
+            write_job_copy(job, model_dir, force=force)
+    dog = None
+    if watch is not None:
+        from tpulaunch.run.watchdog import Watchdog
+
+        dog = Watchdog(watch, is_lost_error=is_lost_tpu_error, on_status=recorder.node_seen)
+
+    def should_stop() -> bool:
+        return stop.received is not None or (dog is not None and dog.tripped is not None)
+
+    loop = _Loop(job, session_for(should_stop), recorder, stop, dog)
+    with stop:
+        while True:
+            with model_dir_errors(model_dir):
+                event = loop.segments(cluster_resolver)
+            if event is None:
+                return recorder.finish()
+            cluster_resolver = recover(event, job, watch, recorder, stop, use_tpu)
+            dog.reset()
+
+
+class _Loop:
+    def __init__(self, job: "Job", session: TrainingSession, recorder: "RunRecorder", stop: StopSignal, dog):
+        self.job, self.session, self.recorder, self.stop, self.dog = job, session, recorder, stop, dog
+        self.first = True
+
+    def segments(self, cluster_resolver):
+        """From the latest checkpoint to the end; the NodeEvent when the TPU was lost, else None."""
+        dog = self.dog
+        try:
+            if dog is not None:
+                dog.start()
+            with self.recorder.phase_scope():
+                return self._segments(cluster_resolver)
+        except (TrainingStopped, TpuLaunchError):
+            raise
+        except Exception as exc:  # only a lost TPU is handled here; anything else propagates unchanged
+            if dog is None or not dog.record_error(exc):
+                raise
+            return dog.tripped
+        finally:
+            if dog is not None:
+                dog.stop()
+
+    def _segments(self, cluster_resolver):
+        job, session, recorder, stop, dog = self.job, self.session, self.recorder, self.stop, self.dog
+        model_dir, total = job.run.model_dir, job.train.steps
+        evaluating = evaluates(job)
+        every = job.eval.every_steps if evaluating else None
+        step = session.start(cluster_resolver)
+        first, self.first = self.first, False
+        if first:  # a restart after a lost TPU is told by the recorder's own "resuming" line
+            if step >= total:
+                recorder.at_step(step)
+                recorder.note(f"already at step {step} of {total} in {model_dir}; nothing to train")
+            elif step:
+                recorder.note(f"resumed from step {step} ({model_dir})")
+            if evaluating and step < total:
+                session.prepare_evaluation()
+        from tpulaunch.engine.portable import boundaries
+
+        for boundary in boundaries(step, total, every):
+            if step < boundary:
+                step = session.train_to(boundary)
+                tripped = dog.tripped if dog is not None else None
+                if stop.received is not None:
+                    if tripped is not None:  # the TPU went too: the save at the stop may be incomplete
+                        repair_checkpoints(model_dir, recorder)
+                        step = checkpoint_step(model_dir) or step
+                    if step >= total and evaluating:  # a rerun evaluates it: say so
+                        raise evaluation_stopped(job, step, stop, recorder)
+                    raise TrainingStopped(
+                        f"stopped at step {step}, checkpoint saved; rerun the same command to resume",
+                        signum=stop.received, step=step, summary=recorder.finish(stopped_by=stop.name))
+                if tripped is not None:
+                    return tripped
+            # Every boundary is evaluated, the last one also when an earlier run trained to it and stopped
+            # (or was killed) before its evaluation: the run's result then exists after a rerun.
+            if evaluating and (every or boundary == total):
+                if not session.evaluate():
+                    raise evaluation_stopped(job, step, stop, recorder)
+        return None
+
+
+def evaluation_stopped(job: "Job", step: int, stop: StopSignal, recorder: "RunRecorder") -> EvaluationStopped:
+    """A signal arrived during the evaluation of the checkpoint at `step` (or just before the final one)."""
+    summary = recorder.finish(stopped_by=stop.name)
+    final = step >= job.train.steps
+    if final:
+        message = (f"stopped at step {step}, checkpoint saved; training is complete, but the final evaluation did "
+                   "not finish and is not reported")
+    else:
+        message = (f"stopped at step {step}, checkpoint saved; the evaluation at that step did not finish and is not "
+                   "reported; rerun the same command to resume training")
+    return EvaluationStopped(message, signum=stop.received, step=step, summary=summary, final=final,
+                             checkpoint=os.path.join(job.run.model_dir, f"model.ckpt-{step}"))

@@ -1,0 +1,138 @@
+"""model_dir as both engines use it: the latest checkpoint's step, the job copy, the checkpoint state
+repaired after a cut-off save, and a model_dir that cannot be written said as one clear message.
+
+TensorFlow's filesystem throughout (model_dir may be gs://); TensorFlow is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from typing import TYPE_CHECKING, Any, Optional
+
+from tpulaunch.errors import TpuLaunchError, first_line
+from tpulaunch.job.schema import Job
+
+if TYPE_CHECKING:
+    from tpulaunch.run.events import RunRecorder
+
+JOB_COPY = "tpulaunch-job.yaml"
+"""The resolved job, written into model_dir by `train` (secrets masked)."""
+# TPUEstimator's name-based checkpoints, or the keras engine's object-based ones (tf.train.Checkpoint).
+STEP_KEYS = ("global_step", "global_step/.ATTRIBUTES/VARIABLE_VALUE")
+
+# Sections of the job that define what a checkpoint contains: resuming with other values would
+# restore variables into a different model or feed it different tensors.
+_IDENTITY = (("model",), ("data", "features"), ("data", "labels"))
+
+
+def checkpoint_step(model_dir: str) -> Optional[int]:
+    """The global step of the latest checkpoint in `model_dir`, or None when there is none."""
+    import tensorflow as tf
+
+    path = tf.train.latest_checkpoint(model_dir)
+    if not path:
+        return None
+    reader = tf.train.load_checkpoint(path)
+    for key in STEP_KEYS:
+        if reader.has_tensor(key):
+            return int(reader.get_tensor(key))
+    return None
+
+
+# Where a job holds mappings of the user's own keys: the only places a secret-looking name can be
+# (everywhere else the schema fixes the key names, and `key` there is a TFRecord feature key).
+_FREE_FORM = (("model", "params"), ("model", "optimizer", "args"), ("flags",))
+
+
+def job_document(job: Job) -> dict:
+    """The resolved job as plain data, with values under secret-looking keys in free-form mappings masked."""
+    from tpulaunch.job.yamlfile import mask_secrets
+
+    document = job.model_dump(mode="json", exclude_none=True)
+    for keys in _FREE_FORM:
+        parent = _get(document, keys[:-1])
+        if isinstance(parent, dict) and keys[-1] in parent:
+            parent[keys[-1]] = mask_secrets(parent[keys[-1]])
+    return document
+
+
+def write_job_copy(job: Job, model_dir: str, *, force: bool = False) -> str:
+    """Write the resolved job into model_dir, after checking it matches the one already there.
+
+    Raises:
+        TpuLaunchError: model_dir holds checkpoints of a job with another model or data spec
+            (unless `force`).
+    """
+    import tensorflow as tf
+    import yaml
+
+    path = os.path.join(model_dir, JOB_COPY)
+    document = job_document(job)
+    if not force and tf.io.gfile.exists(path) and checkpoint_step(model_dir) is not None:
+        with tf.io.gfile.GFile(path) as handle:
+            previous = yaml.safe_load(handle.read()) or {}
+        changed = [".".join(keys) for keys in _IDENTITY if _get(previous, keys) != _get(document, keys)]
+        if changed:
+            raise TpuLaunchError(
+                f"{model_dir} holds checkpoints of a job with a different {', '.join(changed)}",
+                hint=f"compare with {path}; use another run.model_dir (or --model-dir), or pass --force to "
+                     "resume anyway")
+    tf.io.gfile.makedirs(model_dir)
+    with tf.io.gfile.GFile(path, "w") as handle:
+        handle.write(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def _get(document: Any, keys: tuple):
+    for key in keys:
+        if not isinstance(document, dict):
+            return None
+        document = document.get(key)
+    return document
+
+
+@contextlib.contextmanager
+def model_dir_errors(model_dir: str):
+    """A model_dir that cannot be written (full disk, permissions, not a directory, removed mid-run)
+    becomes one clear message naming it; the last complete checkpoint stays where it is."""
+    import tensorflow as tf
+
+    try:
+        yield
+    except (tf.errors.FailedPreconditionError, tf.errors.ResourceExhaustedError, tf.errors.NotFoundError,
+            tf.errors.PermissionDeniedError, OSError, ValueError) as exc:
+        # ValueError: the Saver's own check (saver.py) "Parent directory of ... doesn't exist, can't save."
+        if isinstance(exc, ValueError) and "can't save" not in str(exc):
+            raise
+        if not _about(model_dir, str(getattr(exc, "message", None) or exc)):
+            raise  # not about model_dir (an out-of-memory, a data file): let its own handler speak
+        try:
+            step = checkpoint_step(model_dir)
+        except Exception:  # the directory may be gone
+            step = None
+        resume = f"; a rerun resumes from step {step}" if step else ""
+        raise TpuLaunchError(f"run.model_dir {model_dir}: {first_line(exc)}",
+                             hint=f"recreate the directory, free disk space or fix its permissions{resume}") from None
+
+
+def _about(model_dir: str, text: str) -> bool:
+    """Whether an error message names model_dir, a file in it, or a directory above it."""
+    if "No space left" in text:
+        return True
+    for path in re.findall(r"(?:gs://|/)[^\s'\";,]+", text):
+        path = path.rstrip(".")
+        if path.startswith(model_dir) or model_dir.startswith(path.rstrip("/") + "/"):
+            return True
+    return False
+
+
+def repair_checkpoints(model_dir: str, recorder: "RunRecorder"):
+    """Point the checkpoint state at the newest complete checkpoint, saying what was skipped."""
+    from tpulaunch.engine.core.checkpoints import describe_repair, repair_checkpoint_state
+
+    repair = repair_checkpoint_state(model_dir)
+    for line in describe_repair(repair):
+        recorder.note(line)
+    return repair
