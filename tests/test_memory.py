@@ -15,8 +15,15 @@ import textwrap
 import pytest
 
 from tpulaunch.plan import memory
+from tpulaunch.engine.registry import engine_for
 from tpulaunch.plan.build import build_plan
 from tpulaunch.job.schema import Job, Partition
+
+
+def plan_memory(job):
+    """The memory section `tpulaunch plan` shows: on the job's own Plan, built by its engine's step builder."""
+    return memory.plan_memory(job, build_plan(job), engine_for(job).step_tensors)
+
 
 GiB = 1024 ** 3
 PYTHON = sys.executable
@@ -68,7 +75,7 @@ def published_plans():
     plans = {}
     for name, (args, _, _) in PUBLISHED.items():
         optimizer = "momentum" if args[0] == "retinanet" else "adam"  # as the reference configs train
-        plans[name] = memory.plan_memory(make_job(*args, optimizer=optimizer))
+        plans[name] = plan_memory(make_job(*args, optimizer=optimizer))
     return plans
 
 
@@ -102,9 +109,9 @@ def test_unpartitioned_2560_retinanet_recommends_a_smaller_batch_then_a_partitio
     # One 2560^2 image per core fits: the largest batch that fits comes first (full speed) ...
     assert first["action"] == "reduce-batch" and 1 <= first["per_replica_batch"] < 8
     assert first["global_batch"] == first["per_replica_batch"] * 8  # a v3-8: 8 replicas of one core
-    smaller = memory.plan_memory(make_job("retinanet", 2560, "v3-8", 1, first["global_batch"]))
+    smaller = plan_memory(make_job("retinanet", 2560, "v3-8", 1, first["global_batch"]))
     assert smaller.verdict == "fits" and smaller.per_core_bytes == first["per_core_bytes"]
-    one_more = memory.plan_memory(make_job("retinanet", 2560, "v3-8", 1, first["global_batch"] + 8))
+    one_more = plan_memory(make_job("retinanet", 2560, "v3-8", 1, first["global_batch"] + 8))
     assert one_more.verdict != "fits"
     # ... then spatial partitioning that keeps the batch, with its cost.
     rec = first["alternative"]
@@ -112,7 +119,7 @@ def test_unpartitioned_2560_retinanet_recommends_a_smaller_batch_then_a_partitio
         "action": "partition", "cores_per_replica": 4, "dims": {"image": [1, 2, 2, 1]},
         "per_replica_batch": 8, "global_batch": 16, "cost": {"efficiency": 0.55, "core_time_per_example": 1.82}}
     # Taking the recommendation as written gives a job that fits.
-    followed = memory.plan_memory(make_job("retinanet", 2560, "v3-8", rec["cores_per_replica"], rec["global_batch"],
+    followed = plan_memory(make_job("retinanet", 2560, "v3-8", rec["cores_per_replica"], rec["global_batch"],
                                            rec["dims"]["image"]))
     assert followed.verdict == "fits"
     assert followed.per_core_bytes == rec["per_core_bytes"]
@@ -130,9 +137,9 @@ def test_large_headroom_recommends_a_larger_batch(published_plans):
     assert rec["action"] == "batch"
     assert rec["per_replica_batch"] > 1
     assert rec["global_batch"] == rec["per_replica_batch"] * 2  # 2 replicas on a v3-32
-    bigger = memory.plan_memory(make_job("unet3d", 256, "v3-32", 16, rec["global_batch"], [1, 4, 2, 2, 1], optimizer="adam"))
+    bigger = plan_memory(make_job("unet3d", 256, "v3-32", 16, rec["global_batch"], [1, 4, 2, 2, 1], optimizer="adam"))
     assert bigger.verdict == "fits"
-    one_more = memory.plan_memory(make_job("unet3d", 256, "v3-32", 16, rec["global_batch"] + 2, [1, 4, 2, 2, 1],
+    one_more = plan_memory(make_job("unet3d", 256, "v3-32", 16, rec["global_batch"] + 2, [1, 4, 2, 2, 1],
                                            optimizer="adam"))
     assert one_more.verdict != "fits"
 
@@ -149,8 +156,8 @@ def test_three_state_verdict():
 
 
 def test_partitioned_tile_adds_the_convolution_halo():
-    whole = memory.plan_memory(make_job("unet3d", 128, "v3-8", 1, 8, optimizer="adam"))  # 1 volume per core
-    split = memory.plan_memory(make_job("unet3d", 128, "v3-8", 8, 1, [1, 2, 2, 2, 1], optimizer="adam"))
+    whole = plan_memory(make_job("unet3d", 128, "v3-8", 1, 8, optimizer="adam"))  # 1 volume per core
+    split = plan_memory(make_job("unet3d", 128, "v3-8", 8, 1, [1, 2, 2, 2, 1], optimizer="adam"))
     assert split.tile == [1, 64, 64, 64, 1]
     # 3x3x3 convolutions read one voxel beyond each face of a 64^3 .. 8^3 tile: a few % more than 1/8.
     assert 1.02 < split.breakdown["activations"] / (whole.breakdown["activations"] / 8) < 1.15
@@ -170,9 +177,9 @@ def test_least_padded_layout():
 
 def test_thin_tiles_inflate_the_estimate():
     # 32^3 volumes, one per core: the first level's [1, 32, 32, 32, 32] tensors take 4x their size.
-    small = memory.plan_memory(make_job("unet3d", 32, optimizer="adam"))
+    small = plan_memory(make_job("unet3d", 32, optimizer="adam"))
     assert small.breakdown["padding"] > 0.5 * small.breakdown["activations"]
-    large = memory.plan_memory(make_job("unet3d", 128, optimizer="adam"))
+    large = plan_memory(make_job("unet3d", 128, optimizer="adam"))
     assert large.breakdown["padding"] < 0.05 * large.breakdown["activations"]
 
 
@@ -185,7 +192,7 @@ def test_optimizer_slots_table():
 
 
 def test_optimizer_slots_cost_a_weight_copy_each():
-    plans = {name: memory.plan_memory(make_job("unet3d", 32, optimizer=name)) for name in ("sgd", "momentum", "adam")}
+    plans = {name: plan_memory(make_job("unet3d", 32, optimizer=name)) for name in ("sgd", "momentum", "adam")}
     trainable_bytes = plans["momentum"].breakdown["optimizer"]
     assert plans["sgd"].breakdown["optimizer"] == 0
     assert plans["adam"].breakdown["optimizer"] == 2 * trainable_bytes
@@ -194,8 +201,8 @@ def test_optimizer_slots_cost_a_weight_copy_each():
 
 
 def test_bfloat16_halves_activations_and_adds_a_weight_copy():
-    bf16 = memory.plan_memory(make_job("unet3d", 64, optimizer="adam", precision="bfloat16"))
-    fp32 = memory.plan_memory(make_job("unet3d", 64, optimizer="adam", precision="float32"))
+    bf16 = plan_memory(make_job("unet3d", 64, optimizer="adam", precision="bfloat16"))
+    fp32 = plan_memory(make_job("unet3d", 64, optimizer="adam", precision="float32"))
     assert fp32.breakdown["bf16_weights"] == 0
     assert bf16.breakdown["bf16_weights"] == bf16.params * 2
     # Everything but the float32 logits the loss reads is half the size in bfloat16.
@@ -211,7 +218,7 @@ def test_auto_partition_chooses_the_published_dims():
 
 
 def test_auto_partition_fits_and_is_shown(published_plans):
-    plan = memory.plan_memory(make_job("unet3d", 256, "v3-32", 16, 2, "auto", optimizer="adam"))
+    plan = plan_memory(make_job("unet3d", 256, "v3-32", 16, 2, "auto", optimizer="adam"))
     assert plan.verdict == "fits"
     assert plan.auto_partition == {"features": {"image": [1, 4, 2, 2, 1]}, "labels": {"mask": [1, 4, 2, 2]}}
     assert plan.per_core_bytes == published_plans["unet3d-256-x1-16way"].per_core_bytes
@@ -289,7 +296,7 @@ def test_the_same_network_written_every_way_gets_the_same_estimate(tmp_path):
         document = json.loads(json.dumps(base))
         document["model"]["builder" if way != "model_fn" else "model_fn"] = f"networks:{way}"
         job = Job.model_validate(document).located_at(str(tmp_path))
-        plan = memory.plan_memory(job)
+        plan = plan_memory(job)
         assert plan.verdict == "fits", (way, plan.reason)
         estimates[way] = plan
     reference = estimates["functional"]
@@ -343,7 +350,7 @@ def test_plan_json_memory_contract(tmp_path):
     assert section["usable_bytes"] == int(15.48 * GiB)
     assert set(section["breakdown"]) == {"weights", "gradients", "optimizer", "bf16_weights", "activations", "padding"}
     assert section["per_core_bytes"] == sum(section["breakdown"].values())
-    expected = memory.plan_memory(make_job("unet3d", 64, "v3-8", 1, 8, optimizer="adam")).to_dict()
+    expected = plan_memory(make_job("unet3d", 64, "v3-8", 1, 8, optimizer="adam")).to_dict()
     assert section == expected
 
 
@@ -395,7 +402,7 @@ def test_scaled_shapes_match_a_build_at_the_tile():
     built = make_job("unet3d", 128, "v3-8", 8, 1, [1, 2, 2, 2, 1], optimizer="adam")
     fixed = built.model_copy(update={"model": built.model.model_copy(
         update={"builder": "test_memory:unet_fixed_at_128", "params": {}})})
-    at_tile, scaled = memory.plan_memory(built), memory.plan_memory(fixed)
+    at_tile, scaled = plan_memory(built), plan_memory(fixed)
     assert at_tile.method == "built at tile"
     assert scaled.method == "scaled from [128, 128, 128, 1]"
     assert scaled.tile == at_tile.tile == [1, 64, 64, 64, 1]
@@ -404,7 +411,7 @@ def test_scaled_shapes_match_a_build_at_the_tile():
 
 def test_tile_the_model_cannot_take_is_scaled(published_plans):
     # 2560 rows split 8 ways gives 320-row tiles: not a multiple of RetinaNet's 128-pixel pyramid.
-    plan = memory.plan_memory(make_job("retinanet", 2560, "v3-64", 8, 64, [1, 8, 1, 1]))
+    plan = plan_memory(make_job("retinanet", 2560, "v3-64", 8, 64, [1, 8, 1, 1]))
     assert plan.method == "scaled from [2560, 2560, 3]"
     assert plan.verdict == "fits"
     assert plan.per_core_bytes == pytest.approx(published_plans["retinanet-2560-x8-8way"].per_core_bytes, rel=0.05)
@@ -426,7 +433,7 @@ def test_validate_accepts_auto_partition(tmp_path):
 # ----------------------------------------------------------------------------------- plan --xla
 def test_xla_buffer_assignment_agrees_with_the_float32_estimate():
     job = make_job("unet3d", 32, global_batch=16, optimizer="adam", precision="float32")  # 2 per core
-    plan = memory.plan_memory(job)
+    plan = plan_memory(job)
     tile = memory.Tile(plan.tile[0], tuple(plan.tile[1:]), 1, None)
     xla = memory.xla_step_bytes(job, tile)
     assert xla["input_shape"] == [32, 32, 32, 1]
@@ -443,7 +450,7 @@ def test_builder_failure_is_reported_not_raised():
     job = make_job("unet3d", 32)
     job = job.model_copy(update={"model": job.model.model_copy(update={"builder": "test_memory:broken_builder",
                                                                        "params": {}})})
-    assert memory.plan_memory(job).to_dict() == memory.MemoryPlan(
+    assert plan_memory(job).to_dict() == memory.MemoryPlan(
         "unknown", None, None,
         reason="building the model failed: model.builder: building the train graph: RuntimeError: the builder's own bug"
     ).to_dict()

@@ -9,7 +9,6 @@ import pytest
 
 import test_memory as estimator_memory
 from tpulaunch.job.schema import Job
-from tpulaunch.plan import memory
 
 
 def test_the_same_network_written_every_way_gets_the_same_estimate_on_the_keras_engine(tmp_path):
@@ -22,7 +21,7 @@ def test_the_same_network_written_every_way_gets_the_same_estimate_on_the_keras_
     for way in ("functional", "sequential", "subclassed", "custom_layer"):
         document = json.loads(json.dumps(base))
         document["model"]["builder"] = f"networks:{way}"
-        plan = memory.plan_memory(Job.model_validate(document).located_at(str(tmp_path)))
+        plan = estimator_memory.plan_memory(Job.model_validate(document).located_at(str(tmp_path)))
         assert plan.verdict == "fits", (way, plan.reason)
         estimates[way] = plan
     reference = estimates["functional"]
@@ -40,7 +39,7 @@ def test_published_unet_facts_hold_on_the_keras_engine(name):
     job = estimator_memory.make_job(*args, optimizer="adam")
     document = job.model_dump(mode="json", by_alias=True, exclude_none=True)
     document["run"]["engine"] = "keras"
-    plan = memory.plan_memory(Job.model_validate(document))
+    plan = estimator_memory.plan_memory(Job.model_validate(document))
     assert plan.verdict == verdict, plan.reason
     if gib is not None:
         assert plan.per_core_bytes / 2**30 == pytest.approx(gib, rel=0.15), plan.breakdown  # as on the estimator engine

@@ -64,9 +64,14 @@ def cli(ctx: click.Context, debug: bool, verbose: int):
 
 def main(argv=None):
     """Console-script entry point."""
+    import warnings
+
     from tpulaunch.run.started import mark_program_start
 
     mark_program_start()  # a run's wall time starts with the process
+    # google-api-core (under the Cloud TPU and Cloud Storage clients) warns at import about Google's support
+    # dates for the running Python: nothing a job can act on, and it would stand between tpulaunch's lines.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"google\.api_core\..*")
     cli.main(args=argv, prog_name="tpulaunch", standalone_mode=True)
 
 
