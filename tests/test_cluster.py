@@ -360,6 +360,9 @@ def test_status_text_for_a_healthy_node(run_status, tpu_api):
         f"runtime 2.15.0 (installed TensorFlow: {TF})",
         "endpoints 10.0.0.2:8470",
         "TPU node my-tpu: usable",
+        # and who holds model_dir: this machine has no Google Cloud credentials to read a gs:// lease with
+        "model_dir lease (gs://bucket/runs/demo): unknown (no Google Cloud credentials to reach the model_dir lease "
+        "on gs://)",
     ]
 
 
@@ -377,6 +380,8 @@ def test_status_json_and_cluster_exit_code_for_a_preempted_node(run_status, tpu_
         "findings": [{"severity": "error", "code": "node-not-running", "message": "TPU node 'my-tpu' is PREEMPTED",
                       "hint": "a preempted node must be recreated: `gcloud compute tpus delete my-tpu --zone "
                               "us-central1-a` then create it again (or use a non-preemptible node)"}],
+        "lease": {"model_dir": "gs://bucket/runs/demo", "state": "unknown", "holder": None, "renewed_s_ago": None,
+                  "text": "unknown (no Google Cloud credentials to reach the model_dir lease on gs://)"},
     }
 
 

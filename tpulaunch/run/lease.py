@@ -177,6 +177,18 @@ class LocalStore:
                 os.unlink(self.guard)
 
 
+def _storage_client(storage):
+    """A Cloud Storage client, or a located error when this machine has no Google Cloud credentials."""
+    from google.auth.exceptions import DefaultCredentialsError
+
+    try:
+        return storage.Client()
+    except DefaultCredentialsError:
+        raise TpuLaunchError("no Google Cloud credentials to reach the model_dir lease on gs://",
+                             hint="gcloud auth application-default login (or set GOOGLE_APPLICATION_CREDENTIALS); on a "
+                                  "Cloud TPU VM the VM's service account is used") from None
+
+
 class GcsStore:
     """The lease object in Cloud Storage; each change is conditional on the generation last read."""
 
@@ -187,7 +199,7 @@ class GcsStore:
         self.path = lease_path(model_dir)
         bucket, _, name = self.path[len("gs://"):].partition("/")
         self.blob_name = name
-        self.bucket = storage.Client().bucket(bucket)
+        self.bucket = _storage_client(storage).bucket(bucket)
 
     def read(self) -> Tuple[Optional[bytes], object]:
         from google.api_core import exceptions
