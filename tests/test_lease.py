@@ -80,30 +80,50 @@ def test_a_second_run_on_a_live_model_dir_is_refused_before_tensorflow_loads(pro
     assert [r["run_id"] for r in _records(run_dir)] == [held["run_id"]]  # only the first run wrote a record
 
 
-def test_a_killed_holders_lease_is_taken_over_once_stale_and_the_rerun_finishes_exactly(project, tmp_path):
+def test_a_killed_holders_lease_is_taken_over_and_the_rerun_finishes_exactly(project, tmp_path):
+    """Killed on this host (its process is gone): the rerun takes the lease at once, as soon as it starts."""
     run_dir = tmp_path / "run"
-    quick = cli_env(TPULAUNCH_LEASE_RENEW_S="0.2", TPULAUNCH_LEASE_STALE_S="1.5")
-    first = _train(project, run_dir, *LONG, "--set", "run.save_checkpoints_steps=2", env=quick)
+    first = _train(project, run_dir, *LONG, "--set", "run.save_checkpoints_steps=2")
     first.wait_for_line(lambda line: line.startswith("checkpoint | step "))
-    first.kill()  # SIGKILL: no release
+    first.kill()  # SIGKILL: no release (and the process is reaped, as its shell would)
     killed = _lease(run_dir)
     assert (killed["state"], killed["pid"]) == ("held", first.pid)
+    assert leases.lease_state(killed, time.time()) == "held"  # not stale: its holder is known gone, not silent
 
-    # A rerun before the stale time is refused; wait for the lease file itself to say it is stale.
-    while leases.lease_state(_lease(run_dir), time.time()) != "stale":
-        time.sleep(0.05)
-    rerun = _train(project, run_dir, "--set", "eval=null", "--set", "train.steps=9", env=quick)
+    rerun = _train(project, run_dir, "--set", "eval=null", "--set", "train.steps=9")
     assert rerun.finish() == 0, rerun.text()
     took = [line for line in rerun.err if line.startswith("lease | took over")]
-    assert took and f"pid {first.pid}, run {killed['run_id']}" in took[0] and "stale after 1.5 s" in took[0], took
+    assert took and f"pid {first.pid}, run {killed['run_id']}" in took[0], took
+    assert took[0].endswith("its holder's process on this host is no longer running"), took
     assert rerun.out[-1].startswith("done | step 9/9 | "), rerun.out
     record = _records(run_dir)[-1]
     assert record["outcome"] == "done" and record["steps"]["to"] == 9
     assert record["lease_took_over"]["pid"] == first.pid
     assert record["lease_took_over"]["run_id"] == killed["run_id"]
-    assert record["lease_took_over"]["stale"] is True and record["lease_took_over"]["forced"] is False
-    assert record["lease_took_over"]["renewed_s_ago"] > 1.5
+    assert record["lease_took_over"]["gone"] is True and record["lease_took_over"]["forced"] is False
     assert _lease(run_dir)["state"] == "released"
+
+
+def test_a_lease_from_another_host_is_taken_over_once_stale(project, tmp_path):
+    """A holder on another machine cannot be looked up: its lease is refused until it goes stale, then taken."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    quick = cli_env(TPULAUNCH_LEASE_RENEW_S="0.2", TPULAUNCH_LEASE_STALE_S="1.5")
+    other = {"state": "held", "host": "another-host", "pid": 4242, "run_id": "elsewhere", "command": "train",
+             "started": time.time(), "renewed": time.time(), "renew_every_s": 0.2, "stale_after_s": 1.5,
+             "took_over": None}
+    (run_dir / leases.LEASE_FILE).write_text(json.dumps(other))
+    refused = _train(project, run_dir, "--set", "eval=null", "--set", "train.steps=2", env=quick)
+    assert refused.finish() == 1 and "is in use: train by host another-host, pid 4242" in refused.text(), refused.text()
+
+    while leases.lease_state(_lease(run_dir), time.time()) != "stale":  # its holder stops renewing: it ages
+        time.sleep(0.05)
+    rerun = _train(project, run_dir, "--set", "eval=null", "--set", "train.steps=2", env=quick)
+    assert rerun.finish() == 0, rerun.text()
+    took = [line for line in rerun.err if line.startswith("lease | took over")]
+    assert took and "host another-host, pid 4242" in took[0] and "stale after 1.5 s" in took[0], took
+    record = _records(run_dir)[-1]["lease_took_over"]
+    assert record["stale"] is True and record["gone"] is False and record["renewed_s_ago"] > 1.5
 
 
 def test_take_lease_takes_a_live_lease_at_once_and_the_old_holder_says_it_lost_it(project, tmp_path):

@@ -133,6 +133,7 @@ def _model_dir_lease(obj: Context, job, command: str, take: bool):
     took = lease.took_over
     if took:
         why = ("at once (--take-lease)" if took["forced"] else
+               "its holder's process on this host is no longer running" if took.get("gone") else
                f"its holder stopped renewing it (stale after {lease.stale_after_s:g} s)")
         say(f"lease | took over run.model_dir {job.run.model_dir} from {leases.holder_text(took)}, last renewed "
             f"{leases.age_text(took['renewed_s_ago'])} ago: {why}")

@@ -360,7 +360,8 @@ def _acquire(store, model_dir, run_id, command, take, clock, renew, stale) -> Le
                 held = _decode(text, store.path)
                 age = now - held["renewed"]
                 if held["state"] == "held":
-                    if age <= stale and not take:
+                    gone = holder_gone(held)
+                    if age <= stale and not take and not gone:
                         raise LeaseRefused(
                             f"run.model_dir {model_dir} is in use: {held.get('command', 'a run')} by "
                             f"{holder_text(held)} holds its lease, last renewed {age_text(age)} ago",
@@ -369,13 +370,30 @@ def _acquire(store, model_dir, run_id, command, take, clock, renew, stale) -> Le
                                  "stopped); or use another --model-dir")
                     mine["took_over"] = {"host": held.get("host"), "pid": held.get("pid"),
                                          "run_id": held.get("run_id"), "renewed_s_ago": round(age, 3),
-                                         "stale": age > stale, "forced": age <= stale}
+                                         "stale": age > stale, "gone": gone,
+                                         "forced": age <= stale and not gone}
                 token = store.replace(_encode(mine), token, stale)
         except _Conflict:
             continue
         return Lease(store, mine, token, renew, stale, clock)
     raise LeaseRefused(f"run.model_dir {model_dir}: its lease kept changing while this run tried to take it",
                        hint="another run is starting on the same model_dir: wait for it, or use another --model-dir")
+
+
+def holder_gone(held: dict) -> bool:
+    """Whether the holder ran on this host and its process is no longer running (killed, crashed): its lease need
+    not wait out the stale time. A holder on another host, or a process that still exists, is not known gone."""
+    if held.get("host") != socket.gethostname() or not isinstance(held.get("pid"), int):
+        return False
+    if held["pid"] == os.getpid():
+        return False
+    try:
+        os.kill(held["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists (another user's process, say)
+        return False
+    return False
 
 
 def lease_state(data: Optional[dict], now: float) -> str:
