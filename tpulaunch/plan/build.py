@@ -122,7 +122,7 @@ class Plan:
     feed_partition: Optional[Partition] = None  # the dims the engine feeds; None: no spatial partitioning
     auto_partition: bool = False  # feed_partition was chosen by `partition: auto`
     cores_per_replica: int = 1  # as the job declares it (the checks say whether the slice allows it)
-    engine: str = "estimator"  # the engine the plan is for (run.engine, else the installed TensorFlow's)
+    engine: str = ""  # the engine the plan is for (run.engine, else the installed TensorFlow's): build_plan sets it
     device_assignment: Optional[DeviceAssignmentPlan] = None  # on a TPU, for an engine that assigns devices
 
     @property

@@ -309,6 +309,7 @@ class Lease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        _HELD_HERE.discard(self.data["run_id"])  # ended, even if the write below fails (a full disk, say)
         if self.lost is not None:
             return
         try:
@@ -375,18 +376,25 @@ def _acquire(store, model_dir, run_id, command, take, clock, renew, stale) -> Le
                 token = store.replace(_encode(mine), token, stale)
         except _Conflict:
             continue
+        _HELD_HERE.add(run_id)
         return Lease(store, mine, token, renew, stale, clock)
     raise LeaseRefused(f"run.model_dir {model_dir}: its lease kept changing while this run tried to take it",
                        hint="another run is starting on the same model_dir: wait for it, or use another --model-dir")
 
 
+# The run ids of the leases this process holds now: a lease that names this process but none of these was left
+# by a run of this process that ended without releasing it (its release could not be written).
+_HELD_HERE: set = set()
+
+
 def holder_gone(held: dict) -> bool:
-    """Whether the holder ran on this host and its process is no longer running (killed, crashed): its lease need
-    not wait out the stale time. A holder on another host, or a process that still exists, is not known gone."""
+    """Whether the holder ran on this host and its process is no longer running (killed, crashed), or is this
+    process and its run ended: its lease need not wait out the stale time. A holder on another host, or a
+    process that still exists, is not known gone."""
     if held.get("host") != socket.gethostname() or not isinstance(held.get("pid"), int):
         return False
     if held["pid"] == os.getpid():
-        return False
+        return held.get("run_id") not in _HELD_HERE
     try:
         os.kill(held["pid"], 0)
     except ProcessLookupError:
