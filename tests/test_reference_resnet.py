@@ -202,9 +202,6 @@ def test_evaluate_export_and_the_explained_program_run_the_same_model(project, t
      "flags.export_moving_averages"),
     # Declared at ImageNet's size, where the job's input object makes 32x32 images.
     (("shape: [32, 32, 3]", "shape: [224, 224, 3]"), "data.features.image.shape"),
-    # A parameter ImageNetInput does not take.
-    (("num_parallel_calls: 2}\n      method: input_fn\n    eval:", "num_parallel_cals: 2}\n      method: input_fn\n    eval:"),
-     "data.input_fn.train"),
     # A params key the model_fn reads, left out: the model_fn fails inside.
     (("    bn_momentum: 0.9\n", ""), "model.model_fn"),
 ])
