@@ -63,6 +63,17 @@ SOURCES = {
     "learning_rate": ("model", "optimizer", "learning_rate"),
     "optimizer_args": ("model", "optimizer", "args"),
     "log_every_steps": ("run", "log_every_steps"),
+    "outputs": ("model", "outputs"),
+    "loss": ("model", "loss"),
+    "metrics": ("model", "metrics"),
+    "model_dir": ("run", "model_dir"),
+    "summary_steps": ("run", "log_every_steps"),
+    "iterations_per_loop": ("tpu", "iterations_per_loop"),
+    "save_checkpoints_steps": ("run", "save_checkpoints_steps"),
+    "keep_checkpoint_max": ("run", "keep_checkpoint_max"),
+    "seed": ("run", "seed"),
+    "train_batch_size": ("train", "batch_size"),
+    "eval_batch_size": ("eval", "batch_size"),
 }
 
 

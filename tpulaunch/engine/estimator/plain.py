@@ -71,22 +71,11 @@ def estimator_settings(job: Job, plan: "Plan") -> dict:
 # The job key each value comes from.
 SOURCES = {
     **neutral.SOURCES,
-    "outputs": ("model", "outputs"),
-    "loss": ("model", "loss"),
-    "metrics": ("model", "metrics"),
-    "model_dir": ("run", "model_dir"),
-    "summary_steps": ("run", "log_every_steps"),
-    "iterations_per_loop": ("tpu", "iterations_per_loop"),
     "num_cores_per_replica": ("tpu", "cores_per_replica"),
     "input_partition_dims": ("partition",),
-    "save_checkpoints_steps": ("run", "save_checkpoints_steps"),
-    "keep_checkpoint_max": ("run", "keep_checkpoint_max"),
-    "seed": ("run", "seed"),
-    "train_batch_size": ("train", "batch_size"),
     "params": ("model", "params"),
     "warm_start_from": ("run", "warm_start", "from"),
     "warm_start_vars": ("run", "warm_start", "vars"),
-    "eval_batch_size": ("eval", "batch_size"),
 }
 
 
