@@ -28,6 +28,18 @@ def even_splits(loaded: LoadedJob) -> bool:
     return job_engine_about(loaded).even_splits
 
 
+def known_slice(loaded: LoadedJob):
+    """(the tpu: section, its TpuType) for the engines' slice rules; None without a tpu: section or with an
+    unknown type (which `check_slice` reports)."""
+    tpu = loaded.section("tpu")
+    if tpu is None:
+        return None
+    try:
+        return tpu, parse_tpu_type(tpu.type)
+    except UnknownTpuType:
+        return None
+
+
 def check_slice(loaded: LoadedJob) -> list:
     """The TPU type is known (what cores_per_replica may be there is each engine's rule)."""
     tpu = loaded.section("tpu")

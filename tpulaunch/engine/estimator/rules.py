@@ -3,10 +3,9 @@ carry. Pure Python (`validate --static` runs them)."""
 
 from __future__ import annotations
 
-from tpulaunch.checks.static import check_partition, located
+from tpulaunch.checks.static import check_partition, known_slice, located
 from tpulaunch.job.load import LoadedJob
 from tpulaunch.plan import partition as rules
-from tpulaunch.tpu.types import UnknownTpuType, parse_tpu_type
 
 
 def problems(loaded: LoadedJob) -> list:
@@ -24,13 +23,10 @@ def problems(loaded: LoadedJob) -> list:
 
 def slice_problems(loaded: LoadedJob) -> list:
     """cores_per_replica is one TPUConfig accepts, fits the slice and divides it."""
-    tpu = loaded.section("tpu")
-    if tpu is None:
+    known = known_slice(loaded)
+    if known is None:
         return []
-    try:
-        tpu_type = parse_tpu_type(tpu.type)
-    except UnknownTpuType:
-        return []  # the slice rule reports it
+    tpu, tpu_type = known
     cpr = tpu.cores_per_replica
     if cpr not in rules.VALID_CORES_PER_REPLICA:
         allowed = ", ".join(map(str, rules.VALID_CORES_PER_REPLICA))

@@ -10,9 +10,8 @@ TPUEstimator-only keys (`model.model_fn`, `data.input_fn`) and the features it d
 from __future__ import annotations
 
 from tpulaunch.checks.engine_rules import ESTIMATOR_ONLY
-from tpulaunch.checks.static import located
+from tpulaunch.checks.static import known_slice, located
 from tpulaunch.job.load import LoadedJob
-from tpulaunch.tpu.types import UnknownTpuType, parse_tpu_type
 
 NOT_YET = "keras-engine-unsupported"
 
@@ -26,13 +25,10 @@ def slice_problems(loaded: LoadedJob) -> list:
     """cores_per_replica (logical devices per replica) has a computation shape that fits the slice's topology."""
     from tpulaunch.plan.tpu_layout import layout_for_type
 
-    tpu = loaded.section("tpu")
-    if tpu is None:
+    known = known_slice(loaded)
+    if known is None:
         return []
-    try:
-        tpu_type = parse_tpu_type(tpu.type)
-    except UnknownTpuType:
-        return []  # the slice rule reports it
+    tpu, tpu_type = known
     layout = layout_for_type(tpu_type, tpu.cores_per_replica)
     if not isinstance(layout, list):
         return []
