@@ -335,15 +335,19 @@ def acquire(model_dir: str, *, run_id: str, command: str, take: bool = False,
             is not a lease, or model_dir cannot be written.
     """
     renew, stale = lease_timing()
+    # Counted as this process's before it is written: another thread that reads it meanwhile sees a live run.
+    _HELD_HERE.add(run_id)
     try:
         store = store or store_for(model_dir)
         return _acquire(store, model_dir, run_id, command, take, clock, renew, stale)
     except LeaseRefused:
+        _HELD_HERE.discard(run_id)
         raise
     except Exception as exc:  # permissions, not a directory, no credentials, an unreachable bucket
+        _HELD_HERE.discard(run_id)
         raise LeaseRefused(f"cannot take the lease on run.model_dir {model_dir}: {type(exc).__name__}: "
                            f"{first_line(exc)}",
-                           hint="model_dir must be writable by this run (see README: one writer per model_dir)") \
+                           hint="model_dir must be writable by this run (see docs/running.md: one writer per model_dir)") \
             from None
 
 
@@ -376,7 +380,6 @@ def _acquire(store, model_dir, run_id, command, take, clock, renew, stale) -> Le
                 token = store.replace(_encode(mine), token, stale)
         except _Conflict:
             continue
-        _HELD_HERE.add(run_id)
         return Lease(store, mine, token, renew, stale, clock)
     raise LeaseRefused(f"run.model_dir {model_dir}: its lease kept changing while this run tried to take it",
                        hint="another run is starting on the same model_dir: wait for it, or use another --model-dir")
