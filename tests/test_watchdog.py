@@ -1,7 +1,7 @@
 """The TPU watchdog and --auto-resume, end to end against a local Cloud TPU API.
 
 Training runs on this machine's CPU (`train --local --watch-node`) while the watchdog polls the job's
-TPU node on the local API server (tests/tpu_api_server.py) through the real cloud-tpu-client, so the
+TPU node on the local API server (tests/tpu_api_server.py) through the real google-cloud-tpu (v2), so the
 whole stop / wait for READY / repair checkpoints / resume path runs as it would on a TPU. The node is
 flipped to PREEMPTED when a given checkpoint appears in model_dir. The model sleeps a few
 milliseconds per step, so training cannot finish before a 0.1 s watch interval notices the change.
@@ -93,9 +93,10 @@ def project(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def api(tpu_api, monkeypatch):
-    """The local TPU API with a READY node 'my-tpu', named by $TPULAUNCH_TPU_DISCOVERY_URL as a user would."""
+    """The local TPU API with a READY node 'my-tpu', named by $TPULAUNCH_TPU_API_ENDPOINT as a user would."""
     tpu_api.set_node("my-tpu")
-    monkeypatch.setenv("TPULAUNCH_TPU_DISCOVERY_URL", tpu_api.discovery_url)
+    monkeypatch.setenv("TPULAUNCH_TPU_API_ENDPOINT", tpu_api.endpoint)
+    monkeypatch.setenv("TPULAUNCH_TPU_DISCOVERY_URL", tpu_api.discovery_url)  # v1: TensorFlow's resolver only
     return tpu_api
 
 
@@ -133,7 +134,7 @@ def status(state="READY", health="HEALTHY") -> NodeStatus:
 
 def plan_for(api, **changes) -> WatchPlan:
     job_tpu = Tpu(name="my-tpu", zone=DEFAULT_ZONE, project=DEFAULT_PROJECT, type="v3-8")
-    fields = dict(ref=resolve_node(job_tpu, env={}), job_tpu=job_tpu, interval=0.05, discovery_url=api.discovery_url,
+    fields = dict(ref=resolve_node(job_tpu, env={}), job_tpu=job_tpu, interval=0.05, api_endpoint=api.endpoint,
                   poll_s=0.05)
     fields.update(changes)
     return WatchPlan(**fields)
@@ -244,7 +245,8 @@ def test_preempted_mid_run_waits_resumes_and_ends_at_the_step_with_no_lost_steps
     (done,) = lines(result.output, "done")
     # 120 steps run in all: nothing after the checkpoint was lost and run twice.
     assert done.startswith("done | step 120/120 | 120 steps in "), done
-    assert done.endswith(f" | 1 TPU event (PREEMPTED at step {stopped_at}) | 1 resume | 0 steps lost"), done
+    assert re.search(rf" \| 1 TPU event \(PREEMPTED at step {stopped_at}, back in \d+\.\d s\) \| 1 resume \| "
+                     r"0 steps lost$", done), done
     assert runner.checkpoint_step(str(model_dir)) == 120
 
 
