@@ -333,3 +333,77 @@ def test_sigterm_while_waiting_for_the_node_exits_143_and_keeps_the_checkpoint(p
     assert (summary.stopped_by, summary.final_step, summary.resumes, summary.events) == (
         "SIGTERM", step, 0, [NodeEvent("node", "PREEMPTED", step=step, checkpoint_step=step, resumed=False)])
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+# ------------------------------------------------------------------------------------------ --recreate
+
+
+def when_checkpoint_appears(model_dir: Path, step: int, action, after=lambda: True) -> threading.Thread:
+    """Run `action()` once a checkpoint at `step` or later is written while `after()` holds (events of the
+    run, not times)."""
+
+    def written() -> bool:
+        return after() and any(int(p.name.split("-")[1].split(".")[0]) >= step
+                               for p in model_dir.glob("model.ckpt-*.index"))
+
+    def wait_then_act():
+        deadline = time.monotonic() + 300
+        while not written() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        action()
+
+    thread = threading.Thread(target=wait_then_act, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_recreate_brings_a_preempted_then_deleted_node_back_and_finishes_at_the_step(project, api, tmp_path):
+    model_dir = tmp_path / "run"
+    preempt = when_checkpoint_appears(model_dir, 20, lambda: api.patch_node("my-tpu", state="PREEMPTED"))
+    # Once the node was created again and training went on past a new checkpoint: delete it.
+    delete = when_checkpoint_appears(model_dir, 40, lambda: api.delete_node("my-tpu"), after=lambda: api.created)
+    result = train_cli(project, model_dir, *FAST_WATCH, "--auto-resume", "2", "--recreate")
+    preempt.join()
+    delete.join()
+
+    assert result.exit_code == 0, result.output
+    events = lines(result.output, "tpu | PREEMPTED") + lines(result.output, "tpu | NOT_FOUND")
+    assert len(events) == 2, result.output
+    assert lines(result.output, "tpu | deleting TPU node 'my-tpu' (PREEMPTED)"), result.output
+    created = lines(result.output, "tpu | creating TPU node 'my-tpu' (v3-8, on-demand, tpu-vm-tf-2.15.1-se) as a node")
+    assert len(created) == 2, result.output
+    ready = lines(result.output, "tpu | READY/HEALTHY | recreated in ")
+    assert len(ready) == 2 and all(re.fullmatch(
+        r"tpu \| READY/HEALTHY \| recreated in \d+\.\d s \| resuming from step \d+ \(resume [12] of 2\)", line)
+        for line in ready), ready
+    (done,) = lines(result.output, "done")
+    assert done.startswith("done | step 120/120 | 120 steps in "), done  # nothing run twice
+    assert re.search(r"\| 2 TPU events \(PREEMPTED at step \d+, recreated, back in \d+\.\d s; NOT_FOUND at step \d+, "
+                     r"recreated, back in \d+\.\d s\) \| 2 resumes \| 0 steps lost$", done), done
+    assert runner.checkpoint_step(str(model_dir)) == 120
+    # The node was created again exactly as `tpulaunch up` creates it, twice.
+    assert [c["node"]["acceleratorType"] for c in api.created] == ["v3-8", "v3-8"]
+    assert api.nodes[f"projects/{DEFAULT_PROJECT}/locations/{DEFAULT_ZONE}/nodes/my-tpu"]["state"] == "READY"
+
+    import json
+    (record,) = [json.loads(line) for line in (model_dir / "tpulaunch-runs.jsonl").read_text().splitlines()]
+    assert [(e["detail"], e["recreated"], e["steps_lost"]) for e in record["events"]] == [
+        ("PREEMPTED", True, 0), ("NOT_FOUND", True, 0)]
+    assert all(isinstance(e["recovery_s"], float) and e["recovery_s"] > 0 for e in record["events"])
+    assert record["steps_lost"] == 0
+
+
+def test_recreate_needs_auto_resume(project, api, tmp_path):
+    result = train_cli(project, tmp_path / "run", *FAST_WATCH, "--recreate")
+    assert result.exit_code == 2, result.output
+    assert "--recreate needs --auto-resume N" in result.output
+
+
+def test_without_recreate_nothing_is_created(project, api, tmp_path):
+    model_dir = tmp_path / "run"
+    gone = when_checkpoint_appears(model_dir, 20, lambda: api.delete_node("my-tpu"))
+    result = train_cli(project, model_dir, *FAST_WATCH, "--auto-resume", "1", "--resume-wait", "0.5")
+    gone.join()
+    assert result.exit_code == ExitCode.CLUSTER, result.output
+    assert lines(result.output, "tpu | NOT_FOUND"), result.output
+    assert api.created == [] and not any(method == "POST" for method, _ in api.requests)

@@ -127,6 +127,7 @@ class _Fault:
     status: Optional[int] = None  # answer with this HTTP status
     delay_s: float = 0.0  # sleep before answering
     malformed: bool = False  # answer 200 with a body that is not JSON
+    message: str = "scripted failure"  # the error's message
 
 
 @dataclass
@@ -150,6 +151,7 @@ class TpuApiServer:
     queued: dict = field(default_factory=dict)  # full queued resource name -> resource dict
     created: list = field(default_factory=list)  # parsed bodies of create requests (nodes and queued resources)
     create_reads: int = 2  # a create finishes after this many later reads of its node, resource or operation
+    delete_reads: int = 1  # and a delete after this many
     _create_failures: list = field(default_factory=list)  # [(code, message)] for the next accepted creates
     _ops: int = 0
     _httpd: Optional[ThreadingHTTPServer] = None
@@ -243,9 +245,9 @@ class TpuApiServer:
 
     # ---------------------------------------------------------------- faults
 
-    def fail_next(self, n: int, status: int = 503, *, target: str = "node") -> None:
-        """Answer the next n node GETs (or discovery fetches) with an HTTP error status."""
-        self._add_fault(_Fault(target, n, status=status))
+    def fail_next(self, n: int, status: int = 503, *, target: str = "node", message: str = "scripted failure") -> None:
+        """Answer the next n requests of `target` (node GETs, discovery fetches, creates...) with an HTTP error."""
+        self._add_fault(_Fault(target, n, status=status, message=message))
 
     def delay_next(self, n: int, seconds: float, *, target: str = "node") -> None:
         """Sleep `seconds` before answering each of the next n requests."""
@@ -345,7 +347,7 @@ class TpuApiServer:
             if op["done"]:
                 continue
             entry["reads"] += 1
-            if entry["reads"] < self.create_reads:
+            if entry["reads"] < (self.delete_reads if op["metadata"]["verb"] == "delete" else self.create_reads):
                 continue
             target = op["metadata"]["target"]
             if entry.get("error"):
@@ -474,7 +476,7 @@ class TpuApiServer:
         if fault and fault.status:
             status_name = {500: "INTERNAL", 503: "UNAVAILABLE", 403: "PERMISSION_DENIED", 429: "RESOURCE_EXHAUSTED",
                            400: "INVALID_ARGUMENT", 404: "NOT_FOUND"}
-            return fault.status, _error_body(fault.status, "scripted failure", status_name.get(fault.status, "UNKNOWN")), delay
+            return fault.status, _error_body(fault.status, fault.message, status_name.get(fault.status, "UNKNOWN")), delay
         if fault and fault.malformed:
             return 200, '{"name": "projects/oops", "state": "READ', delay
         status, body = normal()

@@ -370,7 +370,8 @@ def _status_from(ref: NodeRef, node: dict, expected: Optional[str]) -> NodeStatu
     accelerator = node.get("acceleratorType")
     return NodeStatus(
         name=ref.name, zone=ref.zone, project=ref.project,
-        state=node.get("state"), health=node.get("health"),
+        # v2 replies carry enum defaults: HEALTH_UNSPECIFIED is "not reported", as a missing field was in v1
+        state=node.get("state"), health=None if node.get("health") == "HEALTH_UNSPECIFIED" else node.get("health"),
         accelerator_type=accelerator, expected_type=expected,
         devices=devices_in(accelerator), hosts=len(endpoints),
         runtime_version=node.get("runtimeVersion") or node.get("tensorflowVersion"),
@@ -522,10 +523,11 @@ class NodeWatch:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                status = _status_from(self.ref, self._reader.read(), None)
-                self.last_error = None
-            except api.NodeNotFound:  # deleted under us: a state the watchdog acts on, not a failed read
-                status = _status_from(self.ref, {"state": NOT_FOUND}, None)
+                try:
+                    node = self._reader.read()
+                except api.NodeNotFound:  # deleted under us: a state the watchdog acts on, not a failed read
+                    node = {"state": NOT_FOUND}
+                status = _status_from(self.ref, node, None)
                 self.last_error = None
             except Exception as exc:  # keep watching: a failed read is not a state change
                 self.last_error = exc
@@ -541,7 +543,8 @@ def watch_node(ref: NodeRef, interval: float, on_change: Callable[[NodeStatus], 
                api_endpoint: Optional[str] = None, timeout: float = REQUEST_TIMEOUT_S) -> NodeWatch:
     """Poll the node every `interval` seconds in a daemon thread; call `on_change(status)` on the first
     reading and whenever state or health changes; a node the API no longer has reads as state
-    NOT_FOUND. Failed reads are kept in `.last_error` and polling goes on. Returns the started NodeWatch; call `.stop()` (or use it as a context manager).
+    NOT_FOUND. Failed reads are kept in `.last_error` and polling goes on. Returns the started NodeWatch;
+    call `.stop()` (or use it as a context manager).
     """
     if ref.local or ref.direct:
         raise TpuLaunchError(f"cannot watch TPU '{ref.name}': it is not reached through the TPU API")

@@ -45,4 +45,5 @@ def price_text(accelerator_type: str, zone: Optional[str], tier: str) -> str:
         why = (f"{tier} prices are not in tpulaunch's table" if tier != "on-demand"
                else f"no list price for {accelerator_type} in {zone} in tpulaunch's table")
         return f"price unknown ({why}; see {PRICES_SOURCE})"
-    return f"about ${price:,.2f}/hour (on-demand list price in {zone or 'us-central1'}, {PRICES_DATE}, {PRICES_SOURCE})"
+    region = zone.rsplit("-", 1)[0] if zone else "us-central1"
+    return f"about ${price:,.2f}/hour (on-demand list price in {region}, {PRICES_DATE}, {PRICES_SOURCE})"
