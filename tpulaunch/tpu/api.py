@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import urllib.parse
 from typing import Callable, Mapping, Optional, TypeVar
@@ -120,7 +121,9 @@ def classify(exc: BaseException, *, what: str, subject: str, where: str, tried: 
                           hint="a stockout or no quota left: retry later, try another zone, use a reservation "
                                "(tpu.reserved) or ask for quota (IAM & Admin > Quotas, 'TPU')")
     if isinstance(exc, (core.ServerError, core.TooManyRequests, core.DeadlineExceeded, core.RetryError)):
-        return _Transient(f"{type(exc).__name__} from the TPU API: {_said(exc)}")
+        code = getattr(exc, "code", None)
+        return _Transient(f"HTTP {int(code)} from the TPU API" if isinstance(code, int) else
+                          f"{type(exc).__name__} from the TPU API: {_said(exc)}")
     if isinstance(exc, (core.InvalidArgument, core.BadRequest, core.FailedPrecondition)):
         return TpuLaunchError(f"the TPU API refused {what} {subject} in {where}: {_said(exc)}",
                               hint="check tpu.zone, tpu.type and tpu.runtime_version: "
@@ -133,7 +136,9 @@ def classify(exc: BaseException, *, what: str, subject: str, where: str, tried: 
         return _Transient("the TPU API did not answer in time")
     if isinstance(exc, (ConnectionError, OSError)) or "ConnectionError" in type(exc).__name__:
         return _Transient(f"cannot connect to the TPU API ({_said(exc)})")
-    if isinstance(exc, (ValueError, json.JSONDecodeError)) or type(exc).__name__ == "ParseError":
+    if isinstance(exc, json.JSONDecodeError) or type(exc).__name__ == "ParseError":
+        return _Transient("the TPU API answered with malformed JSON")
+    if isinstance(exc, ValueError):
         return _Transient(f"the TPU API's reply could not be read ({_said(exc)})")
     return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
 
@@ -150,7 +155,7 @@ def _status_of(exc: BaseException) -> Optional[str]:
 
 def _said(exc: BaseException, limit: int = 200) -> str:
     text = getattr(exc, "message", None) or str(exc)
-    text = " ".join(str(text).split())
+    text = re.sub(r"^(GET|POST|DELETE|PATCH|PUT) \S+: ", "", " ".join(str(text).split()))  # the REST call's own prefix
     return text if len(text) <= limit else text[:limit] + "..."
 
 

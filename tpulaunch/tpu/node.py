@@ -428,7 +428,8 @@ def _findings(ref: NodeRef, status: NodeStatus, wait: float) -> list:
     if runtime and installed and runtime != installed:
         findings.append(Finding(
             "warning", "runtime-version-mismatch",
-            f"the node runs TensorFlow {status.runtime_version}, this machine has {status.installed_tf}",
+            f"the node runs TensorFlow {'.'.join(map(str, runtime))} ({status.runtime_version}), this machine has "
+            f"{status.installed_tf}",
             "use the same major.minor on both sides: a different TPU runtime can fail to run the compiled graph"))
     return findings
 
