@@ -363,7 +363,8 @@ class RunRecorder:
         self._last_update = (max(step, previous_step), now)
         recovering = self._recovering
         if recovering is not None and step > (recovering.checkpoint_step or 0):
-            recovering.recovery_s = round(time.monotonic() - (recovering.noticed_at or time.monotonic()), 3)
+            recovering.recovery_s = round(max(0.0, now - (recovering.noticed_at if recovering.noticed_at is not None
+                                                          else now)), 3)
             self._recovering = None
         self.step = max(self.step, step)
         if loss is not None:
@@ -461,8 +462,8 @@ class RunRecorder:
 
     def node_lost(self, event: NodeEvent) -> None:
         """Training stopped because the TPU was lost; `event` has the step and the checkpoint step."""
-        if event.noticed_at is None:
-            event.noticed_at = time.monotonic()
+        if event.noticed_at is None:  # the watchdog stamps it with time.monotonic(), this recorder's default clock
+            event.noticed_at = self.get_time()
         self.events.append(event)
         self._segment = None
         self._waiting = None
