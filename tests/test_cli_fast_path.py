@@ -1,4 +1,4 @@
-"""The CLI's fast path never imports TensorFlow, and the README's commands are the ones CI runs."""
+"""The CLI's fast path never imports TensorFlow nor the TPU API clients, and the README's commands are the ones CI runs."""
 
 import os
 import re
@@ -17,7 +17,8 @@ try:
     main(sys.argv[1:])
 except SystemExit as exit:
     code = exit.code or 0
-loaded = sorted(m for m in ("tensorflow", "numpy", "tensorflow_estimator", "cloud_tpu_client") if m in sys.modules)
+loaded = sorted(m for m in ("tensorflow", "numpy", "tensorflow_estimator", "cloud_tpu_client", "google.cloud.tpu_v2",
+                            "googleapiclient", "google.api_core") if m in sys.modules)
 print("LOADED=" + ",".join(loaded))
 sys.exit(code)
 """
@@ -25,6 +26,7 @@ sys.exit(code)
 
 @pytest.mark.parametrize("args", [
     ["--help"], ["validate", "--help"], ["train", "--help"], ["data", "--help"], ["status", "--help"],
+    ["up", "--help"], ["down", "--help"],
     ["schema"], ["validate", "--static", GOOD], ["plan", "--no-memory", GOOD],
 ])
 def test_no_tensorflow_on_the_fast_path(args):

@@ -38,18 +38,18 @@ def test_status_is_refused_only_for_mistakes_in_tpu(tmp_path):
     assert "not checking the TPU of" in result.output
 
 
-def test_status_without_cloud_tpu_client_names_the_extra():
+def test_status_without_google_cloud_tpu_names_the_extra():
     probe = textwrap.dedent(f"""
         import sys
-        sys.modules["cloud_tpu_client"] = None  # as on an install without tpulaunch[tpu]
+        sys.modules["google.cloud.tpu_v2"] = None  # as on an install without tpulaunch[tpu]
         from tpulaunch.cli import main
         main(["status", {CT!r}])
     """)
     child = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
-                           env=dict(os.environ, TPULAUNCH_TPU_DISCOVERY_URL="http://127.0.0.1:9/{api}/{apiVersion}"))
+                           env=dict(os.environ, TPULAUNCH_TPU_API_ENDPOINT="http://127.0.0.1:9"))
     assert child.returncode == 1, child.stderr
-    assert child.stderr.splitlines()[0] == ("error: asking the Cloud TPU API needs cloud-tpu-client, which is not "
-                                            "installed (no module named 'cloud_tpu_client')")
+    assert child.stderr.splitlines()[0] == ("error: asking the Cloud TPU API needs google-cloud-tpu, which is not "
+                                            "installed (no module named 'google.cloud.tpu_v2')")
     assert "pip install 'tpulaunch[tpu]'" in child.stderr and "unexpected" not in child.stderr
 
 

@@ -91,13 +91,14 @@ def test_plain_lines_of_a_whole_run_with_an_evaluation_a_preemption_and_a_resume
         train | step 6/6 | 2.0 steps/s | 16 examples/s | loss 0.5 | eta 0:00:00 | skipped 1
         checkpoint | step 6 | runs/cnn/model.ckpt-6
         eval | step 6 | accuracy 1 | loss 0.25 | 0 records skipped (data.skip_corrupt)
-        done | step 6/6 | 5 steps in 3.0 s | 1.7 steps/s | 13 examples/s | loss 0.5 | checkpoint runs/cnn/model.ckpt-6 | 1 TPU event (PREEMPTED at step 5) | 1 resume | 1 steps lost | 1 record skipped (data.skip_corrupt)
+        done | step 6/6 | 5 steps in 3.0 s | 1.7 steps/s | 13 examples/s | loss 0.5 | checkpoint runs/cnn/model.ckpt-6 | 1 TPU event (PREEMPTED at step 5, back in 5.0 s) | 1 resume | 1 steps lost | 1 record skipped (data.skip_corrupt)
         """)
     # What the runner decides from: the recorder, not the display.
     assert (recorder.resumes, summary.resumes, summary.steps_run) == (1, 1, 5)
     assert (summary.start_step, summary.final_step) == (2, 6)
     assert [e.step for e in summary.evals] == [4, 6]
-    assert summary.events == [NodeEvent("node", "PREEMPTED", step=5, checkpoint_step=4, resumed=True)]
+    assert summary.events == [NodeEvent("node", "PREEMPTED", step=5, checkpoint_step=4, resumed=True,
+                                          recovery_s=5.0)]
 
 
 def test_plain_lines_of_a_run_stopped_by_a_signal_and_of_one_with_nothing_to_train():

@@ -1,7 +1,7 @@
 """The TPU watchdog and --auto-resume, end to end against a local Cloud TPU API.
 
 Training runs on this machine's CPU (`train --local --watch-node`) while the watchdog polls the job's
-TPU node on the local API server (tests/tpu_api_server.py) through the real cloud-tpu-client, so the
+TPU node on the local API server (tests/tpu_api_server.py) through the real google-cloud-tpu (v2), so the
 whole stop / wait for READY / repair checkpoints / resume path runs as it would on a TPU. The node is
 flipped to PREEMPTED when a given checkpoint appears in model_dir. The model sleeps a few
 milliseconds per step, so training cannot finish before a 0.1 s watch interval notices the change.
@@ -93,9 +93,10 @@ def project(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def api(tpu_api, monkeypatch):
-    """The local TPU API with a READY node 'my-tpu', named by $TPULAUNCH_TPU_DISCOVERY_URL as a user would."""
+    """The local TPU API with a READY node 'my-tpu', named by $TPULAUNCH_TPU_API_ENDPOINT as a user would."""
     tpu_api.set_node("my-tpu")
-    monkeypatch.setenv("TPULAUNCH_TPU_DISCOVERY_URL", tpu_api.discovery_url)
+    monkeypatch.setenv("TPULAUNCH_TPU_API_ENDPOINT", tpu_api.endpoint)
+    monkeypatch.setenv("TPULAUNCH_TPU_DISCOVERY_URL", tpu_api.discovery_url)  # v1: TensorFlow's resolver only
     return tpu_api
 
 
@@ -133,7 +134,7 @@ def status(state="READY", health="HEALTHY") -> NodeStatus:
 
 def plan_for(api, **changes) -> WatchPlan:
     job_tpu = Tpu(name="my-tpu", zone=DEFAULT_ZONE, project=DEFAULT_PROJECT, type="v3-8")
-    fields = dict(ref=resolve_node(job_tpu, env={}), job_tpu=job_tpu, interval=0.05, discovery_url=api.discovery_url,
+    fields = dict(ref=resolve_node(job_tpu, env={}), job_tpu=job_tpu, interval=0.05, api_endpoint=api.endpoint,
                   poll_s=0.05)
     fields.update(changes)
     return WatchPlan(**fields)
@@ -244,7 +245,8 @@ def test_preempted_mid_run_waits_resumes_and_ends_at_the_step_with_no_lost_steps
     (done,) = lines(result.output, "done")
     # 120 steps run in all: nothing after the checkpoint was lost and run twice.
     assert done.startswith("done | step 120/120 | 120 steps in "), done
-    assert done.endswith(f" | 1 TPU event (PREEMPTED at step {stopped_at}) | 1 resume | 0 steps lost"), done
+    assert re.search(rf" \| 1 TPU event \(PREEMPTED at step {stopped_at}, back in \d+\.\d s\) \| 1 resume \| "
+                     r"0 steps lost$", done), done
     assert runner.checkpoint_step(str(model_dir)) == 120
 
 
@@ -331,3 +333,77 @@ def test_sigterm_while_waiting_for_the_node_exits_143_and_keeps_the_checkpoint(p
     assert (summary.stopped_by, summary.final_step, summary.resumes, summary.events) == (
         "SIGTERM", step, 0, [NodeEvent("node", "PREEMPTED", step=step, checkpoint_step=step, resumed=False)])
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+# ------------------------------------------------------------------------------------------ --recreate
+
+
+def when_checkpoint_appears(model_dir: Path, step: int, action, after=lambda: True) -> threading.Thread:
+    """Run `action()` once a checkpoint at `step` or later is written while `after()` holds (events of the
+    run, not times)."""
+
+    def written() -> bool:
+        return after() and any(int(p.name.split("-")[1].split(".")[0]) >= step
+                               for p in model_dir.glob("model.ckpt-*.index"))
+
+    def wait_then_act():
+        deadline = time.monotonic() + 300
+        while not written() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        action()
+
+    thread = threading.Thread(target=wait_then_act, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_recreate_brings_a_preempted_then_deleted_node_back_and_finishes_at_the_step(project, api, tmp_path):
+    model_dir = tmp_path / "run"
+    preempt = when_checkpoint_appears(model_dir, 20, lambda: api.patch_node("my-tpu", state="PREEMPTED"))
+    # Once the node was created again and training went on past a new checkpoint: delete it.
+    delete = when_checkpoint_appears(model_dir, 40, lambda: api.delete_node("my-tpu"), after=lambda: api.created)
+    result = train_cli(project, model_dir, *FAST_WATCH, "--auto-resume", "2", "--recreate")
+    preempt.join()
+    delete.join()
+
+    assert result.exit_code == 0, result.output
+    events = lines(result.output, "tpu | PREEMPTED") + lines(result.output, "tpu | NOT_FOUND")
+    assert len(events) == 2, result.output
+    assert lines(result.output, "tpu | deleting TPU node 'my-tpu' (PREEMPTED)"), result.output
+    created = lines(result.output, "tpu | creating TPU node 'my-tpu' (v3-8, on-demand, tpu-vm-tf-2.15.1-se) as a node")
+    assert len(created) == 2, result.output
+    ready = lines(result.output, "tpu | READY/HEALTHY | recreated in ")
+    assert len(ready) == 2 and all(re.fullmatch(
+        r"tpu \| READY/HEALTHY \| recreated in \d+\.\d s \| resuming from step \d+ \(resume [12] of 2\)", line)
+        for line in ready), ready
+    (done,) = lines(result.output, "done")
+    assert done.startswith("done | step 120/120 | 120 steps in "), done  # nothing run twice
+    assert re.search(r"\| 2 TPU events \(PREEMPTED at step \d+, recreated, back in \d+\.\d s; NOT_FOUND at step \d+, "
+                     r"recreated, back in \d+\.\d s\) \| 2 resumes \| 0 steps lost$", done), done
+    assert runner.checkpoint_step(str(model_dir)) == 120
+    # The node was created again exactly as `tpulaunch up` creates it, twice.
+    assert [c["node"]["acceleratorType"] for c in api.created] == ["v3-8", "v3-8"]
+    assert api.nodes[f"projects/{DEFAULT_PROJECT}/locations/{DEFAULT_ZONE}/nodes/my-tpu"]["state"] == "READY"
+
+    import json
+    (record,) = [json.loads(line) for line in (model_dir / "tpulaunch-runs.jsonl").read_text().splitlines()]
+    assert [(e["detail"], e["recreated"], e["steps_lost"]) for e in record["events"]] == [
+        ("PREEMPTED", True, 0), ("NOT_FOUND", True, 0)]
+    assert all(isinstance(e["recovery_s"], float) and e["recovery_s"] > 0 for e in record["events"])
+    assert record["steps_lost"] == 0
+
+
+def test_recreate_needs_auto_resume(project, api, tmp_path):
+    result = train_cli(project, tmp_path / "run", *FAST_WATCH, "--recreate")
+    assert result.exit_code == 2, result.output
+    assert "--recreate needs --auto-resume N" in result.output
+
+
+def test_without_recreate_nothing_is_created(project, api, tmp_path):
+    model_dir = tmp_path / "run"
+    gone = when_checkpoint_appears(model_dir, 20, lambda: api.delete_node("my-tpu"))
+    result = train_cli(project, model_dir, *FAST_WATCH, "--auto-resume", "1", "--resume-wait", "0.5")
+    gone.join()
+    assert result.exit_code == ExitCode.CLUSTER, result.output
+    assert lines(result.output, "tpu | NOT_FOUND"), result.output
+    assert api.created == [] and not any(method == "POST" for method, _ in api.requests)

@@ -1,4 +1,13 @@
-"""A local server that speaks the Cloud TPU API (v1) as cloud-tpu-client uses it, plus a pytest fixture.
+"""A local server that speaks the Cloud TPU API, v2 as google-cloud-tpu uses it and v1 as TensorFlow's
+TPUClusterResolver (cloud-tpu-client) uses it, plus a pytest fixture.
+
+v2 (`TpuClient(transport="rest")` pointed at `server.endpoint`, which tpulaunch takes from
+$TPULAUNCH_TPU_API_ENDPOINT): nodes get / list / create (`?nodeId=`) / delete, queued resources get /
+create (`?queuedResourceId=`) / delete, and operations get, at the paths of the library's own
+`rest_base.py` (`/v2/{parent=projects/*/locations/*}/nodes`...). Request bodies are parsed with the
+library's own message types (`tpu_v2.Node`, `tpu_v2.QueuedResource`; unknown fields refused), so a
+request the real API would not understand fails here too. Creating and deleting are long-running
+operations that finish after a number of later requests (`create_reads`), never after a sleep.
 
 cloud-tpu-client (and TensorFlow's TPUClusterResolver on top of it) builds its service from a discovery
 document, then reads a node with `GET /v1/projects/P/locations/Z/nodes/N?alt=json`. This server answers
@@ -12,7 +21,10 @@ What a test can script:
   `Client.wait_for_healthy` makes several requests per round), or `by="requests"` to count node GETs;
 - faults on the node GET (or the discovery document): `fail_next(n, status)`, `delay_next(n, seconds)`,
   `malformed_next(n)`; an unknown node answers 404 like the real API;
-- `requests`: every (method, path) seen, for assertions.
+- `requests`: every (method, path) seen, for assertions;
+- v2 faults: `fail_next(n, status, target="create"|"delete"|"node"...)` on a request,
+  `fail_create_operation(n, code, message)` for a create the API accepts and then fails (a stockout);
+  `created`: every create request body, parsed.
 
 The discovery document is never answered with 404: googleapiclient would then fall back to Google's
 real host. It has no `auth` block, so credentials never try to reach Google's token endpoint.
@@ -29,6 +41,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import urllib.parse
 from typing import Optional, Sequence
 
 import pytest
@@ -114,6 +127,7 @@ class _Fault:
     status: Optional[int] = None  # answer with this HTTP status
     delay_s: float = 0.0  # sleep before answering
     malformed: bool = False  # answer 200 with a body that is not JSON
+    message: str = "scripted failure"  # the error's message
 
 
 @dataclass
@@ -133,6 +147,13 @@ class TpuApiServer:
     _faults: list = field(default_factory=list)
     _scripts: dict = field(default_factory=dict)  # full name -> _Script
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    operations: dict = field(default_factory=dict)  # operation name -> _Operation
+    queued: dict = field(default_factory=dict)  # full queued resource name -> resource dict
+    created: list = field(default_factory=list)  # parsed bodies of create requests (nodes and queued resources)
+    create_reads: int = 2  # a create finishes after this many later reads of its node, resource or operation
+    delete_reads: int = 1  # and a delete after this many
+    _create_failures: list = field(default_factory=list)  # [(code, message)] for the next accepted creates
+    _ops: int = 0
     _httpd: Optional[ThreadingHTTPServer] = None
     _thread: Optional[threading.Thread] = None
 
@@ -160,6 +181,11 @@ class TpuApiServer:
     @property
     def root_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/"
+
+    @property
+    def endpoint(self) -> str:
+        """What google-cloud-tpu's `client_options={"api_endpoint": ...}` (and $TPULAUNCH_TPU_API_ENDPOINT) take."""
+        return f"http://127.0.0.1:{self.port}"
 
     @property
     def discovery_url(self) -> str:
@@ -199,16 +225,29 @@ class TpuApiServer:
             self._scripts[_full_name(project, zone, name)] = _Script(time.monotonic(), parsed, by)
 
     def node_requests(self, name: str, project: str = DEFAULT_PROJECT, zone: str = DEFAULT_ZONE) -> int:
-        """How many times the node was read."""
-        path = "/v1/" + _full_name(project, zone, name)
+        """How many times the node was read (v1 and v2)."""
+        paths = {f"/{v}/{_full_name(project, zone, name)}" for v in ("v1", "v2")}
         with self._lock:
-            return sum(1 for method, p in self.requests if p.split("?")[0] == path)
+            return sum(1 for method, p in self.requests if method == "GET" and p.split("?")[0] in paths)
+
+    def fail_create_operation(self, n: int = 1, code: int = 8,
+                              message: str = 'There is no more capacity in the zone "us-central1-a"; you can try in '
+                                             'another zone where Cloud TPU Nodes are offered') -> None:
+        """Accept the next n creates, then finish their operations with this error (8: RESOURCE_EXHAUSTED,
+        a stockout) and remove what they made."""
+        with self._lock:
+            self._create_failures.extend([(code, message)] * n)
+
+    def queued_resource(self, name: str, project: str = DEFAULT_PROJECT, zone: str = DEFAULT_ZONE) -> Optional[dict]:
+        with self._lock:
+            found = self.queued.get(f"projects/{project}/locations/{zone}/queuedResources/{name}")
+            return json.loads(json.dumps(found)) if found else None
 
     # ---------------------------------------------------------------- faults
 
-    def fail_next(self, n: int, status: int = 503, *, target: str = "node") -> None:
-        """Answer the next n node GETs (or discovery fetches) with an HTTP error status."""
-        self._add_fault(_Fault(target, n, status=status))
+    def fail_next(self, n: int, status: int = 503, *, target: str = "node", message: str = "scripted failure") -> None:
+        """Answer the next n requests of `target` (node GETs, discovery fetches, creates...) with an HTTP error."""
+        self._add_fault(_Fault(target, n, status=status, message=message))
 
     def delay_next(self, n: int, seconds: float, *, target: str = "node") -> None:
         """Sleep `seconds` before answering each of the next n requests."""
@@ -223,8 +262,8 @@ class TpuApiServer:
             self._faults.clear()
 
     def _add_fault(self, fault: _Fault) -> None:
-        if fault.target not in ("node", "discovery"):
-            raise ValueError("target is 'node' or 'discovery'")
+        if fault.target not in _TARGETS:
+            raise ValueError(f"target is one of {_TARGETS}")
         with self._lock:
             self._faults.append(fault)
 
@@ -252,17 +291,178 @@ class TpuApiServer:
                             node.pop("health", None)
             return json.loads(json.dumps(node)) if node is not None else None
 
-    def _answer(self, method: str, path: str):
+    def _answer(self, method: str, path: str, body: bytes = b""):
         """(status, body bytes, delay seconds) for one request."""
         with self._lock:
             self.requests.append((method, path))
         bare = path.split("?")[0]
+        if bare.startswith("/v2/"):
+            return self._v2(method, bare[len("/v2/"):], urllib.parse.parse_qs(urllib.parse.urlsplit(path).query), body)
         if bare.startswith("/discovery/"):
             return self._with_fault("discovery", lambda: (200, json.dumps(discovery_document(self.root_url))))
         if method == "GET" and bare.startswith("/v1/projects/"):
             full_name = bare[len("/v1/"):]
             return self._with_fault("node", lambda: self._get_node(full_name))
         return 404, _error_body(404, f"no such method: {method} {bare}", "NOT_FOUND"), 0.0
+
+    # ---------------------------------------------------------------- v2
+
+    def _v2(self, method: str, path: str, query: dict, body: bytes):
+        parts = path.split("/")
+        if len(parts) < 4 or parts[0] != "projects" or parts[2] != "locations":
+            return 404, _error_body(404, f"no such resource: {path}", "NOT_FOUND"), 0.0
+        parent = "/".join(parts[:4])
+        kind = parts[4] if len(parts) > 4 else None
+        if method == "GET" and kind == "operations" and len(parts) == 6:
+            return self._with_fault("operation", lambda: self._get_operation(path))
+        if kind == "nodes":
+            if method == "GET" and len(parts) == 5:
+                return self._with_fault("node", lambda: self._list_nodes(parent))
+            if method == "GET" and len(parts) == 6:
+                return self._with_fault("node", lambda: self._get_v2_node(path))
+            if method == "POST" and len(parts) == 5:
+                return self._with_fault("create", lambda: self._create_node(parent, query, body))
+            if method == "DELETE" and len(parts) == 6:
+                return self._with_fault("delete", lambda: self._delete_v2_node(path))
+        if kind == "queuedResources":
+            if method == "GET" and len(parts) == 6:
+                return self._with_fault("queued", lambda: self._get_queued(path))
+            if method == "POST" and len(parts) == 5:
+                return self._with_fault("create", lambda: self._create_queued(parent, query, body))
+            if method == "DELETE" and len(parts) == 6:
+                return self._with_fault("delete", lambda: self._delete_queued(path))
+        return 404, _error_body(404, f"no such method: {method} /v2/{path}", "NOT_FOUND"), 0.0
+
+    def _operation(self, parent: str, target: str, verb: str, **extra) -> dict:
+        self._ops += 1
+        op = {"name": f"{parent}/operations/operation-{self._ops}", "done": False,
+              "metadata": {"@type": _OP_META, "target": target, "verb": verb, "apiVersion": "v2"}}
+        self.operations[op["name"]] = {"op": op, "reads": 0, **extra}
+        return op
+
+    def _advance(self) -> None:
+        """One request's worth of progress on every unfinished operation (called under the lock)."""
+        for entry in list(self.operations.values()):
+            op = entry["op"]
+            if op["done"]:
+                continue
+            entry["reads"] += 1
+            if entry["reads"] < (self.delete_reads if op["metadata"]["verb"] == "delete" else self.create_reads):
+                continue
+            target = op["metadata"]["target"]
+            if entry.get("error"):
+                code, message = entry["error"]
+                self.nodes.pop(target, None)
+                op.update(done=True, error={"code": code, "message": message})
+            elif op["metadata"]["verb"] == "create":
+                node = self.nodes.get(target)
+                if node is not None and node.get("state") == "CREATING":
+                    node.update(state="READY", health="HEALTHY",
+                                networkEndpoints=node.get("networkEndpoints") or [{"ipAddress": "10.0.0.2", "port": 8470}])
+                op.update(done=True, response={"@type": _NODE_TYPE, **v2_node(node)} if node else {})
+            elif op["metadata"]["verb"] == "create-queued":
+                resource = self.queued.get(target)
+                if resource is not None:
+                    resource["state"] = {"state": "ACTIVE"}
+                    spec = resource["tpu"]["nodeSpec"][0]
+                    full = f"{spec['parent']}/nodes/{spec['nodeId']}"
+                    self.nodes[full] = {**spec["node"], "name": full, "state": "READY", "health": "HEALTHY",
+                                        "networkEndpoints": [{"ipAddress": "10.0.0.2", "port": 8470}]}
+                op.update(done=True, response={"@type": _QR_TYPE, **(resource or {})})
+            elif op["metadata"]["verb"] == "delete":
+                self.nodes.pop(target, None)
+                op.update(done=True, response={"@type": "type.googleapis.com/google.protobuf.Empty"})
+
+    def _get_operation(self, name: str):
+        with self._lock:
+            self._advance()
+            entry = self.operations.get(name)
+            if entry is None:
+                return 404, _error_body(404, f"Operation '{name}' was not found", "NOT_FOUND")
+            return 200, json.dumps(entry["op"])
+
+    def _list_nodes(self, parent: str):
+        with self._lock:
+            self._advance()
+            nodes = [v2_node(n) for name, n in self.nodes.items() if name.startswith(parent + "/nodes/")]
+        return 200, json.dumps({"nodes": nodes})
+
+    def _get_v2_node(self, full_name: str):
+        with self._lock:
+            self._advance()
+        node = self._node_for(full_name)
+        if node is None:
+            return 404, _error_body(404, f"Resource '{full_name}' was not found", "NOT_FOUND")
+        return 200, json.dumps(v2_node(node))
+
+    def _create_node(self, parent: str, query: dict, body: bytes):
+        from google.cloud import tpu_v2
+
+        node_id = (query.get("nodeId") or [None])[0]
+        if not node_id:
+            return 400, _error_body(400, "nodeId is required", "INVALID_ARGUMENT")
+        try:
+            node = _parse_as(tpu_v2.Node, body)
+        except Exception as exc:
+            return 400, _error_body(400, f"Invalid JSON payload received. {exc}", "INVALID_ARGUMENT")
+        full = f"{parent}/nodes/{node_id}"
+        with self._lock:
+            self.created.append({"nodeId": node_id, "node": node})
+            if full in self.nodes:
+                return 409, _error_body(409, f"Resource '{full}' already exists", "ALREADY_EXISTS")
+            self.nodes[full] = {**node, "name": full, "state": "CREATING"}
+            self._scripts.pop(full, None)
+            failure = self._create_failures.pop(0) if self._create_failures else None
+            op = self._operation(parent, full, "create", error=failure)
+        return 200, json.dumps(op)
+
+    def _delete_v2_node(self, full_name: str):
+        with self._lock:
+            node = self.nodes.get(full_name)
+            if node is None:
+                return 404, _error_body(404, f"Resource '{full_name}' was not found", "NOT_FOUND")
+            node["state"] = "DELETING"
+            self._scripts.pop(full_name, None)
+            op = self._operation(full_name.rsplit("/nodes/", 1)[0], full_name, "delete")
+        return 200, json.dumps(op)
+
+    def _get_queued(self, name: str):
+        with self._lock:
+            self._advance()
+            found = self.queued.get(name)
+        if found is None:
+            return 404, _error_body(404, f"Resource '{name}' was not found", "NOT_FOUND")
+        return 200, json.dumps(found)
+
+    def _create_queued(self, parent: str, query: dict, body: bytes):
+        from google.cloud import tpu_v2
+
+        resource_id = (query.get("queuedResourceId") or [None])[0]
+        if not resource_id:
+            return 400, _error_body(400, "queuedResourceId is required", "INVALID_ARGUMENT")
+        try:
+            resource = _parse_as(tpu_v2.QueuedResource, body)
+        except Exception as exc:
+            return 400, _error_body(400, f"Invalid JSON payload received. {exc}", "INVALID_ARGUMENT")
+        name = f"{parent}/queuedResources/{resource_id}"
+        with self._lock:
+            self.created.append({"queuedResourceId": resource_id, "queuedResource": resource})
+            if name in self.queued:
+                return 409, _error_body(409, f"Resource '{name}' already exists", "ALREADY_EXISTS")
+            self.queued[name] = {**resource, "name": name, "state": {"state": "WAITING_FOR_RESOURCES"}}
+            op = self._operation(parent, name, "create-queued")
+        return 200, json.dumps(op)
+
+    def _delete_queued(self, name: str):
+        with self._lock:
+            resource = self.queued.pop(name, None)
+            if resource is None:
+                return 404, _error_body(404, f"Resource '{name}' was not found", "NOT_FOUND")
+            for spec in resource.get("tpu", {}).get("nodeSpec", []):
+                self.nodes.pop(f"{spec['parent']}/nodes/{spec['nodeId']}", None)
+            op = self._operation(name.rsplit("/queuedResources/", 1)[0], name, "delete-queued")
+            op.update(done=True, response={"@type": "type.googleapis.com/google.protobuf.Empty"})
+        return 200, json.dumps(op)
 
     def _get_node(self, full_name: str):
         node = self._node_for(full_name)
@@ -274,12 +474,37 @@ class TpuApiServer:
         fault = self._take_fault(target)
         delay = fault.delay_s if fault else 0.0
         if fault and fault.status:
-            status_name = {500: "INTERNAL", 503: "UNAVAILABLE", 403: "PERMISSION_DENIED", 429: "RESOURCE_EXHAUSTED"}
-            return fault.status, _error_body(fault.status, "scripted failure", status_name.get(fault.status, "UNKNOWN")), delay
+            status_name = {500: "INTERNAL", 503: "UNAVAILABLE", 403: "PERMISSION_DENIED", 429: "RESOURCE_EXHAUSTED",
+                           400: "INVALID_ARGUMENT", 404: "NOT_FOUND"}
+            return fault.status, _error_body(fault.status, fault.message, status_name.get(fault.status, "UNKNOWN")), delay
         if fault and fault.malformed:
             return 200, '{"name": "projects/oops", "state": "READ', delay
         status, body = normal()
         return status, body, delay
+
+
+_TARGETS = ("node", "discovery", "create", "delete", "operation", "queued")
+_NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
+_QR_TYPE = "type.googleapis.com/google.cloud.tpu.v2.QueuedResource"
+_OP_META = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
+
+
+def v2_node(node: dict) -> dict:
+    """A stored node as the v2 API returns it (runtimeVersion, networkConfig; no v1-only fields)."""
+    out = {k: v for k, v in node.items() if k not in ("tensorflowVersion", "network", "cidrBlock", "ipAddress", "port")}
+    out.setdefault("runtimeVersion", f"tpu-vm-tf-{node.get('tensorflowVersion', '2.15.0')}-se")
+    out.setdefault("networkConfig", {"network": node.get("network", "default")})
+    out["apiVersion"] = "V2"
+    return out
+
+
+def _parse_as(message_type, body: bytes):
+    """The body parsed as the library's own message type; ValueError names what the API would refuse."""
+    from google.protobuf import json_format
+
+    pb = message_type.pb(message_type())
+    json_format.Parse(body.decode("utf-8") or "{}", pb, ignore_unknown_fields=False)
+    return json.loads(body.decode("utf-8") or "{}")
 
 
 def _full_name(project: str, zone: str, name: str) -> str:
@@ -295,7 +520,17 @@ def _make_handler(server: TpuApiServer):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self):  # noqa: N802 (http.server's naming)
-            status, body, delay = server._answer("GET", self.path)
+            self._respond("GET")
+
+        def do_POST(self):  # noqa: N802
+            self._respond("POST")
+
+        def do_DELETE(self):  # noqa: N802
+            self._respond("DELETE")
+
+        def _respond(self, method):
+            length = int(self.headers.get("Content-Length") or 0)
+            status, body, delay = server._answer(method, self.path, self.rfile.read(length) if length else b"")
             if delay:
                 time.sleep(delay)
             data = body.encode("utf-8") if isinstance(body, str) else body
@@ -321,7 +556,7 @@ def tpu_api(monkeypatch, tmp_path):
     TPU_API_DISCOVERY_URL would override any discovery URL given to the client, so it is removed;
     HOME points at an empty directory so gcloud credentials are never picked up.
     """
-    for var in ("TPU_API_DISCOVERY_URL", "TPULAUNCH_TPU_DISCOVERY_URL", "TPU_NAME", "TPU_ZONE", "TPU_PROJECT",
+    for var in ("TPU_API_DISCOVERY_URL", "TPULAUNCH_TPU_DISCOVERY_URL", "TPULAUNCH_TPU_API_ENDPOINT", "TPU_NAME", "TPU_ZONE", "TPU_PROJECT",
                 "GOOGLE_CLOUD_PROJECT", "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS", "GOOGLE_APPLICATION_CREDENTIALS"):
         monkeypatch.delenv(var, raising=False)
     home = tmp_path / "home"

@@ -21,6 +21,7 @@ class ExitCode(enum.IntEnum):
     PROBLEMS = 1  # the job (or a run) has errors the user must fix
     USAGE = 2  # bad command line
     CLUSTER = 3  # the TPU could not be reached or is not usable
+    NO_CAPACITY = 4  # no TPU to be had now: a stockout or no quota (RESOURCE_EXHAUSTED); retry later or elsewhere
     INTERNAL = 70  # an unexpected error: a fault in tpulaunch or a library it called (sysexits' EX_SOFTWARE)
     INTERRUPTED = 130  # Ctrl-C (SIGINT), checkpoint saved
     TERMINATED = 143  # SIGTERM, checkpoint saved

@@ -37,7 +37,8 @@ def test_preempted_mid_run_waits_resumes_and_ends_at_the_step_with_no_lost_steps
         f"tpu | READY/HEALTHY | resuming from step {stopped_at} (resume 1 of 2)"]
     (done,) = watched.lines(result.output, "done")
     assert done.startswith("done | step 120/120 | 120 steps in "), done
-    assert done.endswith(f" | 1 TPU event (PREEMPTED at step {stopped_at}) | 1 resume | 0 steps lost"), done
+    assert re.search(rf" \| 1 TPU event \(PREEMPTED at step {stopped_at}, back in \d+\.\d s\) \| 1 resume \| "
+                     r"0 steps lost$", done), done
     assert checkpoint_step(str(model_dir)) == 120
 
 

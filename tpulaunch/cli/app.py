@@ -20,6 +20,8 @@ LAZY_COMMANDS = {
     "evaluate": "tpulaunch.cli.run:evaluate",
     "export": "tpulaunch.cli.run:export",
     "status": "tpulaunch.cli.status:status",
+    "up": "tpulaunch.cli.lifecycle:up",
+    "down": "tpulaunch.cli.lifecycle:down",
     "data": "tpulaunch.cli.data:data",
     "explain": "tpulaunch.cli.explain:explain",
     "schema": "tpulaunch.cli.project:schema",

@@ -43,15 +43,18 @@ def _resolver(job, local: bool, wait_s: float):
 
 
 def _watch_plan(job, *, local: bool, watch_node: bool, wait_s: float, interval: float, auto_resume: int,
-                resume_wait: float):
+                resume_wait: float, recreate: bool = False, job_file: str = "JOB.yaml", engine: str = ""):
     """How the run watches its TPU node (after checking it is ready), or None when nothing is watched.
 
     A TPU run always watches its node. `--local --watch-node` watches the job's node while training
     on this machine: the whole stop/wait/resume path runs without a TPU (against an emulated TPU
     API, or to rehearse a preemption on a real node).
     """
-    from tpulaunch.errors import TpuLaunchError
+    from tpulaunch.errors import ExitCode, TpuLaunchError
 
+    if recreate and not auto_resume:
+        raise TpuLaunchError("--recreate needs --auto-resume N: it says how many times a lost TPU is created again",
+                             hint="e.g. --auto-resume 3 --recreate", exit_code=ExitCode.USAGE)
     if local and not watch_node:
         if auto_resume:
             click.get_current_context().ensure_object(Context).err.print("--auto-resume has no effect on a --local run without --watch-node",
@@ -68,8 +71,13 @@ def _watch_plan(job, *, local: bool, watch_node: bool, wait_s: float, interval: 
     ref = cluster.resolve_node(job.tpu)
     if local:  # a TPU run checked the node when building its resolver
         cluster.check_node(ref, job.tpu, wait=wait_s).raise_if_unusable()
+    if recreate:
+        from tpulaunch.tpu.lifecycle import spec_for
+
+        spec_for(job.tpu, engine)  # a job that cannot say what to create is refused now, not after a preemption
     return WatchPlan(ref=ref, job_tpu=job.tpu, interval=interval, auto_resume=auto_resume, resume_wait=resume_wait,
-                     discovery_url=cluster.discovery_url_for())
+                     discovery_url=cluster.discovery_url_for(), api_endpoint=cluster.api.endpoint(),
+                     recreate=recreate, job_file=job_file, engine=engine)
 
 
 def _recorder(console, **settings):
@@ -197,17 +205,20 @@ def _model_dir_override(model_dir: Optional[str]) -> list:
                    "resume from the last complete checkpoint, at most N times. 0: stop with exit code 3.")
 @click.option("--resume-wait", type=click.FloatRange(min=0), default=3600, show_default=True, metavar="SECONDS",
               help="With --auto-resume, how long to wait each time for the node to be READY and HEALTHY.")
+@click.option("--recreate", is_flag=True,
+              help="With --auto-resume: when the TPU is preempted, terminated or deleted, delete what is left of it, "
+                   "create it again as `tpulaunch up` does, and resume. Creating TPUs costs money: off by default.")
 @click.option("--watch-node", is_flag=True,
               help="With --local: watch the job's TPU node anyway and stop/resume when it is lost (a rehearsal "
-                   "of the TPU recovery path, e.g. against an emulated TPU API via $TPULAUNCH_TPU_DISCOVERY_URL).")
+                   "of the TPU recovery path, e.g. against an emulated TPU API via $TPULAUNCH_TPU_API_ENDPOINT).")
 @click.option("--profile", type=StepRange(), default=None, metavar="START-END",
               help="Capture a TensorBoard profile of these global steps into model_dir "
                    "(tensorboard --logdir MODEL_DIR, Profile tab). Skip the first steps: they include start-up.")
 @cpu_replicas_option
 @pass_obj
 def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Optional[str], force: bool, take_lease: bool,
-          wait_s: float,
-          watch_interval: float, auto_resume: int, resume_wait: float, watch_node: bool, profile,
+          wait_s: float, watch_interval: float, auto_resume: int, resume_wait: float, recreate: bool, watch_node: bool,
+          profile,
           cpu_replicas: Optional[int]):
     """Train the job: resume from model_dir's latest complete checkpoint, evaluate as eval: says, show progress.
 
@@ -226,7 +237,8 @@ def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Option
 
     On a TPU the node is watched while training: when it is PREEMPTED, STOPPED, TERMINATED or
     UNHEALTHY (or TensorFlow loses it), training stops cleanly and exits 3; with --auto-resume N it
-    waits for the node to be READY again and resumes, at most N times.
+    waits for the node to be READY again and resumes, at most N times; with --recreate as well, a
+    preempted, terminated or deleted node is deleted and created again (as `tpulaunch up` does).
 
     \b
     Examples:
@@ -235,6 +247,7 @@ def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Option
       tpulaunch train job.yaml --local --set train.steps=20 --set train.batch_size=8   # CI smoke run
       tpulaunch train job.yaml --model-dir runs/try2 # a fresh run next to the first
       tpulaunch train job.yaml --auto-resume 5       # survive up to 5 preemptions
+      tpulaunch train job.yaml --auto-resume 5 --recreate   # and create a preempted spot TPU again
       tpulaunch train job.yaml --local --profile 20-25   # a TensorBoard profile of steps 20 to 25
       tpulaunch train job.yaml --local --cpu-replicas 2  # keras engine: two replicas on this CPU
     """
@@ -250,12 +263,12 @@ def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Option
     with _model_dir_lease(obj, job, "train", take_lease) as lease:
         _train(obj, job_file, checked, engine, began, sets, lease, local=local, force=force, wait_s=wait_s,
                watch_node=watch_node, watch_interval=watch_interval, auto_resume=auto_resume,
-               resume_wait=resume_wait, profile=profile, cpu_replicas=cpu_replicas)
+               resume_wait=resume_wait, recreate=recreate, profile=profile, cpu_replicas=cpu_replicas)
 
 
 def _train(obj: Context, job_file: str, checked, engine, began: float, sets, lease, *, local: bool, force: bool,
-           wait_s: float, watch_node: bool, watch_interval: float, auto_resume: int, resume_wait: float, profile,
-           cpu_replicas: Optional[int]):
+           wait_s: float, watch_node: bool, watch_interval: float, auto_resume: int, resume_wait: float,
+           recreate: bool, profile, cpu_replicas: Optional[int]):
     from tpulaunch.cli.recorded import recorded_run
     from tpulaunch.data.input_help import input_help
     from tpulaunch.run.signals import EvaluationStopped, TrainingStopped
@@ -270,7 +283,8 @@ def _train(obj: Context, job_file: str, checked, engine, began: float, sets, lea
         with _resolving(recorder, job, local=local, watch_node=watch_node):
             resolver = _resolver(job, local, wait_s)
             watch = _watch_plan(job, local=local, watch_node=watch_node, wait_s=wait_s, interval=watch_interval,
-                                auto_resume=auto_resume, resume_wait=resume_wait)
+                                auto_resume=auto_resume, resume_wait=resume_wait, recreate=recreate,
+                                job_file=job_file, engine=engine.name)
         try:
             engine.train(job, checked.plan, recorder=recorder, cluster_resolver=resolver, force=force, watch=watch,
                          profile=profile, **_replicas(engine, cpu_replicas, checked.plan))

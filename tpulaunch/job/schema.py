@@ -355,11 +355,31 @@ class Data(Strict):
 
 class Tpu(Strict):
     name: Optional[str] = Field(None, description="TPU node name, 'local' on a TPU VM, or a grpc:// address; default $TPU_NAME")
-    zone: Optional[str] = None
-    project: Optional[str] = None
+    zone: Optional[str] = Field(None, description="zone of the node, e.g. us-central1-a; default $TPU_ZONE")
+    project: Optional[str] = Field(None, description="Google Cloud project of the node; default $TPU_PROJECT / "
+                                                     "$GOOGLE_CLOUD_PROJECT")
     type: str = Field(description="accelerator type, e.g. v3-8, v3-32, v4-8, v5litepod-8")
     cores_per_replica: int = Field(1, description="TPU cores one model replica spans (spatial partitioning)")
     iterations_per_loop: int = Field(100, ge=1, description="steps run on the TPU per host round trip")
+    # What `tpulaunch up` (and `train --recreate`) create; reading a node needs none of them.
+    runtime_version: Optional[str] = Field(
+        None, description="TPU software version `up` creates the node with, e.g. tpu-vm-tf-2.15.1-se; default: the "
+                          "installed TensorFlow's tpu-vm-tf-X.Y.Z[-pod]-se (estimator) or -pjrt (keras)")
+    spot: bool = Field(False, description="create a Spot TPU (cheaper; can be preempted at any time)")
+    preemptible: bool = Field(False, description="create a preemptible TPU (the older form of spot)")
+    reserved: bool = Field(False, description="create the TPU from the project's reservation")
+    network: Optional[str] = Field(None, description="VPC network for the node; default: the project's 'default'")
+    subnetwork: Optional[str] = Field(None, description="VPC subnetwork for the node; default: the network's own")
+    queued: Optional[bool] = Field(
+        None, description="create through a queued resource; default: yes for v5e, v5p and v6e types, no for older")
+
+    @model_validator(mode="after")
+    def _one_tier(self):
+        tiers = [name for name in ("spot", "preemptible", "reserved") if getattr(self, name)]
+        if len(tiers) > 1:
+            raise ValueError(f"tpu.{tiers[0]} and tpu.{tiers[1]} exclude each other: a TPU is one of spot, "
+                             "preemptible, reserved or on-demand (none set)")
+        return self
 
 
 PartitionDims = Optional[List[int]]

@@ -172,6 +172,9 @@ class NodeEvent:
         step: the global step training had reached when it stopped.
         checkpoint_step: the step of the last complete checkpoint after the stop (0: none).
         resumed: whether training resumed after it.
+        recreated: whether the TPU was deleted and created again to resume (`train --recreate`).
+        recovery_s: seconds from noticing the loss to the first step trained after it (None: not resumed).
+        noticed_at: time.monotonic() when the loss was noticed (not shown; what recovery_s counts from).
     """
 
     kind: str
@@ -179,6 +182,9 @@ class NodeEvent:
     step: Optional[int] = None
     checkpoint_step: Optional[int] = None
     resumed: bool = False
+    recreated: bool = False
+    recovery_s: Optional[float] = None
+    noticed_at: Optional[float] = field(default=None, compare=False, repr=False)
 
     @property
     def steps_lost(self) -> int:
@@ -208,6 +214,7 @@ class NodeReady:
     step: int
     resume: int
     allowed: int
+    recreated_in_s: Optional[float] = None  # the node was created again, in this many seconds
 
 
 @dataclass(frozen=True)
@@ -273,6 +280,7 @@ class RunRecorder:
         self.evals: List[EvalResult] = []
         self.events: List[NodeEvent] = []
         self.resumes = 0
+        self._recovering: Optional[NodeEvent] = None  # resumed, waiting for its first step (recovery_s)
         self._seconds = 0.0  # training time over finished segments
         self._steps_run = 0
         self._segment: Optional[tuple] = None  # (step, time) when the current session began
@@ -353,6 +361,11 @@ class RunRecorder:
                 self._input_runs += 1
         self._first_run = False
         self._last_update = (max(step, previous_step), now)
+        recovering = self._recovering
+        if recovering is not None and step > (recovering.checkpoint_step or 0):
+            recovering.recovery_s = round(max(0.0, now - (recovering.noticed_at if recovering.noticed_at is not None
+                                                          else now)), 3)
+            self._recovering = None
         self.step = max(self.step, step)
         if loss is not None:
             self._losses.append(float(loss))
@@ -449,6 +462,8 @@ class RunRecorder:
 
     def node_lost(self, event: NodeEvent) -> None:
         """Training stopped because the TPU was lost; `event` has the step and the checkpoint step."""
+        if event.noticed_at is None:  # the watchdog stamps it with time.monotonic(), this recorder's default clock
+            event.noticed_at = self.get_time()
         self.events.append(event)
         self._segment = None
         self._waiting = None
@@ -460,13 +475,16 @@ class RunRecorder:
         self._waiting = state
         self._emit(NodeWaiting(state, seconds_left, new_state))
 
-    def node_ready(self, state: str, step: int, allowed: int) -> None:
-        """The TPU is usable again; training resumes from the checkpoint at `step`."""
+    def node_ready(self, state: str, step: int, allowed: int, recreated_in_s: Optional[float] = None) -> None:
+        """The TPU is usable again (created anew in `recreated_in_s` seconds, when it was); training resumes
+        from the checkpoint at `step`. The first step after it completes the event's `recovery_s`."""
         self.resumes += 1
         if self.events:
             self.events[-1].resumed = True
+            self.events[-1].recreated = recreated_in_s is not None
+            self._recovering = self.events[-1]
         self._waiting = None
-        self._emit(NodeReady(state, step, self.resumes, allowed))
+        self._emit(NodeReady(state, step, self.resumes, allowed, recreated_in_s))
 
     def node_seen(self, state: str) -> None:
         """The TPU node reported `state` ("READY/HEALTHY"...): what a slow phase's notice can tell."""

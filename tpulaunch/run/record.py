@@ -104,7 +104,8 @@ def run_record(recorder: RunRecorder, *, command: str, outcome: str, job: Dict[s
         "input_bound": None if share is None else share >= INPUT_BOUND_SHARE,
         "records_skipped": summary.records_skipped,
         "events": [{"kind": e.kind, "detail": e.detail, "step": e.step, "checkpoint_step": e.checkpoint_step,
-                    "steps_lost": e.steps_lost, "resumed": e.resumed} for e in summary.events],
+                    "steps_lost": e.steps_lost, "resumed": e.resumed, "recreated": e.recreated,
+                    "recovery_s": e.recovery_s} for e in summary.events],
         "resumes": summary.resumes,
         "steps_lost": summary.steps_lost,
         "evals": [{"step": e.step, "metrics": e.metrics, "records_skipped": e.records_skipped}

@@ -89,7 +89,15 @@ def node_waiting_text(event: NodeWaiting) -> str:
 
 
 def node_ready_text(event: NodeReady) -> str:
-    return f"tpu | {event.state} | resuming from step {event.step} (resume {event.resume} of {event.allowed})"
+    made = f" | recreated in {event.recreated_in_s:.1f} s" if event.recreated_in_s is not None else ""
+    return f"tpu | {event.state}{made} | resuming from step {event.step} (resume {event.resume} of {event.allowed})"
+
+
+def _recovery(event: NodeEvent) -> str:
+    """', recreated, back in 4.2 s' after an event training came back from (nothing otherwise)."""
+    if event.recovery_s is None:
+        return ""
+    return f"{', recreated' if event.recreated else ''}, back in {event.recovery_s:.1f} s"
 
 
 def format_share(share: float) -> str:
@@ -147,7 +155,7 @@ def summary_text(s: TrainSummary) -> str:
     if s.last_checkpoint:
         parts.append(f"checkpoint {s.last_checkpoint}")
     if s.events:
-        lost = "; ".join(f"{e.detail} at step {e.step}" for e in s.events)
+        lost = "; ".join(f"{e.detail} at step {e.step}{_recovery(e)}" for e in s.events)
         parts.append(f"{len(s.events)} TPU event{'s' if len(s.events) != 1 else ''} ({lost})")
         parts.append(f"{s.resumes} resume{'s' if s.resumes != 1 else ''}")
         parts.append(f"{s.steps_lost} steps lost")

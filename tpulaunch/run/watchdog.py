@@ -11,7 +11,10 @@ Two signs that the TPU is gone, turned into the same `NodeEvent`:
 
 `wait_until_ready` then polls the node until it is READY and HEALTHY again (a PREEMPTED node comes back
 when it is recreated, by hand or by a queued resource), giving up after `WatchPlan.resume_wait`
-seconds, and returning early when a signal asks training to stop.
+seconds, and returning early when a signal asks training to stop. With `WatchPlan.recreate`
+(`train --recreate`), `bring_back` first deletes what is left of a PREEMPTED, TERMINATED or deleted
+node and creates it again exactly as `tpulaunch up` does (`tpu/lifecycle.py`); an UNHEALTHY or
+REPAIRING node is only waited for, as without it (creating TPUs costs money: opt-in only).
 
 No TensorFlow here: which TensorFlow errors mean a lost TPU, and the hook that ends a session once
 the watchdog has tripped, belong to the engine (`engine.estimator.hooks`).
@@ -46,8 +49,12 @@ class WatchPlan:
         interval: seconds between polls of the node during training.
         auto_resume: how many times to wait for the node and resume; 0 = stop at the first event.
         resume_wait: seconds to wait for the node to be READY and HEALTHY after each event.
-        discovery_url: the TPU API endpoint (None: $TPULAUNCH_TPU_DISCOVERY_URL, else Google's).
+        discovery_url: the v1 endpoint TensorFlow's TPUClusterResolver asks (None: $TPULAUNCH_TPU_DISCOVERY_URL).
         poll_s: first pause between polls while waiting (doubles up to cluster.MAX_POLL_S).
+        api_endpoint: the TPU API v2 endpoint (None: $TPULAUNCH_TPU_API_ENDPOINT, else Google's).
+        recreate: delete and create the node again when it is preempted, terminated or deleted.
+        job_file: named in messages (`tpulaunch down JOB`).
+        engine: the job's engine (the default runtime version of a recreated node).
     """
 
     ref: cluster.NodeRef
@@ -57,6 +64,10 @@ class WatchPlan:
     resume_wait: float = DEFAULT_RESUME_WAIT_S
     discovery_url: Optional[str] = None
     poll_s: float = cluster.POLL_S
+    api_endpoint: Optional[str] = None
+    recreate: bool = False
+    job_file: str = "JOB.yaml"
+    engine: str = ""  # run.engine's value, else the installed TensorFlow's engine (set by the CLI)
 
     @property
     def polls(self) -> bool:
@@ -111,7 +122,7 @@ class Watchdog:
         """Poll the node in a background thread (no-op for nodes without an API, or when already polling)."""
         if self.plan.polls and self._watch is None:
             self._watch = cluster.watch_node(self.plan.ref, self.plan.interval, self._on_change,
-                                             discovery_url=self.plan.discovery_url)
+                                             api_endpoint=self.plan.api_endpoint)
         return self
 
     def stop(self) -> None:
@@ -141,6 +152,7 @@ class Watchdog:
     def _trip(self, event: NodeEvent) -> None:
         with self._lock:
             if self.tripped is None:
+                event.noticed_at = time.monotonic()  # what the recovery time counts from
                 self.tripped = event
 
 
@@ -170,7 +182,7 @@ def wait_until_ready(plan: WatchPlan, *, should_stop: Callable[[], bool] = lambd
     last = "no answer"
     while True:
         try:
-            status = cluster.check_node(plan.ref, plan.job_tpu, discovery_url=plan.discovery_url,
+            status = cluster.check_node(plan.ref, plan.job_tpu, api_endpoint=plan.api_endpoint,
                                         backoff_s=min(cluster.BACKOFF_S, plan.poll_s))
         except TpuLaunchError as exc:  # 404 while the node is recreated, API trouble: keep waiting
             status, problem = None, exc.message
@@ -194,6 +206,35 @@ def wait_until_ready(plan: WatchPlan, *, should_stop: Callable[[], bool] = lambd
         if _sleep(min(pause, left), should_stop):
             return None
         pause = min(pause * 2, cluster.MAX_POLL_S)
+
+
+def bring_back(plan: WatchPlan, *, should_stop: Callable[[], bool] = lambda: False,
+               on_progress: Callable[[str], None] = lambda text: None) -> Optional[float]:
+    """With `plan.recreate`: when the node is PREEMPTED, TERMINATED or gone, delete what is left of it and
+    create it again as `tpulaunch up` does, waiting until it is READY (at most `plan.resume_wait` seconds).
+
+    Returns:
+        The seconds the delete + create took, or None when the node needed no recreating (READY, or on
+        its way: the caller waits for it as without --recreate).
+
+    Raises:
+        TpuLaunchError: the create failed (NoCapacity for a stockout: exit code 4), naming what it left
+            behind and the `tpulaunch down` that removes it.
+    """
+    from tpulaunch.tpu.lifecycle import Lifecycle, spec_for
+
+    life = Lifecycle(plan.ref, spec_for(plan.job_tpu, plan.engine), job_file=plan.job_file,
+                     api_endpoint=plan.api_endpoint, poll_s=plan.poll_s, backoff_s=min(cluster.BACKOFF_S, plan.poll_s),
+                     on_progress=on_progress, should_stop=should_stop)
+    node = life.read_node()
+    state = node.get("state") if node is not None else cluster.NOT_FOUND
+    if state not in cluster.RECREATE_STATES:
+        return None
+    started = time.monotonic()
+    if node is not None or (life.spec.queued and life.read_queued() is not None):
+        life.delete(wait_s=plan.resume_wait)
+    life.create(wait_s=max(0.0, plan.resume_wait - (time.monotonic() - started)))
+    return round(time.monotonic() - started, 3)
 
 
 def _sleep(seconds: float, should_stop: Callable[[], bool]) -> bool:

@@ -1,4 +1,4 @@
-"""Find the job's Cloud TPU node and check it is usable, through cloud-tpu-client and TPUClusterResolver.
+"""Find the job's Cloud TPU node and check it is usable, through the Cloud TPU API v2 (google-cloud-tpu).
 
 - `resolve_node` turns the job's `tpu:` section (and the environment) into a `NodeRef`.
 - `check_node` reads the node once per poll: state, health, accelerator type, hosts, runtime version;
@@ -13,41 +13,43 @@ Where the node comes from (first found wins):
   zone     tpu.zone, $TPU_ZONE, $CLOUDSDK_COMPUTE_ZONE, the GCE metadata server (on a Google Cloud VM)
   project  tpu.project, $TPU_PROJECT, $GOOGLE_CLOUD_PROJECT, $CLOUDSDK_CORE_PROJECT, the metadata server
 
-Which API endpoint is asked (first found wins): the `discovery_url` argument, $TPULAUNCH_TPU_DISCOVERY_URL,
-$TPU_API_DISCOVERY_URL (cloud-tpu-client's own variable), else Google's. The value is a discovery
-document URL template with `{api}` and `{apiVersion}`, e.g.
-`http://127.0.0.1:8080/discovery/{api}/{apiVersion}`. Google credentials (application default) are
-sent only to a `googleapis.com` endpoint; any other endpoint (an emulator, a test server) is asked
-without credentials, so a token never leaves for a host the user did not mean.
+Reads go through the v2 API (`tpu/api.py`): the `api_endpoint` argument, else $TPULAUNCH_TPU_API_ENDPOINT,
+else Google's. Only `cluster_resolver` still speaks v1: TensorFlow's own TPUClusterResolver builds on a
+v1 discovery service (googleapiclient); its endpoint is the `discovery_url` argument,
+$TPULAUNCH_TPU_DISCOVERY_URL, $TPU_API_DISCOVERY_URL, else Google's (a URL template with `{api}` and
+`{apiVersion}`, e.g. `http://127.0.0.1:8080/discovery/{api}/{apiVersion}`). Google credentials
+(application default) are sent only to a `googleapis.com` endpoint; any other endpoint (an emulator, a
+test server) is asked without credentials, so a token never leaves for a host the user did not mean.
 
 Set $NO_GCE_CHECK=True off Google Cloud to skip probing the metadata server.
 
-TensorFlow and cloud-tpu-client are imported only inside the functions that need them.
+TensorFlow, googleapiclient and google-cloud-tpu are imported only inside the functions that need them.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import socket
 import threading
 import time
-import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Mapping, Optional
 
 from tpulaunch.errors import ExitCode, TpuLaunchError
+from tpulaunch.tpu import api
 
-DISCOVERY_URL_ENV = "TPULAUNCH_TPU_DISCOVERY_URL"
-CLIENT_DISCOVERY_URL_ENV = "TPU_API_DISCOVERY_URL"  # cloud-tpu-client's own override
+DISCOVERY_URL_ENV = "TPULAUNCH_TPU_DISCOVERY_URL"  # v1, for TensorFlow's TPUClusterResolver only
+CLIENT_DISCOVERY_URL_ENV = "TPU_API_DISCOVERY_URL"  # cloud-tpu-client's (and TensorFlow's bundled client's) own
+NOT_FOUND = "NOT_FOUND"  # what the watch reports for a node the API no longer has (deleted)
 
 READY_STATES = {"READY"}
 # On its way to READY: worth waiting for.
 TRANSIENT_STATES = {"CREATING", "STARTING", "REPAIRING", "RESTARTING", "REIMAGING", "STATE_UNSPECIFIED"}
 # Will not become READY by itself.
 DEAD_STATES = {"PREEMPTED", "TERMINATED", "STOPPED", "STOPPING", "DELETING", "HIDING", "HIDDEN", "UNHIDING"}
+# Gone for good: only creating the node again brings it back (what `train --recreate` does).
+RECREATE_STATES = {"PREEMPTED", "TERMINATED", "DELETING", "NOT_FOUND"}
 
 REQUEST_TIMEOUT_S = 20.0  # one HTTP request to the TPU API
 ATTEMPTS = 4  # tries per API read before giving up on transient failures
@@ -105,7 +107,7 @@ class NodeStatus:
     expected_type: Optional[str]  # the job's tpu.type
     devices: Optional[int]  # TPU devices TensorFlow sees (what cores_per_replica counts), from the type
     hosts: int  # one network endpoint per host
-    runtime_version: Optional[str]  # the node's tensorflowVersion
+    runtime_version: Optional[str]  # the node's runtimeVersion (v2), e.g. tpu-vm-tf-2.15.0-se
     installed_tf: Optional[str]
     endpoints: list = field(default_factory=list)  # ["IP:PORT", ...]
     api_version: Optional[str] = None
@@ -205,18 +207,13 @@ def discovery_url_for(discovery_url: Optional[str] = None, env: Mapping[str, str
 # ----------------------------------------------------------------------------------------- the API
 
 
-class _Transient(Exception):
-    """An API failure worth retrying (5xx, 429, timeout, refused connection, malformed reply)."""
-
-
 def _tpu_service(discovery_url: Optional[str], timeout: float):
-    """A googleapiclient service for TPU v1, with a per-request timeout and the right credentials."""
+    """A googleapiclient service for TPU v1: what TensorFlow's TPUClusterResolver reads the node through."""
     try:
-        import cloud_tpu_client  # noqa: F401 (asked for here, so that a missing install is one clear line)
         import httplib2
         from googleapiclient import discovery
     except ImportError as exc:
-        raise TpuLaunchError(f"asking the Cloud TPU API needs cloud-tpu-client, which is not installed "
+        raise TpuLaunchError(f"TensorFlow's TPUClusterResolver needs google-api-python-client, which is not installed "
                              f"(no module named '{exc.name}')",
                              hint="pip install 'tpulaunch[tpu]'") from None
 
@@ -229,8 +226,7 @@ def _tpu_service(discovery_url: Optional[str], timeout: float):
 
 
 def _is_google_host(url: str) -> bool:
-    host = urllib.parse.urlsplit(url.replace("{", "").replace("}", "")).hostname or ""
-    return host == "googleapis.com" or host.endswith(".googleapis.com")
+    return api.is_google_host(url.replace("{", "").replace("}", ""))
 
 
 def _authorized(http):
@@ -247,56 +243,12 @@ def _authorized(http):
     return AuthorizedHttp(credentials, http=http)
 
 
-def _client(ref: NodeRef, service):
-    from cloud_tpu_client import client as tpu_client
-
-    return tpu_client.Client(tpu=ref.name, zone=ref.zone, project=ref.project, service=service)
+def where(ref: NodeRef) -> str:
+    return f"project '{ref.project}', zone '{ref.zone}'"
 
 
-def _classify(exc: BaseException, ref: NodeRef) -> Exception:
-    """A _Transient to retry, or a TpuLaunchError that no retry will fix.
-
-    cloud-tpu-client wraps every node GET failure in a ValueError; the cause stays in __context__.
-    """
-    from googleapiclient.errors import HttpError
-    from httplib2 import HttpLib2Error
-
-    seen = exc
-    while seen is not None:
-        if isinstance(seen, HttpError):
-            status = int(seen.resp.status)
-            if status >= 500 or status == 429:
-                return _Transient(f"HTTP {status} from the TPU API")
-            return _fatal_http(status, ref, seen)
-        if isinstance(seen, (socket.timeout, TimeoutError)):
-            return _Transient("the TPU API did not answer in time")
-        if isinstance(seen, (ConnectionError, socket.gaierror, OSError)) and not isinstance(seen, ValueError):
-            return _Transient(f"cannot connect to the TPU API ({seen})")
-        if isinstance(seen, HttpLib2Error):
-            return _Transient(f"cannot reach the TPU API ({seen})")
-        if isinstance(seen, json.JSONDecodeError) or type(seen).__name__ == "InvalidJsonError":
-            return _Transient("the TPU API answered with malformed JSON")
-        seen = seen.__cause__ or seen.__context__
-    if isinstance(exc, ValueError):  # the client's wrapper around a reply it could not parse
-        return _Transient(f"the TPU API's reply could not be read ({_short(exc)})")
-    return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
-
-
-def _fatal_http(status: int, ref: NodeRef, error) -> TpuLaunchError:
-    where = f"project '{ref.project}', zone '{ref.zone}'"
-    tried = ", ".join(f"{part} from {source}" for part, source in ref.sources.items())
-    if status == 404:
-        return TpuLaunchError(
-            f"TPU node '{ref.name}' not found in {where}" + (f" ({tried})" if tried else ""),
-            hint=f"check the name, zone and project; `gcloud compute tpus list --zone {ref.zone} --project {ref.project}`",
-            exit_code=ExitCode.CLUSTER)
-    if status in (401, 403):
-        return TpuLaunchError(
-            f"permission denied reading TPU node '{ref.name}' in {where} (HTTP {status})",
-            hint="the account needs roles/tpu.viewer on the project; check `gcloud auth list` and the project id",
-            exit_code=ExitCode.CLUSTER)
-    return TpuLaunchError(f"the TPU API refused the request for '{ref.full_name}' (HTTP {status}): {_short(error)}",
-                          exit_code=ExitCode.CLUSTER)
+def tried(ref: NodeRef) -> str:
+    return ", ".join(f"{part} from {source}" for part, source in ref.sources.items())
 
 
 def _short(exc: BaseException, limit: int = 200) -> str:
@@ -304,60 +256,62 @@ def _short(exc: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _with_retries(ref: NodeRef, read: Callable[[], object], *, attempts: int, backoff_s: float):
-    """Run `read` until it succeeds, retrying transient failures `attempts` times in all."""
+def with_retries(ref: NodeRef, request: Callable[[], object], *, what: str, attempts: int, backoff_s: float,
+                 subject: Optional[str] = None):
+    """Run one API request through `api.call`, retrying transient failures `attempts` times in all."""
+    subject = subject or f"TPU node '{ref.name}'"
     delay = backoff_s
     last = None
     for attempt in range(1, attempts + 1):
         try:
-            return read()
-        except TpuLaunchError:
-            raise
-        except Exception as exc:  # classified below: library errors come in many types
-            problem = _classify(exc, ref)
-            if not isinstance(problem, _Transient):
-                raise problem from None
+            return api.call(request, what=what, subject=subject, where=where(ref), tried=tried(ref))
+        except api._Transient as problem:
             last = problem
         if attempt < attempts:
             time.sleep(delay)
             delay = min(delay * 2, MAX_BACKOFF_S)
     raise TpuLaunchError(
-        f"could not read TPU node '{ref.name}' ({ref.full_name}) after {attempts} tries: {last}",
+        f"could not {_infinitive(what)} {subject} ({ref.full_name}) after {attempts} tries: {last}",
         hint="the TPU API may be having trouble; retry later, or check the endpoint "
-             f"(${DISCOVERY_URL_ENV} / ${CLIENT_DISCOVERY_URL_ENV}) and your network",
+             f"(${api.ENDPOINT_ENV}) and your network",
         exit_code=ExitCode.CLUSTER)
 
 
-class _NodeReader:
-    """Reads the node through cloud-tpu-client, building the service (one discovery fetch) lazily."""
+def _infinitive(what: str) -> str:
+    return {"reading": "read", "creating": "create", "deleting": "delete"}.get(what, what)
 
-    def __init__(self, ref: NodeRef, discovery_url: Optional[str], *, timeout: float, attempts: int, backoff_s: float):
+
+class _NodeReader:
+    """Reads the node through the v2 API (`tpu_v2.TpuClient.get_node`), building the client lazily."""
+
+    def __init__(self, ref: NodeRef, api_endpoint: Optional[str], *, timeout: float, attempts: int, backoff_s: float):
         self.ref = ref
-        self.discovery_url = discovery_url
+        self.api_endpoint = api_endpoint
         self.timeout = timeout
         self.attempts = attempts
         self.backoff_s = backoff_s
         self._client = None
 
     def read(self) -> dict:
+        """The node as a dict of the API's JSON names; NodeNotFound when it is not there."""
         def once():
             if self._client is None:
-                self._client = _client(self.ref, _tpu_service(self.discovery_url, self.timeout))
-            # One GET for a consistent snapshot; the client's per-field getters each make their own
-            # request, so a node changing state between them would give a mixed picture.
-            node = self._client._fetch_cloud_tpu_metadata()
-            if not isinstance(node, dict):
-                raise ValueError(f"the node is not a JSON object: {node!r:.80}")
-            return node
+                self._client = api.client(self.api_endpoint)
+            return api.to_dict(self._client.get_node(name=self.ref.full_name, timeout=self.timeout, retry=None))
 
-        return _with_retries(self.ref, once, attempts=self.attempts, backoff_s=self.backoff_s)
+        try:
+            return with_retries(self.ref, once, what="reading", attempts=self.attempts, backoff_s=self.backoff_s)
+        except api.NodeNotFound as missing:
+            missing.hint = (f"check the name, zone and project (`gcloud compute tpus tpu-vm list --zone {self.ref.zone} "
+                            f"--project {self.ref.project}`), or create it: `tpulaunch up JOB.yaml`")
+            raise
 
 
 # ----------------------------------------------------------------------------------------- checking
 
 
 def check_node(ref: NodeRef, job_tpu=None, *, wait: float = 0, on_wait: Optional[Callable[[NodeStatus, float], None]] = None,
-               discovery_url: Optional[str] = None, timeout: float = REQUEST_TIMEOUT_S, attempts: int = ATTEMPTS,
+               api_endpoint: Optional[str] = None, timeout: float = REQUEST_TIMEOUT_S, attempts: int = ATTEMPTS,
                backoff_s: float = BACKOFF_S, poll_s: float = POLL_S) -> NodeStatus:
     """Read the node and check it can run the job.
 
@@ -367,7 +321,7 @@ def check_node(ref: NodeRef, job_tpu=None, *, wait: float = 0, on_wait: Optional
         wait: seconds to wait for a node that is CREATING/STARTING/REPAIRING/RESTARTING (or READY but
             not yet HEALTHY) to become READY and HEALTHY; 0 = do not wait.
         on_wait: called as on_wait(status, seconds_left) before each pause while waiting.
-        discovery_url: the TPU API endpoint (see the module docstring).
+        api_endpoint: the TPU API v2 endpoint (None: $TPULAUNCH_TPU_API_ENDPOINT, else Google's).
         timeout: seconds for one HTTP request.
         attempts: tries per read on transient API failures (5xx, timeouts, malformed JSON).
         backoff_s: first pause between those tries (doubles).
@@ -384,7 +338,7 @@ def check_node(ref: NodeRef, job_tpu=None, *, wait: float = 0, on_wait: Optional
     expected = getattr(job_tpu, "type", None)
     if ref.local or ref.direct:
         return _status_without_api(ref, expected)
-    reader = _NodeReader(ref, discovery_url, timeout=timeout, attempts=attempts, backoff_s=backoff_s)
+    reader = _NodeReader(ref, api_endpoint, timeout=timeout, attempts=attempts, backoff_s=backoff_s)
     started = time.monotonic()
     pause = poll_s
     while True:
@@ -416,10 +370,12 @@ def _status_from(ref: NodeRef, node: dict, expected: Optional[str]) -> NodeStatu
     accelerator = node.get("acceleratorType")
     return NodeStatus(
         name=ref.name, zone=ref.zone, project=ref.project,
-        state=node.get("state"), health=node.get("health"),
+        # v2 replies carry enum defaults: HEALTH_UNSPECIFIED is "not reported", as a missing field was in v1
+        state=node.get("state"), health=None if node.get("health") == "HEALTH_UNSPECIFIED" else node.get("health"),
         accelerator_type=accelerator, expected_type=expected,
         devices=devices_in(accelerator), hosts=len(endpoints),
-        runtime_version=node.get("tensorflowVersion"), installed_tf=installed_tensorflow_version(),
+        runtime_version=node.get("runtimeVersion") or node.get("tensorflowVersion"),
+        installed_tf=installed_tensorflow_version(),
         endpoints=endpoints, api_version=node.get("apiVersion"),
     )
 
@@ -437,12 +393,12 @@ def _status_without_api(ref: NodeRef, expected: Optional[str]) -> NodeStatus:
 
 def _findings(ref: NodeRef, status: NodeStatus, wait: float) -> list:
     findings = []
-    start = f"gcloud compute tpus start {ref.name} --zone {ref.zone} --project {ref.project}"
+    start = f"gcloud compute tpus tpu-vm start {ref.name} --zone {ref.zone} --project {ref.project}"
     state = status.state
     if state in DEAD_STATES:
         hints = {
-            "PREEMPTED": f"a preempted node must be recreated: `gcloud compute tpus delete {ref.name} --zone {ref.zone}` "
-                         "then create it again (or use a non-preemptible node)",
+            "PREEMPTED": "a preempted node must be recreated: `tpulaunch down JOB.yaml` then `tpulaunch up JOB.yaml` "
+                         "(or train with --auto-resume N --recreate, which does both)",
             "STOPPED": f"start it: `{start}`",
             "STOPPING": f"wait for it to stop, then start it: `{start}`",
             "TERMINATED": f"start it (`{start}`) or recreate it",
@@ -472,7 +428,8 @@ def _findings(ref: NodeRef, status: NodeStatus, wait: float) -> list:
     if runtime and installed and runtime != installed:
         findings.append(Finding(
             "warning", "runtime-version-mismatch",
-            f"the node runs TensorFlow {status.runtime_version}, this machine has {status.installed_tf}",
+            f"the node runs TensorFlow {'.'.join(map(str, runtime))} ({status.runtime_version}), this machine has "
+            f"{status.installed_tf}",
             "use the same major.minor on both sides: a different TPU runtime can fail to run the compiled graph"))
     return findings
 
@@ -520,7 +477,7 @@ def cluster_resolver(ref: NodeRef, discovery_url: Optional[str] = None, *, timeo
     except TpuLaunchError:
         raise
     except Exception as exc:  # discovery document unreachable or unreadable
-        problem = _classify(exc, ref)
+        problem = _short(exc)
         raise TpuLaunchError(f"cannot reach the TPU API for '{ref.name}': {problem}",
                              hint=f"check the endpoint (${DISCOVERY_URL_ENV}) and your network",
                              exit_code=ExitCode.CLUSTER) from None
@@ -534,13 +491,13 @@ class NodeWatch:
     """A background poller of one node; see `watch_node`."""
 
     def __init__(self, ref: NodeRef, interval: float, on_change: Callable[[NodeStatus], None], *,
-                 discovery_url: Optional[str] = None, timeout: float = REQUEST_TIMEOUT_S):
+                 api_endpoint: Optional[str] = None, timeout: float = REQUEST_TIMEOUT_S):
         self.ref = ref
         self.interval = interval
         self.on_change = on_change
         self.last: Optional[NodeStatus] = None
         self.last_error: Optional[Exception] = None  # the latest failed read (None after a good one)
-        self._reader = _NodeReader(ref, discovery_url, timeout=timeout, attempts=1, backoff_s=0)
+        self._reader = _NodeReader(ref, api_endpoint, timeout=timeout, attempts=1, backoff_s=0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"tpulaunch-watch-{ref.name}", daemon=True)
 
@@ -567,7 +524,11 @@ class NodeWatch:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                status = _status_from(self.ref, self._reader.read(), None)
+                try:
+                    node = self._reader.read()
+                except api.NodeNotFound:  # deleted under us: a state the watchdog acts on, not a failed read
+                    node = {"state": NOT_FOUND}
+                status = _status_from(self.ref, node, None)
                 self.last_error = None
             except Exception as exc:  # keep watching: a failed read is not a state change
                 self.last_error = exc
@@ -580,11 +541,12 @@ class NodeWatch:
 
 
 def watch_node(ref: NodeRef, interval: float, on_change: Callable[[NodeStatus], None], *,
-               discovery_url: Optional[str] = None, timeout: float = REQUEST_TIMEOUT_S) -> NodeWatch:
+               api_endpoint: Optional[str] = None, timeout: float = REQUEST_TIMEOUT_S) -> NodeWatch:
     """Poll the node every `interval` seconds in a daemon thread; call `on_change(status)` on the first
-    reading and whenever state or health changes. Failed reads are kept in `.last_error` and polling
-    goes on. Returns the started NodeWatch; call `.stop()` (or use it as a context manager).
+    reading and whenever state or health changes; a node the API no longer has reads as state
+    NOT_FOUND. Failed reads are kept in `.last_error` and polling goes on. Returns the started NodeWatch;
+    call `.stop()` (or use it as a context manager).
     """
     if ref.local or ref.direct:
         raise TpuLaunchError(f"cannot watch TPU '{ref.name}': it is not reached through the TPU API")
-    return NodeWatch(ref, interval, on_change, discovery_url=discovery_url, timeout=timeout).start()
+    return NodeWatch(ref, interval, on_change, api_endpoint=api_endpoint, timeout=timeout).start()

@@ -53,6 +53,12 @@ def recover(event, job: "Job", watch, recorder: "RunRecorder", stop: "StopSignal
     def waiting(status, problem, left):
         recorder.node_waiting(problem or (lost_state(status) if status else "no answer"), left)
 
+    recreated_in = None
+    if watch.recreate:  # preempted or deleted: create it again as `tpulaunch up` does (--recreate)
+        from tpulaunch.run.watchdog import bring_back
+
+        recreated_in = bring_back(watch, should_stop=lambda: stop.received is not None,
+                                  on_progress=lambda text: recorder.note(f"tpu | {text}"))
     status = wait_until_ready(watch, should_stop=lambda: stop.received is not None, on_wait=waiting)
     if status is None:
         summary = recorder.finish(stopped_by=stop.name)
@@ -60,7 +66,7 @@ def recover(event, job: "Job", watch, recorder: "RunRecorder", stop: "StopSignal
             f"stopped while waiting for TPU node '{name}'; the checkpoint at step {event.checkpoint_step} is kept: "
             "rerun the same command to resume",
             signum=stop.received, step=event.checkpoint_step, summary=summary)
-    recorder.node_ready(f"{status.state}/{status.health}", event.checkpoint_step, watch.auto_resume)
+    recorder.node_ready(f"{status.state}/{status.health}", event.checkpoint_step, watch.auto_resume, recreated_in)
     if not use_tpu:
         return None
     from tpulaunch.tpu import node as cluster

@@ -20,4 +20,5 @@ ABOUT = EngineAbout(
     device_assignment=True,  # TPUStrategy's DeviceAssignment: a replica is a block of the slice's topology
     batches_per_replica=True,  # distribute_datasets_from_function: InputContext.get_per_replica_batch_size
     cpu_replicas=True,
+    tpu_runtime="pjrt",
 )

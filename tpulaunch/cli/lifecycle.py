@@ -1,0 +1,122 @@
+"""`tpulaunch up JOB` / `tpulaunch down JOB`: create and delete the job's TPU through the Cloud TPU API v2.
+
+No TensorFlow import: the default runtime version reads the installed TensorFlow's version from
+package metadata. google-cloud-tpu is imported only once a command runs (`tpu/api.py`).
+"""
+
+from __future__ import annotations
+
+import click
+
+from tpulaunch.cli.base import command, job_argument, pass_obj, set_option
+from tpulaunch.errors import ExitCode, TpuLaunchError
+
+timeout_option = click.option(
+    "--timeout", "timeout_s", type=click.FloatRange(min=0), default=1800, show_default=True, metavar="SECONDS",
+    help="Give up waiting after this long (a queued resource may wait for capacity).")
+
+
+def _node_of(job_file: str, overrides, verb: str, action: str):
+    """(loaded job, tpu section, NodeRef) for the job, or a located refusal."""
+    from tpulaunch.cli.gate import load_checked
+    from tpulaunch.tpu.node import resolve_node
+
+    # Only the tpu: section decides what is created; other mistakes are validate's.
+    checked = load_checked(job_file, overrides, verb=verb, sections=("tpu",))
+    job_tpu = checked.loaded.section("tpu")
+    if job_tpu is None:
+        raise TpuLaunchError(f"{job_file} has no tpu: section: there is no TPU to {action}",
+                             hint="add tpu: {name: ..., zone: ..., project: ..., type: ...}")
+    return checked.loaded, job_tpu, resolve_node(job_tpu)
+
+
+def located(loaded, error: TpuLaunchError) -> TpuLaunchError:
+    """The API's refusal of a job value (an unknown zone, a type the zone lacks, a bad runtime version),
+    located at the key in the job file that holds it."""
+    if error.exit_code != ExitCode.PROBLEMS or error.problems:
+        return error
+    text = error.message.lower()
+    key = ("runtime_version" if "runtime" in text or "version" in text else
+           "type" if "accelerator" in text or "type" in text else
+           "zone" if "zone" in text or "location" in text else None)
+    if key is None:
+        return error
+    problem = loaded.problem(("tpu", key), "tpu-api-refused", error.message, error.hint)
+    return TpuLaunchError(error.message, hint=error.hint, problems=[problem], exit_code=ExitCode.PROBLEMS)
+
+
+@command()
+@job_argument
+@set_option
+@timeout_option
+@pass_obj
+def up(obj, job_file: str, overrides, timeout_s: float):
+    """Create the job's TPU (tpu: type, zone, project, runtime_version, spot/preemptible/reserved, network) and
+    wait until it is READY and HEALTHY.
+
+    Safe to rerun: a READY node of the job's type is left as it is. v5e, v5p and v6e types are created
+    through a queued resource (tpu.queued overrides). Prints the hourly list price where tpulaunch knows
+    it. Set $TPULAUNCH_TPU_API_ENDPOINT to ask another Cloud TPU API endpoint (an emulator).
+
+    Exit code 0 when the node is READY, 4 when the zone has no capacity or the quota is used up
+    (RESOURCE_EXHAUSTED: retry later or elsewhere), 3 for other TPU API failures, 1 for a job file
+    mistake or a value the API refused (located in the job file).
+
+    \b
+    Examples:
+      tpulaunch up job.yaml
+      tpulaunch up job.yaml --set tpu.spot=true --set tpu.name=try-spot
+      tpulaunch up job.yaml && tpulaunch train job.yaml && tpulaunch down job.yaml
+    """
+    from tpulaunch.checks.engine_rules import job_engine
+    from tpulaunch.tpu.lifecycle import Lifecycle, spec_for
+    from tpulaunch.tpu.prices import price_text
+
+    loaded, job_tpu, ref = _node_of(job_file, overrides, "creating the TPU of", "create")
+    spec = spec_for(job_tpu, job_engine(loaded))
+
+    def progress(text: str) -> None:
+        obj.err.print(text, highlight=False, markup=False, soft_wrap=True)
+
+    life = Lifecycle(ref, spec, job_file=job_file, on_progress=progress)
+    try:
+        outcome = life.create(wait_s=timeout_s)
+    except TpuLaunchError as error:
+        raise located(loaded, error) from None
+    status = outcome.status
+    if outcome.changed:
+        head = f"TPU node '{ref.name}' is READY after {outcome.seconds:.0f} s"
+    else:
+        head = f"TPU node '{ref.name}' is already READY: nothing to create"
+    obj.out.print(f"{head} ({status.accelerator_type}, {spec.tier}, {status.runtime_version or spec.runtime_version}; "
+                  f"project '{ref.project}', zone '{ref.zone}'; {status.hosts} host{'s' if status.hosts != 1 else ''})",
+                  highlight=False, markup=False, soft_wrap=True)
+    obj.out.print(f"cost: {price_text(spec.accelerator_type, ref.zone, spec.tier)}", highlight=False, markup=False,
+                  soft_wrap=True)
+    obj.out.print(f"remove it with: tpulaunch down {job_file}", highlight=False, markup=False, soft_wrap=True)
+
+
+@command()
+@job_argument
+@set_option
+@timeout_option
+@pass_obj
+def down(obj, job_file: str, overrides, timeout_s: float):
+    """Delete the job's TPU node (and the queued resource of its name), waiting until it is gone.
+
+    Safe to rerun: a node that does not exist is reported, with exit code 0.
+
+    \b
+    Examples:
+      tpulaunch down job.yaml
+    """
+    from tpulaunch.tpu.lifecycle import Lifecycle
+
+    _, _, ref = _node_of(job_file, overrides, "deleting the TPU of", "delete")
+
+    def progress(text: str) -> None:
+        obj.err.print(text, highlight=False, markup=False, soft_wrap=True)
+
+    outcome = Lifecycle(ref, job_file=job_file, on_progress=progress).delete(wait_s=timeout_s)
+    suffix = f" after {outcome.seconds:.0f} s" if outcome.changed else ""
+    obj.out.print(f"{outcome.message}{suffix}", highlight=False, markup=False, soft_wrap=True)
