@@ -123,13 +123,15 @@ def test_a_builder_that_loads_weights_starts_training_from_exactly_those(loaded_
 def test_a_resumed_run_restores_its_checkpoint_not_the_builders_weights(project, tmp_path):
     model_dir = tmp_path / "resumed"
     train(project, f"run.model_dir={model_dir}", "model.optimizer.learning_rate=0.5", "train.steps=2")
-    trained = values(model_dir, 2)["conv2d/kernel"]
-    assert np.abs(trained - 0.0123).max() > 1e-6  # moved (slowly: constant weights are symmetric)
+    # The output layer's bias: its gradient is the softmax's error itself, never held at zero by the symmetry of
+    # constant weights (a convolution's kernel behind batch normalization can barely move in two steps).
+    trained = values(model_dir, 2)["dense/bias"]
+    assert np.abs(trained - 0.0123).max() > 1e-3  # moved away from the builder's weights
     # --force: the learning rate is part of the model spec a resume compares; back to 1e-12 for the third step.
     resumed = CliRunner().invoke(cli, ["train", str(project / "job.yaml"), "--force", "--set", f"run.model_dir={model_dir}",
                                        "--set", "train.steps=3"])
     assert resumed.exit_code == 0 and "resumed from step 2" in resumed.output, resumed.output
-    np.testing.assert_allclose(values(model_dir, 3)["conv2d/kernel"], trained, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(values(model_dir, 3)["dense/bias"], trained, rtol=0, atol=1e-9)
 
 
 def test_warm_start_takes_the_selected_variables_from_the_checkpoint_and_the_rest_from_the_builder(
