@@ -35,7 +35,6 @@ DEFAULT_WATCH_INTERVAL_S = 60.0
 DEFAULT_RESUME_WAIT_S = 3600.0
 LOST_HEALTH = {"TIMEOUT", "DEPRECATED_UNHEALTHY"}  # besides every UNHEALTHY_* value
 # A signal arriving during a pause is noticed within this long.
-_SLEEP_SLICE_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -203,7 +202,7 @@ def wait_until_ready(plan: WatchPlan, *, should_stop: Callable[[], bool] = lambd
                 exit_code=ExitCode.CLUSTER)
         if on_wait is not None:
             on_wait(status, problem, left)
-        if _sleep(min(pause, left), should_stop):
+        if cluster.sleep_unless(min(pause, left), should_stop):
             return None
         pause = min(pause * 2, cluster.MAX_POLL_S)
 
@@ -235,15 +234,3 @@ def bring_back(plan: WatchPlan, *, should_stop: Callable[[], bool] = lambda: Fal
         life.delete(wait_s=plan.resume_wait)
     life.create(wait_s=max(0.0, plan.resume_wait - (time.monotonic() - started)))
     return round(time.monotonic() - started, 3)
-
-
-def _sleep(seconds: float, should_stop: Callable[[], bool]) -> bool:
-    """Sleep in short slices; True as soon as `should_stop()` is."""
-    end = time.monotonic() + seconds
-    while True:
-        if should_stop():
-            return True
-        left = end - time.monotonic()
-        if left <= 0:
-            return False
-        time.sleep(min(_SLEEP_SLICE_S, left))

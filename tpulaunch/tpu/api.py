@@ -127,7 +127,7 @@ def classify(exc: BaseException, *, what: str, subject: str, where: str, tried: 
     if isinstance(exc, (core.InvalidArgument, core.BadRequest, core.FailedPrecondition)):
         return TpuLaunchError(f"the TPU API refused {what} {subject} in {where}: {_said(exc)}",
                               hint="check tpu.zone, tpu.type and tpu.runtime_version: "
-                                   f"`gcloud compute tpus accelerator-types list --zone ZONE` lists the types a zone has",
+                                   "`gcloud compute tpus accelerator-types list --zone ZONE` lists the types a zone has",
                               exit_code=ExitCode.PROBLEMS)
     if isinstance(exc, core.GoogleAPICallError):
         return TpuLaunchError(f"the TPU API refused {what} {subject} in {where}: {_said(exc)}",
@@ -141,10 +141,6 @@ def classify(exc: BaseException, *, what: str, subject: str, where: str, tried: 
     if isinstance(exc, ValueError):
         return _Transient(f"the TPU API's reply could not be read ({_said(exc)})")
     return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
-
-
-def is_timeout(problem: Exception) -> bool:
-    return isinstance(problem, _Transient) and "in time" in str(problem)
 
 
 def _status_of(exc: BaseException) -> Optional[str]:

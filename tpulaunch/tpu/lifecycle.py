@@ -291,7 +291,7 @@ class Lifecycle:
                     raise TpuLaunchError(f"TPU node '{self.ref.name}' was not READY after {wait_s:g} s (it is {now})",
                                          hint="wait longer with `tpulaunch up --timeout SECONDS`",
                                          exit_code=ExitCode.CLUSTER)
-                if cluster_sleep(min(pause, left), self.should_stop):
+                if cluster.sleep_unless(min(pause, left), self.should_stop):
                     raise TpuLaunchError(f"stopped while TPU node '{self.ref.name}' was being created (it is {now})",
                                          exit_code=ExitCode.INTERRUPTED)
                 pause = min(pause * 2, cluster.MAX_POLL_S)
@@ -372,15 +372,3 @@ class Lifecycle:
 
 def _state(status: cluster.NodeStatus) -> str:
     return f"{status.state}/{status.health}" if status.health else str(status.state)
-
-
-def cluster_sleep(seconds: float, should_stop: Callable[[], bool]) -> bool:
-    """Sleep in short slices; True as soon as `should_stop()` is."""
-    end = time.monotonic() + seconds
-    while True:
-        if should_stop():
-            return True
-        left = end - time.monotonic()
-        if left <= 0:
-            return False
-        time.sleep(min(0.2, left))

@@ -243,6 +243,18 @@ def _authorized(http):
     return AuthorizedHttp(credentials, http=http)
 
 
+def sleep_unless(seconds: float, should_stop: Callable[[], bool], slice_s: float = 0.2) -> bool:
+    """Sleep `seconds` in short slices; True as soon as `should_stop()` is (a signal while waiting for a node)."""
+    end = time.monotonic() + seconds
+    while True:
+        if should_stop():
+            return True
+        left = end - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(slice_s, left))
+
+
 def where(ref: NodeRef) -> str:
     return f"project '{ref.project}', zone '{ref.zone}'"
 
