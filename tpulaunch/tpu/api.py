@@ -62,12 +62,8 @@ def is_google_host(url: str) -> bool:
 
 def client(api_endpoint: Optional[str] = None):
     """A `tpu_v2.TpuClient` over REST for `api_endpoint` (default: `endpoint()`, else Google's)."""
-    import warnings
-
     try:
-        with warnings.catch_warnings():  # google.api_core's notice about future Python support is not the user's business
-            warnings.simplefilter("ignore", FutureWarning)
-            from google.cloud import tpu_v2
+        from google.cloud import tpu_v2
     except ImportError as exc:
         raise TpuLaunchError(f"asking the Cloud TPU API needs google-cloud-tpu, which is not installed "
                              f"(no module named '{exc.name}')", hint="pip install 'tpulaunch[tpu]'") from None
@@ -81,10 +77,15 @@ def client(api_endpoint: Optional[str] = None):
         return tpu_v2.TpuClient(transport="rest", client_options={"api_endpoint": url or GOOGLE_ENDPOINT}, **kwargs)
     except Exception as exc:  # google.auth's DefaultCredentialsError, and friends
         if type(exc).__name__ == "DefaultCredentialsError":
-            raise TpuLaunchError(f"no Google credentials to ask the TPU API: {exc}",
-                                 hint="run `gcloud auth application-default login`, or set "
-                                      "$GOOGLE_APPLICATION_CREDENTIALS", exit_code=ExitCode.CLUSTER) from None
+            raise no_credentials(exc) from None
         raise
+
+
+def no_credentials(exc: BaseException) -> TpuLaunchError:
+    """What this machine lacks to ask the TPU API (v2 here, v1 for TensorFlow's resolver), and how to get it."""
+    return TpuLaunchError(f"no Google credentials to ask the TPU API: {exc}",
+                          hint="run `gcloud auth application-default login`, or set $GOOGLE_APPLICATION_CREDENTIALS",
+                          exit_code=ExitCode.CLUSTER)
 
 
 def call(fn: Callable[[], T], *, what: str, subject: str, where: str, tried: str = "") -> T:

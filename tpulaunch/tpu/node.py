@@ -237,9 +237,7 @@ def _authorized(http):
     try:
         credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
     except DefaultCredentialsError as exc:
-        raise TpuLaunchError(f"no Google credentials to ask the TPU API: {exc}",
-                             hint="run `gcloud auth application-default login`, or set $GOOGLE_APPLICATION_CREDENTIALS",
-                             exit_code=ExitCode.CLUSTER) from None
+        raise api.no_credentials(exc) from None
     return AuthorizedHttp(credentials, http=http)
 
 
