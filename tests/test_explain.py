@@ -18,6 +18,7 @@ import tensorflow as tf
 from click.testing import CliRunner
 
 from tpulaunch.engine.estimator import runner, standalone
+from tpulaunch.engine.estimator.make import make_estimator
 from tpulaunch.cli.app import cli
 from tpulaunch.engine.estimator.program import explain_script
 from tpulaunch.job.load import load_job
@@ -228,7 +229,7 @@ def test_tpu_script_has_the_jobs_exact_tpu_config():
     from tensorflow.python.distribute.cluster_resolver import TPUClusterResolver
 
     # What `tpulaunch train` builds for the same TPU (a resolver also changes RunConfig's defaults).
-    theirs = runner.make_estimator(loaded.job, use_tpu=True,
+    theirs = make_estimator(loaded.job, use_tpu=True,
                                    cluster_resolver=TPUClusterResolver(tpu="grpc://10.240.1.2:8470"))
     expected, config = theirs.config, estimator.config
     assert config.tpu_config == expected.tpu_config

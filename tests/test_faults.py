@@ -22,7 +22,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import interrupts  # noqa: E402
 
-from tpulaunch.engine.estimator import runner  # noqa: E402
+from tpulaunch.engine.core.model_dir import checkpoint_step, model_dir_errors  # noqa: E402
+from tpulaunch.errors import TpuLaunchError  # noqa: E402
 from tpulaunch.cli.app import cli  # noqa: E402
 from tpulaunch.job.load import load_job  # noqa: E402
 
@@ -171,7 +172,7 @@ def test_disk_full_during_a_checkpoint_keeps_the_last_complete_one(project, smal
         result = train(job, model_dir, "--set", "train.steps=60")
         monkeypatch.undo()
     assert_clean_failure(result, model_dir, "No space left on device")
-    last = runner.checkpoint_step(model_dir)
+    last = checkpoint_step(model_dir)
     assert last is not None and last >= EVERY  # the last complete checkpoint survived
 
     if small_disk is not None:
@@ -214,7 +215,7 @@ def test_saver_refusing_a_vanished_model_dir_is_one_clear_error(tmp_path):
     model_dir = str(tmp_path / "gone")
     with open(model_dir, "w") as stand_in:
         stand_in.write("not a directory")
-    with pytest.raises(runner.TpuLaunchError) as caught, runner.model_dir_errors(model_dir):
+    with pytest.raises(TpuLaunchError) as caught, model_dir_errors(model_dir):
         with tf.Graph().as_default():
             tf.compat.v1.Variable(1.0)
             saver = tf.compat.v1.train.Saver()
@@ -224,5 +225,5 @@ def test_saver_refusing_a_vanished_model_dir_is_one_clear_error(tmp_path):
     assert str(caught.value).startswith(f"run.model_dir {model_dir}: Parent directory of ")
     assert "recreate the directory" in caught.value.hint
 
-    with pytest.raises(ValueError, match="unrelated"), runner.model_dir_errors(model_dir):
+    with pytest.raises(ValueError, match="unrelated"), model_dir_errors(model_dir):
         raise ValueError(f"unrelated: {model_dir}")

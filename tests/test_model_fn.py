@@ -11,6 +11,8 @@ import tensorflow as tf
 from records import write_examples
 
 from tpulaunch.engine.estimator import runner
+from tpulaunch.engine.estimator.make import make_estimator, run_config
+from tpulaunch.engine.estimator.plain import partition_dims
 from tpulaunch.data.pipeline import make_input_fn
 from tpulaunch.job.schema import Job
 from tpulaunch.engine.estimator.offline import TensorDecl, TfCase, run_cases_in_subprocess
@@ -77,7 +79,7 @@ def make_job(root, name: str, **sections) -> Job:
 
 def train_and_score(job: Job, root, steps: list) -> list:
     """Train to each step in turn and evaluate after each; the eval results in order."""
-    estimator = runner.make_estimator(job, use_tpu=False, search_path=[str(root)])
+    estimator = make_estimator(job, use_tpu=False, search_path=[str(root)])
     results = []
     for step in steps:
         estimator.train(make_input_fn(job, "train", use_tpu=False), max_steps=step)
@@ -138,7 +140,7 @@ TPU = {"name": "my-tpu", "zone": "us-central1-a", "project": "p", "type": "v3-8"
 
 def test_run_config_for_a_partitioned_single_tensor_job(workdir):
     job = make_job(workdir, "tpu-single", tpu=TPU, partition={"features": {"image": [1, 2, 2, 1]}})
-    config = runner.run_config(job, use_tpu=True)
+    config = run_config(job, use_tpu=True)
     tpu = config.tpu_config
 
     assert tpu.num_cores_per_replica == 4
@@ -147,7 +149,7 @@ def test_run_config_for_a_partitioned_single_tensor_job(workdir):
     assert tpu.iterations_per_loop == 50
     assert config.model_dir == job.run.model_dir
     # The same job on CPU: no TPU settings at all.
-    local = runner.run_config(job, use_tpu=False).tpu_config
+    local = run_config(job, use_tpu=False).tpu_config
     assert (local.num_cores_per_replica, local.input_partition_dims) == (None, None)
 
 
@@ -158,7 +160,7 @@ def test_run_config_for_a_partitioned_dict_job_is_what_tensorflow_accepts(workdi
               "labels": {"mask": {"shape": [8, 8], "dtype": "int64"}}},
         partition={"features": {"image": [1, 2, 2, 1]}, "labels": {"mask": [1, 2, 2]}})
     single = make_job(workdir, "tpu-single", tpu=TPU, partition={"features": {"image": [1, 2, 2, 1]}})
-    dims = runner.run_config(job, use_tpu=True).tpu_config.input_partition_dims
+    dims = run_config(job, use_tpu=True).tpu_config.input_partition_dims
     assert dims == [{"image": [1, 2, 2, 1], "extra": None}, [1, 2, 2]]
 
     features = (TensorDecl("image", (8, 8, 1)), TensorDecl("extra", (3,)))
@@ -167,7 +169,7 @@ def test_run_config_for_a_partitioned_dict_job_is_what_tensorflow_accepts(workdi
                labels=(TensorDecl("mask", (8, 8), "int64"),), feature_dims=dims[0], label_dims=dims[1]),
         TfCase(devices=8, hosts=1, cores_per_replica=4, features=(TensorDecl("image", (8, 8, 1)),),
                labels=(TensorDecl("kind", (), "int64"),),
-               feature_dims=runner.partition_dims(single)[0], label_dims=runner.partition_dims(single)[1]),
+               feature_dims=partition_dims(single)[0], label_dims=partition_dims(single)[1]),
         # Control: leaving a feature out of the dict is refused by TensorFlow, so acceptance means something.
         TfCase(devices=8, hosts=1, cores_per_replica=4, features=features,
                labels=(TensorDecl("mask", (8, 8), "int64"),), feature_dims={"image": [1, 2, 2, 1]},

@@ -33,7 +33,7 @@ def write(tmp_path, text):
 def test_the_seeds_form_validates_and_reaches_tpuconfig_as_written(tmp_path):
     path = write(tmp_path, SEED)
     assert validate_job(path, static=True).problems == []
-    from tpulaunch.engine.estimator.runner import run_config
+    from tpulaunch.engine.estimator.make import run_config
 
     config = run_config(load_job(path).job, use_tpu=True)
     assert config.tpu_config.input_partition_dims == [[1, 4, 1, 1], None]

@@ -121,13 +121,13 @@ def test_secret_in_a_checked_field_is_not_echoed(tmp_path):
 
 
 def test_job_copy_in_model_dir_holds_no_secret(tmp_path):
-    from tpulaunch.engine.estimator import runner
+    from tpulaunch.engine.core.model_dir import JOB_COPY, write_job_copy
 
     path = write(tmp_path, SECRET_JOB)
     loaded = load_job(path, env={"API_KEY": SECRET, "DB_PASSWORD": SECRET})
     assert loaded.job is not None, loaded.problems
-    copy = runner.write_job_copy(loaded.job, str(tmp_path / "model_dir"))
-    assert os.path.basename(copy) == runner.JOB_COPY
+    copy = write_job_copy(loaded.job, str(tmp_path / "model_dir"))
+    assert os.path.basename(copy) == JOB_COPY
     text = open(copy).read()
     assert SECRET not in text
     import yaml

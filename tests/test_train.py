@@ -23,6 +23,7 @@ from click.testing import CliRunner
 
 from tpulaunch.cli import run as cli_run
 from tpulaunch.engine.estimator import runner
+from tpulaunch.engine.core.model_dir import JOB_COPY, checkpoint_step
 from tpulaunch.errors import ExitCode, TpuLaunchError
 from tpulaunch.job.load import load_job
 from tpulaunch.job.yamlfile import SECRET_MASK
@@ -153,11 +154,11 @@ def test_rerun_resumes_and_adds_no_steps(project, runs):
     (done,) = lines(further.output, "done")
     assert done.startswith("done | step 8/8 | 2 steps in "), done
     assert eval_steps(further.output) == [8]
-    assert runner.checkpoint_step(model_dir(project)) == 8
+    assert checkpoint_step(model_dir(project)) == 8
 
 
 def test_model_dir_keeps_the_resolved_job_with_secrets_masked(project, runs):
-    with open(os.path.join(model_dir(project), runner.JOB_COPY)) as handle:
+    with open(os.path.join(model_dir(project), JOB_COPY)) as handle:
         copy = yaml.safe_load(handle)
     assert copy["model"]["params"] == {"num_classes": 2, "service_api_key": SECRET_MASK}
     assert copy["train"] == {"batch_size": 8, "steps": 8}
@@ -169,7 +170,7 @@ def test_resuming_with_another_model_is_refused(project, runs):
     loaded = load_job(str(project / "job.yaml"), ["model.params.num_classes=3"])
     with pytest.raises(TpuLaunchError, match=r"holds checkpoints of a job with a different model$"):
         runner.train(loaded.job, local=True, search_path=[str(project)])
-    assert runner.checkpoint_step(model_dir(project)) == 8
+    assert checkpoint_step(model_dir(project)) == 8
 
 
 def test_evaluate_scores_the_latest_checkpoint(project, runs):
@@ -228,7 +229,7 @@ def test_sigint_saves_a_checkpoint_and_the_rerun_finishes_exactly(project, tmp_p
     assert stopped, err
     step = int(stopped.group(1))
     assert 10 <= step < 1000000
-    assert runner.checkpoint_step(str(tmp_path / "run")) == step
+    assert checkpoint_step(str(tmp_path / "run")) == step
     (summary,) = lines(out, "stopped (SIGINT)")
     assert summary.startswith(f"stopped (SIGINT) | step {step}/1000000 | "), summary
     # The run record says how it ended.
@@ -242,7 +243,7 @@ def test_sigint_saves_a_checkpoint_and_the_rerun_finishes_exactly(project, tmp_p
     assert f"resumed from step {step} ({tmp_path / 'run'})" in rerun.stdout.splitlines()
     (done,) = lines(rerun.stdout, "done")
     assert done.startswith(f"done | step {target}/{target} | 20 steps in "), done
-    assert runner.checkpoint_step(str(tmp_path / "run")) == target
+    assert checkpoint_step(str(tmp_path / "run")) == target
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +281,7 @@ def test_sigint_during_the_final_evaluation_exits_130_and_says_how_to_evaluate(p
     assert lines(out, "eval") == []
     (summary,) = lines(out, "stopped (SIGINT)")
     assert summary.startswith("stopped (SIGINT) | step 4/4 | 4 steps in "), summary
-    assert runner.checkpoint_step(str(model_dir)) == 4
+    assert checkpoint_step(str(model_dir)) == 4
     assert not list(model_dir.glob("eval/events.out.tfevents.*"))  # no partial metrics for TensorBoard either
 
     # The hint's command works (here on 2 batches rather than the whole long file).
@@ -314,7 +315,7 @@ def test_sigint_during_a_periodic_evaluation_stops_there_without_reporting_it(pr
                                      "and is not reported; rerun the same command to resume training")
     assert stopped.value.checkpoint == str(run_dir / "model.ckpt-4")
     assert (stopped.value.summary.stopped_by, stopped.value.summary.evals) == ("SIGINT", [])
-    assert runner.checkpoint_step(str(run_dir)) == 4
+    assert checkpoint_step(str(run_dir)) == 4
     assert signal.getsignal(signal.SIGINT) is handler_before  # the handler it found is back
 
 
@@ -340,7 +341,7 @@ def test_sigterm_stops_training_with_exit_code_143_and_a_checkpoint(project, tmp
 
     assert stopped.value.exit_code == ExitCode.TERMINATED == 143
     assert 0 < stopped.value.step < 100000
-    assert runner.checkpoint_step(str(run_dir)) == stopped.value.step
+    assert checkpoint_step(str(run_dir)) == stopped.value.step
     assert stopped.value.summary.final_step == stopped.value.step
     assert stopped.value.summary.stopped_by == "SIGTERM"
     # The handler is gone again: SIGTERM has its previous meaning after training.

@@ -27,6 +27,7 @@ from rich.console import Console
 from tpu_api_server import DEFAULT_PROJECT, DEFAULT_ZONE, tpu_api  # noqa: F401 (the fixture)
 from tpulaunch.cli import run as cli_run
 from tpulaunch.engine.estimator import runner
+from tpulaunch.engine.core.model_dir import checkpoint_step
 from tpulaunch.tpu.node import NodeRef, NodeStatus, resolve_node
 from tpulaunch.errors import ExitCode, TpuLaunchError
 from tpulaunch.job.schema import Tpu
@@ -247,7 +248,7 @@ def test_preempted_mid_run_waits_resumes_and_ends_at_the_step_with_no_lost_steps
     assert done.startswith("done | step 120/120 | 120 steps in "), done
     assert re.search(rf" \| 1 TPU event \(PREEMPTED at step {stopped_at}, back in \d+\.\d s\) \| 1 resume \| "
                      r"0 steps lost$", done), done
-    assert runner.checkpoint_step(str(model_dir)) == 120
+    assert checkpoint_step(str(model_dir)) == 120
 
 
 def test_without_auto_resume_a_preemption_exits_3_saying_how_to_resume(project, api, tmp_path):
@@ -257,7 +258,7 @@ def test_without_auto_resume_a_preemption_exits_3_saying_how_to_resume(project, 
     flip.join()
 
     assert result.exit_code == ExitCode.CLUSTER == 3, result.output
-    stopped_at = runner.checkpoint_step(str(model_dir))
+    stopped_at = checkpoint_step(str(model_dir))
     assert 20 <= stopped_at < 120
     assert lines(result.output, f"TPU node 'my-tpu' lost") == [
         f"TPU node 'my-tpu' lost (PREEMPTED) at step {stopped_at}; the last complete checkpoint is at step "
@@ -297,7 +298,7 @@ def test_a_truncated_checkpoint_is_skipped_and_training_resumes_from_the_one_bef
     ]
     (done,) = lines(result.output, "done")
     assert done.startswith("done | step 60/60 | 40 steps in "), done
-    assert runner.checkpoint_step(str(model_dir)) == 60
+    assert checkpoint_step(str(model_dir)) == 60
 
 
 def test_sigterm_while_waiting_for_the_node_exits_143_and_keeps_the_checkpoint(project, api, tmp_path):
@@ -328,7 +329,7 @@ def test_sigterm_while_waiting_for_the_node_exits_143_and_keeps_the_checkpoint(p
     assert 20 <= step < 120
     assert stopped.value.message == (f"stopped while waiting for TPU node 'my-tpu'; the checkpoint at step {step} "
                                      "is kept: rerun the same command to resume")
-    assert runner.checkpoint_step(str(model_dir)) == step
+    assert checkpoint_step(str(model_dir)) == step
     summary = stopped.value.summary
     assert (summary.stopped_by, summary.final_step, summary.resumes, summary.events) == (
         "SIGTERM", step, 0, [NodeEvent("node", "PREEMPTED", step=step, checkpoint_step=step, resumed=False)])
@@ -380,7 +381,7 @@ def test_recreate_brings_a_preempted_then_deleted_node_back_and_finishes_at_the_
     assert done.startswith("done | step 120/120 | 120 steps in "), done  # nothing run twice
     assert re.search(r"\| 2 TPU events \(PREEMPTED at step \d+, recreated, back in \d+\.\d s; NOT_FOUND at step \d+, "
                      r"recreated, back in \d+\.\d s\) \| 2 resumes \| 0 steps lost$", done), done
-    assert runner.checkpoint_step(str(model_dir)) == 120
+    assert checkpoint_step(str(model_dir)) == 120
     # The node was created again exactly as `tpulaunch up` creates it, twice.
     assert [c["node"]["acceleratorType"] for c in api.created] == ["v3-8", "v3-8"]
     assert api.nodes[f"projects/{DEFAULT_PROJECT}/locations/{DEFAULT_ZONE}/nodes/my-tpu"]["state"] == "READY"

@@ -21,6 +21,7 @@ from click.testing import CliRunner
 import test_user_models as corpus
 from tpulaunch.cli.app import cli
 from tpulaunch.engine.keras import runner
+from tpulaunch.engine.core.model_dir import checkpoint_step
 from tpulaunch.engine.keras.program import explain_script
 from tpulaunch.job.load import load_job
 from tpulaunch.plan.build import build_plan
@@ -152,7 +153,7 @@ def test_program_trains_to_the_jobs_steps_with_its_evaluations(trained):
     assert [line.split(" |")[0] for line in progress] == ["step 2/6", "step 4/6", "step 6/6"]
     assert [e["global_step"] for e in _evaluations(stdout)] == [3, 6]  # eval.every_steps 3
     assert sorted(p.name for p in model_dir.glob("model.ckpt-*.index")) == ["model.ckpt-3.index", "model.ckpt-6.index"]
-    assert runner.checkpoint_step(str(model_dir)) == 6
+    assert checkpoint_step(str(model_dir)) == 6
 
 
 def test_program_evaluates_a_checkpoint_to_the_metrics_of_tpulaunch_evaluate(project, trained):

@@ -68,6 +68,6 @@ class EstimatorEngine(Engine):
         return explain_script(loaded, plan, search_path=loaded.job.search_path)
 
     def log_every_steps(self, job) -> int:
-        from tpulaunch.engine.estimator.runner import log_every_steps
+        from tpulaunch.engine.estimator.plain import log_every_steps
 
         return log_every_steps(job)

@@ -13,10 +13,9 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
 from tpulaunch.data.pipeline import naming_read_errors
 from tpulaunch.engine.core import loop
-from tpulaunch.engine.core.model_dir import (  # noqa: F401  (JOB_COPY, job_document, ...: for callers)
-    JOB_COPY, checkpoint_step, job_document, model_dir_errors, write_job_copy)
-from tpulaunch.engine.estimator.make import input_fn_for, make_estimator, run_config  # noqa: F401  (for callers)
-from tpulaunch.engine.estimator.plain import log_every_steps, partition_dims  # noqa: F401  (for callers)
+from tpulaunch.engine.core.model_dir import checkpoint_step
+from tpulaunch.engine.estimator.make import input_fn_for, make_estimator
+from tpulaunch.engine.estimator.plain import log_every_steps
 from tpulaunch.engine.plain import spec_errors
 from tpulaunch.errors import TpuLaunchError, first_line
 from tpulaunch.job.schema import Job
