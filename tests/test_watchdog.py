@@ -32,7 +32,7 @@ from tpulaunch.tpu.node import NodeRef, NodeStatus, resolve_node
 from tpulaunch.errors import ExitCode, TpuLaunchError
 from tpulaunch.job.schema import Tpu
 from tpulaunch.job.load import load_job
-from tpulaunch.engine.estimator.hooks import is_lost_tpu_error
+from tpulaunch.engine.core.lost_tpu import is_lost_tpu_error
 from tpulaunch.run.events import NodeEvent, NodeWaiting, RunRecorder
 from tpulaunch.run.render_plain import PlainRenderer
 from tpulaunch.run.signals import TrainingStopped

@@ -140,7 +140,7 @@ def code_problems(loaded, search_path: Sequence[str], checked: list, *, prior_ok
     ok = prior_ok and not any(p.is_error for p in problems)
     if loaded.job is not None and loaded.job.data.input_fn is not None and ok:
         from tpulaunch.checks.engine_rules import job_engine_about
-        from tpulaunch.engine.registry import load_attribute
+        from tpulaunch.engine.base import load_attribute
 
         for name, check in job_engine_about(loaded).code_checks:  # the engine's own contract for the job's code
             stage(name)

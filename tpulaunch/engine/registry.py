@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Optional, Tuple
 
-from tpulaunch.engine.base import Engine, EngineAbout, load_attribute  # noqa: F401  (load_attribute: for callers)
+from tpulaunch.engine.base import Engine, EngineAbout, load_attribute
 from tpulaunch.engine.installed import installed_module, installed_tensorflow
 
 ENGINES = {

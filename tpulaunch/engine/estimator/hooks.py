@@ -15,7 +15,6 @@ from typing import Callable, Optional, Tuple
 
 import tensorflow as tf
 
-from tpulaunch.engine.core.lost_tpu import is_lost_tpu_error  # noqa: F401  (for callers)
 from tpulaunch.engine.estimator.input_wait import input_initializers, input_wait_tensor
 from tpulaunch.run import phases
 from tpulaunch.run.events import RunRecorder

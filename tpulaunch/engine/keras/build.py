@@ -25,7 +25,7 @@ def _training(job, plan, model_dir: str):
 
 def _specs(job, batch: int):
     from tpulaunch.engine.keras.standalone import _tensor_specs
-    from tpulaunch.engine.keras.plain import tensor_specs
+    from tpulaunch.engine.plain import tensor_specs
 
     features = _tensor_specs(tensor_specs(job.data.features), batch)
     labels = _tensor_specs(tensor_specs(job.data.labels), batch) if job.data.labels else None

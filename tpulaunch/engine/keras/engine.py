@@ -74,6 +74,6 @@ class KerasEngine(Engine):
         return explain_script(loaded, plan)
 
     def log_every_steps(self, job) -> int:
-        from tpulaunch.engine.keras.plain import log_every_steps
+        from tpulaunch.engine.plain import log_every_steps
 
         return log_every_steps(job)

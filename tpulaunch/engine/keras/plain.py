@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Dict, NamedTuple, Optional, Sequence
 
-from tpulaunch.engine.plain import log_every_steps, tensor_specs  # noqa: F401  (engine-neutral values)
+from tpulaunch.engine.plain import tensor_specs
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.imports import resolve
 from tpulaunch.job.schema import OPTIMIZERS, Job

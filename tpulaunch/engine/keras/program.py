@@ -134,7 +134,7 @@ def explain_script(loaded: LoadedJob, plan: Optional["Plan"] = None, *,
         f"EVAL_EVERY_STEPS = {job.eval.every_steps if job.eval else None!r}  # {at('eval', 'every_steps')}",
         (f"STEPS_PER_CALL = {job.tpu.iterations_per_loop!r}  # {at('tpu', 'iterations_per_loop')}: steps per "
          "compiled call on the TPU" if on_tpu else "STEPS_PER_CALL = 1  # no TPU: one step per call"),
-        f"LOG_EVERY_STEPS = {plain.log_every_steps(job)!r}  # {at('run', 'log_every_steps')}: a progress line every "
+        f"LOG_EVERY_STEPS = {neutral.log_every_steps(job)!r}  # {at('run', 'log_every_steps')}: a progress line every "
         "this many steps",
         f"SEED = {job.run.seed!r}  # {at('run', 'seed')}",
         f"PRECISION = {job.model.precision!r}  # {at('model', 'precision')}",

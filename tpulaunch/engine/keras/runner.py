@@ -16,7 +16,7 @@ from tpulaunch.data.pipeline import naming_read_errors
 from tpulaunch.engine.core import loop
 from tpulaunch.engine.core.build_failures import build_errors
 from tpulaunch.engine.core.model_dir import checkpoint_step, model_dir_errors
-from tpulaunch.engine.plain import spec_errors
+from tpulaunch.engine.plain import log_every_steps, spec_errors
 from tpulaunch.engine.keras import plain
 from tpulaunch.run.workers import is_chief_worker, worker_task
 from tpulaunch.errors import TpuLaunchError
@@ -103,7 +103,7 @@ def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop:
     loop.check_trainable(job)
     model_dir = job.run.model_dir
     recorder = recorder or RunRecorder(total_steps=job.train.steps, batch_size=plan.train_batch_size,
-                                       log_every_steps=plain.log_every_steps(job), model_dir=model_dir)
+                                       log_every_steps=log_every_steps(job), model_dir=model_dir)
     with model_dir_errors(model_dir):
         _refuse_estimator_checkpoints(model_dir)
 
