@@ -21,7 +21,6 @@ Exits 1 when a run does not finish at train.steps or loses steps.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import re
@@ -36,21 +35,6 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 os.environ.setdefault("NO_GCE_CHECK", "True")
-
-MODELS = textwrap.dedent('''
-    import time
-    import tensorflow as tf
-
-    def _pause(x):
-        def sleep(value):
-            time.sleep(0.01)
-            return value
-        return tf.ensure_shape(tf.numpy_function(sleep, [x], x.dtype), x.shape)
-
-    def slow_classifier(num_classes=2, input_shape=(4,), **unused):
-        inputs = tf.keras.Input(shape=tuple(input_shape), name="x")
-        return tf.keras.Model(inputs, tf.keras.layers.Dense(num_classes)(tf.keras.layers.Lambda(_pause)(inputs)))
-''')
 
 
 def job_text(steps: int) -> str:
@@ -69,20 +53,18 @@ def job_text(steps: int) -> str:
 
 
 def write_project(root: Path, steps: int) -> None:
+    """The test suite's slow model (10 ms a step: test_watchdog.MODELS), its job and 64 records."""
     import numpy as np
-    import tensorflow as tf
+    from records import write_examples
+    from test_watchdog import MODELS
 
     (root / "slow_models.py").write_text(MODELS)
     (root / "job.yaml").write_text(job_text(steps))
     (root / "data").mkdir()
     rng = np.random.default_rng(0)
-    with tf.io.TFRecordWriter(str(root / "data" / "train.tfrecord")) as writer:
-        for _ in range(64):
-            label = int(rng.integers(2))
-            x = (rng.normal(size=4) + 2 * label - 1).astype(np.float32)
-            writer.write(tf.train.Example(features=tf.train.Features(feature={
-                "x": tf.train.Feature(float_list=tf.train.FloatList(value=x.tolist())),
-                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))})).SerializeToString())
+    labels = [int(rng.integers(2)) for _ in range(64)]
+    write_examples(root / "data" / "train.tfrecord",
+                   [{"x": (rng.normal(size=4) + 2 * label - 1).astype(np.float32), "label": label} for label in labels])
 
 
 def when_checkpoint(model_dir: Path, step: int, action, after=lambda: True) -> threading.Thread:
