@@ -251,8 +251,7 @@ def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Option
       tpulaunch train job.yaml --local --profile 20-25   # a TensorBoard profile of steps 20 to 25
       tpulaunch train job.yaml --local --cpu-replicas 2  # keras engine: two replicas on this CPU
     """
-    from tpulaunch.engine.registry import engine_for
-    from tpulaunch.engine.registry import require
+    from tpulaunch.engine.registry import engine_for, require
     from tpulaunch.run.started import run_started
 
     began = run_started()
@@ -350,8 +349,7 @@ def evaluate(obj: Context, job_file: str, local: bool, overrides, checkpoint: Op
       tpulaunch evaluate job.yaml --local --checkpoint runs/cnn/model.ckpt-300
     """
     from tpulaunch.cli.recorded import recorded_run
-    from tpulaunch.engine.registry import engine_for
-    from tpulaunch.engine.registry import require
+    from tpulaunch.engine.registry import engine_for, require
     from tpulaunch.run.started import run_started
 
     began = run_started()
