@@ -167,9 +167,10 @@ def test_which_tensorflow_errors_mean_a_lost_tpu():
 
 
 def test_watchdog_trips_on_preemption_and_keeps_the_first_event(api):
-    dog = Watchdog(plan_for(api), is_lost_error=is_lost_tpu_error).start()
+    first_seen = threading.Event()  # the watch's first reading of the node, however long the API takes to answer
+    dog = Watchdog(plan_for(api), is_lost_error=is_lost_tpu_error, on_status=lambda state: first_seen.set()).start()
     try:
-        time.sleep(0.3)
+        assert first_seen.wait(timeout=60)
         assert dog.tripped is None and dog.last_status.state == "READY"
         api.patch_node("my-tpu", state="PREEMPTED")
         deadline = time.monotonic() + 10
