@@ -16,16 +16,17 @@ sets it): each command runs in a process of its own with it.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
+
+import programs_run
+from programs_run import said
 
 SEQUENCE, PREDICTIONS, VOCAB = 16, 4, 10
 TOKEN_FEATURES = ("input_ids", "input_mask", "segment_ids", "column_ids", "row_ids", "prev_label_ids",
@@ -92,9 +93,7 @@ def write_tables(path: Path, count: int = 16) -> None:
 
 
 def run(*command: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
-    env.pop("PYTHONPATH", None)
-    return subprocess.run([sys.executable, *command], cwd=cwd, capture_output=True, text=True, env=env)
+    return programs_run.run(*command, cwd=cwd, env={"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"})
 
 
 def tpulaunch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -115,10 +114,6 @@ def project(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def trained(project):
     return tpulaunch("train", "job.yaml", cwd=project)
-
-
-def said(proc: subprocess.CompletedProcess) -> str:
-    return proc.stdout + proc.stderr
 
 
 def test_the_program_validates(project):

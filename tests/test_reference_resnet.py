@@ -15,17 +15,17 @@ absl flags are process-wide and this program defines flags the other programs de
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
+
+from programs_run import run, said
 
 TENSORFLOW_TPU = Path(__file__).resolve().parent / "programs" / "tensorflow_tpu"
 CLASSES = 10
@@ -108,18 +108,8 @@ def write_project(root: Path, job: str = JOB) -> Path:
     return root
 
 
-def run(*command: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
-    env.pop("PYTHONPATH", None)  # python_path alone finds the program's modules
-    return subprocess.run([sys.executable, *command], cwd=cwd, capture_output=True, text=True, env=env)
-
-
 def tpulaunch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return run("-m", "tpulaunch", *args, cwd=cwd)
-
-
-def said(proc: subprocess.CompletedProcess) -> str:
-    return proc.stdout + proc.stderr
 
 
 def metrics(line: str) -> dict:
