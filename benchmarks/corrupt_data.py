@@ -29,7 +29,7 @@ import tempfile
 import textwrap
 import time
 import traceback
-from typing import List, Optional
+from typing import List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:

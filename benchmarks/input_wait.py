@@ -27,6 +27,7 @@ import tensorflow as tf  # noqa: E402
 from tpulaunch.data.synth import write_example  # noqa: E402
 from tpulaunch.engine.estimator import runner  # noqa: E402
 from tpulaunch.job.load import load_job  # noqa: E402
+from tpulaunch.plan.build import build_plan  # noqa: E402
 from tpulaunch.run.events import RunRecorder  # noqa: E402
 
 JOB = """\
@@ -65,7 +66,7 @@ def steps_per_s(tmp: str, builder: str, steps: int, time_input: bool, round_: in
         handle.write(JOB.format(builder=builder, data=os.path.join(tmp, "data"), steps=steps, model_dir=model_dir))
     job = load_job(path).job
     recorder = RunRecorder(total_steps=steps, batch_size=64, log_every_steps=steps, model_dir=model_dir)
-    runner.train(job, local=True, recorder=recorder, search_path=[tmp], time_input=time_input)
+    runner.train(job, build_plan(job, local=True), recorder=recorder, search_path=[tmp], time_input=time_input)
     shutil.rmtree(model_dir, ignore_errors=True)
     return recorder.steady_steps_per_sec, recorder.input_share
 

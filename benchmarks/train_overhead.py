@@ -29,6 +29,7 @@ from rich.console import Console  # noqa: E402
 
 from tpulaunch.engine.estimator import runner  # noqa: E402
 from tpulaunch.job.load import load_job  # noqa: E402
+from tpulaunch.plan.build import build_plan  # noqa: E402
 from tpulaunch.models import cnn  # noqa: E402
 from tpulaunch.run.events import RunRecorder  # noqa: E402
 from tpulaunch.run.render_plain import PlainRenderer  # noqa: E402
@@ -94,7 +95,7 @@ def with_tpulaunch(data_dir: str, model_dir: str, steps: int, job_dir: str) -> f
     recorder = RunRecorder(total_steps=steps, batch_size=BATCH, log_every_steps=100, model_dir=model_dir)
     recorder.subscribe(PlainRenderer(Console(file=io.StringIO())))
     started = time.perf_counter()
-    runner.train(job, local=True, recorder=recorder)
+    runner.train(job, build_plan(job, local=True), recorder=recorder)
     return time.perf_counter() - started
 
 

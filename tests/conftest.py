@@ -3,7 +3,7 @@
 - `records.py`: TFRecords of tf.train.Examples (one writer for every test that needs its own records);
 - `gcs_fake.py`: a local Cloud Storage for TensorFlow's own `gs://` filesystem (the `gcs` fixture, here for
   every module);
-- `tpu_api_server.py`: a local server that speaks the Cloud TPU API;
+- `tpu_api_server.py`: a local server that speaks the Cloud TPU API (the `tpu_api` fixture, for every module);
 - `tests/models/`, `tests/programs/`, `tests/jobs/`: the user-written models, the unmodified reference
   programs and the good and bad job files the suites run.
 
@@ -11,4 +11,4 @@ Each test file runs in one pytest-xdist worker (`--dist loadfile`), so a module'
 trained checkpoint, a built graph) are module-scoped fixtures that its tests share.
 """
 
-pytest_plugins = ["gcs_fake"]
+pytest_plugins = ["gcs_fake", "tpu_api_server"]

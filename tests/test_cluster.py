@@ -12,7 +12,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from tpu_api_server import DEFAULT_PROJECT, DEFAULT_ZONE, tpu_api  # noqa: F401 (the fixture)
+from tpu_api_server import DEFAULT_PROJECT, DEFAULT_ZONE
 from tpulaunch.tpu.node import (
     Finding, NodeRef, NodeStatus, check_node, cluster_resolver, installed_tensorflow_version, resolve_node, watch_node,
 )

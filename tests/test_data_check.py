@@ -1,11 +1,9 @@
 """The data dry run on real TFRecord files written by TensorFlow: every mistake named, with its place."""
 
-import gzip
 import os
 import textwrap
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 import records

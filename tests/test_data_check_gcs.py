@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from gcs_fake import gcs  # noqa: F401  (the fixture)
 from test_data_check import example
 from tpulaunch.checks.validate import validate_job
 

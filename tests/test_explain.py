@@ -23,6 +23,7 @@ from tpulaunch.cli.app import cli
 from tpulaunch.engine.estimator.program import explain_script
 from tpulaunch.job.load import load_job
 from tpulaunch.run.text import format_value
+from tpulaunch.plan.build import build_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -102,7 +103,7 @@ def test_local_script_compiles_and_trains_like_tpulaunch_train(tmp_path):
 
     # `tpulaunch train` on the same job and data: the same final step, trained as well.
     loaded = load_job(str(job_path), [f"run.model_dir={tmp_path / 'tpulaunch-run'}"])
-    summary = runner.train(loaded.job, local=True, search_path=[str(tmp_path)])
+    summary = runner.train(loaded.job, build_plan(loaded.job, local=True), search_path=[str(tmp_path)])
     (evaluation,) = summary.evals
     assert (summary.final_step, evaluation.step) == (30, 30)
     assert evaluation.metrics["loss"] < 0.55, evaluation.metrics
@@ -118,7 +119,8 @@ def _evaluation_of(stdout: str) -> tuple:
 def test_program_holds_the_engines_standalone_modules_verbatim():
     from tpulaunch.engine import portable
 
-    program = explain_script(load_job(os.path.join(ROOT, "configs", "quickstart.yaml")))
+    quickstart = load_job(os.path.join(ROOT, "configs", "quickstart.yaml"))
+    program = explain_script(quickstart, build_plan(quickstart.job))
     assert inspect.getsource(portable) in program
     # standalone.py whole, but for the one statement importing portable's names (defined above it in the program)
     own = inspect.getsource(standalone)
@@ -185,7 +187,7 @@ def test_program_evaluates_a_checkpoint_to_the_metrics_of_tpulaunch_evaluate(tmp
     assert (step, shown) == (5, evaluated.output.strip().splitlines()[-1])
     # ...and the numbers behind it.
     loaded = load_job(str(job_path), [s for s in sets if s != "--set"])
-    result = runner.evaluate(loaded.job, local=True, search_path=[str(tmp_path)])
+    result = runner.evaluate(loaded.job, build_plan(loaded.job, local=True), search_path=[str(tmp_path)])
     assert result.metrics == {"accuracy": pytest.approx(accuracy, abs=1e-5), "loss": pytest.approx(loss, abs=1e-5)}
 
 
@@ -207,7 +209,7 @@ def test_quickstart_script_trains_like_tpulaunch_train(tmp_path):
     accuracy, loss, step = _evaluation_of(child.stdout)
 
     loaded = load_job(str(job_path), [*overrides, f"run.model_dir={tmp_path / 'tpulaunch-run'}"])
-    summary = runner.train(loaded.job, local=True, search_path=[str(tmp_path / "configs")])
+    summary = runner.train(loaded.job, build_plan(loaded.job, local=True), search_path=[str(tmp_path / "configs")])
     (evaluation,) = summary.evals
     chance = math.log(10)  # ten classes
     assert (step, evaluation.step) == (60, 60)
@@ -220,7 +222,7 @@ def test_quickstart_script_trains_like_tpulaunch_train(tmp_path):
 def test_tpu_script_has_the_jobs_exact_tpu_config():
     job_file = os.path.join(ROOT, "configs", "unet3d_ct.yaml")
     loaded = load_job(job_file)
-    source = explain_script(loaded)
+    source = explain_script(loaded, build_plan(loaded.job))
     namespace = {"__name__": "explained"}
     exec(compile(source, "explained.py", "exec"), namespace)  # defines everything; main() does not run
     # A direct grpc:// address: the resolver asks no API, and nothing is contacted while building.
@@ -229,7 +231,7 @@ def test_tpu_script_has_the_jobs_exact_tpu_config():
     from tensorflow.python.distribute.cluster_resolver import TPUClusterResolver
 
     # What `tpulaunch train` builds for the same TPU (a resolver also changes RunConfig's defaults).
-    theirs = make_estimator(loaded.job, use_tpu=True,
+    theirs = make_estimator(loaded.job, build_plan(loaded.job),
                                    cluster_resolver=TPUClusterResolver(tpu="grpc://10.240.1.2:8470"))
     expected, config = theirs.config, estimator.config
     assert config.tpu_config == expected.tpu_config
@@ -246,7 +248,7 @@ def test_tpu_script_has_the_jobs_exact_tpu_config():
 
 def test_script_comments_name_the_job_keys():
     loaded = load_job(os.path.join(ROOT, "configs", "unet3d_ct.yaml"))
-    lines = explain_script(loaded).splitlines()
+    lines = explain_script(loaded, build_plan(loaded.job)).splitlines()
     assert "NUM_CORES_PER_REPLICA = 16  # tpu.cores_per_replica (unet3d_ct.yaml:24)" in lines
     assert "ITERATIONS_PER_LOOP = 100  # tpu.iterations_per_loop (unet3d_ct.yaml:25)" in lines
     assert "INPUT_PARTITION_DIMS = [[1, 4, 2, 2, 1], [1, 4, 2, 2]]" in lines

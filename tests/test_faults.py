@@ -25,7 +25,6 @@ import interrupts  # noqa: E402
 from tpulaunch.engine.core.model_dir import checkpoint_step, model_dir_errors  # noqa: E402
 from tpulaunch.errors import TpuLaunchError  # noqa: E402
 from tpulaunch.cli.app import cli  # noqa: E402
-from tpulaunch.job.load import load_job  # noqa: E402
 
 STEPS, EVERY = 40, 5
 

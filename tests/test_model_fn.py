@@ -16,6 +16,7 @@ from tpulaunch.engine.estimator.plain import partition_dims
 from tpulaunch.data.pipeline import make_input_fn
 from tpulaunch.job.schema import Job
 from tpulaunch.engine.estimator.offline import TensorDecl, TfCase, run_cases_in_subprocess
+from tpulaunch.plan.build import build_plan
 
 MODELS = textwrap.dedent('''
     import tensorflow as tf
@@ -79,7 +80,7 @@ def make_job(root, name: str, **sections) -> Job:
 
 def train_and_score(job: Job, root, steps: list) -> list:
     """Train to each step in turn and evaluate after each; the eval results in order."""
-    estimator = make_estimator(job, use_tpu=False, search_path=[str(root)])
+    estimator = make_estimator(job, build_plan(job, local=True), search_path=[str(root)])
     results = []
     for step in steps:
         estimator.train(make_input_fn(job, "train", use_tpu=False), max_steps=step)
@@ -125,7 +126,7 @@ def test_dict_features_and_dict_labels(dict_run):
 
 def test_export_of_dict_model_takes_features_by_name(workdir, dict_run):
     job = dict_run[0]
-    path = runner.export(job, str(workdir / "exported"), search_path=[str(workdir)])
+    path = runner.export(job, build_plan(job, local=True), str(workdir / "exported"), search_path=[str(workdir)])
     serve = tf.saved_model.load(path).signatures["serving_default"]
 
     assert {name: spec.shape.as_list() for name, spec in serve.structured_input_signature[1].items()} == {
@@ -140,7 +141,7 @@ TPU = {"name": "my-tpu", "zone": "us-central1-a", "project": "p", "type": "v3-8"
 
 def test_run_config_for_a_partitioned_single_tensor_job(workdir):
     job = make_job(workdir, "tpu-single", tpu=TPU, partition={"features": {"image": [1, 2, 2, 1]}})
-    config = run_config(job, use_tpu=True)
+    config = run_config(job, build_plan(job))
     tpu = config.tpu_config
 
     assert tpu.num_cores_per_replica == 4
@@ -149,7 +150,7 @@ def test_run_config_for_a_partitioned_single_tensor_job(workdir):
     assert tpu.iterations_per_loop == 50
     assert config.model_dir == job.run.model_dir
     # The same job on CPU: no TPU settings at all.
-    local = run_config(job, use_tpu=False).tpu_config
+    local = run_config(job, build_plan(job, local=True)).tpu_config
     assert (local.num_cores_per_replica, local.input_partition_dims) == (None, None)
 
 
@@ -160,7 +161,7 @@ def test_run_config_for_a_partitioned_dict_job_is_what_tensorflow_accepts(workdi
               "labels": {"mask": {"shape": [8, 8], "dtype": "int64"}}},
         partition={"features": {"image": [1, 2, 2, 1]}, "labels": {"mask": [1, 2, 2]}})
     single = make_job(workdir, "tpu-single", tpu=TPU, partition={"features": {"image": [1, 2, 2, 1]}})
-    dims = run_config(job, use_tpu=True).tpu_config.input_partition_dims
+    dims = run_config(job, build_plan(job)).tpu_config.input_partition_dims
     assert dims == [{"image": [1, 2, 2, 1], "extra": None}, [1, 2, 2]]
 
     features = (TensorDecl("image", (8, 8, 1)), TensorDecl("extra", (3,)))
@@ -169,7 +170,8 @@ def test_run_config_for_a_partitioned_dict_job_is_what_tensorflow_accepts(workdi
                labels=(TensorDecl("mask", (8, 8), "int64"),), feature_dims=dims[0], label_dims=dims[1]),
         TfCase(devices=8, hosts=1, cores_per_replica=4, features=(TensorDecl("image", (8, 8, 1)),),
                labels=(TensorDecl("kind", (), "int64"),),
-               feature_dims=partition_dims(single)[0], label_dims=partition_dims(single)[1]),
+               feature_dims=partition_dims(single, build_plan(single))[0],
+               label_dims=partition_dims(single, build_plan(single))[1]),
         # Control: leaving a feature out of the dict is refused by TensorFlow, so acceptance means something.
         TfCase(devices=8, hosts=1, cores_per_replica=4, features=features,
                labels=(TensorDecl("mask", (8, 8), "int64"),), feature_dims={"image": [1, 2, 2, 1]},

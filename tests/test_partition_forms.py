@@ -7,6 +7,7 @@ import pytest
 
 from tpulaunch.checks.validate import validate_job
 from tpulaunch.job.load import load_job
+from tpulaunch.plan.build import build_plan
 
 SEED = textwrap.dedent("""\
     name: seed
@@ -35,7 +36,8 @@ def test_the_seeds_form_validates_and_reaches_tpuconfig_as_written(tmp_path):
     assert validate_job(path, static=True).problems == []
     from tpulaunch.engine.estimator.make import run_config
 
-    config = run_config(load_job(path).job, use_tpu=True)
+    job = load_job(path).job
+    config = run_config(job, build_plan(job))
     assert config.tpu_config.input_partition_dims == [[1, 4, 1, 1], None]
 
 

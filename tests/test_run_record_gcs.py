@@ -2,7 +2,6 @@
 
 import pytest
 
-from gcs_fake import gcs  # noqa: F401,F811  (the fixture)
 
 # Every test here requests `gcs`, so the environment is set before this process's first gs:// call.
 pytestmark = pytest.mark.tf

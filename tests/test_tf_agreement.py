@@ -19,6 +19,7 @@ from tpulaunch.job.load import load_job
 from tpulaunch.engine.estimator.offline import run_cases_in_subprocess
 from tpulaunch.engine.estimator.verdict import blamed_key, cases_for_job, modes_of
 from tpulaunch.checks.validate import validate_job
+from tpulaunch.plan.build import build_plan
 
 IMG = [16, 16, 3]
 VOL = [8, 8, 8, 1]
@@ -165,7 +166,7 @@ def test_offline_rules_agree_with_tensorflow(tmp_path, capsys):
 
     cases, owners = [], []
     for name, job in jobs.items():
-        for case in cases_for_job(job, job_model=False):
+        for case in cases_for_job(job, build_plan(job), job_model=False):
             cases.append(case)
             owners.append(name)
     verdicts = run_cases_in_subprocess(cases)
@@ -209,7 +210,7 @@ def test_tensorflow_names_the_tensor_and_message(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(_job_document(name, CASES[name]), sort_keys=False))
     job = load_job(str(path)).job
-    (verdict,) = run_cases_in_subprocess(cases_for_job(job, job_model=False))
+    (verdict,) = run_cases_in_subprocess(cases_for_job(job, build_plan(job), job_model=False))
     assert (verdict.accepted, verdict.error_type, verdict.message, verdict.blamed) == (
         False, "ValueError",
         "The product of each input partition dim should equal to num_cores_per_replica. "

@@ -6,6 +6,13 @@ import textwrap
 
 from tpulaunch.job.load import load_job
 from tpulaunch.engine.estimator.verdict import tf_problems
+from tpulaunch.plan.build import build_plan
+
+
+def verdict(loaded, **kwargs):
+    """TensorFlow's verdict on the job's TPU Plan, as `validate --tf` asks for it."""
+    return tf_problems(loaded, build_plan(loaded.job) if loaded.job is not None else None, **kwargs)
+
 
 MODELS = textwrap.dedent('''
     import tensorflow as tf
@@ -58,7 +65,7 @@ def _summary(problems):
 
 
 def test_accepted_job_reports_what_tensorflow_built(tmp_path):
-    problems, built = tf_problems(_job(tmp_path), search_path=[str(tmp_path)])
+    problems, built = verdict(_job(tmp_path), search_path=[str(tmp_path)])
     assert problems == []
     expected = {
         "accepted": True, "replicas": 2, "params_batch_size": 2, "input_fn_calls": 1,
@@ -70,7 +77,7 @@ def test_accepted_job_reports_what_tensorflow_built(tmp_path):
 
 def test_rejection_is_located_at_the_tensor_with_tensorflows_message(tmp_path):
     loaded = _job(tmp_path, image_dims="[1, 2, 1, 1]", tpu_type="v3-32", batch=8)
-    problems, built = tf_problems(loaded, search_path=[str(tmp_path)])
+    problems, built = verdict(loaded, search_path=[str(tmp_path)])
     tf_message = ("ValueError: The product of each input partition dim should equal to num_cores_per_replica. "
                   "(dim = [1 2 1 1], num_cores_per_replica = 4)")
     assert _summary(problems) == [
@@ -89,7 +96,7 @@ def test_unbuildable_model_is_an_error_and_uneven_pieces_are_still_warned(tmp_pa
     # needs_rgb refuses one channel; image rows 6 split 4 ways give 2,2,2,0; mask columns 7 split 2 give 4,3.
     loaded = _job(tmp_path, builder="needs_rgb", image="[6, 8, 1]", image_dims="[1, 4, 1, 1]",
                   mask="[8, 7]", mask_dims="[1, 1, 4]", batch=2)
-    problems, built = tf_problems(loaded, search_path=[str(tmp_path)])
+    problems, built = verdict(loaded, search_path=[str(tmp_path)])
     stand_in = ("the job's model could not be built for the {} graph (ValueError: needs 3 channels, got 1); "
                 "TensorFlow checked the partitioning and batches with a one-variable stand-in model_fn instead")
     empty = ("TensorFlow split 'image' ({}) into per-core pieces [1, 2, 8, 1], [1, 2, 8, 1], [1, 2, 8, 1], "
@@ -117,7 +124,7 @@ def test_local_job_gets_one_note_and_no_tensorflow_run(tmp_path):
         train: {batch_size: 4, steps: 2}
         run: {model_dir: run}
         """))
-    problems, built = tf_problems(load_job(str(path)))
+    problems, built = verdict(load_job(str(path)))
     assert built == {}
     assert _summary(problems) == [
         ("info", "name", 1, "tensorflow-not-on-tpu",
@@ -154,7 +161,7 @@ def test_silent_mistakes_in_the_built_graph_are_warned(tmp_path):
         train: {batch_size: 8, steps: 100}
         run: {model_dir: gs://bucket/run, save_checkpoints_steps: 100}
         """))
-    problems, built = tf_problems(load_job(str(path)), search_path=[str(tmp_path)])
+    problems, built = verdict(load_job(str(path)), search_path=[str(tmp_path)])
     assert _summary(problems) == [
         ("warning", "model.model_fn", 2, "tensorflow-no-cross-replica-sum",
          "the train graph has 8 replicas but no cross-replica gradient sum: each replica would train its own "
@@ -169,7 +176,7 @@ def test_silent_mistakes_in_the_built_graph_are_warned(tmp_path):
 def test_model_that_does_not_fit_the_labels_is_located_at_the_builder(tmp_path):
     # The segmenter outputs [B, 8, 8, 2] but the label is one class per example: the loss cannot pair them.
     loaded = _job(tmp_path, mask="[]", mask_dims="null")
-    problems, built = tf_problems(loaded, search_path=[str(tmp_path)])
+    problems, built = verdict(loaded, search_path=[str(tmp_path)])
     assert [(p.severity, p.path, p.line, p.code) for p in problems] == [
         ("error", "model.builder", 3, "tensorflow-rejected"), ("error", "model.builder", 3, "tensorflow-rejected")]
     assert problems[0].message.startswith(

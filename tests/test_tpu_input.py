@@ -18,6 +18,7 @@ from tpulaunch.data.pipeline import make_input_fn
 from tpulaunch.job.load import load_job
 from tpulaunch.engine.estimator.offline import run_case
 from tpulaunch.engine.estimator.verdict import cases_for_job
+from tpulaunch.plan.build import build_plan
 
 JOB = textwrap.dedent("""\
     name: tpu-input
@@ -57,7 +58,7 @@ def test_real_input_fn_through_tpu_infeed_on_a_v3_32(tmp_path, skip_corrupt):
     assert loaded.problems == []
     job = loaded.job
 
-    (case,) = cases_for_job(job, job_model=False)  # the stand-in model: this is about the input side
+    (case,) = cases_for_job(job, build_plan(job), job_model=False)  # the stand-in model: this is about the input side
     verdict = run_case(dataclasses.replace(case, input_fn=make_input_fn(job, "train", use_tpu=True)))
 
     assert (verdict.accepted, verdict.message) == (True, None)

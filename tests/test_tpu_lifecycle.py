@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tpu_api_server import DEFAULT_PROJECT, DEFAULT_ZONE, tpu_api  # noqa: F401 (the fixture)
+from tpu_api_server import DEFAULT_PROJECT, DEFAULT_ZONE
 from tpulaunch.cli.app import cli
 from tpulaunch.errors import ExitCode
 from tpulaunch.job.schema import Tpu

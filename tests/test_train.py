@@ -30,6 +30,7 @@ from tpulaunch.job.yamlfile import SECRET_MASK
 from tpulaunch.run import phases
 from tpulaunch.run.events import PhaseStarted, RunRecorder, StepsRun
 from tpulaunch.run.signals import EvaluationStopped, TrainingStopped
+from tpulaunch.plan.build import build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_COMMAND = [sys.executable, "-m", "tpulaunch", "train"]
@@ -169,7 +170,7 @@ def test_model_dir_keeps_the_resolved_job_with_secrets_masked(project, runs):
 def test_resuming_with_another_model_is_refused(project, runs):
     loaded = load_job(str(project / "job.yaml"), ["model.params.num_classes=3"])
     with pytest.raises(TpuLaunchError, match=r"holds checkpoints of a job with a different model$"):
-        runner.train(loaded.job, local=True, search_path=[str(project)])
+        runner.train(loaded.job, build_plan(loaded.job, local=True), search_path=[str(project)])
     assert checkpoint_step(model_dir(project)) == 8
 
 
@@ -308,7 +309,7 @@ def test_sigint_during_a_periodic_evaluation_stops_there_without_reporting_it(pr
 
     recorder.subscribe(interrupt_once_evaluating)
     with pytest.raises(EvaluationStopped) as stopped:
-        runner.train(loaded.job, local=True, search_path=[str(project)], recorder=recorder)
+        runner.train(loaded.job, build_plan(loaded.job, local=True), search_path=[str(project)], recorder=recorder)
 
     assert (stopped.value.exit_code, stopped.value.step, stopped.value.final) == (ExitCode.INTERRUPTED, 4, False)
     assert stopped.value.message == ("stopped at step 4, checkpoint saved; the evaluation at that step did not finish "
@@ -336,7 +337,7 @@ def test_sigterm_stops_training_with_exit_code_143_and_a_checkpoint(project, tmp
     killer = threading.Thread(target=terminate_once_training, daemon=True)
     killer.start()
     with pytest.raises(TrainingStopped) as stopped:
-        runner.train(loaded.job, local=True, recorder=recorder, search_path=[str(project)])
+        runner.train(loaded.job, build_plan(loaded.job, local=True), recorder=recorder, search_path=[str(project)])
     killer.join()
 
     assert stopped.value.exit_code == ExitCode.TERMINATED == 143

@@ -24,7 +24,7 @@ import tensorflow as tf
 from click.testing import CliRunner
 from rich.console import Console
 
-from tpu_api_server import DEFAULT_PROJECT, DEFAULT_ZONE, tpu_api  # noqa: F401 (the fixture)
+from tpu_api_server import DEFAULT_PROJECT, DEFAULT_ZONE
 from tpulaunch.cli import run as cli_run
 from tpulaunch.engine.estimator import runner
 from tpulaunch.engine.core.model_dir import checkpoint_step
@@ -36,7 +36,8 @@ from tpulaunch.engine.core.lost_tpu import is_lost_tpu_error
 from tpulaunch.run.events import NodeEvent, NodeWaiting, RunRecorder
 from tpulaunch.run.render_plain import PlainRenderer
 from tpulaunch.run.signals import TrainingStopped
-from tpulaunch.run.watchdog import NodeLost, Watchdog, WatchPlan, lost_reason, wait_until_ready
+from tpulaunch.run.watchdog import Watchdog, WatchPlan, lost_reason, wait_until_ready
+from tpulaunch.plan.build import build_plan
 
 MODELS = textwrap.dedent('''
     import time
@@ -261,7 +262,7 @@ def test_without_auto_resume_a_preemption_exits_3_saying_how_to_resume(project, 
     assert result.exit_code == ExitCode.CLUSTER == 3, result.output
     stopped_at = checkpoint_step(str(model_dir))
     assert 20 <= stopped_at < 120
-    assert lines(result.output, f"TPU node 'my-tpu' lost") == [
+    assert lines(result.output, "TPU node 'my-tpu' lost") == [
         f"TPU node 'my-tpu' lost (PREEMPTED) at step {stopped_at}; the last complete checkpoint is at step "
         f"{stopped_at} (0 steps lost)"]
     assert lines(result.output, "hint: ") == [
@@ -321,7 +322,7 @@ def test_sigterm_while_waiting_for_the_node_exits_143_and_keeps_the_checkpoint(p
     killer.start()
     plan = plan_for(api, interval=0.1, auto_resume=3, resume_wait=300, poll_s=0.1)
     with pytest.raises(TrainingStopped) as stopped:
-        runner.train(loaded.job, local=True, recorder=recorder, search_path=[str(project)], watch=plan)
+        runner.train(loaded.job, build_plan(loaded.job, local=True), recorder=recorder, search_path=[str(project)], watch=plan)
     killer.join()
     flip.join()
 

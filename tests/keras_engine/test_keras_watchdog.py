@@ -8,7 +8,6 @@ import re
 from click.testing import CliRunner
 
 import test_watchdog as watched
-from tpu_api_server import tpu_api  # noqa: F401 (the fixture)
 from tpulaunch.cli import run as cli_run
 from tpulaunch.engine.keras.runner import checkpoint_step
 from tpulaunch.errors import ExitCode

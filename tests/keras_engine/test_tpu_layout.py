@@ -15,6 +15,12 @@ from tpulaunch.plan.build import build_plan
 from tpulaunch.tpu.topology import slice_topology
 from tpulaunch.tpu.types import parse_tpu_type
 
+
+def verdict(loaded, **kwargs):
+    """TensorFlow's verdict on the job's TPU Plan, as `validate --tf` asks for it."""
+    return tf_problems(loaded, build_plan(loaded.job) if loaded.job is not None else None, **kwargs)
+
+
 GRID = [(name, n) for name in ("v2-8", "v3-8", "v3-32", "v3-64", "v4-8", "v4-16", "v4-32", "v5litepod-8",
                                "v5litepod-16", "v5p-16", "v6e-8")
         for n in (1, 2, 4, 8, 16) if n <= parse_tpu_type(name).devices]
@@ -87,7 +93,7 @@ def job_file(tmp_path):
 
 
 def test_validate_tf_accepts_even_splits(job_file):
-    problems, built = tf_problems(load_job(job_file))
+    problems, built = verdict(load_job(job_file))
     assert problems == []
     train = built["train"]
     assert train["accepted"] and train["engine"] == "keras"
@@ -100,7 +106,7 @@ def test_validate_tf_accepts_even_splits(job_file):
 
 def test_validate_tf_refuses_uneven_split_with_tensorflows_message(job_file):
     loaded = load_job(job_file, ["data.features.image.shape=[126, 128, 128, 1]"])
-    problems, built = tf_problems(loaded)
+    problems, built = verdict(loaded)
     [problem] = problems
     assert (problem.severity, problem.path, problem.code) == ("error", "partition.features.image[1]", "tensorflow-rejected")
     assert (problem.line, problem.column) == (14, 25)  # the 4, the dim of axis 1
@@ -110,7 +116,7 @@ def test_validate_tf_refuses_uneven_split_with_tensorflows_message(job_file):
 
 
 def test_validate_tf_refuses_a_replica_the_topology_cannot_hold(job_file):
-    problems, built = tf_problems(load_job(job_file, ["tpu.type=v3-8"]))
+    problems, built = verdict(load_job(job_file, ["tpu.type=v3-8"]))
     [problem] = problems
     assert problem.path == "tpu.cores_per_replica"
     assert "computation footprint [4 2 1 2] does not fit in TPU topology shape [2 2 1 2]" in problem.message
@@ -118,7 +124,7 @@ def test_validate_tf_refuses_a_replica_the_topology_cannot_hold(job_file):
 
 
 def test_validate_tf_without_tpu_is_informational(job_file):
-    problems, built = tf_problems(load_job(job_file, ["tpu=null", "partition=null"]))
+    problems, built = verdict(load_job(job_file, ["tpu=null", "partition=null"]))
     assert [(p.severity, p.code) for p in problems] == [("info", "tensorflow-not-on-tpu")]
     assert built == {}
 

@@ -11,7 +11,7 @@ from typing import Optional
 
 from tpulaunch.job.load import LoadedJob, did_you_mean
 from tpulaunch.plan import partition as rules
-from tpulaunch.plan.build import layout_for, per_replica
+from tpulaunch.plan.build import Plan, layout_for, per_replica
 from tpulaunch.tpu.types import UnknownTpuType, parse_tpu_type
 
 # A per-core piece whose (8,128)-padded layout is this many times its real size, and at least this
@@ -180,15 +180,14 @@ def _engine_findings(loaded: LoadedJob, findings: list) -> list:
     return [f for f in findings if f.code not in _PADDED_SPLIT_CODES]
 
 
-def check_layout_padding(loaded: LoadedJob) -> list:
-    """Per-core pieces that (8,128) layout tiles inflate by a factor and a size worth a warning, one per tensor."""
+def layout_padding_problems(loaded: LoadedJob, plan: "Plan") -> list:
+    """Per-core pieces that (8,128) layout tiles inflate by a factor and a size worth a warning, one per tensor
+    (read from the job's Plan, once the rules above passed)."""
     job = loaded.job
-    if job is None or loaded.section("tpu") is None:
+    if not plan.on_tpu:
         return []
-    from tpulaunch.plan.build import build_plan
-
     problems = []
-    for t in build_plan(job).tensors:
+    for t in plan.tensors:
         if t.padding_factor < PADDING_WARN_FACTOR or t.piece_bytes_padded < PADDING_WARN_BYTES:
             continue
         path = ("partition", t.group, t.name) if t.dims and not isinstance(job.partition, str) else ("data", t.group, t.name)
@@ -264,7 +263,7 @@ def check_cadence(loaded: LoadedJob) -> list:
     return problems
 
 
-STATIC_RULES = (check_slice, check_batches, check_partition, check_static_shapes, check_cadence, check_layout_padding)
+STATIC_RULES = (check_slice, check_batches, check_partition, check_static_shapes, check_cadence)
 
 
 def static_problems(loaded: LoadedJob) -> list:

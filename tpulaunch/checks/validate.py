@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
 
 from tpulaunch.errors import JobFileError, Problem
 from tpulaunch.job.load import LoadedJob, load_job
+
+if TYPE_CHECKING:
+    from tpulaunch.plan.build import Plan
 
 
 @dataclass
@@ -17,6 +20,9 @@ class Validation:
     checked: list = field(default_factory=list)
     data_reports: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)  # what deeper checks built (e.g. TensorFlow's own verdict)
+    # The job's Plan for this target, built once when the static checks pass: the deeper checks read it and
+    # the gate hands it to the verb (`cli/gate.py`).
+    plan: Optional[Plan] = None
 
     @property
     def ok(self) -> bool:
@@ -68,6 +74,12 @@ def validate_job(
     result.problems.extend(static_problems(loaded))
     result.problems.extend(own_program_problems(loaded))
     result.checked += ["slice", "partition", "batch", "paths"]
+    if loaded.job is not None and result.ok:
+        from tpulaunch.checks.static import layout_padding_problems
+        from tpulaunch.plan.build import build_plan
+
+        result.plan = build_plan(loaded.job, local=local)
+        result.problems.extend(layout_padding_problems(loaded, result.plan))
 
     if not static:
         from tpulaunch.engine.registry import missing_for
@@ -92,12 +104,11 @@ def validate_job(
             # Before the build, which warm-starts as train does. The model is built again only when the model check passed (no second failure, no second download).
             result.problems.extend(warm_start_problems(loaded, search_path, build=result.ok))
             result.checked.append("warm_start")
-        if loaded.job is not None and result.ok:
+        if result.plan is not None and result.ok:
             stage("build")  # the engine's own graphs, as train builds them: what fails here fails there
             from tpulaunch.engine.registry import engine_for
-            from tpulaunch.plan.build import build_plan
 
-            result.problems.extend(engine_for(loaded.job).check_build(loaded, build_plan(loaded.job, local=local)))
+            result.problems.extend(engine_for(loaded.job).check_build(loaded, result.plan))
             result.checked.append("build")
         if loaded.usable("data", "tpu", "train", "eval"):
             stage("data")
@@ -107,11 +118,11 @@ def validate_job(
             result.problems.extend(problems)
             result.data_reports = reports
             result.checked.append("data")
-    if use_tf and loaded.job is not None and result.ok:
+    if use_tf and result.plan is not None and result.ok:
         stage("TensorFlow's own TPUEstimator checks")
         from tpulaunch.engine.registry import engine_for
 
-        problems, built = engine_for(loaded.job).preflight(loaded)
+        problems, built = engine_for(loaded.job).preflight(loaded, result.plan)
         result.problems.extend(problems)
         result.extra["tensorflow"] = built
         result.checked.append("tensorflow")

@@ -46,7 +46,6 @@ def load_checked(job_file: str, overrides: Sequence[str] = (), *, local: bool = 
         JobRefused: with every located problem, when the job has errors that matter here.
     """
     from tpulaunch.checks.validate import validate_job
-    from tpulaunch.plan.build import build_plan
 
     result = validate_job(job_file, overrides, static=True, local=local)
     blocking = [p for p in result.problems if p.is_error and _in(p, sections)]
@@ -60,7 +59,7 @@ def load_checked(job_file: str, overrides: Sequence[str] = (), *, local: bool = 
 
         render_text(err, warnings, file=job_file)
     job = result.loaded.job
-    plan = build_plan(job, local=local) if job is not None else None
+    plan = result.plan  # built once, by the checks (None only when `sections` let other errors through)
     if plan is not None:
         plan.warnings = warnings
     return CheckedJob(job_file, result.loaded, job, plan, warnings, local)

@@ -106,8 +106,6 @@ def _quickstart_records(rng, count: int, size: int) -> Iterator[dict]:
 
 # ---------------------------------------------------------------------------------------- unet3d
 def _ellipsoid(grid, center, radii):
-    import numpy as np
-
     return sum(((g - c) / r) ** 2 for g, c, r in zip(grid, center, radii)) <= 1.0
 
 

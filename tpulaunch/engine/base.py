@@ -88,8 +88,9 @@ class Engine(abc.ABC):
         pass reads from the forward pass (`engine/estimator/build.py`'s StepTensors): the memory estimate's input."""
 
     @abc.abstractmethod
-    def preflight(self, loaded: "LoadedJob") -> tuple:
-        """Build the job's train/eval graphs for its declared TPU slice, offline, and stop before a session.
+    def preflight(self, loaded: "LoadedJob", plan: "Plan") -> tuple:
+        """Build the job's train/eval graphs for its declared TPU slice (`plan`, the job's TPU Plan), offline, and
+        stop before a session.
 
         Returns:
             (problems located in the job file, what was built per mode).

@@ -649,3 +649,29 @@ def boundaries(start: int, steps: int, every: Optional[int]) -> List[int]:
     if not every:
         return [steps]
     return list(range((start // every + 1) * every, steps, every)) + [steps]
+
+
+def train_and_evaluate(step: int, steps: int, every: Optional[int], *, train_to: Callable[[int], int],
+                       evaluate: Optional[Callable[[int], None]], ended: Callable[[int], Any] = lambda step: None):
+    """The order every run trains and evaluates in (`tpulaunch train`'s loop and the explained programs):
+    from global step `step`, train to each boundary (`boundaries`) and evaluate there; the last boundary is
+    evaluated also when an earlier run trained to it and stopped before its evaluation, so the run's result
+    exists after a rerun.
+
+    Args:
+        train_to: trains to a global step, returns the step reached.
+        evaluate: evaluates the latest checkpoint (given the step); None when the job does not evaluate.
+        ended: asked after each training segment; what it returns (not None) ends the run there.
+
+    Returns:
+        What `ended` returned, or None when the run reached `steps`.
+    """
+    for boundary in boundaries(step, steps, every):
+        if step < boundary:
+            step = train_to(boundary)
+            why = ended(step)
+            if why is not None:
+                return why
+        if evaluate is not None and (every or boundary == steps):
+            evaluate(step)
+    return None

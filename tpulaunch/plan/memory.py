@@ -31,7 +31,6 @@ graph at two examples (no weights are initialised, no step runs), then scaled to
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence

@@ -130,29 +130,28 @@ class _Loop:
                 recorder.note(f"resumed from step {step} ({model_dir})")
             if evaluating and step < total:
                 session.prepare_evaluation()
-        from tpulaunch.engine.portable import boundaries
+        from tpulaunch.engine.portable import train_and_evaluate
 
-        for boundary in boundaries(step, total, every):
-            if step < boundary:
-                step = session.train_to(boundary)
-                tripped = dog.tripped if dog is not None else None
-                if stop.received is not None:
-                    if tripped is not None:  # the TPU went too: the save at the stop may be incomplete
-                        repair_checkpoints(model_dir, recorder)
-                        step = checkpoint_step(model_dir) or step
-                    if step >= total and evaluating:  # a rerun evaluates it: say so
-                        raise evaluation_stopped(job, step, stop, recorder)
-                    raise TrainingStopped(
-                        f"stopped at step {step}, checkpoint saved; rerun the same command to resume",
-                        signum=stop.received, step=step, summary=recorder.finish(stopped_by=stop.name))
-                if tripped is not None:
-                    return tripped
-            # Every boundary is evaluated, the last one also when an earlier run trained to it and stopped
-            # (or was killed) before its evaluation: the run's result then exists after a rerun.
-            if evaluating and (every or boundary == total):
-                if not session.evaluate():
+        def ended(step: int):
+            """After a training segment: a signal stops the run with its checkpoint; a lost TPU ends it (returned)."""
+            tripped = dog.tripped if dog is not None else None
+            if stop.received is not None:
+                if tripped is not None:  # the TPU went too: the save at the stop may be incomplete
+                    repair_checkpoints(model_dir, recorder)
+                    step = checkpoint_step(model_dir) or step
+                if step >= total and evaluating:  # a rerun evaluates it: say so
                     raise evaluation_stopped(job, step, stop, recorder)
-        return None
+                raise TrainingStopped(
+                    f"stopped at step {step}, checkpoint saved; rerun the same command to resume",
+                    signum=stop.received, step=step, summary=recorder.finish(stopped_by=stop.name))
+            return tripped
+
+        def evaluate(step: int) -> None:
+            if not session.evaluate():
+                raise evaluation_stopped(job, step, stop, recorder)
+
+        return train_and_evaluate(step, total, every, train_to=session.train_to,
+                                  evaluate=evaluate if evaluating else None, ended=ended)
 
 
 def evaluation_stopped(job: "Job", step: int, stop: StopSignal, recorder: "RunRecorder") -> EvaluationStopped:

@@ -21,13 +21,13 @@ from tpulaunch.engine.core.step_tensors import PROBE_BATCH, StepTensors, element
 
 def build_problems(loaded, plan) -> list:
     """The failed builds as problems: one per job key and message, naming the graphs that failed."""
-    del plan  # validate builds what `train --local` builds (the TPU's graphs: validate --tf, verdict.py)
-    return problems_of(loaded, build_modes(loaded.job), "graph")
+    # validate builds what `train --local` builds (the TPU's graphs: validate --tf, verdict.py)
+    return problems_of(loaded, build_modes(loaded.job, plan), "graph")
 
 
-def build_modes(job, modes=("train", "eval")) -> list:
+def build_modes(job, plan, modes=("train", "eval")) -> list:
     """One `ModeBuild` per mode the job runs: `train`'s and `evaluate`'s own calls, stopped before the first step."""
-    return [_build(job, mode) for mode in modes if _runs(job, mode)]
+    return [_build(job, mode, plan) for mode in modes if _runs(job, mode)]
 
 
 def _runs(job, mode: str) -> bool:
@@ -36,11 +36,11 @@ def _runs(job, mode: str) -> bool:
             and (getattr(job.data, mode) is not None or bool(job.data.input_fn)))
 
 
-def _build(job, mode: str) -> ModeBuild:
+def _build(job, mode: str, plan) -> ModeBuild:
     from tpulaunch.engine.estimator.stopped_run import build_stopped
 
     try:
-        build_stopped(job, mode)
+        build_stopped(job, mode, plan)
         return ModeBuild(mode, True)
     except BuildError as exc:
         return ModeBuild(mode, False, exc.key, exc.detail, exc.hint, exc.code)

@@ -30,10 +30,10 @@ class EstimatorEngine(Engine):
 
         return step_tensors(job, use_tpu=use_tpu)
 
-    def preflight(self, loaded) -> tuple:
+    def preflight(self, loaded, plan) -> tuple:
         from tpulaunch.engine.estimator.verdict import tf_problems
 
-        return tf_problems(loaded, search_path=loaded.job.search_path if loaded.job else ())
+        return tf_problems(loaded, plan, search_path=loaded.job.search_path if loaded.job else ())
 
     def train(self, job, plan, *, recorder, cluster_resolver=None, force=False, watch=None, profile=None):
         from tpulaunch.engine.estimator import runner
@@ -50,7 +50,7 @@ class EstimatorEngine(Engine):
     def export(self, job, plan, out_dir: str, *, checkpoint: Optional[str] = None) -> str:
         from tpulaunch.engine.estimator import runner
 
-        return runner.export(job, out_dir, checkpoint=checkpoint, search_path=job.search_path)
+        return runner.export(job, plan, out_dir, checkpoint=checkpoint, search_path=job.search_path)
 
     def append_run_record(self, model_dir: str, line: str) -> str:
         from tpulaunch.engine.core.records import append_record

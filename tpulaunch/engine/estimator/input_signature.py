@@ -87,9 +87,9 @@ def yielded_spec(loaded: LoadedJob, input_fn, mode: str):
     if "mode" in accepted:
         kwargs["mode"] = mode
     if "config" in accepted:
-        from tpulaunch.engine.estimator.make import run_config
+        from tpulaunch.engine.estimator.make import plan_on_this_machine, run_config
 
-        kwargs["config"] = run_config(loaded.job, use_tpu=False)
+        kwargs["config"] = run_config(loaded.job, plan_on_this_machine(loaded.job))
     with tf.Graph().as_default():
         result = input_fn(**kwargs)
         if isinstance(result, tf.data.Dataset):

@@ -16,37 +16,44 @@ from tpulaunch.job.schema import Job
 from tpulaunch.plan.build import Plan, build_plan
 
 
-def run_config(job: Job, *, use_tpu: bool, cluster_resolver: Any = None, model_dir: Optional[str] = None,
-               plan: Optional[Plan] = None):
+def run_config(job: Job, plan: Plan, *, cluster_resolver: Any = None, model_dir: Optional[str] = None):
     """The `tf.compat.v1.estimator.tpu.RunConfig` for `job`.
 
     Args:
         job: the validated job.
-        use_tpu: configure the TPU parts (cores per replica, input partitioning, PER_HOST_V2).
+        plan: the job's Plan for its target: on a TPU (`plan.on_tpu`), the TPU parts are configured (cores per
+            replica, input partitioning, PER_HOST_V2).
         cluster_resolver: a TPUClusterResolver for the TPU (None: nothing is contacted here).
         model_dir: overrides `job.run.model_dir`.
-        plan: the job's plan for this target (built from the job when None).
     """
     from tpulaunch.engine.estimator import standalone
 
-    settings = config_settings(job, plan or build_plan(job, local=not use_tpu), use_tpu=use_tpu)
+    settings = config_settings(job, plan, use_tpu=plan.on_tpu)
     settings["model_dir"] = model_dir or settings["model_dir"]
-    return standalone.run_config(use_tpu=use_tpu, cluster_resolver=cluster_resolver, **settings)
+    return standalone.run_config(use_tpu=plan.on_tpu, cluster_resolver=cluster_resolver, **settings)
 
 
-def make_estimator(job: Job, plan: Optional[Plan] = None, *, use_tpu: Optional[bool] = None, cluster_resolver: Any = None,
-                   search_path: Sequence[str] = (), model_dir: Optional[str] = None, export_to_tpu: bool = False):
+def make_estimator(job: Job, plan: Plan, *, cluster_resolver: Any = None, search_path: Sequence[str] = (),
+                   model_dir: Optional[str] = None, export_to_tpu: bool = False):
     """A TPUEstimator for `job` with the portable model_fn (or the job's own `model.model_fn` and its params), on
-    `plan` (its target: `plan.on_tpu`); without one, on the Plan `use_tpu` stands for (a build on this machine)."""
+    `plan`'s target (`plan.on_tpu`)."""
     from tpulaunch.engine.estimator import standalone
     from tpulaunch.engine.estimator.model_fn import make_model_fn
 
-    plan = plan or build_plan(job, local=not use_tpu)
     use_tpu = plan.on_tpu
     return standalone.tpu_estimator(
         make_model_fn(job, use_tpu=use_tpu, search_path=search_path),
-        run_config(job, use_tpu=use_tpu, cluster_resolver=cluster_resolver, model_dir=model_dir, plan=plan),
+        run_config(job, plan, cluster_resolver=cluster_resolver, model_dir=model_dir),
         use_tpu=use_tpu, export_to_tpu=export_to_tpu, **estimator_settings(job, plan))
+
+
+def plan_on_this_machine(job: Job, plan: Optional[Plan] = None) -> Plan:
+    """The Plan of a build on this machine's CPU/GPU, whatever the command's target: validate's stopped build,
+    the input_fn signature check and export's serving graph run here even for a TPU job. The command's own
+    Plan when it is for this machine already."""
+    if plan is not None and not plan.on_tpu:
+        return plan
+    return build_plan(job, local=True)
 
 
 def input_fn_for(job: Job, mode: str, use_tpu: bool, search_path: Sequence[str], *, unread_files: bool = False):

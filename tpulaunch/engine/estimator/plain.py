@@ -79,7 +79,7 @@ SOURCES = {
 }
 
 
-def partition_dims(job: Job, plan: Optional["Plan"] = None) -> Optional[list]:
+def partition_dims(job: Job, plan: "Plan") -> Optional[list]:
     """`TPUConfig.input_partition_dims` for the job: `[features_dims, labels_dims]`, or None.
 
     Each part mirrors the structure the input_fn yields: the dims list (or None) for a single
@@ -88,10 +88,6 @@ def partition_dims(job: Job, plan: Optional["Plan"] = None) -> Optional[list]:
     The checks have refused the one structure TensorFlow cannot take (labels split beside a single
     unsplit feature: `partition-labels-without-feature`).
     """
-    if plan is None:
-        from tpulaunch.plan.build import build_plan
-
-        plan = build_plan(job)
     feed = plan.feed_partition
     if feed is None:
         return None

@@ -13,7 +13,7 @@ Pure Python: TensorFlow is not imported here.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from tpulaunch.engine import plain as neutral
 from tpulaunch.engine.estimator import plain
@@ -66,8 +66,8 @@ _NOTES = {
 }
 
 
-def explain_script(loaded: LoadedJob, plan: Optional["Plan"] = None, *, search_path: Sequence[str] = ()) -> str:
-    """The standalone script for the (valid) job in `loaded`, on its plan (built from the job when None).
+def explain_script(loaded: LoadedJob, plan: "Plan", *, search_path: Sequence[str] = ()) -> str:
+    """The standalone script for the (valid) job in `loaded`, on its Plan (the gate's).
 
     A job with its own `model.model_fn` gets it unchanged, with `model.params` as TPUEstimator's
     `params=`; a job with its own `data.input_fn` gets its function for each mode; either way the
@@ -79,10 +79,6 @@ def explain_script(loaded: LoadedJob, plan: Optional["Plan"] = None, *, search_p
     job = loaded.job
     if job is None:
         raise ValueError("the job file has schema problems; run `tpulaunch validate` first")
-    if plan is None:
-        from tpulaunch.plan.build import build_plan
-
-        plan = build_plan(job)
     at = Keys(loaded)
     on_tpu = plan.on_tpu
     own_model_fn, own_input_fn = bool(job.model.model_fn), bool(job.data.input_fn)
@@ -236,13 +232,17 @@ def main(argv=None):
         raise SystemExit("the job has nothing to train on: it needs a train: section and its data")
     checkpoint = tf.train.latest_checkpoint(MODEL_DIR)
     step = int(tf.train.load_variable(checkpoint, "global_step")) if checkpoint else 0
-    for boundary in boundaries(step, TRAIN_STEPS, EVAL_EVERY_STEPS if eval_input else None):
-        if step >= boundary:
-            continue
+
+    def train_to(boundary):
         estimator.train(train_input, max_steps=boundary)
-        step = boundary
-        if eval_input and (EVAL_EVERY_STEPS or boundary == TRAIN_STEPS):
-            print(estimator.evaluate(eval_input, steps=EVAL_STEPS))
+        return boundary
+
+    def evaluate(_step):
+        print(estimator.evaluate(eval_input, steps=EVAL_STEPS))
+
+    # The order `tpulaunch train` trains and evaluates in (portable.py, above).
+    train_and_evaluate(step, TRAIN_STEPS, EVAL_EVERY_STEPS if eval_input else None, train_to=train_to,
+                       evaluate=evaluate if eval_input else None)
 
 
 if __name__ == "__main__":

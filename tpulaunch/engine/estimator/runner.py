@@ -19,7 +19,7 @@ from tpulaunch.engine.estimator.plain import log_every_steps
 from tpulaunch.engine.plain import spec_errors
 from tpulaunch.errors import TpuLaunchError, first_line
 from tpulaunch.job.schema import Job
-from tpulaunch.plan.build import Plan, build_plan
+from tpulaunch.plan.build import Plan
 from tpulaunch.run import phases
 from tpulaunch.run.events import EvalResult, RunRecorder, TrainSummary
 from tpulaunch.run.signals import StopSignal
@@ -29,16 +29,7 @@ if TYPE_CHECKING:
 
 # ------------------------------------------------------------------------------------------ train
 
-def _plan_for(job: Job, plan: Optional[Plan], local: Optional[bool]) -> Plan:
-    """The Plan a direct caller (a test, a script) gives, or the one its `local` stands for: the CLI always
-    passes the gate's Plan (`cli/gate.py`), so this builds one only for callers that have none."""
-    if plan is not None:
-        return plan
-    return build_plan(job, local=bool(local))
-
-
-def train(job: Job, plan: Optional[Plan] = None, *, local: Optional[bool] = None,
-          recorder: Optional[RunRecorder] = None, stop: Optional[StopSignal] = None,
+def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop: Optional[StopSignal] = None,
           cluster_resolver: Any = None, search_path: Sequence[str] = (), force: bool = False,
           watch: Optional["WatchPlan"] = None, profile: Optional[Tuple[int, int]] = None,
           time_input: bool = True) -> TrainSummary:
@@ -47,7 +38,7 @@ def train(job: Job, plan: Optional[Plan] = None, *, local: Optional[bool] = None
 
     Args:
         job: the validated job (needs `train` and `data.train`).
-        plan: the job's Plan for its target (`plan.on_tpu`: use_tpu); `local` stands for it when None.
+        plan: the job's Plan for its target (`plan.on_tpu`: use_tpu), the gate's (`cli/gate.py`).
         recorder: receives the run's events (its renderers show them); a silent one when None.
         stop: records SIGINT/SIGTERM while training runs (a new one when None).
         cluster_resolver: the TPU's cluster resolver (TPU runs only).
@@ -72,7 +63,6 @@ def train(job: Job, plan: Optional[Plan] = None, *, local: Optional[bool] = None
             or the TPU did not come back in time.
     """
     loop.check_trainable(job)
-    plan = _plan_for(job, plan, local)
     if recorder is None:
         recorder = RunRecorder(total_steps=job.train.steps, batch_size=plan.train_batch_size,
                                log_every_steps=log_every_steps(job), model_dir=job.run.model_dir)
@@ -131,7 +121,7 @@ class _EstimatorSession:
         from tpulaunch.engine.estimator.stopped_run import build_stopped
 
         with self.recorder.phase(phases.BUILD_EVALUATION):
-            build_stopped(self.job, "eval")
+            build_stopped(self.job, "eval", self.plan)
 
     def train_to(self, step: int) -> int:
         job = self.job
@@ -164,7 +154,7 @@ def _evaluate_into(estimator, job: Job, use_tpu: bool, search_path: Sequence[str
     return recorder.evaluated(int(results.get("global_step", 0)), results, skipped())
 
 
-def evaluate(job: Job, plan: Optional[Plan] = None, *, local: Optional[bool] = None, checkpoint: Optional[str] = None,
+def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None,
              recorder: Optional[RunRecorder] = None, cluster_resolver: Any = None,
              search_path: Sequence[str] = ()) -> EvalResult:
     """Evaluate the latest checkpoint in model_dir (or `checkpoint`) for `eval.steps` batches.
@@ -179,7 +169,6 @@ def evaluate(job: Job, plan: Optional[Plan] = None, *, local: Optional[bool] = N
     if checkpoint is None and checkpoint_step(job.run.model_dir) is None:
         raise TpuLaunchError(f"no checkpoint in {job.run.model_dir} to evaluate",
                              hint="train first, or pass --checkpoint PATH")
-    plan = _plan_for(job, plan, local)
     estimator = make_estimator(job, plan, cluster_resolver=cluster_resolver, search_path=search_path)
     return _evaluate_into(estimator, job, plan.on_tpu, search_path, recorder or RunRecorder(), checkpoint)
 
@@ -212,7 +201,8 @@ def serving_input_receiver_fn(job: Job, search_path: Sequence[str] = ()):
     return receiver_fn
 
 
-def export(job: Job, out_dir: str, *, checkpoint: Optional[str] = None, search_path: Sequence[str] = ()) -> str:
+def export(job: Job, plan: Plan, out_dir: str, *, checkpoint: Optional[str] = None,
+           search_path: Sequence[str] = ()) -> str:
     """Write a SavedModel (CPU/GPU serving graph) of the latest checkpoint under `out_dir`.
 
     The serving signature takes `data.features` as declared. A failed export leaves `out_dir` as it
@@ -231,7 +221,10 @@ def export(job: Job, out_dir: str, *, checkpoint: Optional[str] = None, search_p
 
     if checkpoint is None and checkpoint_step(job.run.model_dir) is None:
         raise TpuLaunchError(f"no checkpoint in {job.run.model_dir} to export", hint="train first")
-    estimator = make_estimator(job, use_tpu=False, search_path=search_path)
+    from tpulaunch.engine.estimator.make import plan_on_this_machine
+
+    # The serving graph is a CPU/GPU one whatever the command's target.
+    estimator = make_estimator(job, plan_on_this_machine(job, plan), search_path=search_path)
     existed = tf.io.gfile.exists(out_dir)
     before = set(tf.io.gfile.listdir(out_dir)) if existed else set()
     try:

@@ -29,12 +29,13 @@ class BuiltNotRun(Exception):
     """The graph was built, finalized and given a session; the run was stopped before its first step."""
 
 
-def build_stopped(job, mode: str, *, on_graph: Optional[Callable] = None) -> None:
+def build_stopped(job, mode: str, plan=None, *, on_graph: Optional[Callable] = None) -> None:
     """Build `mode` ("train" or "eval") as `train --local` / `evaluate --local` do, stopped before the first step.
 
     Args:
         job: the checked job.
         mode: which of the estimator's calls to make.
+        plan: the command's Plan (`make.plan_on_this_machine`: the build runs on this machine whatever its target).
         on_graph: called with the finalized graph before the stop.
 
     Raises:
@@ -42,7 +43,7 @@ def build_stopped(job, mode: str, *, on_graph: Optional[Callable] = None) -> Non
     """
     import tensorflow as tf
 
-    from tpulaunch.engine.estimator.make import input_fn_for, make_estimator
+    from tpulaunch.engine.estimator.make import input_fn_for, make_estimator, plan_on_this_machine
 
     class StopBeforeFirstStep(tf.compat.v1.train.SessionRunHook):
         def after_create_session(self, session, coord):  # before the estimator's own hooks act on the session
@@ -52,7 +53,7 @@ def build_stopped(job, mode: str, *, on_graph: Optional[Callable] = None) -> Non
 
     hooks = [graph_checks_hook(job), StopBeforeFirstStep()]
     with tempfile.TemporaryDirectory(prefix="tpulaunch-validate-") as scratch:
-        estimator = make_estimator(job, use_tpu=False, search_path=job.search_path, model_dir=scratch)
+        estimator = make_estimator(job, plan_on_this_machine(job, plan), search_path=job.search_path, model_dir=scratch)
         input_fn = input_fn_for(job, mode, False, job.search_path, unread_files=True)
         try:
             if mode == "train":

@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import inspect
 import subprocess
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from tpulaunch.errors import Problem
 from tpulaunch.job.load import LoadedJob
+
+if TYPE_CHECKING:
+    from tpulaunch.plan.build import Plan
 
 REJECTED = "tensorflow-rejected"
 STAND_IN = "tensorflow-stand-in-model"
@@ -57,15 +60,15 @@ class ModelFnFailed(Exception):
 
 
 class JobRunConfig:
-    """Picklable `run_config(model_dir)`: the RunConfig a real TPU run of `job` gets."""
+    """Picklable `run_config(model_dir)`: the RunConfig a real TPU run of `job` on `plan` gets."""
 
-    def __init__(self, job):
-        self.job = job
+    def __init__(self, job, plan: "Plan"):
+        self.job, self.plan = job, plan
 
     def __call__(self, model_dir: str):
         from tpulaunch.engine.estimator.make import run_config
 
-        return run_config(self.job, use_tpu=True, model_dir=model_dir)
+        return run_config(self.job, self.plan, model_dir=model_dir)
 
 
 class JobModelFn:
@@ -131,7 +134,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
 
 
-def cases_for_job(job, search_path: Sequence[str] = (), *, job_model: bool = True) -> list:
+def cases_for_job(job, plan: "Plan", search_path: Sequence[str] = (), *, job_model: bool = True) -> list:
     """Per mode the job runs, two `TfCase`s: the job's own model_fn, then the stand-in model_fn (run
     only when the job's model cannot be built).
 
@@ -142,11 +145,9 @@ def cases_for_job(job, search_path: Sequence[str] = (), *, job_model: bool = Tru
         tpulaunch.tpu.types.UnknownTpuType: the job's TPU type does not exist.
     """
     from tpulaunch.engine.estimator.offline import TensorDecl, TfCase
-    from tpulaunch.plan.build import build_plan
     from tpulaunch.tpu.types import parse_tpu_type
 
     tpu_type = parse_tpu_type(job.tpu.type)  # raises for an unknown type, as documented
-    plan = build_plan(job)
     features = tuple(TensorDecl(n, tuple(s.shape), s.dtype) for n, s in job.data.features.items())
     labels = tuple(TensorDecl(n, tuple(s.shape), s.dtype) for n, s in job.data.labels.items())
     train_batch, eval_batch = plan.train_batch_size, plan.eval_batch_size
@@ -158,7 +159,7 @@ def cases_for_job(job, search_path: Sequence[str] = (), *, job_model: bool = Tru
                 devices=tpu_type.devices, hosts=tpu_type.hosts, cores_per_replica=job.tpu.cores_per_replica,
                 features=features, labels=labels, feature_dims=None, train_batch_size=train_batch,
                 eval_batch_size=eval_batch, mode=mode, iterations_per_loop=job.tpu.iterations_per_loop,
-                model_fn=model_fn, run_config=JobRunConfig(job),
+                model_fn=model_fn, run_config=JobRunConfig(job, plan),
                 only_after=MODEL_BUILD_FAILED if fallback else None))
     return cases
 
@@ -168,7 +169,7 @@ def modes_of(job) -> list:
     return [m for m, section in (("train", job.train), ("eval", job.eval)) if section is not None]
 
 
-def tf_problems(loaded: LoadedJob, search_path: Sequence[str] = ()) -> tuple:
+def tf_problems(loaded: LoadedJob, plan: "Plan", search_path: Sequence[str] = ()) -> tuple:
     """TF's own verdict on the job, as located problems, and what TF built per mode.
 
     Returns:
@@ -189,7 +190,7 @@ def tf_problems(loaded: LoadedJob, search_path: Sequence[str] = ()) -> tuple:
                                "add a tpu: section to have TensorFlow check the job for a slice",
                                severity="info")], {}
     try:
-        cases = cases_for_job(job, search_path)
+        cases = cases_for_job(job, plan, search_path)
     except UnknownTpuType as exc:
         return [loaded.problem(("tpu", "type"), CHECK_FAILED, str(exc), exc.hint)], {}
     if not cases:

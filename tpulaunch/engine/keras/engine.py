@@ -30,10 +30,10 @@ class KerasEngine(Engine):
 
         return step_tensors(job, use_tpu=use_tpu)
 
-    def preflight(self, loaded) -> tuple:
+    def preflight(self, loaded, plan) -> tuple:
         from tpulaunch.engine.keras.verdict import tf_problems
 
-        return tf_problems(loaded, search_path=loaded.job.search_path if loaded.job else ())
+        return tf_problems(loaded, plan, search_path=loaded.job.search_path if loaded.job else ())
 
     def train(self, job, plan, *, recorder, cluster_resolver=None, force=False, watch=None, profile=None,
               cpu_replicas: Optional[int] = None):

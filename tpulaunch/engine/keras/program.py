@@ -60,10 +60,10 @@ def standalone_source() -> str:
     return program_source(STANDALONE)
 
 
-def explain_script(loaded: LoadedJob, plan: Optional["Plan"] = None, *,
+def explain_script(loaded: LoadedJob, plan: "Plan", *,
                    search_path: Optional[Sequence[str]] = None) -> str:
-    """The standalone Keras + tf.distribute program for the (valid) job in `loaded`, on its plan (built from the
-    job when None). The job's own code is looked up from `search_path` (default: the job file's directory).
+    """The standalone Keras + tf.distribute program for the (valid) job in `loaded`, on its Plan (the gate's).
+    The job's own code is looked up from `search_path` (default: the job file's directory).
 
     Raises:
         ValueError: the job did not validate (`loaded.job` is None), or it names TPUEstimator's own functions
@@ -75,10 +75,6 @@ def explain_script(loaded: LoadedJob, plan: Optional["Plan"] = None, *,
     if job.model.model_fn or job.data.input_fn:
         key = "model.model_fn" if job.model.model_fn else "data.input_fn"
         raise ValueError(f"{key} is TPUEstimator's own function: the keras engine has no program for it")
-    if plan is None:
-        from tpulaunch.plan.build import build_plan
-
-        plan = build_plan(job)
     if search_path is None:
         search_path = job.search_path
     at = Keys(loaded)
@@ -267,16 +263,22 @@ def main(argv=None):
         print(f"already at step {{step}} of {{TRAIN_STEPS}} in {{MODEL_DIR}}; nothing to train")
     elif step:
         print(f"resumed from step {{step}} ({{MODEL_DIR}})")
-    every = EVAL_EVERY_STEPS if evaluates else None
     iterator = None
-    for boundary in boundaries(step, TRAIN_STEPS, every):
-        if step < boundary:
-            if iterator is None:
-                iterator = iter(job_dataset(strategy, "train"))
-            step = train_loop(training, iterator, until=boundary, steps_per_call=STEPS_PER_CALL,
-                              on_steps=progress(step), on_checkpoint=lambda at, path: print(f"checkpoint {{path}}"))
-        if every or (boundary == TRAIN_STEPS and evaluates and step == boundary):
-            print(job_evaluation(training), flush=True)
+
+    def train_to(boundary):
+        nonlocal iterator
+        if iterator is None:
+            iterator = iter(job_dataset(strategy, "train"))
+        return train_loop(training, iterator, until=boundary, steps_per_call=STEPS_PER_CALL,
+                          on_steps=progress(training.step),
+                          on_checkpoint=lambda at, path: print(f"checkpoint {{path}}"))
+
+    def evaluate(_step):
+        print(job_evaluation(training), flush=True)
+
+    # The order `tpulaunch train` trains and evaluates in (portable.py, above).
+    train_and_evaluate(step, TRAIN_STEPS, EVAL_EVERY_STEPS if evaluates else None, train_to=train_to,
+                       evaluate=evaluate if evaluates else None)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,12 @@ returned per mode in the same form as the estimator's verdict, for `render_tf_bu
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from tpulaunch.job.load import LoadedJob
+
+if TYPE_CHECKING:
+    from tpulaunch.plan.build import Plan
 
 REJECTED = "tensorflow-rejected"
 CHECK_FAILED = "tensorflow-check-failed"
@@ -30,7 +33,7 @@ NOT_ON_TPU = "tensorflow-not-on-tpu"
 _AXIS = re.compile(r"partition_dimensions\[(\d+)\]")
 
 
-def tf_problems(loaded: LoadedJob, search_path: Sequence[str] = ()) -> tuple:
+def tf_problems(loaded: LoadedJob, plan: "Plan", search_path: Sequence[str] = ()) -> tuple:
     """TensorFlow's verdict on the job's TPU layout and input splits, as located problems, and what it built.
 
     Returns:
@@ -41,7 +44,6 @@ def tf_problems(loaded: LoadedJob, search_path: Sequence[str] = ()) -> tuple:
     """
     del search_path  # the layout and splits do not depend on the job's code
     from tpulaunch.plan.tpu_layout import computation_shape
-    from tpulaunch.plan.build import build_plan
     from tpulaunch.tpu.topology import slice_topology
     from tpulaunch.tpu.types import UnknownTpuType, parse_tpu_type
 
@@ -89,7 +91,6 @@ def tf_problems(loaded: LoadedJob, search_path: Sequence[str] = ()) -> tuple:
                      core_coordinates=len(coordinates),
                      input_pipelines=len({assignment.host_device(r, logical_core=0) for r in range(assignment.num_replicas)}))
     stand_in = _StandIn(np.empty((facts["replicas"], facts["logical_devices"]), dtype=object))
-    plan = build_plan(job)
     built = {}
     for mode in [m for m, section in (("train", job.train), ("eval", job.eval)) if section is not None]:
         batch = plan.batch(mode)
