@@ -28,25 +28,9 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from cnn_job import cnn_job  # noqa: E402  (benchmarks/cnn_job.py: the job every training benchmark times)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-JOB = """\
-name: engines-bench
-model:
-  builder: tpulaunch.models.cnn:build
-  params: {{num_classes: 10}}
-  loss: sparse_categorical_crossentropy
-  optimizer: {{name: adam, learning_rate: 0.003}}
-data:
-  train: {data}/train-*.tfrecord
-  features:
-    image: {{shape: [32, 32, 3], dtype: float32}}
-  labels:
-    label: {{shape: [], dtype: int64}}
-train: {{batch_size: 64, steps: {steps}}}
-run: {{model_dir: {tmp}/unused, save_checkpoints_steps: 100, engine: keras}}
-"""
 
 
 def _env(engine: str = "keras") -> dict:
@@ -92,7 +76,8 @@ def main() -> int:
                         "--records", "1024"], check=True, capture_output=True, env=_env(), cwd=ROOT)
         job = os.path.join(tmp, "job.yaml")
         with open(job, "w") as handle:
-            handle.write(JOB.format(data=data, steps=args.steps, tmp=tmp))
+            handle.write(cnn_job("engines-bench", data=data, model_dir=f"{tmp}/unused", steps=args.steps,
+                                   run={"save_checkpoints_steps": 100, "engine": "keras"}))
         for round_ in range(args.rounds):
             order = list(pythons) if round_ % 2 == 0 else list(pythons)[::-1]
             for engine in order:

@@ -29,23 +29,8 @@ from tpulaunch.engine.estimator import runner  # noqa: E402
 from tpulaunch.job.load import load_job  # noqa: E402
 from tpulaunch.plan.build import build_plan  # noqa: E402
 from tpulaunch.run.events import RunRecorder  # noqa: E402
+from cnn_job import cnn_job  # noqa: E402  (benchmarks/cnn_job.py: the job every training benchmark times)
 
-JOB = """\
-name: input-wait
-model:
-  builder: {builder}
-  params: {{num_classes: 10}}
-  loss: sparse_categorical_crossentropy
-  optimizer: {{name: sgd, learning_rate: 0.01}}
-data:
-  train: {data}/train-*.tfrecord
-  features:
-    image: {{shape: [32, 32, 3], dtype: float32}}
-  labels:
-    label: {{shape: [], dtype: int64}}
-train: {{batch_size: 64, steps: {steps}}}
-run: {{model_dir: {model_dir}, save_checkpoints_steps: {steps}, log_every_steps: {steps}}}
-"""
 
 CORNER_MODEL = '''
 import tensorflow as tf
@@ -63,7 +48,9 @@ def steps_per_s(tmp: str, builder: str, steps: int, time_input: bool, round_: in
     model_dir = os.path.join(tmp, f"run-{time_input}-{round_}")
     path = os.path.join(tmp, "job.yaml")
     with open(path, "w") as handle:
-        handle.write(JOB.format(builder=builder, data=os.path.join(tmp, "data"), steps=steps, model_dir=model_dir))
+        handle.write(cnn_job("input-wait", builder=builder, data=os.path.join(tmp, "data"), model_dir=model_dir, steps=steps,
+                             optimizer="sgd", learning_rate=0.01,
+                             run={"save_checkpoints_steps": steps, "log_every_steps": steps}))
     job = load_job(path).job
     recorder = RunRecorder(total_steps=steps, batch_size=64, log_every_steps=steps, model_dir=model_dir)
     runner.train(job, build_plan(job, local=True), recorder=recorder, search_path=[tmp], time_input=time_input)

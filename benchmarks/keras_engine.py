@@ -48,26 +48,10 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
+from cnn_job import cnn_job  # noqa: E402  (benchmarks/cnn_job.py: the job every training benchmark times)
 
 BATCH = 64
 LEARNING_RATE = 0.003
-
-JOB = """\
-name: keras-engine-bench
-model:
-  builder: {builder}
-  params: {{num_classes: 10}}
-  loss: sparse_categorical_crossentropy
-  optimizer: {{name: adam, learning_rate: {lr}}}
-data:
-  train: {data}/train-*.tfrecord
-  features:
-    image: {{shape: [32, 32, 3], dtype: float32}}
-  labels:
-    label: {{shape: [], dtype: int64}}
-train: {{batch_size: {batch}, steps: {steps}}}
-run: {{model_dir: {model_dir}, save_checkpoints_steps: {save_every}, engine: keras}}
-"""
 
 
 # ------------------------------------------------------------------------------ the hand-written program
@@ -173,8 +157,9 @@ def with_tpulaunch(model_kind: str, data_dir: str, model_dir: str, steps: int, s
 
     path = os.path.join(job_dir, "job.yaml")
     with open(path, "w") as handle:
-        handle.write(JOB.format(data=data_dir, batch=BATCH, steps=steps, model_dir=model_dir, save_every=save_every,
-                                lr=LEARNING_RATE, builder=BUILDERS[model_kind]))
+        handle.write(cnn_job("keras-engine-bench", builder=BUILDERS[model_kind], data=data_dir, model_dir=model_dir,
+                             steps=steps, batch=BATCH, learning_rate=LEARNING_RATE,
+                             run={"save_checkpoints_steps": save_every, "engine": "keras"}))
     job = load_job(path).job
     ends = {}
 

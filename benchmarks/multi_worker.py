@@ -29,25 +29,9 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from cnn_job import cnn_job  # noqa: E402  (benchmarks/cnn_job.py: the job every training benchmark times)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-JOB = """\
-name: multi-worker-bench
-model:
-  builder: tpulaunch.models.cnn:build
-  params: {{num_classes: 10}}
-  loss: sparse_categorical_crossentropy
-  optimizer: {{name: adam, learning_rate: 0.003}}
-data:
-  train: {data}/train-*.tfrecord
-  features:
-    image: {{shape: [32, 32, 3], dtype: float32}}
-  labels:
-    label: {{shape: [], dtype: int64}}
-train: {{batch_size: 64, steps: {steps}}}
-run: {{model_dir: {tmp}/unused, save_checkpoints_steps: 100, engine: keras}}
-"""
 
 
 def _env(**extra) -> dict:
@@ -106,7 +90,8 @@ def main() -> int:
                         "--records", "1024"], check=True, capture_output=True, env=_env(), cwd=ROOT)
         job = os.path.join(tmp, "job.yaml")
         with open(job, "w") as handle:
-            handle.write(JOB.format(data=data, steps=args.steps, tmp=tmp))
+            handle.write(cnn_job("multi-worker-bench", data=data, model_dir=f"{tmp}/unused", steps=args.steps,
+                                   run={"save_checkpoints_steps": 100, "engine": "keras"}))
         for round_ in range(args.rounds):
             for workers in ((1, 2) if round_ % 2 == 0 else (2, 1)):
                 record = train(args.python, job, os.path.join(tmp, f"run-{workers}-{round_}"), workers)

@@ -34,24 +34,9 @@ from tpulaunch.models import cnn  # noqa: E402
 from tpulaunch.run.events import RunRecorder  # noqa: E402
 from tpulaunch.run.render_plain import PlainRenderer  # noqa: E402
 from tpulaunch.data.synth import write_example  # noqa: E402
+from cnn_job import cnn_job  # noqa: E402  (benchmarks/cnn_job.py: the job every training benchmark times)
 
 BATCH = 64
-JOB = """\
-name: overhead
-model:
-  builder: tpulaunch.models.cnn:build
-  params: {{num_classes: 10}}
-  loss: sparse_categorical_crossentropy
-  optimizer: {{name: adam, learning_rate: 0.003}}
-data:
-  train: {data}/train-*.tfrecord
-  features:
-    image: {{shape: [32, 32, 3], dtype: float32}}
-  labels:
-    label: {{shape: [], dtype: int64}}
-train: {{batch_size: {batch}, steps: {steps}}}
-run: {{model_dir: {model_dir}, save_checkpoints_steps: {steps}}}
-"""
 
 
 def hand_written(data_dir: str, model_dir: str, steps: int) -> float:
@@ -90,7 +75,8 @@ def hand_written(data_dir: str, model_dir: str, steps: int) -> float:
 def with_tpulaunch(data_dir: str, model_dir: str, steps: int, job_dir: str) -> float:
     path = os.path.join(job_dir, "job.yaml")
     with open(path, "w") as handle:
-        handle.write(JOB.format(data=data_dir, batch=BATCH, steps=steps, model_dir=model_dir))
+        handle.write(cnn_job("overhead", data=data_dir, model_dir=model_dir, steps=steps, batch=BATCH,
+                             run={"save_checkpoints_steps": steps}))
     job = load_job(path).job
     recorder = RunRecorder(total_steps=steps, batch_size=BATCH, log_every_steps=100, model_dir=model_dir)
     recorder.subscribe(PlainRenderer(Console(file=io.StringIO())))
