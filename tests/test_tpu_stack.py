@@ -178,3 +178,11 @@ def test_up_refuses_before_creating_anything_on_a_pjrt_only_generation(api, tmp_
     assert result.exit_code == 1, result.output
     assert "tpu.type: Cloud TPU runs TensorFlow on v5e only with the pjrt runtime" in result.output
     assert api.created == []
+
+
+def test_tpu7x_types_are_refused_as_running_no_tensorflow():
+    from tpulaunch.tpu.types import UnknownTpuType, parse_tpu_type
+
+    with pytest.raises(UnknownTpuType) as info:
+        parse_tpu_type("tpu7x-8")
+    assert str(info.value) == "TPU7x (Ironwood) runs no TensorFlow ('tpu7x-8')"

@@ -131,6 +131,12 @@ def parse_tpu_type(name: str) -> TpuType:
     Raises:
         UnknownTpuType: with a hint listing the sizes the generation offers.
     """
+    from tpulaunch.tpu.stack import FACTS
+
+    family = str(name).strip().split("-")[0].lower()
+    if family in FACTS["no_tensorflow"]:  # offered by Cloud TPU, but not to TensorFlow
+        raise UnknownTpuType(f"{FACTS['no_tensorflow'][family]} runs no TensorFlow ('{name}')",
+                             "choose a v2, v3, v4, v5e, v5p or v6e type")
     match = _TYPE_NAME.match(str(name))
     if not match:
         raise UnknownTpuType(f"'{name}' is not an accelerator type name",
