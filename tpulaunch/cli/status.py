@@ -30,7 +30,9 @@ def status(obj, job_file, wait_s, fmt, overrides):
     ask another TPU API endpoint (an emulator).
 
     Exit code 0 when the node can run the job, 3 when it cannot (not READY, not HEALTHY,
-    another accelerator type, not found, API unreachable), 1 for a job file mistake.
+    another accelerator type, not found, API unreachable), 1 for a job file mistake or a node whose runtime
+    version does not run this machine's TensorFlow the job's engine's way (located at tpu.runtime_version,
+    else tpu.name).
 
     \b
     Examples:
@@ -56,6 +58,9 @@ def status(obj, job_file, wait_s, fmt, overrides):
             _print_lease(obj.out, lease)
         return
 
+    from tpulaunch.checks.stack import refuse_unless_runnable
+
+    refuse_unless_runnable(checked.loaded, job_file, "checking the TPU of")
     ref = resolve_node(job_tpu)
     spinner = None
     if fmt == "text" and wait_s and obj.err.is_terminal:
@@ -75,11 +80,25 @@ def status(obj, job_file, wait_s, fmt, overrides):
     finally:
         if spinner is not None:
             spinner.stop()
+    from tpulaunch.checks.stack import node_problems
+
+    # The node's runtime against this machine's TensorFlow and the job's engine: a job-file (or install)
+    # problem, located, exit 1; it replaces the node's own looser major.minor warning.
+    stack = node_problems(checked.loaded, ref.name, node.runtime_version)
+    if stack:
+        node.findings = [f for f in node.findings if f.code != "runtime-version-mismatch"]
     if fmt == "json":
-        click.echo(json.dumps({"file": job_file, **node.to_dict(), "lease": lease}, indent=2))
+        extra = {"problems": [p.to_dict() for p in stack]} if stack else {}
+        click.echo(json.dumps({"file": job_file, **node.to_dict(), "lease": lease, **extra}, indent=2))
     else:
         render_status(obj.out, node)
         _print_lease(obj.out, lease)
+    if any(p.is_error for p in stack):
+        from tpulaunch.errors import TpuLaunchError
+
+        raise TpuLaunchError(f"TPU node '{ref.name}' cannot run this job's TensorFlow: fix the problems above",
+                             problems=stack, exit_code=ExitCode.PROBLEMS) if fmt == "text" else AlreadyReported(
+                                 ExitCode.PROBLEMS)
     if not node.usable:
         raise AlreadyReported(ExitCode.CLUSTER)
 

@@ -58,18 +58,20 @@ def uses_queued_resource(accelerator_type: str, setting: Optional[bool] = None) 
 
 def default_runtime(accelerator_type: str, engine: str, tf_version: Optional[str]) -> Optional[str]:
     """The TPU software version for the installed TensorFlow (https://cloud.google.com/tpu/docs/runtimes:
-    `tpu-vm-tf-x.y.z[-pod][-{se|pjrt}]`, -se or -pjrt required from 2.15.0): the runtime the job's engine
-    declares (`EngineAbout.tpu_runtime`: TPUEstimator's sessions need the stream executor, se); -pod on a
-    multi-host slice."""
+    `tpu-vm-tf-x.y.z[-pod][-{se|pjrt}]`): the runtime the job's engine declares (`EngineAbout.tpu_runtime`:
+    TPUEstimator's sessions need the stream executor, se), -pod on a multi-host slice; a TensorFlow newer than
+    the newest image (a tensorflow-tpu wheel that brings libtpu itself) gets the generation's base image
+    (`tpu/stack.py` holds those facts)."""
     if not tf_version or not re.match(r"^\d+\.\d+\.\d+$", tf_version):
         return None
+    from tpulaunch.engine.registry import about
+    from tpulaunch.tpu import stack
     from tpulaunch.tpu.types import lookup
 
     found = lookup(accelerator_type)
-    pod = "-pod" if found is not None and found.hosts > 1 else ""
-    from tpulaunch.engine.registry import about
-
-    return f"tpu-vm-tf-{tf_version}{pod}-{about(engine).tpu_runtime}"
+    return stack.default_runtime(about(engine).tpu_runtime, stack.version_tuple(tf_version),
+                                 hosts=found.hosts if found else None,
+                                 generation=found.generation.name if found else None)
 
 
 def spec_for(job_tpu, engine: str) -> NodeSpec:

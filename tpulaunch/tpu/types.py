@@ -7,9 +7,11 @@ single-core generations), on how many hosts, and how much HBM one device can use
 Sources:
   * Cloud TPU system architecture and per-generation pages (cloud.google.com/tpu/docs/system-architecture-tpu-vm,
     /v2, /v3, /v4, /v5e, /v5p, /v6e): cores per chip, HBM per chip, chips per host, slice names.
-  * Usable HBM per device: XLA's own out-of-memory messages ("Used 27.90G of 15.48G hbm" on v3,
-    "of 8.00G hbm" on v2, "of 30.75G hbm" on v4). Generations without a published figure keep the
-    v4 reserve (1.25 GiB) and are marked `usable_is_estimate`.
+  * Usable HBM per device: XLA's own out-of-memory messages, "Used X of Y hbm", where Y is what one TPU
+    device can hold. XLA prints bytes as Google's HumanReadableNumBytes does, in binary units ("G" is
+    GiB: "HumanReadableNumBytes uses binary powers -- 1M = 1 << 20", strings/human_readable.h, e.g.
+    apache/kudu src/kudu/gutil/strings/human_readable.h), so "15.75G" is 15.75 GiB. Each figure and
+    where it was printed is beside its generation in GENERATIONS.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 GiB = 1024 ** 3
-GB = 1000 ** 3
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,7 @@ class Generation:
     chips_per_host: int  # on multi-host slices
     max_single_host_chips: int  # the largest slice served by one host
     sizes: tuple  # the N values Cloud TPU offers
-    usable_bytes_per_device: int
-    usable_is_estimate: bool
+    usable_bytes_per_device: int  # what XLA lets one device use (its out-of-memory messages' "of Y hbm")
     spatial_partitioning_checked: bool  # TPUEstimator's fixed computation shapes assume 2 cores per chip
 
     @property
@@ -44,20 +44,35 @@ class Generation:
 
 _POW2 = tuple(2 ** k for k in range(3, 13))  # 8 .. 4096
 
+# Physical HBM per chip is in GiB: XLA's usable figures are GiB and never exceed it (v5e "16 GB" is 16 GiB:
+# XLA reports 15.75G usable and a 17179869184-byte memory; v5p's "95 GB" cannot be decimal: XLA uses 95.74 GiB of
+# its six 16 GiB HBM2e stacks).
 GENERATIONS = {
     g.name: g for g in (
+        # "Used 8.38G of 8.00G hbm": https://github.com/tensorflow/tpu/issues/385 (a v2-8, 8 GiB per core)
         Generation("v2", "v2", 2, 16 * GiB, False, "cores", 4, 4, (8, 32, 128, 256, 512),
-                   int(8.00 * GiB), False, True),
+                   int(8.00 * GiB), True),
+        # "Used 21.95G of 15.48G hbm": https://github.com/LargeWorldModel/LWM/issues/60 (a v3-8), also
+        # https://github.com/erfanzar/EasyDeL/issues/142
         Generation("v3", "v3", 2, 32 * GiB, False, "cores", 4, 4, (8, 32, 64, 128, 256, 512, 1024, 2048),
-                   int(15.48 * GiB), False, True),
+                   int(15.48 * GiB), True),
+        # "Used 63.80G of 30.75G hbm ... reserved 1.25G": https://github.com/erfanzar/EasyDeL/issues/166 (a v4-32),
+        # also https://github.com/young-geng/EasyLM/issues/98 (a v4-256)
         Generation("v4", "v4", 2, 32 * GiB, True, "cores", 4, 4, _POW2,
-                   int(30.75 * GiB), False, False),
-        Generation("v5e", "v5litepod", 1, 16 * GB, False, "chips", 4, 8, (1, 4, 8, 16, 32, 64, 128, 256),
-                   16 * GB - int(1.25 * GiB), True, False),
-        Generation("v5p", "v5p", 2, 95 * GiB, True, "cores", 4, 4, _POW2 + (6144, 8192, 12288),
-                   95 * GiB - int(1.25 * GiB), True, False),
-        Generation("v6e", "v6e", 1, 32 * GB, False, "chips", 4, 8, (1, 4, 8, 16, 32, 64, 128, 256),
-                   32 * GB - int(1.25 * GiB), True, False),
+                   int(30.75 * GiB), False),
+        # "Used 19.22G of 15.75G hbm" on a v5litepod-1, and "Used 16.29G of 15.75G hbm" beside "would exceed
+        # memory (size=17179869184)" (16 GiB) on v5e, in public run reports (GitHub code search; no issue thread
+        # found). 15.75 = 16 - 0.25 GiB, the same reserve as v6e's.
+        Generation("v5e", "v5litepod", 1, 16 * GiB, False, "chips", 4, 8, (1, 4, 8, 16, 32, 64, 128, 256),
+                   int(15.75 * GiB), False),
+        # "exceeding available bytes: 95.74G": XLA's own error page, https://openxla.org/xla/errors/error_1000
+        # (TPU HBM OOM, error E1000); "Used 110.81G of 95.74G hbm" on a v5p-64 in public run reports.
+        Generation("v5p", "v5p", 2, 96 * GiB, True, "cores", 4, 4, _POW2 + (6144, 8192, 12288),
+                   int(95.74 * GiB), False),
+        # "Used 46.60G of 31.25G hbm" on a v6e-8 in public run reports; "31.25 GB is addressable from XLA"
+        # of v6e's 32: https://megacpp.pages.dev/blog/oom-on-v6e/
+        Generation("v6e", "v6e", 1, 32 * GiB, False, "chips", 4, 8, (1, 4, 8, 16, 32, 64, 128, 256),
+                   int(31.25 * GiB), False),
     )
 }
 
@@ -116,6 +131,12 @@ def parse_tpu_type(name: str) -> TpuType:
     Raises:
         UnknownTpuType: with a hint listing the sizes the generation offers.
     """
+    from tpulaunch.tpu.stack import FACTS
+
+    family = str(name).strip().split("-")[0].lower()
+    if family in FACTS["no_tensorflow"]:  # offered by Cloud TPU, but not to TensorFlow
+        raise UnknownTpuType(f"{FACTS['no_tensorflow'][family]} runs no TensorFlow ('{name}')",
+                             "choose a v2, v3, v4, v5e, v5p or v6e type")
     match = _TYPE_NAME.match(str(name))
     if not match:
         raise UnknownTpuType(f"'{name}' is not an accelerator type name",

@@ -1,0 +1,188 @@
+"""The TPU stack rule (tpu/stack.py's facts, checks/stack.py's located problems): the installed TensorFlow, each
+generation and each runtime version, then `validate`, `up` and `status` (against the local Cloud TPU API server)
+refusing what cannot run, located at its job key, exit code 1."""
+
+import json
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from tpu_api_server import DEFAULT_PROJECT, DEFAULT_ZONE, tpu_api  # noqa: F401 (the fixture)
+from tpulaunch.cli.app import cli
+from tpulaunch.tpu import stack
+
+TF215 = {"tensorflow-cpu": "2.15.1"}
+TF221 = {"tensorflow": "2.21.0"}
+TPU219 = {"tensorflow-tpu": "2.19.1", "libtpu": "0.0.10"}
+
+
+def code(verdict):
+    return verdict.code if verdict else None
+
+
+def test_this_machines_tensorflow_is_judged_from_its_metadata():
+    found = stack.tensorflow_distributions(stack.installed_distributions())
+    assert len(found) == 1  # each test environment has one TensorFlow
+    (name, version), = found.items()
+    # Neither the tensorflow-cpu 2.15 of the estimator environment nor the tensorflow 2.21 of the keras one is a TPU
+    # build: the keras engine (PJRT, libtpu in the process) cannot use them; TPUEstimator (its graph sent to the node's
+    # own TensorFlow server) can.
+    assert code(stack.installed_verdict({name: version}, "pjrt")) == "tensorflow-without-tpu"
+    assert code(stack.installed_verdict({name: version}, "se")) is None
+
+
+@pytest.mark.parametrize("installed, api, expected", [
+    (TF215, "se", None), (TF215, "pjrt", "tensorflow-without-tpu"),
+    (TF221, "pjrt", "tensorflow-without-tpu"), (TPU219, "pjrt", None), ({"tensorflow-tpu": "2.20.0"}, "pjrt", None),
+    ({"tensorflow": "2.19.0", "tensorflow-tpu": "2.19.1"}, "pjrt", "tensorflow-clobbered"),
+    ({"tensorflow_cpu": "2.15.1", "tensorflow": "2.15.1"}, "se", "tensorflow-clobbered"),
+    ({}, "pjrt", None),  # no TensorFlow: nothing to judge
+])
+def test_installed_tensorflow(installed, api, expected):
+    assert code(stack.installed_verdict(installed, api)) == expected
+
+
+@pytest.mark.parametrize("generation, api, tf, expected", [
+    ("v2", "se", (2, 15, 1), None), ("v3", "se", (2, 15, 1), None), ("v4", "se", (2, 15, 1), None),
+    ("v4", "pjrt", (2, 19, 1), None),
+    ("v5e", "se", (2, 15, 1), "generation-runtime"), ("v5p", "se", (2, 15, 1), "generation-runtime"),
+    ("v6e", "se", (2, 15, 1), "generation-runtime"),
+    ("v5e", "pjrt", (2, 19, 1), None), ("v5p", "pjrt", (2, 18, 0), None), ("v6e", "pjrt", (2, 15, 0), None),
+    ("v6e", "pjrt", (2, 14, 0), "generation-tensorflow"),
+    ("tpu7x", "pjrt", (2, 19, 1), "generation-without-tensorflow"),
+])
+def test_generations(generation, api, tf, expected):
+    assert code(stack.generation_verdict(generation, api, tf)) == expected
+
+
+def test_every_generation_tpulaunch_knows_has_its_tensorflow_facts():
+    from tpulaunch.tpu.types import GENERATIONS
+
+    assert set(GENERATIONS) == set(stack.FACTS["generations"])
+
+
+@pytest.mark.parametrize("runtime, api, tf, installed, hosts, expected", [
+    ("tpu-vm-tf-2.15.0-se", "se", (2, 15, 1), TF215, 1, None),  # 2.15.0 image, 2.15.1 here: same major.minor
+    ("tpu-vm-tf-2.15.0-pod-se", "se", (2, 15, 1), TF215, 4, None),
+    ("tpu-vm-tf-2.15.0-pod-se", "se", (2, 15, 1), TF215, 1, "runtime-pod-mismatch"),
+    ("tpu-vm-tf-2.15.0-pjrt", "se", (2, 15, 1), TF215, 1, "runtime-api-mismatch"),
+    ("tpu-vm-tf-2.15.0-pod-pjrt", "se", (2, 15, 1), TF215, 4, "runtime-api-mismatch"),
+    ("tpu-vm-tf-2.15.0", "se", (2, 15, 1), TF215, 1, "runtime-api-mismatch"),  # a suffix is required from 2.15
+    ("tpu-vm-tf-2.18.0-pjrt", "se", (2, 15, 1), TF215, 1, "runtime-tensorflow-mismatch"),
+    ("tpu-vm-tf-2.18.0-pjrt", "pjrt", (2, 19, 1), TPU219, 1, "runtime-tensorflow-mismatch"),
+    ("tpu-vm-tf-2.18.0-pjrt", "pjrt", (2, 18, 0), {"tensorflow-tpu": "2.18.0"}, 1, None),
+    ("tpu-ubuntu2204-base", "se", (2, 15, 1), TF215, 1, "runtime-without-tensorflow"),
+    ("tpu-ubuntu2204-base", "pjrt", (2, 19, 1), TPU219, 1, None),  # tensorflow-tpu brings TensorFlow and libtpu
+    ("v2-alpha-tpuv5-lite", "pjrt", (2, 19, 1), TPU219, 1, None),
+    ("v2-alpha-tpuv5-lite", "pjrt", (2, 21, 0), TF221, 1, "runtime-without-tensorflow"),
+    ("my-own-image", "pjrt", (2, 19, 1), TPU219, 1, "runtime-unknown"),
+])
+def test_runtime_versions(runtime, api, tf, installed, hosts, expected):
+    assert code(stack.runtime_verdict(runtime, api, tf, installed, hosts=hosts)) == expected
+
+
+def test_default_runtime_follows_the_installed_tensorflow():
+    assert stack.default_runtime("se", (2, 15, 1), hosts=4) == "tpu-vm-tf-2.15.1-pod-se"
+    assert stack.default_runtime("pjrt", (2, 18, 0), hosts=1) == "tpu-vm-tf-2.18.0-pjrt"
+    # No image runs TensorFlow 2.19: the pip TPU build goes onto a base image.
+    assert stack.default_runtime("pjrt", (2, 19, 1), hosts=1, generation="v5e") == "v2-alpha-tpuv5-lite"
+    assert stack.default_runtime("pjrt", (2, 19, 1), hosts=1, generation="v4") == "tpu-ubuntu2204-base"
+    # What `up` creates is a runtime the rule accepts.
+    for api, tf, installed, hosts in (("se", (2, 15, 1), TF215, 4), ("pjrt", (2, 19, 1), TPU219, 1)):
+        assert stack.runtime_verdict(stack.default_runtime(api, tf, hosts=hosts), api, tf, installed, hosts=hosts) is None
+
+
+# ------------------------------------------------------------------------------------- the verbs
+def write_job(tmp_path, tpu_type="v3-8", runtime=None, engine=None):
+    extra = f"\n          runtime_version: {runtime}" if runtime else ""
+    run = f", engine: {engine}" if engine else ""
+    path = tmp_path / "job.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        name: stack
+        model: {{builder: tpulaunch.models.cnn:small_cnn, optimizer: {{name: sgd, learning_rate: 0.1}}}}
+        data:
+          train: data/train.tfrecord
+          features: {{image: {{shape: [8, 8, 1]}}}}
+          labels: {{label: {{shape: [], dtype: int64}}}}
+        train: {{batch_size: 8, steps: 10}}
+        tpu:
+          name: my-tpu
+          zone: {DEFAULT_ZONE}
+          project: {DEFAULT_PROJECT}
+          type: {tpu_type}{extra}
+        run: {{model_dir: runs/x{run}}}
+        """))
+    return str(path)
+
+
+class Ran:
+    def __init__(self, result):
+        self.exit_code = result.exit_code
+        self.output = " ".join(result.output.split())  # one line: the checks below read sentences
+
+
+def run(*args):
+    return Ran(CliRunner().invoke(cli, list(args), catch_exceptions=False, terminal_width=250))
+
+
+def test_validate_locates_an_estimator_job_on_a_pjrt_only_generation_and_its_runtime(tmp_path):
+    job = write_job(tmp_path, "v6e-8", "tpu-vm-tf-2.15.0-pjrt", engine="estimator")
+    result = run("validate", "--static", job)
+    assert result.exit_code == 1, result.output
+    assert f"{job}:12:9: tpu.type: Cloud TPU runs TensorFlow on v6e only with the pjrt runtime" in result.output
+    assert "[tpu-stack-generation-runtime]" in result.output
+    assert f"{job}:13:20: tpu.runtime_version: tpu-vm-tf-2.15.0-pjrt names the pjrt runtime; this engine needs se" \
+        in result.output
+    assert "Traceback" not in result.output
+    # Run on this machine (--local), the job has no TPU and nothing to check.
+    assert "tpu-stack" not in run("validate", "--static", "--local", job).output
+
+
+@pytest.fixture
+def api(tpu_api, monkeypatch):
+    monkeypatch.setenv("TPULAUNCH_TPU_API_ENDPOINT", tpu_api.endpoint)
+    monkeypatch.setenv("NO_COLOR", "1")
+    return tpu_api
+
+
+def test_status_refuses_a_node_whose_runtime_runs_another_tensorflow(api, tmp_path):
+    from tpulaunch.engine.installed import installed_tensorflow
+    from tpulaunch.engine.registry import default_name
+
+    # The engine this machine's TensorFlow runs, so the node is held to the TensorFlow installed here.
+    engine = default_name()
+    api.set_node("my-tpu", tensorflow_version="2.15.1")
+    node = api.nodes[f"projects/{DEFAULT_PROJECT}/locations/{DEFAULT_ZONE}/nodes/my-tpu"]
+    node["runtimeVersion"] = "tpu-vm-tf-2.12.0"
+    job = write_job(tmp_path, "v3-8", engine=engine)
+    if engine == "keras":  # tensorflow 2.21 here drives no TPU: refused before the node is read, at tpu:
+        result = run("status", job)
+        assert result.exit_code == 1, result.output
+        assert f"{job}:8:1: tpu: the installed TensorFlow (tensorflow " in result.output
+        assert "[tpu-stack-tensorflow-without-tpu]" in result.output
+        return
+    result = run("status", job)
+    assert result.exit_code == 1, result.output
+    major, minor = installed_tensorflow()
+    assert (f"{job}:9:9: tpu.name: TPU node 'my-tpu' runs tpu-vm-tf-2.12.0 runs TensorFlow 2.12, this machine has "
+            f"TensorFlow {major}.{minor}") in result.output
+    assert "hint: use tpu-vm-tf-" in result.output and "-se: recreate the node" in result.output
+    assert "runtime tpu-vm-tf-2.12.0" in result.output  # the node's table is shown too
+    doc = json.loads(run("status", job, "--format", "json").output)
+    assert [p["code"] for p in doc["problems"]] == ["tpu-stack-node-runtime-tensorflow-mismatch"]
+
+
+def test_up_refuses_before_creating_anything_on_a_pjrt_only_generation(api, tmp_path):
+    result = run("up", write_job(tmp_path, "v5litepod-8", engine="estimator"))
+    assert result.exit_code == 1, result.output
+    assert "tpu.type: Cloud TPU runs TensorFlow on v5e only with the pjrt runtime" in result.output
+    assert api.created == []
+
+
+def test_tpu7x_types_are_refused_as_running_no_tensorflow():
+    from tpulaunch.tpu.types import UnknownTpuType, parse_tpu_type
+
+    with pytest.raises(UnknownTpuType) as info:
+        parse_tpu_type("tpu7x-8")
+    assert str(info.value) == "TPU7x (Ironwood) runs no TensorFlow ('tpu7x-8')"
