@@ -5,6 +5,7 @@ TensorFlow is not the job's engine's (validate says that the job's engine is not
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping, Optional
 
 from tpulaunch.job.load import LoadedJob
@@ -86,6 +87,20 @@ def node_problems(loaded: LoadedJob, node_name: str, runtime: Optional[str],
                            f"TPU node '{node_name}' runs {verdict.message}"
                            if verdict.message.startswith(runtime) else f"TPU node '{node_name}': {verdict.message}",
                            fix, severity=verdict.severity)]
+
+
+def machine_warnings(loaded: LoadedJob) -> list:
+    """What `train` on this machine would refuse about its TensorFlow (`refuse_unless_runnable`), as warnings:
+    validate usually runs on a workstation or in CI, not on the machine that drives the TPU, so a TensorFlow
+    here that cannot drive one is said, not held against the job."""
+    own = stack_problems(loaded)
+    warnings = []
+    for problem in stack_problems(loaded, this_machine=True):
+        if problem.is_error and problem not in own:
+            warnings.append(replace(problem.with_severity("warning"), hint=(
+                f"{problem.hint}; `tpulaunch train` on this machine refuses the job for this, so run it where "
+                "the TPU's TensorFlow is installed (the TPU VM)")))
+    return warnings
 
 
 def refuse_unless_runnable(loaded: LoadedJob, file: str, verb: str) -> None:

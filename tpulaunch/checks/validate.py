@@ -92,6 +92,10 @@ def validate_job(
                 f"{about.install_hint}; or check only what needs no TensorFlow: validate --static"))
             result.problems = _sorted(_dedupe(result.problems))
             return result
+        if not local and loaded.section("tpu") is not None:
+            from tpulaunch.checks.stack import machine_warnings
+
+            result.problems.extend(machine_warnings(loaded))  # what `train` here would refuse
         search_path = loaded.search_path
         from tpulaunch.tf_env import import_tensorflow
 

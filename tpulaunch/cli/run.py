@@ -27,6 +27,10 @@ def _checked(obj: Context, job_file: str, overrides, extra=(), *, local: bool):
     from tpulaunch.cli.gate import load_checked
 
     checked = load_checked(job_file, [*overrides, *extra], local=local, err=obj.text_out(stderr=True))
+    if not local and checked.job.on_tpu:  # before the TPU is touched: can this machine's TensorFlow drive it?
+        from tpulaunch.checks.stack import refuse_unless_runnable
+
+        refuse_unless_runnable(checked.loaded, job_file, "running")
     quiet_tensorflow(obj.verbose)  # again: the command may run outside the `tpulaunch` group
     return checked
 
