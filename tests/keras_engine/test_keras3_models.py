@@ -62,6 +62,11 @@ JOBS = {
     "custom_layer": (job({"builder": f"{M}:custom_layer", "metrics": ["accuracy"]}), None),
     "own_keras3_optimizer": (job({"builder": f"{M}:subclassed", "optimizer": {"name": f"{M}:adam_with_clipnorm"}}),
                              None),
+    # Keras 3's own loss scaling (its LossScaleOptimizer unscales in apply_gradients), and bfloat16 layers.
+    "mixed_float16": (job({"builder": f"{M}:custom_layer", "precision": "mixed_float16", "metrics": ["accuracy"]}),
+                      None),
+    "bfloat16": (job({"builder": f"{M}:two_inputs", "precision": "bfloat16", "metrics": ["accuracy"]},
+                     {"image": {"shape": [8, 8, 1]}, "extra": {"shape": [3]}}), None),
     # Broken, each in one way.
     "label_shape_wrong_for_loss": (job({"builder": f"{M}:subclassed"},
                                        labels={"label": {"shape": [3], "dtype": "int64"}}), "model.loss"),
@@ -186,6 +191,16 @@ def test_the_checkpoint_restores_a_trained_keras3_model_with_its_optimizer(keras
     restored = _weights(training)
     assert len(restored) == len(initial) and any(not np.allclose(a, b) for a, b in zip(initial, restored))
     assert int(training.optimizer.iterations.numpy()) == 6  # Adam's own step count came back with its slots
+
+
+def test_the_precision_policy_and_loss_scaling_are_keras3s_own(keras3_project):
+    from tpulaunch.engine.keras.runner import make_training
+
+    loaded = load_job(str(keras3_project / "job.yaml"), ["model.precision=mixed_float16"])
+    training = make_training(loaded.job, build_plan(loaded.job, local=True), search_path=loaded.job.search_path,
+                             model_dir=str(keras3_project / "scratch"))
+    assert {layer.dtype_policy.name for layer in training.model.layers[1:]} == {"mixed_float16"}
+    assert type(training.optimizer).__module__.startswith("keras.") and training.optimizer.name.startswith("loss_scale")
 
 
 def test_evaluate_gives_the_trainings_last_metrics_and_the_export_serves(keras3_project, trained, tmp_path):
