@@ -2,8 +2,9 @@
 metric functions, and the Keras precision policy.
 
 Failures become messages naming the job key: a builder that rejects model.params, one that cannot
-download its weights, one that returns something other than a tf.keras.Model (a Keras 3 model named as
-such), and a model that would train otherwise than its author wrote: one with its own train_step,
+download its weights, one that returns something other than a Keras model (a tf.keras one, or a Keras 3
+one where the engine trains Keras 3: `keras3=True`; which Keras is told by the model's classes), and a
+model that would train otherwise than its author wrote: one with its own train_step,
 test_step or compute_loss, or one the builder compile()d (tpulaunch's step uses the job's loss and
 optimizer and calls none of these). A Keras Metric (class or object) given by import path, or a Keras
 Loss given as a metric, is refused at its job key; a Keras Loss as model.loss trains (portable.compute_loss).
@@ -22,23 +23,24 @@ _policy_in_effect = None
 
 
 def apply_precision(precision: str, *, use_tpu: bool) -> str:
-    """Set the process-wide Keras policy for this job (only when it changes) and return its name."""
-    import tensorflow as tf
-
+    """Set the process-wide Keras policy for this job (only when it changes) in every Keras imported (the
+    builder's module has imported its own by now) and return its name."""
     from tpulaunch.engine import portable
 
     global _policy_in_effect
     name = portable.policy_name(precision, use_tpu=use_tpu)
-    if name != _policy_in_effect:
-        tf.keras.mixed_precision.set_global_policy(name)
-        _policy_in_effect = name
+    kerases = tuple(id(keras) for keras in portable.imported_kerases())
+    if (name, kerases) != _policy_in_effect:
+        portable.set_precision_policy(name)
+        _policy_in_effect = (name, kerases)
     return name
 
 
-def job_builder(job: Job, *, search_path: Sequence[str] = ()) -> Tuple[Callable, dict]:
-    """(the job's builder, wrapped so its failures name model.builder / model.params, its keyword arguments)."""
-    import tensorflow as tf
+def job_builder(job: Job, *, search_path: Sequence[str] = (), keras3: bool = False) -> Tuple[Callable, dict]:
+    """(the job's builder, wrapped so its failures name model.builder / model.params, its keyword arguments).
 
+    `keras3`: the engine trains Keras 3 models too (else only tf.keras ones)."""
+    from tpulaunch.engine.portable import is_keras3, keras_of
     from tpulaunch.engine.weights import download_error, download_failure
 
     spec = job.model
@@ -57,8 +59,9 @@ def job_builder(job: Job, *, search_path: Sequence[str] = ()) -> Tuple[Callable,
                 raise
             message, hint = download_error(spec.builder, failure)
             raise TpuLaunchError(message, hint=hint, code="builder-download-failed") from exc
-        if not isinstance(model, tf.keras.Model):
-            raise _not_a_tf_keras_model(spec.builder, model)
+        keras = keras_of(model)
+        if keras is None or not isinstance(model, keras.Model) or (is_keras3(keras) and not keras3):
+            raise _not_a_keras_model(spec.builder, model, keras3)
         _refuse_own_training(spec.builder, model)
         _refuse_compiled(spec.builder, model)
         return model
@@ -86,17 +89,10 @@ def job_functions(job: Job, *, search_path: Sequence[str] = ()) -> Tuple[Optiona
 
 # Model methods that only Keras's own fit()/evaluate() call: tpulaunch's training and evaluation steps do not.
 _FIT_ONLY_METHODS = ("train_step", "test_step", "compute_loss")
-_KERAS_PACKAGES = ("keras", "tf_keras")  # tf.keras's own: keras under TensorFlow 2.15, tf_keras under 2.16+
 
 
 def _package_of(cls: type) -> str:
     return cls.__module__.split(".")[0]
-
-
-def _is_keras3(model) -> bool:
-    """Whether `model`, which is no tf.keras.Model, is a Keras 3 one (`import keras` under TensorFlow 2.16+), told by
-    the package its classes come from (a subclass's own module is the user's)."""
-    return any(_package_of(cls) == "keras" for cls in type(model).__mro__)
 
 
 def _installed_version(package: str) -> str:
@@ -108,31 +104,34 @@ def _installed_version(package: str) -> str:
         return "not installed"
 
 
-def _not_a_tf_keras_model(builder: str, model) -> TpuLaunchError:
+def _not_a_keras_model(builder: str, model, keras3: bool) -> TpuLaunchError:
     import tensorflow as tf
 
+    from tpulaunch.engine.portable import is_keras3, keras_of
+
     found = type(model).__name__
-    if not _is_keras3(model):
-        return TpuLaunchError(f"model builder {builder!r} returned {found}, not a tf.keras.Model",
-                              hint="return the model itself (a tf.keras.Model), not its outputs or a wrapper")
+    if not is_keras3(keras_of(model)):
+        wanted = "a Keras model (tf.keras or Keras 3)" if keras3 else "a tf.keras.Model"
+        return TpuLaunchError(f"model builder {builder!r} returned {found}, not {wanted}",
+                              hint=f"return the model itself ({wanted}), not its outputs or a wrapper")
     versions = (f"keras {_installed_version('keras')}, tf-keras {_installed_version('tf_keras')}, "
                 f"TensorFlow {tf.__version__}")
     return TpuLaunchError(
-        f"model builder {builder!r} returned {found}, a Keras 3 model ({type(model).__module__}); tpulaunch trains "
+        f"model builder {builder!r} returned {found}, a Keras 3 model ({type(model).__module__}); this engine trains "
         f"tf.keras (Keras 2) models. Installed: {versions}",
-        hint="in the builder's module, `import tf_keras as keras` instead of `import keras` (or use "
-             "`from tensorflow import keras`, which is tf-keras under TF_USE_LEGACY_KERAS=1, as tpulaunch sets it)")
+        hint="train it on the keras engine (run.engine: keras, TensorFlow 2.16 or later), or in the builder's module "
+             "`import tf_keras as keras` instead of `import keras`")
 
 
 def _own_override(model, method: str) -> bool:
-    """Whether the model's class replaces Keras's `method` with one of its own (Keras's Sequential and Functional
-    keep Model's)."""
-    import tensorflow as tf
+    """Whether the model's class replaces its Keras's `method` with one of its own (Keras's Sequential and
+    Functional keep Model's; Keras 3's come from its backend's trainer)."""
+    from tpulaunch.engine.portable import KERAS_PACKAGES, keras_of
 
-    if getattr(type(model), method, None) is getattr(tf.keras.Model, method, None):
+    if getattr(type(model), method, None) is getattr(keras_of(model).Model, method, None):
         return False
     owner = next((cls for cls in type(model).__mro__ if method in vars(cls)), None)
-    return owner is not None and _package_of(owner) not in _KERAS_PACKAGES
+    return owner is not None and _package_of(owner) not in KERAS_PACKAGES
 
 
 def _refuse_own_training(builder: str, model) -> None:
@@ -165,15 +164,23 @@ def _compile_settings(model) -> str:
     return ", ".join(found) or "no optimizer or loss"
 
 
+def _compiled(model) -> bool:
+    from tpulaunch.engine.portable import is_keras3, keras_of
+
+    if is_keras3(keras_of(model)):  # Keras 3 says so (its compiled_loss is a method)
+        return bool(model.compiled) or getattr(model, "optimizer", None) is not None
+    return (getattr(model, "_is_compiled", False) or getattr(model, "optimizer", None) is not None
+            or getattr(model, "compiled_loss", None) is not None)
+
+
 def _refuse_compiled(builder: str, model) -> None:
-    compiled = (getattr(model, "_is_compiled", False) or getattr(model, "optimizer", None) is not None
-                or getattr(model, "compiled_loss", None) is not None)
+    compiled = _compiled(model)
     if compiled:
         raise TpuLaunchError(
             f"model builder {builder!r} returned {type(model).__name__} already compiled ({_compile_settings(model)}): "
             f"tpulaunch trains with the job's model.loss and model.optimizer in its own step, so compile()'s would "
             f"be ignored",
-            hint="remove compile() from the builder (a loaded model: tf.keras.models.load_model(path, compile=False)) "
+            hint="remove compile() from the builder (a loaded model: load_model(path, compile=False)) "
                  "and put its loss in model.loss and its optimizer in model.optimizer")
 
 
@@ -183,15 +190,14 @@ _KERAS_BASES = (("metrics", "Metric"), ("losses", "Loss"))
 
 
 def _keras_kind(function) -> Optional[str]:
-    """'tf.keras.metrics.Metric class', 'tf.keras.losses.Loss object', ... for a Keras metric or loss; else None."""
-    import tensorflow as tf
+    """'tf.keras.metrics.Metric class', 'keras.losses.Loss object' (Keras 3), ... for a Keras metric or loss; else
+    None."""
+    from tpulaunch.engine.portable import keras_base
 
     for module, name in _KERAS_BASES:
-        base = getattr(getattr(tf.keras, module), name)
-        if isinstance(function, type) and issubclass(function, base):
-            return f"tf.keras.{module}.{name} class"
-        if isinstance(function, base):
-            return f"tf.keras.{module}.{name} object"
+        kind = keras_base(function, module, name)
+        if kind is not None:
+            return kind
     return None
 
 
@@ -202,7 +208,7 @@ def _refuse_keras_objects(key: tuple, path: str, function) -> None:
     from tpulaunch.engine.core.build_failures import BuildError
 
     kind = _keras_kind(function)
-    if kind is None or (key[1] == "loss" and kind.startswith("tf.keras.losses")):
+    if kind is None or (key[1] == "loss" and ".losses." in kind):
         return
     found = f"{path!r} is a {kind}"
     if key[1] == "loss":

@@ -19,6 +19,7 @@ TPU needs:
 
 import copy
 import math
+import sys
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
@@ -321,17 +322,69 @@ def policy_name(precision: str, *, use_tpu: bool, has_gpu: Optional[bool] = None
     return "mixed_bfloat16"
 
 
+def set_precision_policy(policy: str) -> None:
+    """Make `policy` the global policy of every Keras this process has imported (tf.keras's when none has been):
+    a model's layers take it when they are made, in the Keras the model is written with."""
+    for keras in imported_kerases() or [tf.keras]:
+        keras.mixed_precision.set_global_policy(policy)
+
+
+# ----------------------------------------------------------------------------------------------- Keras
+
+# Where Keras classes come from: tf_keras (Keras 2 under TensorFlow 2.16+), keras (Keras 3 there; under
+# TensorFlow 2.15, tf.keras itself).
+KERAS_PACKAGES = ("tf_keras", "keras")
+
+
+def keras_of(thing):
+    """The Keras package `thing` (a model, layer, loss, metric or optimizer, or its class) is written with, as a
+    module; None when it is no Keras object. Told by the package of the first Keras class among its bases (a
+    subclass's own module is the user's); the job never says which Keras it uses."""
+    cls = thing if isinstance(thing, type) else type(thing)
+    for base in cls.__mro__:
+        package = base.__module__.split(".")[0]
+        if package in KERAS_PACKAGES and package in sys.modules:
+            return sys.modules[package]
+    return None
+
+
+def is_keras3(keras) -> bool:
+    return keras is not None and int(keras.__version__.split(".")[0]) >= 3
+
+
+def imported_kerases() -> list:
+    """The Keras packages this process has imported, as modules (tf_keras, keras)."""
+    found = [sys.modules.get(name) for name in KERAS_PACKAGES]
+    return [keras for keras in found if keras is not None and hasattr(keras, "mixed_precision")]
+
+
+def keras_base(thing, module: str, name: str) -> Optional[str]:
+    """'<keras>.<module>.<name> class' or '... object' when `thing` is (an instance of) that base of an imported
+    Keras (`keras` for Keras 3, `tf.keras` for Keras 2), e.g. ("losses", "Loss"); else None."""
+    for keras in imported_kerases():
+        base = getattr(getattr(keras, module, None), name, None)
+        if base is None:
+            continue
+        prefix = "keras" if is_keras3(keras) else "tf.keras"
+        if isinstance(thing, type) and issubclass(thing, base):
+            return f"{prefix}.{module}.{name} class"
+        if isinstance(thing, base):
+            return f"{prefix}.{module}.{name} object"
+    return None
+
+
 # ----------------------------------------------------------------------------------------------- heads
 
+# Each loss name's Keras loss class, by name: it is taken from the model's own Keras (`compute_loss`).
 _CROSSENTROPY = {
-    "sparse_categorical_crossentropy": (tf.keras.losses.SparseCategoricalCrossentropy, "sparse"),
-    "categorical_crossentropy": (tf.keras.losses.CategoricalCrossentropy, "onehot"),
-    "binary_crossentropy": (tf.keras.losses.BinaryCrossentropy, "binary"),
+    "sparse_categorical_crossentropy": ("SparseCategoricalCrossentropy", "sparse"),
+    "categorical_crossentropy": ("CategoricalCrossentropy", "onehot"),
+    "binary_crossentropy": ("BinaryCrossentropy", "binary"),
 }
 _REGRESSION = {
-    "mean_squared_error": tf.keras.losses.MeanSquaredError,
-    "mean_absolute_error": tf.keras.losses.MeanAbsoluteError,
-    "huber": tf.keras.losses.Huber,
+    "mean_squared_error": "MeanSquaredError",
+    "mean_absolute_error": "MeanAbsoluteError",
+    "huber": "Huber",
 }
 
 # Which metrics fit which heads: class metrics need a crossentropy loss, value metrics a regression
@@ -379,7 +432,8 @@ _PROBABILITY_OPS = ("Softmax", "Sigmoid")
 
 def _layer_output_kind(layer) -> Optional[bool]:
     """True: the layer gives probabilities; False: logits (a linear activation); None: it does not say."""
-    if isinstance(layer, tf.keras.layers.Softmax):
+    keras = keras_of(layer)
+    if keras is not None and isinstance(layer, keras.layers.Softmax):
         return True
     activation = getattr(getattr(layer, "activation", None), "__name__", None)
     if activation in ("softmax", "sigmoid"):
@@ -406,11 +460,16 @@ def _tensor_output_kind(tensor) -> Optional[bool]:
 def _output_layers(model, count: int) -> list:
     """The layer producing each of the model's `count` (flattened) outputs, None where the model does not record it:
     a functional model's output layers, a Sequential's last layer; a subclassed model's are unknown."""
-    if isinstance(model, tf.keras.Sequential) and model.layers and count == 1:
+    keras = keras_of(model)
+    if keras is not None and isinstance(model, keras.Sequential) and model.layers and count == 1:
         return [model.layers[-1]]
-    known = list(getattr(model, "outputs", None) or []) if getattr(model, "_is_graph_network", False) else []
+    functional = getattr(model, "_is_graph_network", False) or any(  # Keras 2 says so; Keras 3 by its class
+        cls.__name__ == "Functional" for cls in type(model).__mro__)
+    known = list(getattr(model, "outputs", None) or []) if functional else []
     if len(known) == count:
-        return [getattr(getattr(t, "_keras_history", None), "layer", None) for t in known]
+        # The layer that made each output: Keras 2's history names it `layer`, Keras 3's `operation`.
+        histories = [getattr(t, "_keras_history", None) for t in known]
+        return [getattr(h, "layer", None) or getattr(h, "operation", None) for h in histories]
     return [None] * count
 
 
@@ -507,23 +566,23 @@ def pair_heads(labels, outputs, probabilities, loss_names: Dict[str, str], outpu
 
 # ----------------------------------------------------------------------------------------------- loss
 
-def _single_loss(head: Optional[Head], labels, outputs, custom: Optional[Callable]):
+def _single_loss(head: Optional[Head], labels, outputs, custom: Optional[Callable], keras=None):
     if custom is not None:
         value = custom(labels, outputs)
     elif head.loss_name in _CROSSENTROPY:
-        cls = _CROSSENTROPY[head.loss_name][0]
-        value = cls(from_logits=head.from_logits, reduction=tf.keras.losses.Reduction.NONE)(labels, outputs)
+        cls = getattr(keras.losses, _CROSSENTROPY[head.loss_name][0])
+        value = cls(from_logits=head.from_logits, reduction="none")(labels, outputs)
     else:
-        value = _REGRESSION[head.loss_name](reduction=tf.keras.losses.Reduction.NONE)(labels, outputs)
+        value = getattr(keras.losses, _REGRESSION[head.loss_name])(reduction="none")(labels, outputs)
     # Reduce whatever came back to one float32 scalar: the mean over the (replica's) batch, which is what
     # Keras's SUM_OVER_BATCH_SIZE computes; Keras refuses that reduction inside a tf.distribute replica.
     # A custom loss may return per-example values.
     return tf.reduce_mean(tf.cast(value, tf.float32))
 
 
-def _label_loss(name: str, head: Head, labels, outputs, custom: Optional[Callable], key: tuple):
+def _label_loss(name: str, head: Head, labels, outputs, custom: Optional[Callable], key: tuple, keras):
     try:
-        return _single_loss(head, labels, outputs, custom)
+        return _single_loss(head, labels, outputs, custom, keras)
     except ValueError as exc:  # the loss's own shape checks, at graph building
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise SpecError(
@@ -539,32 +598,35 @@ def _per_example(tensor) -> str:
 
 
 def _per_example_loss(custom: Callable, path: str, key: tuple) -> Callable:
-    """The job's own loss as a function of (labels, outputs): a function as it is; a tf.keras.losses.Loss class
-    made with no arguments, as Keras's compile() takes it, and a Loss object copied to reduce nothing, since
+    """The job's own loss as a function of (labels, outputs): a function as it is; a Keras Loss class (of either
+    Keras) made with no arguments, as Keras's compile() takes it, and a Loss object copied to reduce nothing, since
     _single_loss takes the batch mean itself (Keras refuses its own inside a tf.distribute replica)."""
-    if isinstance(custom, type) and issubclass(custom, tf.keras.losses.Loss):
+    kind = keras_base(custom, "losses", "Loss")
+    if kind is not None and kind.endswith("class"):
         try:
             custom = custom()
         except TypeError as exc:
             raise SpecError(f"loss {path!r}: the Keras loss class cannot be made without arguments: {exc}",
                             hint="give the import path of a loss object made with its arguments "
                                  "(my_loss = MyLoss(...) in its module)", key=key) from None
-    if isinstance(custom, tf.keras.losses.Loss):
+    if keras_base(custom, "losses", "Loss") is not None:
         custom = copy.copy(custom)
-        custom.reduction = tf.keras.losses.Reduction.NONE
+        custom.reduction = "none"  # Reduction.NONE in Keras 2 and 3
     return custom
 
 
 def compute_loss(loss, labels, outputs, pairs: Dict[str, Pair], *, custom_loss: Optional[Callable] = None,
-                 custom_losses: Optional[Dict[str, Callable]] = None):
+                 custom_losses: Optional[Dict[str, Callable]] = None, keras=None):
     """The scalar float32 loss.
 
     An import-path `loss` (a string, its function `custom_loss`) is called once with the whole labels
     and outputs, dicts included: it defines how its heads pair up (RetinaNet's {cls_targets,
     box_targets} against {cls_logits, box_regression}). Otherwise each label's loss (one for all, or
     per label when `loss` is a mapping) scores its Pair, and the losses are summed. An import-path loss
-    may also be a tf.keras.losses.Loss class or object (`_per_example_loss`).
+    may also be a Keras Loss class or object (`_per_example_loss`). The losses named are `keras`'s, the Keras
+    the model is written with (default: tf.keras).
     """
+    keras = keras or tf.keras
     if not isinstance(loss, dict) and custom_loss is not None:
         return _single_loss(None, labels, outputs, _per_example_loss(custom_loss, loss, ("model", "loss")))
     total = []
@@ -577,7 +639,7 @@ def compute_loss(loss, labels, outputs, pairs: Dict[str, Pair], *, custom_loss: 
         key = ("model", "loss", name) if isinstance(loss, dict) else ("model", "loss")
         if custom is not None:
             custom = _per_example_loss(custom, loss_name, key)
-        total.append(_label_loss(name, pair.head, pair.labels, pair.outputs, custom, key))
+        total.append(_label_loss(name, pair.head, pair.labels, pair.outputs, custom, key, keras))
     return tf.add_n(total)
 
 

@@ -11,9 +11,11 @@ ABOUT = EngineAbout(
                  "several GPUs, else one device)"),
     install_hint="pip install 'tpulaunch[keras]': current TensorFlow with tf-keras",
     tensorflow=((2, 16), None),
-    packages=(("tf_keras", "tf-keras (Keras 2)"),),
-    # TensorFlow 2.16+ makes tf.keras Keras 3 unless this is set; with it, tf.keras is tf-keras (Keras 2), which
-    # the engine and the job's own builders use.
+    # Nothing besides TensorFlow: it brings Keras 3, and tf-keras (Keras 2) is needed only by builders written with
+    # it (an install without it, such as tensorflow-tpu's, trains Keras 3 models).
+    packages=(),
+    # TensorFlow 2.16+ makes tf.keras Keras 3 unless this is set; with it, tf.keras is tf-keras (Keras 2), as
+    # builders written with `from tensorflow import keras` expect. `import keras` is Keras 3 either way.
     environment={"TF_USE_LEGACY_KERAS": "1"},
     static_rules="tpulaunch.engine.keras.rules:problems",
     even_splits=True,  # experimental_split_to_logical_devices refuses uneven splits

@@ -34,17 +34,22 @@ def _specs(job, batch: int):
 
 def build_modes(job, plan) -> list:
     """One ModeBuild per mode the job runs (train, eval), from one KerasTraining."""
+    return _build(job, plan)[0]
+
+
+def _build(job, plan) -> tuple:
+    """(build_modes's list, whether the model is a Keras 3 one: None when it was not built)."""
     import tensorflow as tf
 
     modes = [m for m in ("train", "eval") if getattr(job, m, None) is not None]
     if not modes:
-        return []
+        return [], None
     stage = ("model", "builder")
     with tempfile.TemporaryDirectory() as scratch:
         try:
             training = _training(job, plan, scratch)
         except Exception as exc:  # noqa: BLE001 (the user's code, Keras or TensorFlow: the verdict)
-            return [_failed(mode, exc, stage, job) for mode in modes]
+            return [_failed(mode, exc, stage, job) for mode in modes], None
         out = []
         for mode in modes:
             batch = plan.batch(mode).per_replica
@@ -59,7 +64,7 @@ def build_modes(job, plan) -> list:
                 out.append(ModeBuild(mode, True))
             except Exception as exc:  # noqa: BLE001
                 out.append(_failed(mode, exc, stage, job))
-        return out
+        return out, training.keras3
 
 
 def _failed(mode: str, exc: BaseException, stage: tuple, job) -> ModeBuild:
@@ -69,8 +74,12 @@ def _failed(mode: str, exc: BaseException, stage: tuple, job) -> ModeBuild:
 
 
 def build_problems(loaded, plan) -> list:
-    """The failed builds as problems: one per job key and message, naming the steps that failed."""
-    return problems_of(loaded, build_modes(loaded.job, plan), "step")
+    """The failed builds as problems: one per job key and message, naming the steps that failed; and what a TPU
+    target means for a Keras 3 model (keras3_tpu.py)."""
+    from tpulaunch.engine.keras import keras3_tpu
+
+    builds, keras3 = _build(loaded.job, plan)
+    return problems_of(loaded, builds, "step") + keras3_tpu.problems(loaded, plan, bool(keras3))
 
 
 def step_tensors(job, *, use_tpu: bool) -> StepTensors:

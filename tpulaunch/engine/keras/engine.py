@@ -1,4 +1,4 @@
-"""Keras (tf-keras) + tf.distribute as an `Engine`, on TensorFlow 2.16 and later: the strategy for the job and
+"""Keras (tf-keras or Keras 3) + tf.distribute as an `Engine`, on TensorFlow 2.16 and later: the strategy for the job and
 the machine, the training step and checkpoints of `standalone.py`, its offline TPU verdict, and its program."""
 
 from __future__ import annotations
@@ -13,12 +13,18 @@ class KerasEngine(Engine):
     name = ABOUT.name
 
     def load(self) -> None:
+        from tpulaunch.engine.installed import installed_module
         from tpulaunch.engine.registry import require
         from tpulaunch.tf_env import import_tensorflow
 
         require(ABOUT.name)
         tf = import_tensorflow()
-        _ = tf.keras.layers.Layer, tf.distribute.Strategy  # touched: their lazy imports run now
+        _ = tf.distribute.Strategy  # touched: its lazy imports run now
+        # Both Kerases a builder may use, where installed (tf.keras is tf-keras under TF_USE_LEGACY_KERAS=1):
+        # loaded now, so the job's precision policy is set in each before the builder runs.
+        if installed_module("tf_keras"):
+            _ = tf.keras.layers.Layer
+        import keras  # noqa: F401  (Keras 3: TensorFlow 2.16+ depends on it)
 
     def check_build(self, loaded, plan) -> list:
         from tpulaunch.engine.keras.build import build_problems

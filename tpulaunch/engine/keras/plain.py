@@ -36,21 +36,20 @@ def job_parts(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -> Jo
     from tpulaunch.engine.job_code import apply_precision, job_builder, job_functions
 
     apply_flags(job, search_path=search_path)
-    builder, kwargs = job_builder(job, search_path=search_path)
+    builder, kwargs = job_builder(job, search_path=search_path, keras3=True)
     whole_loss, custom_losses, custom_metrics = job_functions(job, search_path=search_path)
     return JobParts(builder, kwargs, apply_precision(job.model.precision, use_tpu=use_tpu),
                     keras_optimizer(job, search_path=search_path), whole_loss, custom_losses, custom_metrics)
 
 
-def keras_optimizer(job: Job, *, search_path: Sequence[str] = ()) -> Callable[[], Any]:
-    """A function returning the job's fresh Keras optimizer, built once here so a wrong name or argument fails
-    before training starts.
+def keras_optimizer(job: Job, *, search_path: Sequence[str] = ()) -> Callable[[Any], Any]:
+    """`make(keras)`: the job's fresh optimizer of `keras`, the Keras the model is written with (KerasTraining
+    calls it once the model is built, before anything trains), checked.
 
     Raises:
-        TpuLaunchError: bad arguments, or an import path that does not return a Keras optimizer.
+        TpuLaunchError: bad arguments, or an import path that does not return an optimizer of the model's Keras
+            (a Keras 3 model's variables are updated only by a Keras 3 optimizer; tf-keras ones by tf-keras's).
     """
-    import tensorflow as tf
-
     from tpulaunch.engine.keras import standalone
 
     spec = job.model.optimizer
@@ -58,21 +57,39 @@ def keras_optimizer(job: Job, *, search_path: Sequence[str] = ()) -> Callable[[]
     assert make is not None or spec.name in standalone.KERAS_OPTIMIZERS, OPTIMIZERS  # the schema allows no other
     factory = standalone.keras_optimizer_factory(spec.name, spec.learning_rate, dict(spec.args), make=make)
 
-    def checked():
+    def checked(keras):
         try:
-            optimizer = factory()
+            optimizer = factory(keras)
         except TypeError as exc:
             raise TpuLaunchError(f"optimizer {spec.name!r} rejected its arguments: {exc}",
                                  hint="check model.optimizer.args against the Keras optimizer's constructor") from None
-        if not isinstance(optimizer, (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer)):
-            raise TpuLaunchError(
-                f"optimizer {spec.name!r} returned {type(optimizer).__name__}, not a Keras optimizer",
-                hint="the keras engine needs a tf.keras optimizer (tf.keras.optimizers.Adam, ...); a "
-                     "tf.compat.v1.train optimizer belongs to the estimator engine")
+        if not isinstance(optimizer, _optimizer_bases(keras)):
+            raise _not_the_models_optimizer(spec.name, optimizer, keras)
         return optimizer
 
-    checked()
     return checked
+
+
+def _optimizer_bases(keras) -> tuple:
+    """The optimizer classes of `keras` (tf-keras has a legacy one besides)."""
+    legacy = getattr(keras.optimizers, "legacy", None)
+    return tuple(base for base in (keras.optimizers.Optimizer, getattr(legacy, "Optimizer", None)) if base is not None)
+
+
+def _not_the_models_optimizer(name: str, optimizer, keras) -> TpuLaunchError:
+    from tpulaunch.engine.portable import is_keras3, keras_of
+
+    found = f"{type(optimizer).__name__} ({type(optimizer).__module__})"
+    if is_keras3(keras):
+        other = keras_of(optimizer)
+        return TpuLaunchError(
+            f"optimizer {name!r} returned {found}, not a Keras 3 optimizer: the model is a Keras 3 model, whose "
+            f"variables only a Keras 3 optimizer updates" + (f" (this one is {other.__name__}'s)" if other else ""),
+            hint="return keras.optimizers.<Name>(...) (`import keras`), or use a named optimizer (sgd, adam, ...)")
+    return TpuLaunchError(
+        f"optimizer {name!r} returned {found}, not a tf.keras optimizer (the model is a tf.keras model)",
+        hint="the keras engine needs an optimizer of the model's Keras (tf.keras.optimizers.Adam, ...); a "
+             "tf.compat.v1.train optimizer belongs to the estimator engine")
 
 
 def strategy_settings(job: Job, plan: "Plan", *, use_tpu: bool) -> dict:

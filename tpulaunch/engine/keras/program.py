@@ -1,7 +1,10 @@
 """`tpulaunch explain` on the keras engine: the standalone Keras + tf.distribute program a job file stands for.
 
-`explain_script(loaded, plan)` returns one Python file that needs only TensorFlow 2.16 or later with
-tf-keras (Keras 2), and the job's own model code. Its middle is `portable.py` and the keras engine's
+`explain_script(loaded, plan)` returns one Python file that needs only TensorFlow 2.16 or later (with
+tf-keras when the job's model is written with it; a Keras 3 model needs only the Keras 3 TensorFlow
+brings), and the job's own model code. It is written without importing the job's code, so the same
+program serves either Keras: standalone.py takes the optimizer, metrics, losses and precision policy
+from the Keras the built model is written with. Its middle is `portable.py` and the keras engine's
 `standalone.py` verbatim (`engine/sources.py`): the input pipeline, strategy, training step,
 evaluation and checkpoints that `tpulaunch train` runs on this engine. Before it, a generated head
 holds the job's values (the plain values `engine/keras/plain.py` passes, each commented with its
@@ -91,8 +94,9 @@ def explain_script(loaded: LoadedJob, plan: "Plan", *,
         f'"""The Keras + tf.distribute program of job {job.name!r} ({os.path.basename(loaded.file)}), written by '
         "`tpulaunch explain`.",
         "",
-        "It needs TensorFlow 2.16 or later with tf-keras (Keras 2: pip install tensorflow tf-keras) and the job's own",
-        "model code. Its middle is tpulaunch/engine/portable.py and tpulaunch/engine/keras/standalone.py verbatim,",
+        "It needs TensorFlow 2.16 or later (and tf-keras when the model is written with it: pip install tf-keras) and",
+        "the job's own model code: a tf-keras or a Keras 3 model, trained with that Keras's optimizer, metrics and",
+        "losses. Its middle is tpulaunch/engine/portable.py and tpulaunch/engine/keras/standalone.py verbatim,",
         "the code `tpulaunch train` runs on the keras engine; the values from the job file come first, each",
         "commented with its key and line.",
         "",
@@ -110,7 +114,8 @@ def explain_script(loaded: LoadedJob, plan: "Plan", *,
         "",
         "import os",
         "",
-        "# tf.keras must be tf-keras (Keras 2), the Keras this program is written for: set before TensorFlow is imported.",
+        "# tf.keras must be tf-keras (Keras 2), as a builder written with `from tensorflow import keras` expects: set",
+        "# before TensorFlow is imported. `import keras` is Keras 3 either way.",
         'os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")',
         "",
         "import argparse  # noqa: E402",
@@ -192,9 +197,9 @@ def job_training(strategy):
             raise SystemExit(f"{{name}}.batch_size {{batch}} does not divide over the {{replicas}} replicas of "
                              f"{{type(strategy).__name__}}: use a multiple of {{replicas}}")
     if SEED is not None:
-        tf.keras.utils.set_random_seed(SEED)
+        set_random_seed(SEED)
     policy = policy_name(PRECISION, use_tpu=USE_TPU)
-    tf.keras.mixed_precision.set_global_policy(policy)
+    set_precision_policy(policy)  # in the Keras the model's code imported (KerasTraining checks it took)
     make_optimizer = keras_optimizer_factory({optimizer_args}, make=custom_optimizer)
     return {call("KerasTraining", ["build_model", "BUILDER_KWARGS", "strategy=strategy", "policy=policy",
                                    "make_optimizer=make_optimizer", "custom_loss=custom_loss",

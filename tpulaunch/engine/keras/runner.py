@@ -48,8 +48,6 @@ def make_training(job: Job, plan: Plan, *, use_tpu: Optional[bool] = None, clust
                   search_path: Sequence[str] = (), model_dir: Optional[str] = None, cpu_replicas: Optional[int] = None):
     """The job's KerasTraining (strategy, model, optimizer, checkpoints) on `plan`'s target (`use_tpu=False`: on this
     machine, as export builds it), failures located at their job key."""
-    import tensorflow as tf
-
     from tpulaunch.engine.keras import standalone
 
     use_tpu = plan.on_tpu if use_tpu is None else use_tpu
@@ -66,9 +64,9 @@ def make_training(job: Job, plan: Plan, *, use_tpu: Optional[bool] = None, clust
             raise TpuLaunchError(f"{batch.split}.batch_size {batch.global_batch} does not divide over the {replicas} "
                                  f"replicas of {type(strategy).__name__}",
                                  hint=f"use a multiple of {replicas} (each replica gets the same share)")
+    parts = plain.job_parts(job, use_tpu=use_tpu, search_path=search_path)  # imports the builder's Keras
     if job.run.seed is not None:
-        tf.keras.utils.set_random_seed(job.run.seed)
-    parts = plain.job_parts(job, use_tpu=use_tpu, search_path=search_path)
+        standalone.set_random_seed(job.run.seed)
     settings = plain.training_settings(job, plan, use_tpu=use_tpu)
     if model_dir:
         settings["model_dir"] = model_dir

@@ -1,8 +1,10 @@
 """The strategy, training step, evaluation and checkpoints that `tpulaunch train` runs on the keras engine.
 
-Keras 2 (tf-keras) with tf.distribute, on TensorFlow 2.16 and later. This module imports only
-TensorFlow, the Python standard library and `engine/portable.py` (the input pipeline, precision,
-heads and losses both engines share), and takes plain values plus the job's own callables.
+Keras with tf.distribute, on TensorFlow 2.16 and later: a builder's model is trained in the Keras it is
+written with (`portable.keras_of`), tf-keras (Keras 2) or Keras 3, whose optimizer, metrics, losses and
+precision policy are then that Keras's; nothing here needs the other Keras installed. This module
+imports only TensorFlow, the Python standard library and `engine/portable.py` (the input pipeline,
+precision, heads and losses both engines share), and takes plain values plus the job's own callables.
 tpulaunch calls it with values converted from the job file (engine/keras/plain.py), and
 `tpulaunch explain` prints portable.py and then this module verbatim inside the standalone program
 (without the import of portable's names below, which the program defines above it).
@@ -24,7 +26,7 @@ import tensorflow as tf
 
 from tpulaunch.engine.portable import (  # explain: the program defines these above this module
     Head, SpecError, _classes, _losses_by_label, _predictions, _values_like_labels, compute_loss, head_for,
-    metrics_by_label, outputs_by_label, pair_heads, probabilities_of)
+    imported_kerases, is_keras3, keras_of, metrics_by_label, outputs_by_label, pair_heads, probabilities_of)
 
 CHECKPOINT_NAME = "model.ckpt"  # checkpoints are model_dir/model.ckpt-STEP, as TPUEstimator names them
 
@@ -142,36 +144,45 @@ KERAS_OPTIMIZERS = {
 
 def keras_optimizer_factory(optimizer: str, learning_rate: float, optimizer_args: dict,
                             make: Optional[Callable] = None) -> Callable:
-    """A function returning a fresh Keras optimizer: `make` (the job's own constructor) with `optimizer_args`,
-    else the Keras optimizer KERAS_OPTIMIZERS names, its defaults under `optimizer_args`."""
+    """A function `factory(keras)` returning a fresh optimizer of `keras` (the model's Keras: a Keras 3 model's
+    variables take only a Keras 3 optimizer): `make` (the job's own constructor) with `optimizer_args`, else the
+    optimizer KERAS_OPTIMIZERS names, its defaults under `optimizer_args`."""
     args = dict(optimizer_args)
     if make is None:
         class_name, defaults = KERAS_OPTIMIZERS[optimizer]
-        make = getattr(tf.keras.optimizers, class_name)
         args = {**defaults, **args}
 
-    def factory():
-        return make(learning_rate=learning_rate, **args)
+    def factory(keras):
+        made = make or getattr(keras.optimizers, class_name)
+        return made(learning_rate=learning_rate, **args)
 
     return factory
 
 
+def set_random_seed(seed: int) -> None:
+    """Python's, NumPy's and TensorFlow's seeds, and each imported Keras's own (Keras 3 keeps a seed generator)."""
+    for keras in imported_kerases():
+        keras.utils.set_random_seed(seed)
+    tf.random.set_seed(seed)
+
+
 # -------------------------------------------------------------------------------------------- metrics
 
-def _keras_metric(name: str, head: Head, num_classes: int, custom: Optional[Callable]):
-    """The Keras metric object for one metric of one head (streaming, summed over replicas)."""
+def _keras_metric(name: str, head: Head, num_classes: int, custom: Optional[Callable], keras):
+    """The metric object of `keras` (the model's Keras) for one metric of one head (streaming, summed over
+    replicas)."""
     if custom is not None:
-        return tf.keras.metrics.Mean(name=custom.__name__)
+        return keras.metrics.Mean(name=custom.__name__)
     if name == "mean_squared_error":
-        return tf.keras.metrics.MeanSquaredError()
+        return keras.metrics.MeanSquaredError()
     if name == "mean_absolute_error":
-        return tf.keras.metrics.MeanAbsoluteError()
+        return keras.metrics.MeanAbsoluteError()
     if head.kind is None:
         raise SpecError(f"metric {name!r} needs a classification loss; model.loss is {head.loss_name!r}",
                         hint="use mean_squared_error or mean_absolute_error, or a crossentropy loss")
-    made = {"accuracy": lambda: tf.keras.metrics.Accuracy(), "mean_iou": lambda: tf.keras.metrics.MeanIoU(num_classes),
-            "auc": lambda: tf.keras.metrics.AUC(), "precision": lambda: tf.keras.metrics.Precision(),
-            "recall": lambda: tf.keras.metrics.Recall()}
+    made = {"accuracy": lambda: keras.metrics.Accuracy(), "mean_iou": lambda: keras.metrics.MeanIoU(num_classes),
+            "auc": lambda: keras.metrics.AUC(), "precision": lambda: keras.metrics.Precision(),
+            "recall": lambda: keras.metrics.Recall()}
     if name not in made:
         raise SpecError(f"unknown metric {name!r}", hint="use a metric name model.metrics accepts, or an import path")
     return made[name]()
@@ -215,6 +226,10 @@ def _tensor_specs(specs: Dict[str, dict], batch: Optional[int]):
     return next(iter(tree.values())) if len(tree) == 1 else tree
 
 
+def _zeros(specs):
+    return tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), specs)
+
+
 class KerasTraining:
     """The job's model, optimizer and global step under a strategy, their checkpoints, and the compiled
     training and evaluation steps.
@@ -225,14 +240,14 @@ class KerasTraining:
     replicas are those of the global batch's mean.
 
     Args:
-        builder, builder_kwargs: the job's Keras builder and its arguments.
+        builder, builder_kwargs: the job's Keras builder and its arguments (a tf-keras or a Keras 3 model).
         strategy: from `make_strategy`.
-        policy: the Keras precision policy in effect (portable.policy_name).
+        policy: the Keras precision policy (portable.policy_name), set in the model's Keras.
         loss, metrics, labels, custom_loss, custom_losses, custom_metrics: as for the estimator
             engine's model_fn: loss names or import paths, per label or for all; metric names or
             import paths, a list (each applied to the heads it fits) or per label.
         features: the feature specs (as for make_input_fn): the shapes a lazily built model is built for.
-        make_optimizer: returns the Keras optimizer (keras_optimizer_factory).
+        make_optimizer: `make_optimizer(keras)` returns an optimizer of the model's Keras (keras_optimizer_factory).
         model_dir, keep_checkpoint_max, save_checkpoints_steps: where and how often to checkpoint.
         feature_dims, label_dims: per tensor name, the dims to split it into over the logical devices
             of a replica (TPU spatial partitioning); None or a missing name: not split.
@@ -262,11 +277,20 @@ class KerasTraining:
         self.label_dims = dict(label_dims or {})
         with strategy.scope():
             self.model = builder(**builder_kwargs)
+            self.keras = keras_of(self.model)
+            self.keras3 = is_keras3(self.keras)
+            if self.keras.mixed_precision.global_policy().name != policy:  # a Keras the builder imported only now
+                self.keras.mixed_precision.set_global_policy(policy)
+                self.model = builder(**builder_kwargs)  # its layers made again, under the policy
             if not self.model.built:  # subclassed, or Sequential without an Input: weights come with a build
-                self.model.build(_shape_tree(self.features, None))
-            optimizer = make_optimizer()
+                if self.keras3:  # Keras 3's build() makes no weights for a model without its own: a call does
+                    self.model(_zeros(_tensor_specs(self.features, 1)), training=False)
+                else:
+                    self.model.build(_shape_tree(self.features, None))
+            optimizer = make_optimizer(self.keras)
             if policy == "mixed_float16":
-                optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+                scaling = self.keras.optimizers if self.keras3 else self.keras.mixed_precision
+                optimizer = scaling.LossScaleOptimizer(optimizer)
             self.optimizer = optimizer
             if hasattr(self.optimizer, "build"):  # slots exist before a restore fills them
                 self.optimizer.build(self.model.trainable_variables)
@@ -324,7 +348,7 @@ class KerasTraining:
                            self.declared_outputs) if (
             self.custom_loss is None or any(self.metrics)) else {}
         total = compute_loss(self.loss, labels, outputs, pairs, custom_loss=self.custom_loss,
-                             custom_losses=self.custom_losses)
+                             custom_losses=self.custom_losses, keras=self.keras)
         if self.model.losses:
             total += tf.add_n([tf.cast(t, tf.float32) for t in self.model.losses])
         return total, pairs
@@ -336,10 +360,11 @@ class KerasTraining:
             total, _ = self._forward(features, labels, training=True)
             scaled = total / replicas  # each replica's gradients are summed: the mean over replicas
             if self.policy == "mixed_float16":
-                scaled = self.optimizer.get_scaled_loss(scaled)
+                scale = self.optimizer.scale_loss if self.keras3 else self.optimizer.get_scaled_loss
+                scaled = scale(scaled)
         variables = self.model.trainable_variables
         gradients = tape.gradient(scaled, variables)
-        if self.policy == "mixed_float16":
+        if self.policy == "mixed_float16" and not self.keras3:  # Keras 3's apply_gradients unscales them itself
             gradients = self.optimizer.get_unscaled_gradients(gradients)
         self.optimizer.apply_gradients(zip(gradients, variables))  # sums the gradients over the replicas
         self.global_step.assign_add(1)
@@ -379,7 +404,7 @@ class KerasTraining:
         """The evaluation's Keras metrics by result name: the loss, then each label's metrics, named by metric, and
         '<label>/<metric>' with several heads (MeanIoU needs the number of classes: read from the output shapes
         of a traced forward pass)."""
-        objects = {"loss": tf.keras.metrics.Mean(name="loss")}
+        objects = {"loss": self.keras.metrics.Mean(name="loss")}
         if not self.metrics or not self.label_names:
             return objects
         concrete = tf.function(lambda f: self.model(f, training=False)).get_concrete_function(batch_specs)
@@ -392,7 +417,7 @@ class KerasTraining:
                 custom = self.custom_metrics.get(name)
                 key = custom.__name__ if custom is not None else name
                 objects[f"{label}/{key}" if len(heads) > 1 else key] = _EvalMetric(
-                    label, name, _keras_metric(name, heads[label], num_classes, custom), custom)
+                    label, name, _keras_metric(name, heads[label], num_classes, custom, self.keras), custom)
         return objects
 
     @tf.autograph.experimental.do_not_convert  # straight-line code: its frames stay this module's
@@ -508,4 +533,5 @@ def export_saved_model(training: KerasTraining, out_dir: str, label_names: List[
 
 
 __all__ = ["make_strategy", "KerasTraining", "train_loop", "distributed_dataset", "keras_optimizer_factory",
+           "set_random_seed",
            "export_saved_model", "EvaluationInterrupted", "workers_in", "is_chief", "CHECKPOINT_NAME"]
