@@ -24,7 +24,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from keras_engine import BATCH, JOB, LEARNING_RATE, steady  # noqa: E402  (sets the environment TensorFlow needs)
+from keras_engine import BATCH, LEARNING_RATE, steady  # noqa: E402  (sets the environment TensorFlow needs)
+from cnn_job import cnn_job  # noqa: E402  (benchmarks/cnn_job.py: the job every training benchmark times)
 
 import argparse  # noqa: E402
 import io  # noqa: E402
@@ -61,8 +62,9 @@ def train(builder: str, data_dir: str, model_dir: str, steps: int, save_every: i
 
     path = os.path.join(job_dir, "job.yaml")
     with open(path, "w") as handle:
-        handle.write(JOB.format(data=data_dir, batch=BATCH, steps=steps, model_dir=model_dir, save_every=save_every,
-                                lr=LEARNING_RATE, builder=builder))
+        handle.write(cnn_job("keras3-vs-tf-keras", builder=builder, data=data_dir, model_dir=model_dir, steps=steps,
+                             batch=BATCH, learning_rate=LEARNING_RATE,
+                             run={"save_checkpoints_steps": save_every, "engine": "keras"}))
     job = load_job(path).job
     ends = {}
 

@@ -186,3 +186,28 @@ def test_tpu7x_types_are_refused_as_running_no_tensorflow():
     with pytest.raises(UnknownTpuType) as info:
         parse_tpu_type("tpu7x-8")
     assert str(info.value) == "TPU7x (Ironwood) runs no TensorFlow ('tpu7x-8')"
+
+
+def test_train_on_a_tpu_refuses_a_machine_whose_tensorflow_cannot_drive_it_and_validate_warns(api, tmp_path):
+    """What `train` refuses about this machine's TensorFlow, it refuses before the TPU API is asked anything;
+    validate (run on workstations and in CI) says the same as a warning. Judged for whichever TensorFlow is
+    installed: 2.15 (the estimator talks to the node's own TensorFlow server: nothing to refuse) and 2.21
+    (no TPU build: refused)."""
+    from tpulaunch.engine.registry import about, engine_name
+
+    job = write_job(tmp_path)
+    gs = ["--set", "run.model_dir=gs://my-bucket/runs/x", "--set", "data.train=gs://my-bucket/data/train.tfrecord"]
+    verdict = stack.installed_verdict(stack.installed_distributions(), about(engine_name(None)).tpu_runtime)
+    refused = verdict is not None and verdict.severity == "error"
+    trained = run("train", job, *gs, "--wait", "0")
+    assert (f"[tpu-stack-{verdict.code}]" in trained.output) is refused if verdict else "tpu-stack" not in trained.output
+    assert "Traceback" not in trained.output
+    if refused:
+        assert trained.exit_code == 1, trained.output
+        assert "this machine's TensorFlow cannot drive the job's TPU" in trained.output
+        assert api.requests == []  # nothing was asked of the Cloud TPU API
+        checked = run("validate", job, *gs)
+        assert f"tpu: warning: {verdict.message}" in checked.output
+        assert "run it where the TPU's TensorFlow is installed" in checked.output
+    else:  # it went on (to the model_dir's lease on gs://, which needs credentials here)
+        assert "cannot drive the job's TPU" not in trained.output
