@@ -22,14 +22,24 @@ def extras() -> list:
     return sorted(config["options.extras_require"])
 
 
+# What pip prints when it could not read the index (a proxy refusing a page, no network): pip then resolves
+# from the local wheels alone, and "no matching distribution" says nothing about the extras.
+UNREACHABLE = ("ProxyError", "Cannot connect to proxy", "NewConnectionError", "Could not fetch URL",
+               "Read timed out", "Temporary failure in name resolution")
+
+
+class IndexUnreachable(Exception):
+    """The package index could not be read from this machine."""
+
+
 def resolve(extra: str, tmp_dir) -> dict:
     report = os.path.join(tmp_dir, f"{extra}.json")
-    for _attempt in range(3):  # an index page that failed to load leaves pip only the local wheels: ask again
-        done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
-                               "--report", report, f".[{extra}]"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=600)
-        if done.returncode == 0:
-            break
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
+                           "--retries", "2", "--timeout", "30", "--report", report, f".[{extra}]"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0 and any(sign in done.stderr for sign in UNREACHABLE):
+        line = next(line for line in done.stderr.splitlines() if any(sign in line for sign in UNREACHABLE))
+        raise IndexUnreachable(f"[{extra}]: {line.strip()}")
     assert done.returncode == 0, done.stderr[-3000:]
     with open(report, encoding="utf-8") as file:
         installs = json.load(file)["install"]
@@ -40,8 +50,11 @@ def resolve(extra: str, tmp_dir) -> dict:
 def resolved(tmp_path_factory):
     tmp_dir = str(tmp_path_factory.mktemp("pip-reports"))
     names = extras()
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        return dict(zip(names, pool.map(lambda extra: resolve(extra, tmp_dir), names)))
+    try:
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            return dict(zip(names, pool.map(lambda extra: resolve(extra, tmp_dir), names)))
+    except IndexUnreachable as exc:  # not a verdict on the extras: said, not failed
+        pytest.skip(f"the package index could not be read from this machine, so the extras were not resolved: {exc}")
 
 
 def test_every_extra_resolves_and_keras_tpu_is_a_tpu_build(resolved):
