@@ -235,13 +235,14 @@ def test_the_explained_program_evaluates_to_the_metrics_of_tpulaunch_evaluate(ke
 
 
 def test_two_replicas_take_the_same_step_as_one(keras3_project, tmp_path):
-    """MirroredStrategy over two CPU devices and one device, one step on the same 8 records (4 repeated, so every
-    batch holds the same ones): the same weights, which the step changed."""
+    """MirroredStrategy over two CPU devices and one device, one step on copies of one record (so every batch and
+    every replica's share of it holds the same examples, however the pipeline shuffles): the same weights, which
+    the step changed."""
     from tpulaunch.engine.keras.runner import make_training
 
-    distinct = [bytes(r.numpy()) for r in tf.data.TFRecordDataset(str(keras3_project / "train.tfrecord")).take(4)]
+    distinct = [bytes(r.numpy()) for r in tf.data.TFRecordDataset(str(keras3_project / "train.tfrecord")).take(1)]
     with tf.io.TFRecordWriter(str(tmp_path / "repeated.tfrecord")) as writer:
-        for _ in range(16):
+        for _ in range(64):
             for record in distinct:
                 writer.write(record)
     job_file = str(keras3_project / "job.yaml")
