@@ -24,15 +24,12 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from keras_engine import BATCH, LEARNING_RATE, steady  # noqa: E402  (sets the environment TensorFlow needs)
-from cnn_job import cnn_job  # noqa: E402  (benchmarks/cnn_job.py: the job every training benchmark times)
+from keras_engine import BATCH, steady, with_tpulaunch  # noqa: E402  (sets the environment TensorFlow needs)
 
 import argparse  # noqa: E402
-import io  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
 
@@ -48,35 +45,6 @@ def build(num_classes=10, input_shape=(32, 32, 3)):
     return keras.Model(image, keras.layers.Dense(num_classes)(x))
 '''
 MODULES = {"tf-keras": ("tf_keras_cnn", "import tf_keras as keras\n"), "keras 3": ("keras3_cnn", "import keras\n")}
-
-
-def train(builder: str, data_dir: str, model_dir: str, steps: int, save_every: int, job_dir: str) -> list:
-    """Train with the keras engine's runner.train; (wall, CPU) times as each step's StepsRun event came."""
-    from rich.console import Console
-
-    from tpulaunch.engine.keras import runner
-    from tpulaunch.job.load import load_job
-    from tpulaunch.plan.build import build_plan
-    from tpulaunch.run.events import RunRecorder, StepsRun
-    from tpulaunch.run.render_plain import PlainRenderer
-
-    path = os.path.join(job_dir, "job.yaml")
-    with open(path, "w") as handle:
-        handle.write(cnn_job("keras3-vs-tf-keras", builder=builder, data=data_dir, model_dir=model_dir, steps=steps,
-                             batch=BATCH, learning_rate=LEARNING_RATE,
-                             run={"save_checkpoints_steps": save_every, "engine": "keras"}))
-    job = load_job(path).job
-    ends = {}
-
-    def stamp(event) -> None:
-        if type(event) is StepsRun:
-            ends[event.step] = (time.perf_counter(), time.process_time())
-
-    recorder = RunRecorder(total_steps=steps, batch_size=BATCH, log_every_steps=100, model_dir=model_dir)
-    recorder.subscribe(stamp)
-    recorder.subscribe(PlainRenderer(Console(file=io.StringIO())))
-    runner.train(job, build_plan(job, local=True), recorder=recorder, search_path=[job_dir])
-    return [ends[s] for s in range(1, steps + 1)]
 
 
 def main() -> int:
@@ -109,7 +77,8 @@ def main() -> int:
                 model_dir = os.path.join(tmp, f"run-{round_}-{name.replace(' ', '')}")
                 tf_keras.backend.clear_session()
                 keras.backend.clear_session()
-                ends = train(f"{MODULES[name][0]}:build", data_dir, model_dir, args.steps, args.save_every, tmp)
+                ends, _ = with_tpulaunch(f"{MODULES[name][0]}:build", data_dir, model_dir, args.steps, args.save_every,
+                                         tmp)
                 rate, cpu_ms, _ = steady(ends, args.skip)
                 rates[name].append(rate)
                 cpu[name].append(cpu_ms)

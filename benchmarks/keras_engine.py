@@ -144,9 +144,9 @@ def hand_written(model_kind: str, data_dir: str, model_dir: str, steps: int, sav
 
 # ------------------------------------------------------------------------------ tpulaunch
 
-def with_tpulaunch(model_kind: str, data_dir: str, model_dir: str, steps: int, save_every: int, job_dir: str) -> tuple:
-    """Train with the keras engine's runner.train; ((wall, CPU) times as each step's StepsRun event came, the
-    recorder)."""
+def with_tpulaunch(builder: str, data_dir: str, model_dir: str, steps: int, save_every: int, job_dir: str) -> tuple:
+    """Train the job of `builder` (module:function) with the keras engine's runner.train; ((wall, CPU) times as
+    each step's StepsRun event came, the recorder)."""
     from rich.console import Console
 
     from tpulaunch.engine.keras import runner
@@ -157,7 +157,7 @@ def with_tpulaunch(model_kind: str, data_dir: str, model_dir: str, steps: int, s
 
     path = os.path.join(job_dir, "job.yaml")
     with open(path, "w") as handle:
-        handle.write(cnn_job("keras-engine-bench", builder=BUILDERS[model_kind], data=data_dir, model_dir=model_dir,
+        handle.write(cnn_job("keras-engine-bench", builder=builder, data=data_dir, model_dir=model_dir,
                              steps=steps, batch=BATCH, learning_rate=LEARNING_RATE,
                              run={"save_checkpoints_steps": save_every, "engine": "keras"}))
     job = load_job(path).job
@@ -218,7 +218,7 @@ def main() -> int:
                 if name.startswith("hand"):
                     ends = hand_written(args.model, data_dir, model_dir, args.steps, args.save_every, args.hand_loop)
                 else:
-                    ends, recorder = with_tpulaunch(args.model, data_dir, model_dir, args.steps, args.save_every, tmp)
+                    ends, recorder = with_tpulaunch(BUILDERS[args.model], data_dir, model_dir, args.steps, args.save_every, tmp)
                     recorded.append(recorder.steady_steps_per_sec)
                 rate, cpu_ms, median_ms = steady(ends, args.skip)
                 rates[name].append(rate)
