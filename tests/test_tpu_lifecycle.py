@@ -8,13 +8,13 @@ own message types, and finishes long-running operations after a number of reques
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from tpu_api_server import DEFAULT_PROJECT, DEFAULT_ZONE
+from tpu_jobs import tpu_job
 from tpulaunch.cli.app import cli
 from tpulaunch.errors import ExitCode
 from tpulaunch.job.schema import Tpu
@@ -26,24 +26,7 @@ FULL = f"projects/{DEFAULT_PROJECT}/locations/{DEFAULT_ZONE}/nodes/my-tpu"
 
 
 def job_file(tmp_path: Path, tpu: str = "type: v3-8", runtime: str = "tpu-vm-tf-2.15.1-se") -> Path:
-    path = tmp_path / "job.yaml"
-    path.write_text(textwrap.dedent(f'''\
-        name: lifecycle
-        model: {{builder: tpulaunch.models.cnn:small_cnn, optimizer: {{name: sgd, learning_rate: 0.1}}}}
-        data:
-          train: data/train.tfrecord
-          features: {{image: {{shape: [8, 8, 1]}}}}
-          labels: {{label: {{shape: [], dtype: int64}}}}
-        train: {{batch_size: 8, steps: 10}}
-        tpu:
-          name: my-tpu
-          zone: {DEFAULT_ZONE}
-          project: {DEFAULT_PROJECT}
-          runtime_version: {runtime}
-          {tpu}
-        run: {{model_dir: runs/x}}
-        '''))
-    return path
+    return tpu_job(tmp_path, f"runtime_version: {runtime}\n{tpu}", name="lifecycle")
 
 
 @pytest.fixture

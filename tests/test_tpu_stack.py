@@ -3,12 +3,12 @@ generation and each runtime version, then `validate`, `up` and `status` (against
 refusing what cannot run, located at its job key, exit code 1."""
 
 import json
-import textwrap
 
 import pytest
 from click.testing import CliRunner
 
-from tpu_api_server import DEFAULT_PROJECT, DEFAULT_ZONE, tpu_api  # noqa: F401 (the fixture)
+from tpu_api_server import DEFAULT_PROJECT, DEFAULT_ZONE
+from tpu_jobs import tpu_job
 from tpulaunch.cli.app import cli
 from tpulaunch.tpu import stack
 
@@ -95,25 +95,8 @@ def test_default_runtime_follows_the_installed_tensorflow():
 
 # ------------------------------------------------------------------------------------- the verbs
 def write_job(tmp_path, tpu_type="v3-8", runtime=None, engine=None):
-    extra = f"\n          runtime_version: {runtime}" if runtime else ""
-    run = f", engine: {engine}" if engine else ""
-    path = tmp_path / "job.yaml"
-    path.write_text(textwrap.dedent(f"""\
-        name: stack
-        model: {{builder: tpulaunch.models.cnn:small_cnn, optimizer: {{name: sgd, learning_rate: 0.1}}}}
-        data:
-          train: data/train.tfrecord
-          features: {{image: {{shape: [8, 8, 1]}}}}
-          labels: {{label: {{shape: [], dtype: int64}}}}
-        train: {{batch_size: 8, steps: 10}}
-        tpu:
-          name: my-tpu
-          zone: {DEFAULT_ZONE}
-          project: {DEFAULT_PROJECT}
-          type: {tpu_type}{extra}
-        run: {{model_dir: runs/x{run}}}
-        """))
-    return str(path)
+    lines = f"type: {tpu_type}" + (f"\nruntime_version: {runtime}" if runtime else "")
+    return str(tpu_job(tmp_path, lines, name="stack", run=f", engine: {engine}" if engine else ""))
 
 
 class Ran:

@@ -2,4 +2,4 @@
 tests/test_tpu_stack.py, which judge whichever TensorFlow is installed."""
 
 from test_tpu_stack import *  # noqa: F401,F403 (the tests themselves, collected here for this environment)
-from test_tpu_stack import api, tpu_api  # noqa: F401 (their fixtures)
+from test_tpu_stack import api  # noqa: F401 (its fixture)
