@@ -21,21 +21,16 @@ def stack_problems(loaded: LoadedJob, installed: Optional[Mapping[str, str]] = N
     job_tpu = loaded.section("tpu")
     if job_tpu is None:
         return []
-    from tpulaunch.checks.engine_rules import job_engine_about
-    from tpulaunch.engine.registry import runs_on
     from tpulaunch.tpu import stack
     from tpulaunch.tpu.types import lookup
 
-    about = job_engine_about(loaded)
+    about, installed, found, tensorflow = _installed_for(loaded, installed)
     api = about.tpu_runtime
-    installed = stack.installed_distributions() if installed is None else installed
-    found = stack.tensorflow_distributions(installed)
-    tensorflow = stack.version_tuple(next(iter(found.values()))) if len(found) == 1 else None
     problems = []
-    if this_machine and found and (len(found) > 1 or runs_on(about.name, tensorflow[:2])):
+    if this_machine and (len(found) > 1 or tensorflow is not None):
         problems += _located(loaded, ("tpu",), stack.installed_verdict(installed, api))
     else:
-        tensorflow = None  # not this engine's TensorFlow: nothing installed here to hold the job to
+        tensorflow = None  # nothing installed here to hold the job to
     slice_type = lookup(job_tpu.type)
     if slice_type is not None:
         problems += _located(loaded, ("tpu", "type"), stack.generation_verdict(slice_type.generation.name, api, tensorflow))
@@ -45,6 +40,22 @@ def stack_problems(loaded: LoadedJob, installed: Optional[Mapping[str, str]] = N
                                         generation=slice_type.generation.name if slice_type else None)
         problems += _located(loaded, ("tpu", "runtime_version"), verdict)
     return problems
+
+
+def _installed_for(loaded: LoadedJob, installed: Optional[Mapping[str, str]]) -> tuple:
+    """(the job's engine, the installed distributions, its TensorFlow ones, the TensorFlow version when it is
+    the one installed TensorFlow and the engine runs on it, else None)."""
+    from tpulaunch.checks.engine_rules import job_engine_about
+    from tpulaunch.engine.registry import runs_on
+    from tpulaunch.tpu import stack
+
+    about = job_engine_about(loaded)
+    installed = stack.installed_distributions() if installed is None else installed
+    found = stack.tensorflow_distributions(installed)
+    tensorflow = stack.version_tuple(next(iter(found.values()))) if len(found) == 1 else None
+    if tensorflow is not None and not runs_on(about.name, tensorflow[:2]):
+        tensorflow = None
+    return about, installed, found, tensorflow
 
 
 def _located(loaded: LoadedJob, path: tuple, verdict) -> list:
@@ -61,17 +72,10 @@ def node_problems(loaded: LoadedJob, node_name: str, runtime: Optional[str],
     job_tpu = loaded.section("tpu")
     if job_tpu is None or not runtime:
         return []
-    from tpulaunch.checks.engine_rules import job_engine_about
-    from tpulaunch.engine.registry import runs_on
     from tpulaunch.tpu import stack
     from tpulaunch.tpu.types import lookup
 
-    about = job_engine_about(loaded)
-    installed = stack.installed_distributions() if installed is None else installed
-    found = stack.tensorflow_distributions(installed)
-    tensorflow = stack.version_tuple(next(iter(found.values()))) if len(found) == 1 else None
-    if tensorflow is not None and not runs_on(about.name, tensorflow[:2]):
-        tensorflow = None
+    about, installed, _found, tensorflow = _installed_for(loaded, installed)
     slice_type = lookup(job_tpu.type)
     verdict = stack.runtime_verdict(runtime, about.tpu_runtime, tensorflow, installed,
                                     hosts=slice_type.hosts if slice_type else None,

@@ -94,11 +94,12 @@ def status(obj, job_file, wait_s, fmt, overrides):
         render_status(obj.out, node)
         _print_lease(obj.out, lease)
     if any(p.is_error for p in stack):
+        if fmt == "json":  # the problems are in the JSON already
+            raise AlreadyReported(ExitCode.PROBLEMS)
         from tpulaunch.errors import TpuLaunchError
 
         raise TpuLaunchError(f"TPU node '{ref.name}' cannot run this job's TensorFlow: fix the problems above",
-                             problems=stack, exit_code=ExitCode.PROBLEMS) if fmt == "text" else AlreadyReported(
-                                 ExitCode.PROBLEMS)
+                             problems=stack, exit_code=ExitCode.PROBLEMS)
     if not node.usable:
         raise AlreadyReported(ExitCode.CLUSTER)
 
