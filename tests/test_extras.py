@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -29,11 +30,12 @@ UNREACHABLE = ("ProxyError", "Cannot connect to proxy", "NewConnectionError", "C
 
 
 def resolve(extra: str, tmp_dir) -> dict:
-    """What pip resolves `.[extra]` to (name -> version). An index that could not be read is asked again (pip's
-    own retries give up on a proxy's refusal at once); still unread, the test fails saying so: `.ci/run`
-    installs from that index, so this test runs wherever CI does."""
+    """What pip resolves `.[extra]` to (name -> version). An index that could not be read is asked again, after a
+    growing pause (pip's own retries give up on a proxy's refusal at once); still unread, the test fails saying
+    so: `.ci/run` installs from that index, so this test runs wherever CI does."""
     report = os.path.join(tmp_dir, f"{extra}.json")
-    for _attempt in range(3):
+    for pause in (0, 10, 30, 60):  # a proxy that refused a page may serve it a little later
+        time.sleep(pause)
         done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
                                "--retries", "2", "--timeout", "30", "--report", report, f".[{extra}]"],
                               cwd=ROOT, capture_output=True, text=True, timeout=900)
