@@ -1,72 +1,105 @@
-"""Every extra resolves against the package index with this machine's Python (pip's own resolver, --dry-run),
-and [keras-tpu] resolves to a TensorFlow that can drive a TPU: tensorflow-tpu with libtpu, no `tensorflow`
-or tf-keras wheel beside it (one `tensorflow` folder, one owner)."""
+"""Every extra's resolution, as pip's own resolver gave it against the package index on this Python
+(requirements/extras-resolved.json, written by requirements/resolve_extras.py), checked without the network:
+it answers setup.cfg as it is now, each resolution is complete and consistent (every requirement of every
+package met by the versions chosen, for this Python), and [keras-tpu] is a TensorFlow that can drive a TPU:
+tensorflow-tpu with libtpu, no `tensorflow` or tf-keras wheel beside it (one `tensorflow` folder, one owner).
+`.ci/run` installs [cpu] and [keras] from the index itself, which proves those two still resolve today."""
 
-import configparser
 import json
 import os
-import subprocess
+import platform
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 
 from tpulaunch.tpu import stack
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "requirements"))
+import resolve_extras  # noqa: E402  (the script that writes the record reads setup.cfg the same way)
 
-
-def extras() -> list:
-    config = configparser.ConfigParser()
-    config.read(os.path.join(ROOT, "setup.cfg"))
-    return sorted(config["options.extras_require"])
-
-
-# What pip prints when it could not read the index (a proxy refusing a page, no network): pip then resolves
-# from the local wheels alone, and "no matching distribution" says nothing about the extras.
-UNREACHABLE = ("ProxyError", "Cannot connect to proxy", "NewConnectionError", "Could not fetch URL",
-               "Read timed out", "Temporary failure in name resolution")
-
-
-def resolve(extra: str, tmp_dir) -> dict:
-    """What pip resolves `.[extra]` to (name -> version). An index that could not be read is asked again, after a
-    growing pause (pip's own retries give up on a proxy's refusal at once); still unread, the test fails saying
-    so: `.ci/run` installs from that index, so this test runs wherever CI does."""
-    report = os.path.join(tmp_dir, f"{extra}.json")
-    for pause in (0, 10, 30, 60):  # a proxy that refused a page may serve it a little later
-        time.sleep(pause)
-        done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
-                               "--retries", "2", "--timeout", "30", "--report", report, f".[{extra}]"],
-                              cwd=ROOT, capture_output=True, text=True, timeout=900)
-        unread = [line.strip() for line in done.stderr.splitlines() if any(sign in line for sign in UNREACHABLE)]
-        if done.returncode == 0 or not unread:
-            break
-    assert not (done.returncode and unread), f"[{extra}]: the package index could not be read: {unread[-1]}"
-    assert done.returncode == 0, done.stderr[-3000:]
-    with open(report, encoding="utf-8") as file:
-        installs = json.load(file)["install"]
-    return {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"] for item in installs}
+REFRESH = "run `python requirements/resolve_extras.py` and commit requirements/extras-resolved.json"
 
 
 @pytest.fixture(scope="module")
-def resolved(tmp_path_factory):
-    tmp_dir = str(tmp_path_factory.mktemp("pip-reports"))
-    names = extras()
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        return dict(zip(names, pool.map(lambda extra: resolve(extra, tmp_dir), names)))
+def record() -> dict:
+    with open(resolve_extras.RECORD, encoding="utf-8") as file:
+        return json.load(file)
 
 
-def test_every_extra_resolves_and_keras_tpu_is_a_tpu_build(resolved):
-    assert set(resolved) >= {"cpu", "tpu", "keras", "keras-tpu", "test"}
-    for extra, found in resolved.items():
-        assert "tpulaunch" in found, extra
-    tpu_build = resolved["keras-tpu"]
+def pins_of(record: dict, extra: str) -> dict:
+    return dict(pin.split("==", 1) for pin in record["extras"][extra])
+
+
+def unmet(record: dict, extra: str) -> list:
+    """Walks the requirements from `tpulaunch[extra]` through the recorded packages, with each requested extra,
+    and says which requirement no chosen version meets (and which chosen package nothing asked for)."""
+    pins = pins_of(record, extra)
+    env = default_environment()
+    env.update(python_version=".".join(record["python"].split(".")[:2]), python_full_version=record["python"])
+    declared = record["declared"]
+    own = declared["install_requires"] + [f"{line.split(';')[0]}; {line.split(';')[1]} and extra == '{extra}'"
+                                          if ";" in line else f"{line}; extra == '{extra}'"
+                                          for line in declared["extras"][extra]]
+    problems, seen, queue = [], set(), [("tpulaunch", frozenset({extra}))]
+    while queue:
+        name, extras = queue.pop()
+        if (name, extras) in seen:
+            continue
+        seen.add((name, extras))
+        if name == "tpulaunch":
+            requires = own
+        else:
+            package = record["packages"][f"{name}=={pins[name]}"]
+            requires = package["requires_dist"] or []
+            if package["requires_python"] and not SpecifierSet(package["requires_python"]).contains(record["python"]):
+                problems.append(f"{name}=={pins[name]} needs Python {package['requires_python']}")
+        for text in requires:
+            need = Requirement(text)
+            if need.marker and not any(need.marker.evaluate({**env, "extra": e}) for e in {"", *extras}):
+                continue
+            dep = canonicalize_name(need.name)
+            if dep not in pins:
+                problems.append(f"{name} needs {text}: not in the resolution")
+            elif not need.specifier.contains(pins[dep], prereleases=True):
+                problems.append(f"{name} needs {text}: {dep}=={pins[dep]} chosen")
+            else:
+                queue.append((dep, frozenset(need.extras)))
+    stray = set(pins) - {name for name, _ in seen}
+    return problems + [f"{name} chosen, asked for by nothing" for name in sorted(stray)]
+
+
+def test_the_record_answers_setup_cfg_as_it_is_now_on_this_python(record):
+    assert record["declared"] == resolve_extras.declared(), f"setup.cfg's requirements changed: {REFRESH}"
+    assert record["python"].split(".")[:2] == list(platform.python_version_tuple()[:2]), REFRESH
+    assert set(record["extras"]) >= {"cpu", "tpu", "keras", "keras-tpu", "test"}
+
+
+@pytest.mark.parametrize("extra", ["cpu", "tpu", "keras", "keras-tpu", "test"])
+def test_each_resolution_is_complete_and_consistent(record, extra):
+    assert unmet(record, extra) == []
+
+
+def test_the_walk_finds_a_requirement_no_chosen_version_meets(record):
+    broken = json.loads(json.dumps(record))
+    broken["extras"]["keras-tpu"] = [pin for pin in broken["extras"]["keras-tpu"] if not pin.startswith("libtpu==")]
+    assert any("libtpu" in problem and "not in the resolution" in problem for problem in unmet(broken, "keras-tpu"))
+    # numpy 2 (resolved for [keras-tpu]) where the estimator's TensorFlow 2.15 needs numpy < 2
+    broken["extras"]["cpu"] = ["numpy==2.1.3" if pin.startswith("numpy==") else pin for pin in broken["extras"]["cpu"]]
+    assert any("numpy" in problem and "chosen" in problem for problem in unmet(broken, "cpu"))
+
+
+def test_keras_tpu_is_a_tpu_build_and_the_stack_rule_says_so(record):
+    tpu_build, keras, cpu = (pins_of(record, extra) for extra in ("keras-tpu", "keras", "cpu"))
     assert tpu_build["tensorflow-tpu"] == "2.19.1"
     assert "libtpu" in tpu_build
     assert not {"tensorflow", "tensorflow-cpu", "tf-keras"} & set(tpu_build)
-    assert stack.version_tuple(resolved["keras"]["tensorflow"]) >= (2, 16)
+    assert stack.version_tuple(keras["tensorflow"]) >= (2, 16)
     # The same verdict `up` and `status` give this machine, fed the resolution instead of the installed metadata.
     assert stack.installed_verdict(tpu_build, "pjrt") is None
-    assert stack.installed_verdict(resolved["keras"], "pjrt").code == "tensorflow-without-tpu"
-    assert stack.installed_verdict(resolved["cpu"], "se") is None  # TPUEstimator: the node's TensorFlow runs it
+    assert stack.installed_verdict(keras, "pjrt").code == "tensorflow-without-tpu"
+    assert stack.installed_verdict(cpu, "se") is None  # TPUEstimator: the node's TensorFlow runs it
