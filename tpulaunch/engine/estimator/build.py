@@ -72,7 +72,7 @@ def step_tensors(job, *, use_tpu: bool) -> StepTensors:
 
     probe = job.model_copy(update={"train": job.train.model_copy(update={"batch_size": PROBE_BATCH})})
     with build_errors(job, "train"):
-        build_stopped(probe, "train", on_graph=measure)
+        build_stopped(probe, "train", on_graph=measure, before_session=True)
     shape = tuple(job.data.features[main_feature(job.data.features)].shape)
     return StepTensors(shape, found["params"], found["trainable"], tuple(found["kept"]))
 

@@ -29,14 +29,18 @@ class BuiltNotRun(Exception):
     """The graph was built, finalized and given a session; the run was stopped before its first step."""
 
 
-def build_stopped(job, mode: str, plan=None, *, on_graph: Optional[Callable] = None) -> None:
+def build_stopped(job, mode: str, plan=None, *, on_graph: Optional[Callable] = None,
+                  before_session: bool = False) -> None:
     """Build `mode` ("train" or "eval") as `train --local` / `evaluate --local` do, stopped before the first step.
 
     Args:
         job: the checked job.
         mode: which of the estimator's calls to make.
         plan: the command's Plan (`make.plan_on_this_machine`: the build runs on this machine whatever its target).
-        on_graph: called with the finalized graph before the stop.
+        on_graph: called with the graph before the stop.
+        before_session: stop once the step's graph is built (the hooks' `begin`), before the session is made:
+            what the memory estimate reads is all there, and the session (variables initialized, the builder's
+            weights loaded, step 0's checkpoint and graph.pbtxt written) costs a large model most of its build.
 
     Raises:
         BuildError (build.py) or TpuLaunchError: what the job's code or TensorFlow refused, located at its key.
@@ -46,10 +50,17 @@ def build_stopped(job, mode: str, plan=None, *, on_graph: Optional[Callable] = N
     from tpulaunch.engine.estimator.make import input_fn_for, make_estimator, plan_on_this_machine
 
     class StopBeforeFirstStep(tf.compat.v1.train.SessionRunHook):
-        def after_create_session(self, session, coord):  # before the estimator's own hooks act on the session
-            if on_graph is not None:
-                on_graph(session.graph)
-            raise BuiltNotRun()
+        def begin(self):  # the model_fn has built the whole step; the scaffold is not finalized yet
+            if before_session:
+                stop(tf.compat.v1.get_default_graph())
+
+        def after_create_session(self, session, coord):
+            stop(session.graph)
+
+    def stop(graph):
+        if on_graph is not None:
+            on_graph(graph)
+        raise BuiltNotRun()
 
     hooks = [graph_checks_hook(job), StopBeforeFirstStep()]
     with tempfile.TemporaryDirectory(prefix="tpulaunch-validate-") as scratch:
