@@ -194,3 +194,16 @@ def test_train_on_a_tpu_refuses_a_machine_whose_tensorflow_cannot_drive_it_and_v
         assert "run it where the TPU's TensorFlow is installed" in checked.output
     else:  # it went on (to the model_dir's lease on gs://, which needs credentials here)
         assert "cannot drive the job's TPU" not in trained.output
+
+
+def test_down_deletes_a_node_whose_job_the_stack_rule_refuses(api, tmp_path):
+    """A node made before the stack rule (or by hand) can always be deleted: `down` goes on past the stack's
+    refusal, not past any other mistake."""
+    api.set_node("my-tpu", accelerator_type="v5litepod-8")
+    job = write_job(tmp_path, "v5litepod-8", engine="estimator")  # v5e runs no TPUEstimator: refused by up
+    assert run("up", job).exit_code == 1
+    result = run("down", job, "--timeout", "30")
+    assert result.exit_code == 0, result.output
+    assert f"projects/{DEFAULT_PROJECT}/locations/{DEFAULT_ZONE}/nodes/my-tpu" not in api.nodes
+    broken = write_job(tmp_path, "v5litepod-8\nzone_typo: 1", engine="estimator")
+    assert run("down", broken).exit_code == 1

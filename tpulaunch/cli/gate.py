@@ -30,6 +30,10 @@ class JobRefused(TpuLaunchError):
 
     show_message = "plain"
 
+    def __init__(self, message: str, *, problems, loaded=None):
+        super().__init__(message, problems=problems)
+        self.loaded = loaded  # the job as read, for a verb that may go on despite some problems (`down`)
+
 
 def load_checked(job_file: str, overrides: Sequence[str] = (), *, local: bool = False, verb: str = "running",
                  sections: Optional[Sequence[str]] = None, err=None) -> CheckedJob:
@@ -52,7 +56,7 @@ def load_checked(job_file: str, overrides: Sequence[str] = (), *, local: bool = 
     if blocking or result.loaded is None or (sections is None and result.loaded.job is None):
         shown = blocking or result.problems
         raise JobRefused(f"not {verb} {job_file}: fix the problems above (tpulaunch validate {job_file})",
-                         problems=shown)
+                         problems=shown, loaded=result.loaded)
     warnings = [p for p in result.problems if not p.is_error]
     if err is not None and warnings:
         from tpulaunch.cli.render.problems import render_text

@@ -28,9 +28,7 @@ def _node_of(job_file: str, overrides, verb: str, action: str):
         # A node whose TensorFlow stack is wrong can still be deleted.
         if action != "delete" or any(not p.code.startswith("tpu-stack-") for p in refused.problems if p.is_error):
             raise
-        from tpulaunch.job.load import load_job
-
-        loaded = load_job(job_file, overrides)
+        loaded = refused.loaded
     job_tpu = loaded.section("tpu")
     if job_tpu is None:
         raise TpuLaunchError(f"{job_file} has no tpu: section: there is no TPU to {action}",
