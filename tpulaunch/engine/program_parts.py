@@ -373,3 +373,12 @@ def job_dir_lines(loaded: LoadedJob) -> list:
 
 
 BANNER = "# " + "=" * 98
+
+
+def verbatim_lines(standalone_module: str, runs: str, source: str, tail: str) -> list:
+    """The program's second half: portable.py and the engine's standalone module printed verbatim (`source`,
+    what `runs` says they hold), then `tail`, the program's own main on the job's values."""
+    path = standalone_module.replace(".", "/") + ".py"
+    heading = textwrap.wrap(f"tpulaunch/engine/portable.py and {path}, verbatim: {runs}.", width=len(BANNER) - 2)
+    return [BANNER, *(f"# {line}" for line in heading), BANNER, "", source.rstrip("\n"), "", "", BANNER, tail]
+

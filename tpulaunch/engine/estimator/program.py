@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Sequence
 
 from tpulaunch.engine import plain as neutral
 from tpulaunch.engine.estimator import plain
-from tpulaunch.engine.program_parts import (BANNER, Keys, builder_lines, call, call_lines, files_list, flag_lines, import_line,
+from tpulaunch.engine.program_parts import (Keys, builder_lines, call, call_lines, files_list, flag_lines, import_line,
                                             input_fn_lines, job_dir_lines, keywords, reference_lines, settings_lines,
-                                            tpu_lines)
+                                            tpu_lines, verbatim_lines)
 from tpulaunch.engine.sources import program_source
 from tpulaunch.job.load import LoadedJob
 
@@ -142,18 +142,8 @@ def explain_script(loaded: LoadedJob, plan: "Plan", *, search_path: Sequence[str
         lines += tpu_lines(job, at)
     lines += _own_code(job, at, search_path)
     lines += flag_lines(job, at)
-    lines += [
-        BANNER,
-        "# tpulaunch/engine/portable.py and tpulaunch/engine/estimator/standalone.py, verbatim: the input pipeline,",
-        "# model_fn and estimator settings `tpulaunch train` runs.",
-        BANNER,
-        "",
-        standalone_source().rstrip("\n"),
-        "",
-        "",
-        BANNER,
-        _tail(inputs, optimizer, model, config, estimator),
-    ]
+    lines += verbatim_lines(STANDALONE, "the input pipeline, model_fn and estimator settings `tpulaunch train` runs",
+                            standalone_source(), _tail(inputs, optimizer, model, config, estimator))
     return "\n".join(lines) + "\n"
 
 

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from tpulaunch.engine import plain as neutral  # the engine-neutral values: input pipeline, optimizer
 from tpulaunch.engine.keras import plain
-from tpulaunch.engine.program_parts import (BANNER, Keys, builder_lines, call, files_list, flag_lines, job_dir_lines,
-                                            keywords, reference_lines, settings_lines, tpu_lines)
+from tpulaunch.engine.program_parts import (Keys, builder_lines, call, files_list, flag_lines, job_dir_lines,
+                                            keywords, reference_lines, settings_lines, tpu_lines, verbatim_lines)
 from tpulaunch.engine.sources import program_source
 from tpulaunch.job.load import LoadedJob
 
@@ -153,18 +153,9 @@ def explain_script(loaded: LoadedJob, plan: "Plan", *,
     lines += builder_lines(job, at, search_path, optimizers="KERAS_OPTIMIZERS")
     lines.append("")
     lines += flag_lines(job, at)
-    lines += [
-        BANNER,
-        "# tpulaunch/engine/portable.py and tpulaunch/engine/keras/standalone.py, verbatim: the input pipeline,",
-        "# strategy, training step, evaluation and checkpoints `tpulaunch train` runs on the keras engine.",
-        BANNER,
-        "",
-        standalone_source().rstrip("\n"),
-        "",
-        "",
-        BANNER,
-        _tail(inputs, optimizer, training, strategy, on_tpu),
-    ]
+    lines += verbatim_lines(STANDALONE, "the input pipeline, strategy, training step, evaluation and checkpoints "
+                            "`tpulaunch train` runs on the keras engine", standalone_source(),
+                            _tail(inputs, optimizer, training, strategy, on_tpu))
     return "\n".join(lines) + "\n"
 
 
