@@ -20,3 +20,28 @@ def run(*command: str, cwd: Path, env: Mapping[str, str] = {}) -> subprocess.Com
 
 def said(proc: subprocess.CompletedProcess) -> str:
     return proc.stdout + proc.stderr
+
+
+def tpulaunch(*args: str, cwd: Path, env: Mapping[str, str] = {}) -> subprocess.CompletedProcess:
+    return run("-m", "tpulaunch", *args, cwd=cwd, env=env)
+
+
+def refused_alike(cwd: Path, says: str, *, train_args: tuple = (), env: Mapping[str, str] = {}) -> None:
+    """`validate` and `train` of cwd/job.yaml both refuse it (exit 1: the job's problem, not an internal error),
+    both saying `says` (the key, or more), without a traceback."""
+    for proc in (tpulaunch("validate", "job.yaml", cwd=cwd, env=env),
+                 tpulaunch("train", "job.yaml", *train_args, cwd=cwd, env=env)):
+        assert proc.returncode == 1 and says in said(proc), said(proc)
+        assert "Traceback" not in said(proc) and "error: unexpected" not in said(proc), said(proc)
+
+
+def explained_evaluation(project: Path, env: Mapping[str, str] = {}) -> tuple:
+    """(program text, the metrics dict it prints): `tpulaunch explain job.yaml -o program.py`, then
+    `python program.py evaluate` on the job's model_dir."""
+    import numpy as np
+
+    explained = tpulaunch("explain", "job.yaml", "-o", "program.py", cwd=project, env=env)
+    assert explained.returncode == 0, said(explained)
+    ran = run("program.py", "evaluate", cwd=project, env=env)
+    assert ran.returncode == 0, said(ran)
+    return (project / "program.py").read_text(), eval(ran.stdout.strip().splitlines()[-1], {"np": np})

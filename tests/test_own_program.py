@@ -12,8 +12,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import pytest
 import tensorflow as tf
 from click.testing import CliRunner
 
+from programs_run import refused_alike, tpulaunch
 from tpulaunch.checks.validate import validate_job
 from tpulaunch.cli.app import cli
 
@@ -72,9 +71,6 @@ def write_project(root: Path) -> Path:
     return root
 
 
-def tpulaunch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tpulaunch", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"})
 
 
 def invoke(*args: str):
@@ -145,12 +141,7 @@ def test_validate_and_train_refuse_a_broken_program_at_the_same_key(project, tmp
     assert old in job + program
     (tmp_path / "job.yaml").write_text(job.replace(old, new))
     (tmp_path / "mnist_tpu.py").write_text(program.replace(old, new))
-    validated = tpulaunch("validate", "job.yaml", cwd=tmp_path)
-    trained = tpulaunch("train", "job.yaml", "--model-dir", str(tmp_path / "run"), cwd=tmp_path)
-    for proc in (validated, trained):
-        said = proc.stdout + proc.stderr
-        assert proc.returncode == 1 and key in said, said
-        assert "Traceback" not in said and "unexpected" not in said, said
+    refused_alike(tmp_path, key, train_args=("--model-dir", str(tmp_path / "run")))
     assert tf.train.latest_checkpoint(str(tmp_path / "run")) is None
 
 
@@ -363,13 +354,9 @@ def test_an_input_fn_made_by_a_factory_with_arguments(probe):
     assert "user_eval_input_fn = _user_eval_input_fn_0(is_training=False).input_fn  # data.input_fn.eval" in program
 
     job.write_text(job.read_text().replace("is_training: true", "is_training: true, sise: 4"))
-    validated = tpulaunch("validate", "job.yaml", cwd=probe)
-    trained = tpulaunch("train", "job.yaml", "--model-dir", str(probe / "again"), cwd=probe)
-    for proc in (validated, trained):
-        said = proc.stdout + proc.stderr
-        assert proc.returncode == 1 and "data.input_fn.train: probe:Inputs(**args) failed making the train input_fn: " \
-            "TypeError:" in said and "unexpected keyword argument 'sise'" in said, said
-        assert "Traceback" not in said and "unexpected TypeError" not in said
+    refused_alike(probe, "data.input_fn.train: probe:Inputs(**args) failed making the train input_fn: TypeError: "
+                  "Inputs.__init__() got an unexpected keyword argument 'sise'",
+                  train_args=("--model-dir", str(probe / "again")))
 
 
 def test_on_a_tpu_model_fn_gets_the_job_params_beside_tensorflows(probe):

@@ -92,12 +92,11 @@ def write_tables(path: Path, count: int = 16) -> None:
             writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
 
 
-def run(*command: str, cwd: Path) -> subprocess.CompletedProcess:
-    return programs_run.run(*command, cwd=cwd, env={"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"})
+ENV = {"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
 
 
 def tpulaunch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return run("-m", "tpulaunch", *args, cwd=cwd)
+    return programs_run.tpulaunch(*args, cwd=cwd, env=ENV)
 
 
 def write_project(root: Path, job: str = "") -> Path:
@@ -143,13 +142,8 @@ def test_evaluate_export_and_the_explained_program_run_the_same_model(project, t
     assert set(inputs) == {*TOKEN_FEATURES, "masked_lm_positions", "masked_lm_ids", "masked_lm_weights",
                            "next_sentence_labels"}
 
-    explained = tpulaunch("explain", "job.yaml", "-o", "program.py", cwd=project)
-    assert explained.returncode == 0, said(explained)
-    program = (project / "program.py").read_text()
+    program, printed = programs_run.explained_evaluation(project, env=ENV)
     assert "user_model_fn = _user_model_fn_0(bert_config=_user_model_fn_1(json_object={" in program
-    ran = run("program.py", "evaluate", cwd=project)
-    assert ran.returncode == 0, said(ran)
-    printed = eval(ran.stdout.strip().splitlines()[-1], {"np": np})  # the program prints the metrics dict
     assert printed["global_step"] == 2 and printed["loss"] == pytest.approx(loss, rel=1e-3)  # shown to 4 digits
 
 
@@ -165,9 +159,5 @@ def test_validate_and_train_refuse_a_broken_job_at_the_same_key(tmp_path, broken
     job = JOB.replace("FEATURES", features_block())
     assert old in job
     write_project(tmp_path, job.replace(old, new))
-    validated = tpulaunch("validate", "job.yaml", cwd=tmp_path)
-    trained = tpulaunch("train", "job.yaml", cwd=tmp_path)
-    for proc in (validated, trained):
-        assert proc.returncode == 1 and f"{key}:" in said(proc), said(proc)
-        assert "Traceback" not in said(proc) and "unexpected" not in said(proc), said(proc)
+    programs_run.refused_alike(tmp_path, f"{key}:", env=ENV)
     assert tf.train.latest_checkpoint(str(tmp_path / "runs" / "tapas")) is None

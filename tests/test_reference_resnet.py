@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import textwrap
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from programs_run import run, said
+from programs_run import explained_evaluation, refused_alike, said, tpulaunch
 
 TENSORFLOW_TPU = Path(__file__).resolve().parent / "programs" / "tensorflow_tpu"
 CLASSES = 10
@@ -108,10 +107,6 @@ def write_project(root: Path, job: str = JOB) -> Path:
     return root
 
 
-def tpulaunch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return run("-m", "tpulaunch", *args, cwd=cwd)
-
-
 def metrics(line: str) -> dict:
     return {name: float(value) for name, value in re.findall(r"(\w+) ([0-9.]+)", line.split("|", 2)[2])}
 
@@ -175,13 +170,8 @@ def test_evaluate_export_and_the_explained_program_run_the_same_model(project, t
     assert served["probabilities"].shape == (1, CLASSES)
     assert served["classes"].numpy()[0] in range(CLASSES)
 
-    explained = tpulaunch("explain", "job.yaml", "-o", "program.py", cwd=project)
-    assert explained.returncode == 0, said(explained)
-    program = (project / "program.py").read_text()
+    program, printed = explained_evaluation(project)
     assert "python_path (job.yaml:3)" in program
-    ran = run("program.py", "evaluate", cwd=project)
-    assert ran.returncode == 0, said(ran)
-    printed = eval(ran.stdout.strip().splitlines()[-1], {"np": np})  # the program prints the metrics dict
     assert printed["global_step"] == 4
     assert printed["loss"] == pytest.approx(metrics(at_training)["loss"], rel=1e-3)  # shown to 4 digits
 
@@ -199,11 +189,7 @@ def test_validate_and_train_refuse_a_broken_job_at_the_same_key(tmp_path, broken
     old, new = broken
     assert old in JOB
     write_project(tmp_path, JOB.replace(old, new))
-    validated = tpulaunch("validate", "job.yaml", cwd=tmp_path)
-    trained = tpulaunch("train", "job.yaml", cwd=tmp_path)
-    for proc in (validated, trained):
-        assert proc.returncode == 1 and f"{key}" in said(proc), said(proc)
-        assert "Traceback" not in said(proc) and "error: unexpected" not in said(proc), said(proc)
+    refused_alike(tmp_path, key)
     assert tf.train.latest_checkpoint(str(tmp_path / "runs" / "resnet")) is None
 
 
