@@ -395,16 +395,23 @@ class TpuApiServer:
             return 404, _error_body(404, f"Resource '{full_name}' was not found", "NOT_FOUND")
         return 200, json.dumps(v2_node(node))
 
-    def _create_node(self, parent: str, query: dict, body: bytes):
+    @staticmethod
+    def _create_request(query: dict, id_key: str, message: str, body: bytes):
+        """(the new resource's id, its body as the API reads it), or the API's 400 answer as (None, answer)."""
         from google.cloud import tpu_v2
 
-        node_id = (query.get("nodeId") or [None])[0]
-        if not node_id:
-            return 400, _error_body(400, "nodeId is required", "INVALID_ARGUMENT")
+        resource_id = (query.get(id_key) or [None])[0]
+        if not resource_id:
+            return None, (400, _error_body(400, f"{id_key} is required", "INVALID_ARGUMENT"))
         try:
-            node = _parse_as(tpu_v2.Node, body)
+            return resource_id, _parse_as(getattr(tpu_v2, message), body)
         except Exception as exc:
-            return 400, _error_body(400, f"Invalid JSON payload received. {exc}", "INVALID_ARGUMENT")
+            return None, (400, _error_body(400, f"Invalid JSON payload received. {exc}", "INVALID_ARGUMENT"))
+
+    def _create_node(self, parent: str, query: dict, body: bytes):
+        node_id, node = self._create_request(query, "nodeId", "Node", body)
+        if node_id is None:
+            return node
         full = f"{parent}/nodes/{node_id}"
         with self._lock:
             self.created.append({"nodeId": node_id, "node": node})
@@ -435,15 +442,9 @@ class TpuApiServer:
         return 200, json.dumps(found)
 
     def _create_queued(self, parent: str, query: dict, body: bytes):
-        from google.cloud import tpu_v2
-
-        resource_id = (query.get("queuedResourceId") or [None])[0]
-        if not resource_id:
-            return 400, _error_body(400, "queuedResourceId is required", "INVALID_ARGUMENT")
-        try:
-            resource = _parse_as(tpu_v2.QueuedResource, body)
-        except Exception as exc:
-            return 400, _error_body(400, f"Invalid JSON payload received. {exc}", "INVALID_ARGUMENT")
+        resource_id, resource = self._create_request(query, "queuedResourceId", "QueuedResource", body)
+        if resource_id is None:
+            return resource
         name = f"{parent}/queuedResources/{resource_id}"
         with self._lock:
             self.created.append({"queuedResourceId": resource_id, "queuedResource": resource})
