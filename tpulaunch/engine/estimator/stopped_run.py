@@ -5,7 +5,8 @@ RunConfig, params, batch sizes and model_fn), hands it the input_fn they hand it
 `train`/`evaluate`. So the global step, the params, the scaffold, the hooks and the order in which the
 input_fn and the model_fn are called are TensorFlow's own, not a copy of them. `StopBeforeFirstStep`
 ends the call once the graph is finalized and the session exists (variables initialized, a builder's
-weights loaded, the input iterators made), before any step runs: no record is read, nothing trains.
+weights loaded, the input iterators made), before any step runs: no record is read, nothing trains. The
+memory estimate, which reads only the step's graph, stops it earlier, once the model_fn has built it.
 
 Two things differ from a real run, on purpose: the model_dir is a scratch directory (validate writes
 nothing where the run's checkpoints are, and a model_dir already at `train.steps` would make
@@ -26,7 +27,8 @@ from tpulaunch.errors import TpuLaunchError
 
 
 class BuiltNotRun(Exception):
-    """The graph was built, finalized and given a session; the run was stopped before its first step."""
+    """The graph was built (and, unless stopped before the session, finalized and given a session); the run was
+    stopped before its first step."""
 
 
 def build_stopped(job, mode: str, plan=None, *, on_graph: Optional[Callable] = None,
