@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), os.path.join(ROOT, "tests", "run")]  # test_watchdog.MODELS
 os.environ.setdefault("NO_GCE_CHECK", "True")
 
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "engine")]  # the reference programs' test modules
 
 
 def wall(command: list, cwd: Path, env: dict) -> float:
@@ -34,7 +34,7 @@ def wall(command: list, cwd: Path, env: dict) -> float:
     return seconds
 
 
-# TAPAS's protobuf modules need the pure-Python protobuf (tests/test_reference_programs.py): its baseline too.
+# TAPAS's protobuf modules need the pure-Python protobuf (tests/engine/test_reference_programs.py): its baseline too.
 PURE_PYTHON_PROTOBUF = {"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
 
 

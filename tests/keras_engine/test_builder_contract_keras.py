@@ -1,6 +1,6 @@
 """The builder's model is trained as written, or refused, on the keras engine too (tf-keras, TensorFlow 2.16+).
 
-The cases of tests/test_builder_contract.py, each pinned to `run.engine: keras`. The same contract for Keras 3
+The cases of tests/checks/test_builder_contract.py, each pinned to `run.engine: keras`. The same contract for Keras 3
 models (`import keras`), which this engine trains too: tests/keras_engine/test_keras3_models.py.
 """
 

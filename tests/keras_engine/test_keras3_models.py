@@ -270,7 +270,7 @@ def test_two_replicas_take_the_same_step_as_one(keras3_project, tmp_path):
 
 # ------------------------------------------------------------------------------------- validate's view
 
-# The tf-keras networks of tests/test_memory.py, written with Keras 3.
+# The tf-keras networks of tests/plan/test_memory.py, written with Keras 3.
 KERAS3_NETWORKS = "import keras\n" + estimator_memory.NETWORKS.replace("tf.keras.", "keras.")
 
 

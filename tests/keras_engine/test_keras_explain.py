@@ -29,7 +29,7 @@ from tpulaunch.run.text import format_value
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Runs a program as __main__ and fails if anything of tpulaunch was imported (as in tests/test_explain.py, whose
+# Runs a program as __main__ and fails if anything of tpulaunch was imported (as in tests/engine/test_explain.py, whose
 # module needs TensorFlow 2.15).
 RUN_WITHOUT_TPULAUNCH = textwrap.dedent("""\
     import runpy, sys

@@ -10,7 +10,9 @@ import sys
 
 from hypothesis import HealthCheck, Phase, given, settings
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+from paths import BENCHMARKS  # noqa: E402
+
+sys.path.insert(0, str(BENCHMARKS))
 
 import fuzz_jobs  # noqa: E402
 

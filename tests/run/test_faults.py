@@ -18,7 +18,9 @@ import pytest
 import tensorflow as tf
 from click.testing import CliRunner
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+from paths import BENCHMARKS  # noqa: E402
+
+sys.path.insert(0, str(BENCHMARKS))
 
 import interrupts  # noqa: E402
 

@@ -25,8 +25,9 @@ import pytest
 import tensorflow as tf
 
 from programs_run import explained_evaluation, refused_alike, said, tpulaunch
+from paths import PROGRAMS
 
-TENSORFLOW_TPU = Path(__file__).resolve().parent / "programs" / "tensorflow_tpu"
+TENSORFLOW_TPU = PROGRAMS / "tensorflow_tpu"
 CLASSES = 10
 
 JOB = textwrap.dedent('''

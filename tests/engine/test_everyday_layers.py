@@ -21,9 +21,10 @@ from records import write_examples
 import yaml
 from click.testing import CliRunner
 
+from paths import MODELS
 from tpulaunch.cli.app import cli
 
-MODELS = Path(__file__).parent / "models"
+MODELS = MODELS
 EVAL_RECORDS = 8
 
 

@@ -14,6 +14,7 @@ import textwrap
 
 import pytest
 
+from paths import REPO
 from tpulaunch.plan import memory
 from tpulaunch.engine.registry import engine_for
 from tpulaunch.plan.build import build_plan
@@ -27,7 +28,7 @@ def plan_memory(job):
 
 GiB = 1024 ** 3
 PYTHON = sys.executable
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = str(REPO)
 
 
 def make_job(model: str, size: int, tpu_type: str = "v3-8", cores: int = 1, global_batch: int = 8,

@@ -23,13 +23,14 @@ import pytest
 import tensorflow as tf
 from click.testing import CliRunner
 
+from paths import REPO
 from tpulaunch.cli import data as cli_data
 from tpulaunch.cli import run as cli_run
 from tpulaunch.data.bench import BOUND_RATIO
 from tpulaunch.run import phases
 from tpulaunch.run.record import RECORD_FILE, last_training
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 MODELS = textwrap.dedent('''
     import tensorflow as tf

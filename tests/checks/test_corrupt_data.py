@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+from paths import BENCHMARKS  # noqa: E402
+
+sys.path.insert(0, str(BENCHMARKS))
 
 import corrupt_data  # noqa: E402
 

@@ -12,9 +12,10 @@ import sys
 
 import pytest
 
+from paths import TESTS
 from tpulaunch.checks.validate import validate_job
 
-HERE = os.path.dirname(__file__)
+HERE = str(TESTS)
 BAD = sorted(glob.glob(os.path.join(HERE, "jobs", "bad", "*.yaml")))
 GOOD = sorted(glob.glob(os.path.join(HERE, "jobs", "good", "*.yaml")))
 ENV = {"BUCKET": "ct-bucket"}  # no GCP_PROJECT_FOR_TESTS: one job relies on it being unset

@@ -19,10 +19,11 @@ from records import write_examples
 import yaml
 from click.testing import CliRunner
 
+from paths import MODELS
 from tpulaunch.cli import run as cli_run
 from tpulaunch.cli import validate as cli_validate
 
-MODELS = Path(__file__).parent / "models"
+MODELS = MODELS
 
 IMAGE = {"image": {"shape": [8, 8, 1]}}
 CLASS = {"label": {"shape": [], "dtype": "int64"}}

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 from click.testing import CliRunner
 
+from paths import REPO
 from tpulaunch.data import synth
 from tpulaunch.cli.data import data
 from tpulaunch.data.pipeline import make_input_fn
@@ -18,7 +19,7 @@ from tpulaunch.errors import TpuLaunchError
 from tpulaunch.data.inspect_records import inspect
 from tpulaunch.job.load import load_job
 
-TEMPLATES = os.path.join(os.path.dirname(__file__), os.pardir, "tpulaunch", "templates")
+TEMPLATES = str(REPO / "tpulaunch" / "templates")
 SMALL = {"quickstart": dict(records=16, shards=2), "unet3d": dict(records=4, size=16), "retinanet": dict(records=4, size=128)}
 
 

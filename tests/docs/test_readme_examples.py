@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 import test_own_program
+from paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 # The README, then the docs pages; a page's transcripts find their yaml blocks on the same page, before them.
 DOCS = ["README.md", *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "docs").glob("*.md"))]
 README = "\n".join((ROOT / page).read_text() for page in DOCS)
@@ -180,11 +181,11 @@ def assert_shows(expected: list, printed: list, *, numbers_masked: bool) -> None
         if not chunk:
             continue
         if i == 0:
-            assert printed[:len(chunk)] == chunk, f"the README shows:\n" + "\n".join(chunk) + f"\nprinted:\n{shown}"
+            assert printed[:len(chunk)] == chunk, "the README shows:\n" + "\n".join(chunk) + f"\nprinted:\n{shown}"
             at = len(chunk)
             continue
         starts = [j for j in range(at, len(printed) - len(chunk) + 1) if printed[j:j + len(chunk)] == chunk]
-        assert starts, f"the README shows:\n" + "\n".join(chunk) + f"\nnot printed in order:\n{shown}"
+        assert starts, "the README shows:\n" + "\n".join(chunk) + f"\nnot printed in order:\n{shown}"
         at = starts[0] + len(chunk)
     if chunks[-1]:
         assert at == len(printed), f"printed more than the README shows:\n{shown}"

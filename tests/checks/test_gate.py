@@ -10,11 +10,12 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
+from paths import REPO
 from tpulaunch.cli.app import cli
 from tpulaunch.job.load import load_job
 from tpulaunch.plan.build import build_plan
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO)
 CT = os.path.join(ROOT, "tests", "jobs", "good", "tpu_ct.yaml")
 LABELS_ONLY = os.path.join(ROOT, "tests", "jobs", "bad", "52_labels_split_feature_whole.yaml")
 

@@ -21,6 +21,7 @@ from records import write_examples
 import yaml
 from click.testing import CliRunner
 
+from paths import REPO
 from tpulaunch.cli import run as cli_run
 from tpulaunch.engine.estimator import runner
 from tpulaunch.engine.core.model_dir import JOB_COPY, checkpoint_step
@@ -32,7 +33,7 @@ from tpulaunch.run.events import PhaseStarted, RunRecorder, StepsRun
 from tpulaunch.run.signals import EvaluationStopped, TrainingStopped
 from tpulaunch.plan.build import build_plan
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 TRAIN_COMMAND = [sys.executable, "-m", "tpulaunch", "train"]
 
 MODELS = textwrap.dedent('''

@@ -5,6 +5,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from paths import REPO
 from tpulaunch.cli.app import cli
 from tpulaunch.checks.validate import validate_job
 
@@ -45,7 +46,7 @@ def test_piped_output_keeps_whole_tensor_names():
     import subprocess
     import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(REPO)
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     child = subprocess.run([sys.executable, "-m", "tpulaunch", "plan", "configs/retinanet_2560.yaml", "--no-memory"],
                            cwd=root, env=env, capture_output=True, text=True, check=False)

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from paths import REPO
 from tpulaunch.run import phases
 from tpulaunch.run.events import NodeEvent, RunRecorder
 from tpulaunch.run.phase_watch import PhaseWatch
 from tpulaunch.run.render_plain import PlainRenderer
 
-RUN_PACKAGE = Path(__file__).resolve().parents[1] / "tpulaunch" / "run"
+RUN_PACKAGE = REPO / "tpulaunch" / "run"
 
 
 class Clock:

@@ -1,8 +1,9 @@
 """The README's two commands are what CI and a new user run: `.ci/run` runs the test command verbatim."""
 
 from pathlib import Path
+from paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 def _sh_block_after(heading: str) -> str:
@@ -22,7 +23,7 @@ def test_the_test_command_sets_up_and_tests_both_engines():
     command = _sh_block_after("Tests")
     assert "pip install -q -e '.[cpu,test]'" in command and "pip install -q -e '.[keras,test]'" in command
     assert command.index(" .venv/bin/python -m pytest -q") < command.index(" .venv-keras/bin/python -m pytest -q")
-    assert command.endswith("tests/keras_engine tests/test_engine_rules.py")
+    assert command.endswith("tests/keras_engine tests/checks/test_engine_rules.py")
 
 
 def test_the_quickstart_command_installs_before_it_trains():

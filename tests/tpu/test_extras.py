@@ -16,9 +16,10 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
+from paths import REPO
 from tpulaunch.tpu import stack
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO)
 sys.path.insert(0, os.path.join(ROOT, "requirements"))
 import resolve_extras  # noqa: E402  (the script that writes the record reads setup.cfg the same way)
 

@@ -7,7 +7,9 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from paths import REPO
+
+ROOT = str(REPO)
 GOOD = os.path.join(ROOT, "tests", "jobs", "good", "tpu_ct.yaml")
 
 PROBE = """

@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 from click.testing import CliRunner
 
+from paths import REPO
 from tpulaunch.engine.estimator import runner, standalone
 from tpulaunch.engine.estimator.make import make_estimator
 from tpulaunch.cli.app import cli
@@ -25,7 +26,7 @@ from tpulaunch.job.load import load_job
 from tpulaunch.run.text import format_value
 from tpulaunch.plan.build import build_plan
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO)
 
 TINY_MODELS = textwrap.dedent('''
     import tensorflow as tf

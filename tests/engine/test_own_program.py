@@ -21,10 +21,11 @@ import tensorflow as tf
 from click.testing import CliRunner
 
 from programs_run import refused_alike, tpulaunch
+from paths import PROGRAMS
 from tpulaunch.checks.validate import validate_job
 from tpulaunch.cli.app import cli
 
-MNIST_TPU = Path(__file__).resolve().parent / "programs" / "tensorflow_tpu" / "models" / "official" / "mnist" / "mnist_tpu.py"
+MNIST_TPU = PROGRAMS / "tensorflow_tpu" / "models" / "official" / "mnist" / "mnist_tpu.py"
 
 JOB = textwrap.dedent('''
     name: mnist-tpu
