@@ -28,6 +28,7 @@ import test_builder_contract as contract
 import test_memory as estimator_memory
 import test_user_models as corpus
 from .test_keras_explain import _evaluations, _explain, _run
+from paths import REPO
 from tpulaunch.cli import run as cli_run
 from tpulaunch.cli import validate as cli_validate
 from tpulaunch.engine.core.model_dir import checkpoint_step
@@ -35,7 +36,7 @@ from tpulaunch.job.load import load_job
 from tpulaunch.job.schema import Job
 from tpulaunch.plan.build import build_plan
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 ENGINE = ("--set", "run.engine=keras")
 job = corpus.job
 M = "keras3_models"

@@ -19,6 +19,7 @@ import yaml
 from click.testing import CliRunner
 
 import test_user_models as corpus
+from paths import REPO
 from tpulaunch.cli.app import cli
 from tpulaunch.engine.keras import runner
 from tpulaunch.engine.core.model_dir import checkpoint_step
@@ -27,7 +28,7 @@ from tpulaunch.job.load import load_job
 from tpulaunch.plan.build import build_plan
 from tpulaunch.run.text import format_value
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 
 # Runs a program as __main__ and fails if anything of tpulaunch was imported (as in tests/engine/test_explain.py, whose
 # module needs TensorFlow 2.15).

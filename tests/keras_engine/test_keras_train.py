@@ -18,9 +18,10 @@ import tensorflow as tf
 import yaml
 
 import test_user_models as corpus
+from paths import REPO
 from tpulaunch.engine.keras.runner import checkpoint_step
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 TRAIN = [sys.executable, "-m", "tpulaunch", "train"]
 
 

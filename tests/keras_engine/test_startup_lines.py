@@ -4,9 +4,9 @@ tpulaunch keeps them off the terminal unless -vv asks for everything."""
 import os
 import subprocess
 import sys
-from pathlib import Path
+from paths import REPO
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 STARTUP = ("oneDNN custom operations", "cuda drivers", "cuInit")
 
 

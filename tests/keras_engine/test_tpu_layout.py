@@ -6,6 +6,7 @@ import tensorflow as tf
 from tensorflow.compiler.xla import xla_data_pb2
 from tensorflow.python.compiler.xla.experimental import xla_sharding
 
+from paths import REPO
 from tpulaunch.plan.tpu_layout import computation_shape, layout_for_type
 from tpulaunch.engine.keras.standalone import annotate_for_logical_devices
 from tpulaunch.engine.keras.tpu_setup import device_assignment, topology_for
@@ -168,9 +169,8 @@ def test_validate_tf_on_the_cli_shows_what_tensorflow_built_for_the_keras_engine
     DeviceAssignment and split annotations, as the user reads them."""
     import subprocess
     import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
+    root = REPO
     result = subprocess.run([sys.executable, "-m", "tpulaunch", "validate", "--static", "--tf",
                              str(root / "configs" / "unet3d_ct.yaml"), "--set", "run.engine=keras"],
                             capture_output=True, text=True, env={**__import__("os").environ, "COLUMNS": "200"},
