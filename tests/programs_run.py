@@ -7,8 +7,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Mapping
+
+# A wrapper that runs a program as __main__ and fails if anything of tpulaunch was imported: an explained program
+# runs with nothing of tpulaunch (the editable install would let `import tpulaunch` succeed even under `python -I`).
+RUN_WITHOUT_TPULAUNCH = textwrap.dedent("""\
+    import runpy, sys
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    leaked = sorted(m for m in sys.modules if m.split(".")[0] == "tpulaunch")
+    if leaked:
+        sys.exit(f"the program imported {leaked}")
+    """)
 
 
 def run(*command: str, cwd: Path, env: Mapping[str, str] = {}) -> subprocess.CompletedProcess:

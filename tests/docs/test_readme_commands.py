@@ -1,20 +1,17 @@
 """The README's two commands are what CI and a new user run: `.ci/run` runs the test command verbatim."""
 
-from pathlib import Path
 from paths import REPO
-
-ROOT = REPO
 
 
 def _sh_block_after(heading: str) -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (REPO / "README.md").read_text()
     section = text[text.index(f"## {heading}\n"):]
     return section.split("```sh\n", 1)[1].split("\n```", 1)[0].strip()
 
 
 def test_ci_runs_the_readme_test_command_verbatim():
     command = _sh_block_after("Tests")
-    ci_lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
+    ci_lines = [line for line in (REPO / ".ci" / "run").read_text().splitlines()
                 if line and not line.startswith("#") and not line.startswith(("set ", "cd "))]
     assert ci_lines == [command]
 

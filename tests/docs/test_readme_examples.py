@@ -24,10 +24,9 @@ import pytest
 import test_own_program
 from paths import REPO
 
-ROOT = REPO
 # The README, then the docs pages; a page's transcripts find their yaml blocks on the same page, before them.
-DOCS = ["README.md", *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "docs").glob("*.md"))]
-README = "\n".join((ROOT / page).read_text() for page in DOCS)
+DOCS = ["README.md", *sorted(str(path.relative_to(REPO)) for path in (REPO / "docs").glob("*.md"))]
+README = "\n".join((REPO / page).read_text() for page in DOCS)
 
 # Which scene each transcript's command runs in (the README's own working directory for it).
 REPOSITORY, CT, QUICKSTART, OWN_PROGRAM = "repository", "ct.yaml", "quickstart", "own program"
@@ -96,7 +95,7 @@ def yaml_block_before(marker: str) -> str:
 def ct(tmp_path_factory) -> Path:
     """ct.yaml: the bad-job corpus's job with the four mistakes the README shows."""
     root = tmp_path_factory.mktemp("ct")
-    shutil.copy(ROOT / "tests" / "jobs" / "bad" / "46_several_mistakes.yaml", root / "ct.yaml")
+    shutil.copy(REPO / "tests" / "jobs" / "bad" / "46_several_mistakes.yaml", root / "ct.yaml")
     return root
 
 
@@ -104,7 +103,7 @@ def ct(tmp_path_factory) -> Path:
 def quickstart(tmp_path_factory) -> Path:
     """The repository's configs beside the quickstart's data, as the README's Quickstart leaves them."""
     root = tmp_path_factory.mktemp("quickstart")
-    shutil.copytree(ROOT / "configs", root / "configs")
+    shutil.copytree(REPO / "configs", root / "configs")
     tpulaunch(["data", "synth", "--example", "quickstart", "data/quickstart"], root, check=True)
     return root
 
@@ -124,7 +123,7 @@ def own_program(tmp_path_factory) -> Path:
 
 def scene_dir(scene: str, request) -> Path:
     if scene == REPOSITORY:
-        return ROOT
+        return REPO
     return request.getfixturevalue({CT: "ct", QUICKSTART: "quickstart", OWN_PROGRAM: "own_program"}[scene])
 
 
@@ -207,8 +206,8 @@ def test_the_readme_job_validates(tmp_path):
 
 def test_the_docs_links_lead_to_pages_that_exist():
     for page in DOCS:
-        for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", (ROOT / page).read_text()):
-            assert (ROOT / page).parent.joinpath(target).is_file(), f"{page} links to {target}"
+        for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", (REPO / page).read_text()):
+            assert (REPO / page).parent.joinpath(target).is_file(), f"{page} links to {target}"
 
 
 # The quickstart's training transcript first: the bench transcript then compares with the run it recorded.
@@ -231,6 +230,6 @@ def test_the_readme_transcript_runs_as_shown(command, request):
     ok = not any(re.search(r"\d+ errors?, ", line) for line in expected)
     assert (proc.returncode == 0) == ok, proc.stdout
     printed = proc.stdout.replace(str(cwd), "/tmp/mnist" if SCENES[command] == OWN_PROGRAM else "/work/main")
-    printed = printed.replace(str(ROOT), "/work/main")
+    printed = printed.replace(str(REPO), "/work/main")
     printed_lines = [line.rstrip() for line in printed.rstrip("\n").splitlines()]  # tables pad their rows
     assert_shows(expected, printed_lines, numbers_masked=command.startswith(RUNS))

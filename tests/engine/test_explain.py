@@ -18,6 +18,7 @@ import tensorflow as tf
 from click.testing import CliRunner
 
 from paths import REPO
+from programs_run import RUN_WITHOUT_TPULAUNCH
 from tpulaunch.engine.estimator import runner, standalone
 from tpulaunch.engine.estimator.make import make_estimator
 from tpulaunch.cli.app import cli
@@ -142,18 +143,6 @@ def _write_noisy_records(path, count, label, seed):
                 "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
             }
             writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
-
-
-# Runs a program as __main__ and fails if anything of tpulaunch was imported (the editable install
-# would let `import tpulaunch` succeed even under `python -I`).
-RUN_WITHOUT_TPULAUNCH = textwrap.dedent("""\
-    import runpy, sys
-    sys.argv = sys.argv[1:]
-    runpy.run_path(sys.argv[0], run_name="__main__")
-    leaked = sorted(m for m in sys.modules if m.split(".")[0] == "tpulaunch")
-    if leaked:
-        sys.exit(f"the program imported {leaked}")
-    """)
 
 
 def test_program_evaluates_a_checkpoint_to_the_metrics_of_tpulaunch_evaluate(tmp_path):

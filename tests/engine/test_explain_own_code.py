@@ -21,7 +21,8 @@ import tensorflow as tf
 from click.testing import CliRunner
 
 from tpulaunch.cli.app import cli
-from test_explain import RUN_WITHOUT_TPULAUNCH, _evaluation_of
+from programs_run import RUN_WITHOUT_TPULAUNCH
+from test_explain import _evaluation_of
 from test_own_program import PROBE, PROBE_JOB, write_project as write_mnist_project
 from test_weights import MODEL_VARIABLES, values, write_project as write_weights_project
 

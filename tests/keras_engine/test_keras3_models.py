@@ -36,7 +36,6 @@ from tpulaunch.job.load import load_job
 from tpulaunch.job.schema import Job
 from tpulaunch.plan.build import build_plan
 
-ROOT = REPO
 ENGINE = ("--set", "run.engine=keras")
 job = corpus.job
 M = "keras3_models"
@@ -131,7 +130,7 @@ WITHOUT_TF_KERAS = textwrap.dedent("""\
 
 def _env() -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    return dict(env, PYTHONUNBUFFERED="1", CI="1", PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    return dict(env, PYTHONUNBUFFERED="1", CI="1", PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
 
 
 def _tpulaunch(*args: str, without_tf_keras: bool = False) -> subprocess.CompletedProcess:
@@ -143,7 +142,7 @@ def _tpulaunch(*args: str, without_tf_keras: bool = False) -> subprocess.Complet
 @pytest.fixture(scope="module")
 def keras3_project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("keras3_trained")
-    (root / f"{M}.py").write_text((ROOT / "tests" / "models" / f"{M}.py").read_text())
+    (root / f"{M}.py").write_text((REPO / "tests" / "models" / f"{M}.py").read_text())
     specs = {**corpus.IMAGE, **corpus.CLASS}
     corpus.write_records(root / "train.tfrecord", specs, 32, seed=1)
     corpus.write_records(root / "eval.tfrecord", specs, 16, seed=2)

@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 import test_user_models as corpus
 from paths import REPO
+from programs_run import RUN_WITHOUT_TPULAUNCH
 from tpulaunch.cli.app import cli
 from tpulaunch.engine.keras import runner
 from tpulaunch.engine.core.model_dir import checkpoint_step
@@ -28,18 +29,7 @@ from tpulaunch.job.load import load_job
 from tpulaunch.plan.build import build_plan
 from tpulaunch.run.text import format_value
 
-ROOT = REPO
 
-# Runs a program as __main__ and fails if anything of tpulaunch was imported (as in tests/engine/test_explain.py, whose
-# module needs TensorFlow 2.15).
-RUN_WITHOUT_TPULAUNCH = textwrap.dedent("""\
-    import runpy, sys
-    sys.argv = sys.argv[1:]
-    runpy.run_path(sys.argv[0], run_name="__main__")
-    leaked = sorted(m for m in sys.modules if m.split(".")[0] == "tpulaunch")
-    if leaked:
-        sys.exit(f"the program imported {leaked}")
-    """)
 
 # The job's own code beside its file: a metric the program imports from the job's directory.
 OWN_METRIC = textwrap.dedent('''
@@ -102,7 +92,7 @@ def test_program_holds_portable_and_the_keras_standalone_verbatim():
     from tpulaunch.engine import portable
     from tpulaunch.engine.keras import standalone
 
-    loaded = load_job(str(ROOT / "configs" / "unet3d_ct.yaml"), ["run.engine=keras"])
+    loaded = load_job(str(REPO / "configs" / "unet3d_ct.yaml"), ["run.engine=keras"])
     program = explain_script(loaded, build_plan(loaded.job))
     compile(program, "program.py", "exec")
     assert inspect.getsource(portable) in program
@@ -218,9 +208,9 @@ sys.exit(code)
 def test_the_program_is_written_without_tensorflow(project, engine):
     """The job names a reference model and a metric of its own, both of which import TensorFlow: their
     signatures are read from their source."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", PROBE, "explain", str(project / "job.yaml"), "--engine", engine],
-                          capture_output=True, text=True, cwd=str(ROOT), env=env, timeout=120)
+                          capture_output=True, text=True, cwd=str(REPO), env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     *program, loaded = proc.stdout.splitlines()
     assert loaded == "LOADED="

@@ -21,13 +21,12 @@ import test_user_models as corpus
 from paths import REPO
 from tpulaunch.engine.keras.runner import checkpoint_step
 
-ROOT = REPO
 TRAIN = [sys.executable, "-m", "tpulaunch", "train"]
 
 
 def _env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    return dict(env, PYTHONUNBUFFERED="1", CI="1", PYTHONPATH=str(ROOT), **extra)
+    return dict(env, PYTHONUNBUFFERED="1", CI="1", PYTHONPATH=str(REPO), **extra)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ import subprocess
 import sys
 from paths import REPO
 
-ROOT = REPO
 STARTUP = ("oneDNN custom operations", "cuda drivers", "cuInit")
 
 
@@ -14,7 +13,7 @@ def validate(*flags: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # as a user's shell has it
     return subprocess.run([sys.executable, "-m", "tpulaunch", *flags, "validate", "configs/quickstart.yaml",
                            "--set", "run.engine=keras", "--set", "data.train=missing-*.tfrecord"],
-                          cwd=ROOT, capture_output=True, text=True, env={**env, "NO_COLOR": "1"})
+                          cwd=REPO, capture_output=True, text=True, env={**env, "NO_COLOR": "1"})
 
 
 def test_tensorflows_start_up_lines_stay_off_the_terminal():

@@ -170,9 +170,8 @@ def test_validate_tf_on_the_cli_shows_what_tensorflow_built_for_the_keras_engine
     import subprocess
     import sys
 
-    root = REPO
     result = subprocess.run([sys.executable, "-m", "tpulaunch", "validate", "--static", "--tf",
-                             str(root / "configs" / "unet3d_ct.yaml"), "--set", "run.engine=keras"],
+                             str(REPO / "configs" / "unet3d_ct.yaml"), "--set", "run.engine=keras"],
                             capture_output=True, text=True, env={**__import__("os").environ, "COLUMNS": "200"},
                             timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -30,7 +30,6 @@ from tpulaunch.data.bench import BOUND_RATIO
 from tpulaunch.run import phases
 from tpulaunch.run.record import RECORD_FILE, last_training
 
-ROOT = REPO
 
 MODELS = textwrap.dedent('''
     import tensorflow as tf
@@ -171,7 +170,7 @@ def test_data_bench_times_a_shard_written_by_data_synth(tmp_path):
     out = CliRunner().invoke(cli_data.synth, ["--example", "quickstart", str(tmp_path / "data"), "--records", "256",
                                               "--shards", "2"], catch_exceptions=False)
     assert out.exit_code == 0, out.output
-    bench = run_bench(str(ROOT / "configs" / "quickstart.yaml"), "--seconds", "1",
+    bench = run_bench(str(REPO / "configs" / "quickstart.yaml"), "--seconds", "1",
                       "--set", f"data.train={tmp_path / 'data'}/train-*.tfrecord",
                       "--set", f"run.model_dir={tmp_path / 'runs'}")
     assert bench["batch_size"] == 64 and bench["input_pipelines"] == 1
@@ -206,7 +205,7 @@ def test_a_train_process_shows_phases_before_tensorflow_and_records_its_whole_wa
     """The first lines come before TensorFlow is imported; the record's phases cover the process from
     its start to the record; --profile leaves a TensorBoard profile of the steps asked for."""
     model_dir = tmp_path / "run"
-    env = dict(os.environ, CI="1", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, CI="1", PYTHONPATH=str(REPO))
     launched = time.time()
     proc = subprocess.run([sys.executable, "-c", PROBE, "train", str(project / "raw.yaml"), "--local",
                            "--model-dir", str(model_dir), "--set", "train.steps=8", "--profile", "3-5"],

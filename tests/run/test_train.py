@@ -33,7 +33,6 @@ from tpulaunch.run.events import PhaseStarted, RunRecorder, StepsRun
 from tpulaunch.run.signals import EvaluationStopped, TrainingStopped
 from tpulaunch.plan.build import build_plan
 
-ROOT = REPO
 TRAIN_COMMAND = [sys.executable, "-m", "tpulaunch", "train"]
 
 MODELS = textwrap.dedent('''
@@ -216,7 +215,7 @@ def test_sigint_saves_a_checkpoint_and_the_rerun_finishes_exactly(project, tmp_p
     so the signal lands in training however fast this machine is."""
     command = [*TRAIN_COMMAND, str(project / "job.yaml"), "--local", "--model-dir", str(tmp_path / "run"),
                "--set", "eval.every_steps=null", "--set", "run.log_every_steps=10"]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", CI="1", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", CI="1", PYTHONPATH=str(REPO))
     child = subprocess.Popen([*command, "--set", "train.steps=1000000"], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=env)
     under_way = child.stdout.readline()
@@ -262,7 +261,7 @@ def test_sigint_during_the_final_evaluation_exits_130_and_says_how_to_evaluate(p
     sets = ["--set", "model.builder=train_models:witnessed_classifier", "--set", "train.steps=4",
             "--set", "eval.every_steps=null", "--set", "eval.steps=100000", "--set", f"data.eval={long_eval}"]
     job = str(project / "job.yaml")
-    env = dict(os.environ, PYTHONUNBUFFERED="1", CI="1", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", CI="1", PYTHONPATH=str(REPO))
     child = subprocess.Popen([*TRAIN_COMMAND, job, "--local", "--model-dir", str(tmp_path / "run"), *sets],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     line = child.stdout.readline()  # the event: the run says its (500-batch) evaluation has begun
