@@ -47,7 +47,9 @@ def synth(obj: Context, name: str, out_dir: str, records, size, shards, seed: in
     tpulaunch data synth --example retinanet gs://my-bucket/detection --size 256
     """
     from tpulaunch.data import synth as synth_module
+    from tpulaunch.tf_env import import_tensorflow
 
+    import_tensorflow()  # here, so that TensorFlow's start-up lines stay off the terminal
     total = synth_module.planned_records(name, records, shards)
     if total >= PROGRESS_THRESHOLD and obj.err.is_terminal:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -97,7 +99,9 @@ def inspect_command(obj: Context, pattern: str, records: int, compression, fmt: 
     tpulaunch data inspect 'data/*.tfrecord.gz' --compression GZIP --format json
     """
     from tpulaunch.data.inspect_records import inspect
+    from tpulaunch.tf_env import import_tensorflow
 
+    import_tensorflow()  # here, so that TensorFlow's start-up lines stay off the terminal
     result = inspect(pattern, records=records, compression=compression)
     if fmt == "json":
         click.echo(json.dumps(result.to_dict(), indent=2))

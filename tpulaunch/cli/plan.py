@@ -46,6 +46,9 @@ def plan(obj: Context, job_file, overrides, fmt, memory, xla, use_tf):
         raise AlreadyReported() from None
     the_plan = checked.plan
     if memory or xla:
+        from tpulaunch.tf_env import import_tensorflow
+
+        import_tensorflow()  # before the job's builder imports it: its start-up lines stay off the terminal
         add_memory(the_plan, checked.job, engine_for(checked.job).step_tensors, xla=xla)
     built = None
     if use_tf:
