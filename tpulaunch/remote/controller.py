@@ -199,6 +199,7 @@ class Controller:
         return True
 
     def _recover(self, cause: str) -> None:
+        self._read()  # all the lost VM wrote: the step and checkpoint it reached
         step = self.log.step if self.log else None
         checkpoint = self.log.checkpoint if self.log else None
         recovery = Recovery(self.vm, cause, step, checkpoint, time.time())
