@@ -73,7 +73,8 @@ def _controller(obj: Context, job_file: str, overrides, *, target: str, api_endp
     record = RunRecord(job=job.name, job_file=job_file, stage=stage.digest, node=ref.name, zone=ref.zone,
                        project=ref.project, started=time.time())
     controller = Controller(life, stage, startup_script(stage, rehearsal_python=rehearsal_python), job_file=job_file,
-                            recreate=recreate, poll_s=poll_s, create_timeout_s=timeout_s, keep_tpu=keep_tpu,
+                            recreate=recreate, poll_s=poll_s, create_timeout_s=timeout_s, start_timeout_s=timeout_s,
+                            keep_tpu=keep_tpu,
                             say=say, out=_out(obj), **({"on_step": on_step} if on_step else {}))
     return controller, record, ref
 
@@ -93,7 +94,8 @@ def _detached(obj: Context, job_file: str, ref) -> None:
 @click.option("--poll", "poll_s", type=click.FloatRange(min=0.05), default=10, show_default=True, metavar="SECONDS",
               help="Read the run's progress and the node's state this often.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=1800, show_default=True,
-              metavar="SECONDS", help="Give up waiting for the TPU to be created (a queued resource may wait long).")
+              metavar="SECONDS", help="Give up waiting for the TPU to be created (a queued resource may wait long); a "
+                                      "READY VM whose worker 0 has not started the job by then counts as lost.")
 @pass_obj
 def run(obj: Context, job_file: str, overrides, recreate: int, keep_tpu: bool, poll_s: float, timeout_s: float):
     """Run the job on its TPU VM and supervise it from this machine (a laptop, CI, Cloud Shell).
