@@ -135,3 +135,40 @@ def test_staging_is_content_addressed_and_writes_no_environment_value(tmp_path, 
     with pytest.raises(TpuLaunchError) as local:  # a real TPU VM cannot read this machine's files
         stage_job(_checked(job), str(job), [], engine="estimator", target="tpu")
     assert {p.path for p in local.value.problems} == {"data.train", "run.model_dir"}
+
+
+def test_staging_and_following_through_gs(tmp_path, monkeypatch):
+    """The same stage on gs:// (google-cloud-storage against fake-gcs-server, as the lease's gs:// tests): written
+    once, found on a rerun, and a host's log read from where the last read ended."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    from gcs_fake import free_port
+    from lease_runs import fake_gcs_server
+    from tpulaunch.remote import store
+    from tpulaunch.remote.follow import HostLog
+    from tpulaunch.remote.stage import stage_job
+
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "my_model.py").write_text("def build(**kw):\n    raise NotImplementedError\n")
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB.replace("data/train-*.tfrecord", "gs://bucket/data/train-*.tfrecord")
+                   .replace("runs/a", "gs://bucket/runs/a"))
+    monkeypatch.chdir(tmp_path)
+    with fake_gcs_server(free_port()) as url:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
+        client = storage.Client(project="test", credentials=AnonymousCredentials())
+        client.create_bucket("bucket")
+        monkeypatch.setattr(store, "_clients", {"client": client})
+        first = stage_job(_checked(job), str(job), [], engine="estimator", target="tpu")
+        again = stage_job(_checked(job), str(job), [], engine="estimator", target="tpu")
+        assert (first.uploaded, again.uploaded, again.digest) == (first.total, 0, first.digest)
+        assert json.loads(store.read(first.url))["sets"][-1] == 'python_path=["python_path/0"]'
+
+        log = HostLog("gs://bucket/runs/a", attempt=1)
+        assert log.new_lines() == []  # not written yet
+        store.write(log.url, b"train | start | step 0/10 | batch 8\ntrain | step 1/10 | loss 2.3\ntrain | st")
+        assert log.new_lines() == ["train | start | step 0/10 | batch 8", "train | step 1/10 | loss 2.3"]
+        assert log.new_lines() == []
+        store.write(log.url, b"train | start | step 0/10 | batch 8\ntrain | step 1/10 | loss 2.3\ntrain | step 2/10\n")
+        assert log.new_lines() == ["train | step 2/10"] and (log.started_from, log.step) == (0, 2)
