@@ -134,17 +134,43 @@ def record_line(record: dict) -> str:
     return json.dumps(_finite(record), separators=(", ", ": "), allow_nan=False, default=str) + "\n"
 
 
-def read_records(lines: Iterable[str]) -> list:
-    """The records of a tpulaunch-runs.jsonl file, oldest first; lines that are not JSON objects are skipped."""
+TORN_SUFFIX = ".torn"  # model_dir/tpulaunch-runs.jsonl.torn: the torn tails set apart, one per line
+
+
+def split_torn(text: str) -> tuple:
+    """(whole lines, torn tail) of a record file's text: the torn tail is what follows the last newline (a
+    record whose write was cut short by a crash or a full disk); "" when the file ends with a whole line."""
+    cut = text.rfind("\n") + 1
+    return text[:cut], text[cut:]
+
+
+def read_records(lines: Iterable[str], on_skipped: Optional[Callable[[int, str], None]] = None) -> list:
+    """The records of a tpulaunch-runs.jsonl file, oldest first.
+
+    A line that is not a JSON object (a record cut short by a crash or a full disk, or text written by
+    something else) is skipped: `on_skipped(line_number, why)` is told of each, so a reader can say so.
+    """
     records = []
-    for line in lines:
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
         try:
             record = json.loads(line)
         except ValueError:
-            continue  # a line cut short (a run killed while writing it)
+            record = None
         if isinstance(record, dict):
             records.append(record)
+        elif on_skipped is not None:
+            on_skipped(number, "a torn or foreign line, not a JSON object")
     return records
+
+
+def skipped_text(path: str, skipped: list) -> str:
+    """One line for the records a reader skipped: `skipped` as [(line number, why)]."""
+    numbers = ", ".join(str(number) for number, _ in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
+    plural = "s" if len(skipped) > 1 else ""
+    return (f"{path}: skipped {len(skipped)} line{plural} ({numbers}) that {'are' if plural else 'is'} not a whole "
+            f"record ({skipped[0][1]}); the other records are read")
 
 
 def training_rate(record: dict) -> Optional[float]:
