@@ -29,6 +29,8 @@ import datetime
 import hashlib
 import json
 import math
+import os
+import sys
 import time
 from typing import Any, Callable, Dict, Iterable, Optional
 
@@ -171,6 +173,22 @@ def skipped_text(path: str, skipped: list) -> str:
     plural = "s" if len(skipped) > 1 else ""
     return (f"{path}: skipped {len(skipped)} line{plural} ({numbers}) that {'are' if plural else 'is'} not a whole "
             f"record ({skipped[0][1]}); the other records are read")
+
+
+def local_records(model_dir: str, say: Callable[[str], None] = lambda text: print(text, file=sys.stderr)) -> list:
+    """The records of a local model_dir's run record (none when it has none), for tools: a line that is not a
+    whole record is skipped, and `say` told of it."""
+    path = os.path.join(model_dir, RECORD_FILE)
+    try:
+        with open(path, "rb") as handle:
+            lines = handle.read().decode("utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return []
+    skipped: list = []
+    records = read_records(lines, on_skipped=lambda number, why: skipped.append((number, why)))
+    if skipped:
+        say(skipped_text(path, skipped))
+    return records
 
 
 def training_rate(record: dict) -> Optional[float]:
