@@ -185,15 +185,18 @@ def _read_record_file(model_dir: str):
             return None
     from google.api_core import exceptions
     from google.api_core.retry import Retry
+    from google.auth.exceptions import DefaultCredentialsError
     from google.cloud import storage
-
-    from tpulaunch.run.lease import _storage_client as storage_client  # its credentials message
 
     bucket, _, prefix = model_dir[len("gs://"):].partition("/")
     name = f"{prefix.rstrip('/')}/{RECORD_FILE}" if prefix else RECORD_FILE
     deadline = RECORD_READ_TIMEOUT_S
     try:
-        blob = storage_client(storage).bucket(bucket).blob(name)
+        client = storage.Client()
+    except DefaultCredentialsError:
+        raise TpuLaunchError("no Google Cloud credentials to read the run record on gs://") from None
+    try:
+        blob = client.bucket(bucket).blob(name)
         return blob.download_as_bytes(timeout=(deadline / 2, deadline / 2),
                                       retry=Retry(timeout=deadline / 2, initial=0.2, maximum=1.0)).decode(
             "utf-8", errors="replace")
