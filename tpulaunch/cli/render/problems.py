@@ -132,7 +132,8 @@ def _source_line(file: str, line: int, cache: dict) -> Optional[str]:
     return lines[line - 1] if 0 < line <= len(lines) else None
 
 
-SNIPPET_WIDTH = 120  # at most this much of a source line is echoed (a minified or generated line may be megabytes)
+SNIPPET_WIDTH = 100  # at most this much of a source line is echoed (a generated line may be megabytes); with
+# its "..." and the "  NNNN | " margin, the line and its caret stay within PIPE_WIDTH
 _CUT = "..."
 
 
