@@ -5,6 +5,7 @@ test_faults.py (estimator) and keras_engine/test_keras_disk_errors.py (keras).""
 import os
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from paths import BENCHMARKS
@@ -46,3 +47,35 @@ def test_a_run_into_a_read_only_model_dir(tmp_path):
         assert "Traceback" not in result.output and "unexpected" not in result.output, result.output
         assert model_dir in result.output and SAID[errno_name] in result.output.lower(), result.output
         assert os.listdir(directory) == []
+
+
+def test_a_job_copy_that_does_not_fit_leaves_the_previous_one(tmp_path):
+    """On a real full disk the job copy is not half-written (a resume would read half a job as another model)
+    and its temporary file is gone."""
+    from small_disks import tmpfs
+    from tpulaunch.engine.core.model_dir import JOB_COPY, model_dir_errors, write_job_copy
+    from tpulaunch.errors import TpuLaunchError
+    from tpulaunch.job.load import load_job
+
+    job = interrupts.write_project(str(tmp_path / "project"), steps=4, every=2)
+    loaded = load_job(job)
+    with tmpfs(tmp_path / "disk", size="16k") as disk:
+        model_dir = os.path.join(disk, "run")
+        write_job_copy(loaded.job, model_dir)
+        with open(os.path.join(model_dir, JOB_COPY)) as handle:
+            before = handle.read()
+        filler = os.open(os.path.join(disk, "filler"), os.O_WRONLY | os.O_CREAT)
+        try:
+            while True:
+                os.write(filler, b"x" * 512)
+        except OSError:
+            pass
+        finally:
+            os.close(filler)
+        bigger = loaded.job.model_copy(update={"name": "y" * 100})  # same model and data: a resume's copy
+        with pytest.raises(TpuLaunchError) as failed, model_dir_errors(model_dir):
+            write_job_copy(bigger, model_dir)
+        assert "no space left on device (ENOSPC)" in failed.value.message
+        assert sorted(os.listdir(model_dir)) == [JOB_COPY]
+        with open(os.path.join(model_dir, JOB_COPY)) as handle:
+            assert handle.read() == before

@@ -80,8 +80,17 @@ def write_job_copy(job: Job, model_dir: str, *, force: bool = False) -> str:
                 hint=f"compare with {path}; use another run.model_dir (or --model-dir), or pass --force to "
                      "resume anyway")
     tf.io.gfile.makedirs(model_dir)
-    with tf.io.gfile.GFile(path, "w") as handle:
-        handle.write(yaml.safe_dump(document, sort_keys=False))
+    # Written whole, then renamed over the copy: a full disk mid-write leaves the previous copy, not half of one
+    # (which the next resume would read as a job with another model), and no temporary file.
+    temporary = path + ".tmp"
+    try:
+        with tf.io.gfile.GFile(temporary, "w") as handle:
+            handle.write(yaml.safe_dump(document, sort_keys=False))
+        tf.io.gfile.rename(temporary, path, overwrite=True)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            tf.io.gfile.remove(temporary)
+        raise
     return path
 
 
