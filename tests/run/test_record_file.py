@@ -115,3 +115,17 @@ def test_a_record_that_does_not_fit_leaves_nothing_of_itself(full_disk):
     assert read_records(record_lines(model_dir)) == [OLD[0]]
     with open(os.path.join(model_dir, RECORD_FILE)) as handle:
         assert handle.read() == record_line(OLD[0])
+
+
+def test_data_bench_compares_with_the_whole_records_of_a_torn_file(project):
+    root, job = project
+    model_dir = os.path.join(root, "runs", "bench")
+    torn_record_file(model_dir)
+    with open(os.path.join(model_dir, RECORD_FILE), "a") as handle:  # a whole record after the torn one
+        handle.write("\n" + record_line(dict(OLD[1], steady_examples_per_s=500.0)) + TORN)
+
+    result = CliRunner().invoke(cli, ["data", "bench", job, "--local", "--seconds", "1", "--format", "json",
+                                      "--set", f"run.model_dir={model_dir}"], env=ENV)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["training"]["needed_examples_per_s"] == 500.0
+    assert f"{model_dir}/{RECORD_FILE}: skipped 2 lines (3, 5) that are not a whole record" in result.stderr
