@@ -89,5 +89,6 @@ def test_a_secret_the_program_would_hold_refuses_the_program(job, tmp_path):
     program = tmp_path / "program.py"
     result = explain(job, "-o", str(program), env={"API_TOKEN": "2"})
     assert result.exit_code == 1, result.output
-    assert "model.params.api_token: the value of ${API_TOKEN} would be written into the program in clear" in result.output
+    assert ("model.params.api_token: the value of ${API_TOKEN} would be written into the program in clear"
+            in result.output)
     assert not program.exists()

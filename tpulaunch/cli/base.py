@@ -99,7 +99,7 @@ def _invoke_mapped(ctx: click.Context, invoke):
         if ctx.ensure_object(Context).debug:
             raise
         storage = storage_error(exc) if isinstance(exc, OSError) or is_graph_error(exc) else None
-        if storage is not None:  # a full disk, a quota, a read-only filesystem, permissions: said as such, with the path
+        if storage is not None:  # a full disk, a quota, a read-only filesystem, permissions: said so, with the path
             click.echo(f"error: {storage.text()}", err=True)
             click.echo(f"  hint: {storage.hint}", err=True)
             ctx.exit(int(ExitCode.PROBLEMS))

@@ -1,7 +1,8 @@
-"""`tpulaunch status JOB.yaml`: is the job's TPU node there, READY, HEALTHY and of the declared type? And who
-holds the lease on its model_dir (`run/lease.py`)?
+"""`tpulaunch status JOB.yaml`: is the job's TPU node there, READY, HEALTHY and of the declared type? Who
+holds the lease on its model_dir (`run/lease.py`), and how did its last run end (its run record)?
 
-No TensorFlow import: the installed version is read from package metadata; the lease is read directly.
+No TensorFlow import: the installed version is read from package metadata; the lease and the record are read
+directly (a gs:// record through google-cloud-storage, within RECORD_READ_TIMEOUT_S).
 """
 
 from __future__ import annotations
@@ -22,15 +23,17 @@ from tpulaunch.errors import AlreadyReported, ExitCode, TpuLaunchError, first_li
 @set_option
 @pass_obj
 def status(obj, job_file, wait_s, fmt, overrides):
-    """Show the job's TPU node: state, health, type, hosts, endpoints, runtime version; and who holds the
-    lease on run.model_dir (a live train/evaluate, a stale one, or none).
+    """Show the job's TPU node: state, health, type, hosts, endpoints, runtime version; who holds the
+    lease on run.model_dir (a live train/evaluate, a stale one, or none); and its last run (the newest
+    whole line of its run record).
 
     The node comes from the job's tpu: section (name, zone, project), else $TPU_NAME,
     $TPU_ZONE, $TPU_PROJECT / $GOOGLE_CLOUD_PROJECT. Set $TPULAUNCH_TPU_DISCOVERY_URL to
     ask another TPU API endpoint (an emulator).
 
     Exit code 0 when the node can run the job, 3 when it cannot (not READY, not HEALTHY,
-    another accelerator type, not found, API unreachable), 1 for a job file mistake or a node whose runtime
+    another accelerator type, not found, API unreachable: said within $TPULAUNCH_TPU_API_REACH_S, 30 s by
+    default), 1 for a job file mistake or a node whose runtime
     version does not run this machine's TensorFlow the job's engine's way (located at tpu.runtime_version,
     else tpu.name).
 

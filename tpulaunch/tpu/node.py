@@ -285,11 +285,12 @@ def reach_s(env: Mapping[str, str] = os.environ) -> float:
 
 
 def with_retries(ref: NodeRef, request: Callable[..., object], *, what: str, attempts: int, backoff_s: float,
-                 subject: Optional[str] = None, timeout: Optional[float] = None, within_s: Optional[float] = None):
+                 subject: Optional[str] = None, timeout: Optional[float] = None, within_s: Optional[float] = None,
+                 endpoint: Optional[str] = None):
     """Run one API request through `api.call`, retrying transient failures `attempts` times in all, no try
     starting after `within_s` seconds (default: `reach_s()`). Given `timeout`, `request(seconds)` is told how long
     its HTTP request may take: `timeout` at most, never past that bound, so all of it ends within `within_s`;
-    else `request()` keeps its own timeout."""
+    else `request()` keeps its own timeout. `endpoint`: the API endpoint asked, for the message."""
     subject = subject or f"TPU node '{ref.name}'"
     within_s = reach_s() if within_s is None else within_s
     deadline = time.monotonic() + within_s
@@ -314,8 +315,8 @@ def with_retries(ref: NodeRef, request: Callable[..., object], *, what: str, att
         f"could not {_infinitive(what)} {subject} ({ref.full_name}) "
         + (f"within {within_s:g} s ({tries} {'try' if tries == 1 else 'tries'})" if out_of_time else
            f"after {attempts} tries") + f": {last or 'no answer'}",
-        hint=f"the TPU API ({api.endpoint() or api.GOOGLE_ENDPOINT}) may be unreachable or having trouble; retry "
-             f"later, or check the endpoint (${api.ENDPOINT_ENV}) and your network"
+        hint=f"the TPU API ({endpoint or api.endpoint() or api.GOOGLE_ENDPOINT}) may be unreachable or having "
+             f"trouble; retry later, or check the endpoint (${api.ENDPOINT_ENV}) and your network"
              + (f"; ${REACH_ENV} sets how long to try (now {within_s:g} s)" if out_of_time else ""),
         exit_code=ExitCode.CLUSTER)
 
@@ -344,7 +345,7 @@ class _NodeReader:
 
         try:
             return with_retries(self.ref, once, what="reading", attempts=self.attempts, backoff_s=self.backoff_s,
-                                timeout=self.timeout)
+                                timeout=self.timeout, endpoint=self.api_endpoint)
         except api.NodeNotFound as missing:
             missing.hint = (f"check the name, zone and project (`gcloud compute tpus tpu-vm list --zone {self.ref.zone} "
                             f"--project {self.ref.project}`), or create it: `tpulaunch up JOB.yaml`")
