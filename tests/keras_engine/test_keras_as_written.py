@@ -230,3 +230,22 @@ def test_keras_metric_classes_and_objects_by_import_path(project):
     assert said["auc"] == pytest.approx(float(auc.result()), abs=1e-3), output
     assert said["precision"] == pytest.approx(precision, abs=1e-3), output
     assert said["f1"] == pytest.approx(f1, abs=1e-3), output
+
+
+# ------------------------------------------------------------------------ plan: the optimizer's own slots
+
+def test_plan_counts_the_slots_of_the_optimizer_the_model_trains_with(project):
+    """The compiled task model's SGD keeps no slot, the own-step model's SGD with momentum one, Adam two."""
+    from test_memory import plan_memory
+    from tpulaunch.job.schema import Job
+    from tpulaunch.plan.memory import COUNTED
+
+    def planned(builder, **model):
+        document = yaml.safe_load(write_job(project, "planned", {"builder": f"{MODULE}:{builder}", **model}).read_text())
+        return plan_memory(Job.model_validate(document).located_at(str(project)))
+
+    trainable = 2 * 3 + 3  # GlobalAveragePooling2D, then Dense(3) on 2 channels
+    for plan, slots in ((planned("task_from_config"), 0), (planned("with_own_train_step"), 1),
+                        (planned("with_own_train_step", optimizer="adam"), 2)):
+        assert plan.optimizer_source == COUNTED and plan.optimizer_slots == slots, (plan.optimizer_slots, slots)
+    assert planned("with_own_train_step").breakdown["optimizer"] == trainable * 4

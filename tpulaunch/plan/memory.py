@@ -107,8 +107,10 @@ BuildStep = Callable[..., Any]
 def step_shapes(job: Job, build_step: BuildStep, *, use_tpu: bool):
     """What one training step of `job` keeps for its backward pass, read from the graph its engine builds
     (`build_step`): per example, with dtypes and convolution halos. Cached per job, engine and target."""
-    # The step depends on the model, the data specs and the flags, not on batch sizes or the slice.
-    key = (job.model_dump_json(include={"model", "data", "flags"}), tuple(job.search_path), use_tpu,
+    # The step depends on the model (and which of its loss, optimizer and metrics the job sets: a compiled model keeps
+    # its own for the others), the data specs and the flags, not on batch sizes or the slice.
+    key = (job.model_dump_json(include={"model", "data", "flags"}), job.model.set_in_job(), tuple(job.search_path),
+           use_tpu,
            getattr(build_step, "__qualname__", repr(build_step)))
     if key not in _SHAPES_CACHE:
         _SHAPES_CACHE[key] = build_step(job, use_tpu=use_tpu)

@@ -315,6 +315,15 @@ def _progress_loss(logs):
     return tf.reduce_mean(tf.cast(value, tf.float32))
 
 
+def _flat_logs(logs: dict) -> dict:
+    """A test_step's logs with nested dicts (Keras 3's compile_metrics) merged into the top level, as Keras's
+    get_metrics_result() gives them."""
+    out = {}
+    for key, value in logs.items():
+        out.update(_flat_logs(value) if isinstance(value, dict) else {key: value})
+    return out
+
+
 def _plain_results(results: dict) -> dict:
     """Metric results as floats; a metric with several values (F1Score per class) as 'name[i]' each."""
     out = {}
@@ -371,6 +380,7 @@ class KerasTraining:
         self.loss = loss
         self.metrics = metrics
         self.label_names = list(labels or {})
+        self.labels = dict(labels or {})
         self.features = dict(features)
         self.custom_loss = custom_loss if not isinstance(loss, dict) else None
         self.custom_losses = dict(custom_losses or {})
@@ -393,18 +403,22 @@ class KerasTraining:
                     self.model(_zeros(_tensor_specs(self.features, 1)), training=False)
                 else:
                     self.model.build(_shape_tree(self.features, None))
+            self.output_names = list(getattr(self.model, "output_names", None) or ())
             self.compiled = compiled_with(self.model)
             self.own_methods = own_fit_methods(self.model)
             self.own_step = bool(self.own_methods) or (self.compiled is not None and "loss" not in self.given)
             if self.own_step:
                 self.optimizer = self._compile_for_own_step(make_optimizer)
+                if hasattr(self.model, "_symbolic_build"):  # Keras 3 builds its compile's metrics and loss here, as
+                    # fit() does before its first step: made inside a replica's step, their variables cannot be lifted
+                    labels = _tensor_specs(self.labels, 1) if self.labels else None
+                    self.model._symbolic_build(data_batch=(_tensor_specs(self.features, 1), labels))
             else:
                 self.optimizer = self._job_step_optimizer(make_optimizer)
             if hasattr(self.optimizer, "build") and not getattr(self.optimizer, "built", False):
                 self.optimizer.build(self.model.trainable_variables)  # slots exist before a restore fills them
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
                                            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-        self.output_names = list(getattr(self.model, "output_names", None) or ())
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, global_step=self.global_step)
         self.model_dir = model_dir
         self.manager = tf.train.CheckpointManager(
@@ -571,9 +585,11 @@ class KerasTraining:
 
     @tf.autograph.experimental.do_not_convert  # straight-line code: its frames stay this module's
     def _replica_own_eval_step(self, features, labels):
+        """The model's test_step on one replica's batch; returns what it returned, as float32."""
         features = annotate_for_logical_devices(self.strategy, features, self.feature_dims)
         labels = annotate_for_logical_devices(self.strategy, labels, self.label_dims)
-        self.model.test_step((features, labels))
+        logs = self.model.test_step((features, labels))
+        return tf.nest.map_structure(lambda value: tf.cast(value, tf.float32), logs)
 
     @property
     def replica_train_step(self) -> Callable:
@@ -678,7 +694,11 @@ class KerasTraining:
         if self._eval_step is None:
             @tf.function
             def run(batch):
-                return strategy.run(self.replica_eval_step, args=batch)
+                logs = strategy.run(self.replica_eval_step, args=batch)
+                if not self.own_step:
+                    return logs
+                return tf.nest.map_structure(  # what the model's test_step returned, the mean over the replicas
+                    lambda value: strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None), logs)
 
             self._eval_step = run
         self._eval_step.get_concrete_function(dataset.element_spec)
@@ -691,16 +711,19 @@ class KerasTraining:
         self.reset_model_metrics()
         for entry in (self._eval_metrics or {}).values():
             _metric_of(entry).reset_state()
-        done = 0
+        done, logs = 0, None
         for batch in dataset:
             if done >= steps:
                 break
             if should_stop is not None and should_stop():
                 raise EvaluationInterrupted()
-            self._eval_step(batch)
+            logs = self._eval_step(batch)
             done += 1
         if self.own_step:
-            results = _plain_results(self.model.get_metrics_result())
+            # As Keras's evaluate(): the model's metrics when the test_step returned them, else its last batch's logs.
+            results = self.model.get_metrics_result()
+            returned = _flat_logs(logs) if isinstance(logs, dict) else {}
+            results = _plain_results(results if not returned or set(returned) == set(results) else returned)
         else:
             results = _plain_results({key: _metric_of(entry).result() for key, entry in self._eval_metrics.items()})
         results["global_step"] = self.step
