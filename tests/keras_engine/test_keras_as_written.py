@@ -10,7 +10,10 @@ by import path are fed each evaluation batch.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +22,7 @@ import tensorflow as tf
 import yaml
 from click.testing import CliRunner
 
-from paths import MODELS
+from paths import MODELS, REPO
 from records import write_examples
 from tpulaunch.cli import run as cli_run
 from tpulaunch.cli import validate as cli_validate
@@ -139,9 +142,14 @@ def forward(layers, images):
 
 # ------------------------------------------------------------------------ a task model that compiles itself
 
-def test_a_task_model_built_from_a_backbone_config_trains_with_its_own_compile(project):
-    path = write_job(project, "task", {"builder": f"{MODULE}:task_from_config"})
-    output = validate_and_train(path)
+@pytest.fixture(scope="module")
+def trained_task(project) -> str:
+    """The task model's job (no loss, optimizer or metrics of its own), validated and trained: train's output."""
+    return validate_and_train(write_job(project, "task", {"builder": f"{MODULE}:task_from_config"}))
+
+
+def test_a_task_model_built_from_a_backbone_config_trains_with_its_own_compile(project, trained_task):
+    output = trained_task
     assert ("TinyClassifier trains with Keras's train_step and test_step (the job sets no model.loss)" in output
             and "its loss SparseCategoricalCrossentropy; its optimizer SGD; its metrics [SparseCategoricalAccuracy]"
             in output), output
@@ -160,6 +168,21 @@ def test_a_task_model_built_from_a_backbone_config_trains_with_its_own_compile(p
     said = eval_line(output)
     assert said["loss"] == pytest.approx(crossentropy(logits, eval_labels), abs=1e-3), output
     assert said["accuracy"] == pytest.approx(float((logits.argmax(-1) == eval_labels).mean()), abs=1e-3), output
+
+
+def test_the_task_models_own_step_over_two_replicas_takes_the_steps_of_one(project, trained_task):
+    """Keras's train_step in each replica of MirroredStrategy over two CPU devices (a process of its own: the CPU
+    is split before TensorFlow starts) gives the weights the one-device run gave."""
+    one = restored(project, "task_from_config", "task")
+    environment = dict({k: v for k, v in os.environ.items() if k != "TF_CONFIG"}, PYTHONPATH=str(REPO), CI="1")
+    two = subprocess.run([sys.executable, "-m", "tpulaunch", "train", str(project / "task.yaml"), "--local",
+                          "--cpu-replicas", "2", "--set", "eval=null", "--model-dir", str(project / "runs/task-two")],
+                         capture_output=True, text=True, env=environment, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "trains with Keras's train_step and test_step" in two.stdout, two.stdout
+    mirrored = restored(project, "task_from_config", "task-two")
+    for single, replicated in zip(numpy_of(one), numpy_of(mirrored)):
+        np.testing.assert_allclose(replicated, single, atol=1e-5)
 
 
 # ------------------------------------------------------------------------ a model with its own train_step
