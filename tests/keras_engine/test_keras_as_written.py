@@ -185,6 +185,20 @@ def test_the_task_models_own_step_over_two_replicas_takes_the_steps_of_one(proje
         np.testing.assert_allclose(replicated, single, atol=1e-5)
 
 
+def test_the_jobs_optimizer_and_metrics_replace_a_task_models_own(project):
+    """A task model whose compile the job's Adam and metrics replace (the loss stays its own): one line says so,
+    and Adam's first step moves every weight by its learning rate (SGD's would move each by its gradient)."""
+    path = write_job(project, "task_adam", {"builder": f"{MODULE}:task_from_config", "metrics": ["accuracy"],
+                                            "optimizer": {"name": "adam", "learning_rate": 0.01}}, steps=1)
+    output = validate_and_train(path)
+    assert ("its loss SparseCategoricalCrossentropy; model.optimizer Adam replaces its SGD; model.metrics "
+            "[accuracy] replace its [SparseCategoricalAccuracy]") in output, output
+    assert set(eval_line(output)) == {"step", "accuracy", "loss"}, output
+    model = restored(project, "task_from_config", "task_adam")
+    moved = np.abs(numpy_of(model.get_layer("predictions"))[0] - fixed((3, 3)))
+    np.testing.assert_allclose(moved, 0.01, atol=1e-5)
+
+
 # ------------------------------------------------------------------------ a model with its own train_step
 
 def test_a_model_with_its_own_train_step_trains_as_fit_trains_it(project):
@@ -205,6 +219,21 @@ def test_a_model_with_its_own_train_step_trains_as_fit_trains_it(project):
     said = eval_line(output)
     assert said["loss"] == pytest.approx(fit_eval["loss"], abs=1e-3), (said, fit_eval)
     assert said["accuracy"] == pytest.approx(fit_eval["accuracy"], abs=1e-3), (said, fit_eval)
+
+
+def test_a_model_with_its_own_train_step_resumes_with_its_optimizers_state(project):
+    """Two steps, then two more from the checkpoint: the weights of four steps in one run (its SGD's momentum is
+    checkpointed and restored with it)."""
+    path = write_job(project, "own_step_resumed", {"builder": f"{MODULE}:with_own_train_step"}, steps=2)
+    validate_and_train(path)
+    resumed = CliRunner().invoke(cli_run.train, [str(path), "--local", "--set", "train.steps=4"],
+                                 catch_exceptions=False)
+    assert resumed.exit_code == 0 and "resumed from step 2" in resumed.output, resumed.output
+    model = written(project).with_own_train_step()
+    images, labels, _ = project.records["train"]
+    model.fit(images, labels, batch_size=4, epochs=4, shuffle=False, verbose=0)
+    for trained, fits in zip(numpy_of(restored(project, "with_own_train_step", "own_step_resumed")), numpy_of(model)):
+        np.testing.assert_allclose(trained, fits, atol=1e-5)
 
 
 # ------------------------------------------------------------------------ the job's loss replaces compile()'s

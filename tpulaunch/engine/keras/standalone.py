@@ -473,7 +473,8 @@ class KerasTraining:
             if key not in replaced:
                 said.append(f"its {key} {_described(was)}")
             elif own:
-                said.append(f"model.{key} {_described(now)} replaces its {_described(was)}")
+                verb = "replace" if key == "metrics" else "replaces"
+                said.append(f"model.{key} {_described(now)} {verb} its {_described(was)}")
             else:
                 said.append(f"model.{key} {_described(now)}")
         self.compile_note = "; ".join(said)
