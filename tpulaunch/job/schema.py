@@ -225,12 +225,15 @@ class Model(Strict):
     loss: LossOrPerLabel = Field(
         "sparse_categorical_crossentropy",
         description=f"one of {', '.join(LOSSES)}, or 'pkg.mod:fn(labels, outputs) -> scalar' (it gets all labels and "
-                    "outputs); or a mapping label -> loss, one per label")
-    optimizer: Optimizer = Field(default_factory=Optimizer)
+                    "outputs); or a mapping label -> loss, one per label. Not set, a model the builder compile()d "
+                    "trains with its own compile's loss (keras engine)")
+    optimizer: Optimizer = Field(default_factory=Optimizer,
+                                 description="default adam; not set, a model the builder compile()d trains with its "
+                                             "own compile's optimizer (keras engine)")
     metrics: MetricsOrPerLabel = Field(
         default_factory=list,
-        description=f"any of {', '.join(METRICS)}, or import paths: a list (each applied to every label whose loss it "
-                    "fits), or a mapping label -> list")
+        description=f"any of {', '.join(METRICS)}, or import paths (on the keras engine a Keras Metric class or "
+                    "object too): a list (each applied to every label whose loss it fits), or a mapping label -> list")
     precision: Literal["float32", "bfloat16", "mixed_float16"] = "float32"
     outputs: Optional[Union[OutputKind, Dict[str, OutputKind]]] = Field(
         None, description="what the model returns for a classification head: logits or probabilities (for every "
@@ -249,6 +252,12 @@ class Model(Strict):
     @classmethod
     def _optimizer_shorthand(cls, value):
         return {"name": value} if isinstance(value, str) else value
+
+    def set_in_job(self) -> tuple:
+        """Which of loss, optimizer and metrics the job file (or --set) sets; the defaults above fill the others. On
+        the keras engine a model its builder compile()d (a KerasHub task model compiles itself) keeps its own
+        compile's for those the job does not set, as a second compile() would replace only what it is given."""
+        return tuple(key for key in ("loss", "optimizer", "metrics") if key in self.model_fields_set)
 
     @property
     def model_fn_path(self) -> Optional[str]:

@@ -44,6 +44,7 @@ SOURCES = {
     "label_dims": ("partition",),
     "computation_shape": ("tpu", "cores_per_replica"),
     "num_replicas": ("tpu", "type"),
+    "given": ("model",),
 }
 
 # What a value means, where its job key alone does not say.
@@ -56,6 +57,8 @@ NOTES = {
     "computation_shape": "the block of the slice's mesh [x, y, z, devices per chip] one replica occupies",
     "num_replicas": "the slice's cores over tpu.cores_per_replica",
     "save_checkpoints_steps": "a checkpoint every this many steps, and at the end",
+    "given": "which of model.loss, model.optimizer and model.metrics the job sets: a model its builder compile()d "
+             "keeps its own compile's others",
 }
 
 
@@ -193,10 +196,13 @@ def job_training(strategy):
     policy = policy_name(PRECISION, use_tpu=USE_TPU)
     set_precision_policy(policy)  # in the Keras the model's code imported (KerasTraining checks it took)
     make_optimizer = keras_optimizer_factory({optimizer_args}, make=custom_optimizer)
-    return {call("KerasTraining", ["build_model", "BUILDER_KWARGS", "strategy=strategy", "policy=policy",
-                                   "make_optimizer=make_optimizer", "custom_loss=custom_loss",
-                                   "custom_losses=CUSTOM_LOSSES", "custom_metrics=CUSTOM_METRICS",
-                                   *keywords(training)], 4)}
+    training = {call("KerasTraining", ["build_model", "BUILDER_KWARGS", "strategy=strategy", "policy=policy",
+                                       "make_optimizer=make_optimizer", "custom_loss=custom_loss",
+                                       "custom_losses=CUSTOM_LOSSES", "custom_metrics=CUSTOM_METRICS",
+                                       *keywords(training)], 4)}
+    if training.compile_note:  # a compiled model, or one with its own train_step: what it trains with
+        print(training.compile_note, flush=True)
+    return training
 
 
 def job_dataset(strategy, mode):
