@@ -17,6 +17,10 @@ recreate_option = click.option(
     help="Recover from at most N infrastructure failures (preempted, terminated or vanished node, a lost TPU): "
          "delete the node, create it again with the same startup script, resume from the newest checkpoint. "
          "The job's own failures are never retried.")
+host_timeout_option = click.option(
+    "--host-timeout", "host_timeout_s", type=click.FloatRange(min=1), default=900, show_default=True,
+    metavar="SECONDS", help="Each host of a READY TPU VM must have started its part (booted, installed, fetched the "
+                            "job) within this; one that has not is reported by name and the VM counts as lost.")
 keep_option = click.option("--keep-tpu", is_flag=True, help="Leave the TPU when the run ends (default: delete it).")
 
 
@@ -46,7 +50,7 @@ def _checked(obj: Context, job_file: str, overrides, *, rehearsal: bool):
 
 
 def _controller(obj: Context, job_file: str, overrides, *, target: str, api_endpoint: Optional[str], recreate: int,
-                poll_s: float, timeout_s: float, keep_tpu: bool, rehearsal_python: Optional[str] = None,
+                poll_s: float, timeout_s: float, host_timeout_s: float, keep_tpu: bool, rehearsal_python: Optional[str] = None,
                 on_step=None):
     """The job checked (validate's static checks for its TPU), staged, and a Controller for it."""
     from tpulaunch.checks.engine_rules import job_engine
@@ -73,7 +77,8 @@ def _controller(obj: Context, job_file: str, overrides, *, target: str, api_endp
     record = RunRecord(job=job.name, job_file=job_file, stage=stage.digest, node=ref.name, zone=ref.zone,
                        project=ref.project, started=time.time())
     controller = Controller(life, stage, startup_script(stage, rehearsal_python=rehearsal_python), job_file=job_file,
-                            recreate=recreate, poll_s=poll_s, create_timeout_s=timeout_s, start_timeout_s=timeout_s,
+                            recreate=recreate, poll_s=poll_s, create_timeout_s=timeout_s,
+                            host_timeout_s=host_timeout_s,
                             keep_tpu=keep_tpu,
                             say=say, out=_out(obj), **({"on_step": on_step} if on_step else {}))
     return controller, record, ref
@@ -91,13 +96,14 @@ def _detached(obj: Context, job_file: str, ref) -> None:
 @set_option
 @recreate_option
 @keep_option
+@host_timeout_option
 @click.option("--poll", "poll_s", type=click.FloatRange(min=0.05), default=10, show_default=True, metavar="SECONDS",
               help="Read the run's progress and the node's state this often.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=1800, show_default=True,
-              metavar="SECONDS", help="Give up waiting for the TPU to be created (a queued resource may wait long); a "
-                                      "READY VM whose worker 0 has not started the job by then counts as lost.")
+              metavar="SECONDS", help="Give up waiting for the TPU to be created (a queued resource may wait long).")
 @pass_obj
-def run(obj: Context, job_file: str, overrides, recreate: int, keep_tpu: bool, poll_s: float, timeout_s: float):
+def run(obj: Context, job_file: str, overrides, recreate: int, keep_tpu: bool, host_timeout_s: float, poll_s: float,
+        timeout_s: float):
     """Run the job on its TPU VM and supervise it from this machine (a laptop, CI, Cloud Shell).
 
     Validates the job (nothing is created for a job validate refuses), stages it under run.model_dir
@@ -107,7 +113,8 @@ def run(obj: Context, job_file: str, overrides, recreate: int, keep_tpu: bool, p
     reattaches; `tpulaunch down JOB` ends it. The TPU is deleted when the run ends (--keep-tpu keeps it).
 
     Exit codes: 0 done; the host's own code when the job failed on the VM (1 the job, 70 a crash; never
-    retried); 3 the TPU lost with no recovery left (--recreate N); 4 no capacity; 130 detached.
+    retried); 3 the TPU lost with no recovery left (--recreate N), a host that failed its install or did not
+    start within --host-timeout; 4 no capacity; 130 detached.
 
     \b
     Examples:
@@ -117,7 +124,8 @@ def run(obj: Context, job_file: str, overrides, recreate: int, keep_tpu: bool, p
     from tpulaunch.tpu import api
 
     controller, record, ref = _controller(obj, job_file, overrides, target="tpu", api_endpoint=api.endpoint(),
-                                          recreate=recreate, poll_s=poll_s, timeout_s=timeout_s, keep_tpu=keep_tpu)
+                                          recreate=recreate, poll_s=poll_s, timeout_s=timeout_s,
+                                          host_timeout_s=host_timeout_s, keep_tpu=keep_tpu)
     try:
         controller.run(record)
     except KeyboardInterrupt:
@@ -136,9 +144,10 @@ def run(obj: Context, job_file: str, overrides, recreate: int, keep_tpu: bool, p
 @click.option("--poll", "poll_s", type=click.FloatRange(min=0.05), default=0.2, show_default=True, metavar="SECONDS",
               help="Read the run's progress and the node's state this often.")
 @keep_option
+@host_timeout_option
 @pass_obj
 def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, hosts: Optional[int], poll_s: float,
-             keep_tpu: bool):
+             keep_tpu: bool, host_timeout_s: float):
     """`tpulaunch run`'s whole path on this machine, before paying for a TPU.
 
     A local Cloud TPU API v2 server runs in this process; its TPU VMs are local processes that run the
@@ -177,7 +186,8 @@ def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, 
             on_step = lambda step: holder["preempt"](step)  # noqa: E731 (the node is known once the job is checked)
         controller, record, ref = _controller(
             obj, job_file, overrides, target="local", api_endpoint=external or rehearsal.endpoint, recreate=recreate,
-            poll_s=poll_s, timeout_s=600, keep_tpu=keep_tpu, rehearsal_python=sys.executable, on_step=on_step)
+            poll_s=poll_s, timeout_s=600, host_timeout_s=host_timeout_s, keep_tpu=keep_tpu,
+            rehearsal_python=sys.executable, on_step=on_step)
         if on_step is not None:
             holder["preempt"] = rehearsal.preempting(ref, preempt_at, _say(obj))
         try:

@@ -199,10 +199,12 @@ class TpuApiServer:
         """The template cloud-tpu-client's `discovery_url` argument takes."""
         return f"http://127.0.0.1:{self.port}/discovery/{{api}}/{{apiVersion}}"
 
-    def run_vms(self, root: str, env: Optional[Mapping[str, str]] = None, hosts: Optional[int] = None) -> LocalVms:
+    def run_vms(self, root: str, env: Optional[Mapping[str, str]] = None, hosts: Optional[int] = None,
+                fail_install: Optional[Sequence[int]] = None) -> LocalVms:
         """From now on, a node that a create makes READY boots its hosts as local processes (`tpu/local_vm.py`)
-        with their disks under `root`, starting from `env` (default: this process's environment)."""
-        self.vms = LocalVms(root, env, hosts)
+        with their disks under `root`, starting from `env` (default: this process's environment); the workers in
+        `fail_install` fail their install step."""
+        self.vms = LocalVms(root, env, hosts, fail_install)
         return self.vms
 
     # ---------------------------------------------------------------- nodes
@@ -406,7 +408,10 @@ class TpuApiServer:
 
     def _boot(self, node: dict) -> None:
         if self.vms is not None:
-            self.vms.boot(node, self.root_url)
+            vm = self.vms.boot(node, self.root_url)
+            # one endpoint per host, as a real slice's node lists them
+            node["networkEndpoints"] = [{"ipAddress": endpoint.split(":")[0], "port": int(endpoint.split(":")[1])}
+                                        for endpoint in vm.endpoints]
 
     def _halt(self, full_name: str) -> None:
         if self.vms is not None:
