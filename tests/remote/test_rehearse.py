@@ -198,3 +198,14 @@ def test_a_node_left_on_an_error_path_is_named_with_the_command_that_removes_it(
     assert "left: TPU node 'rehearsal-tpu' (READY) in us-central1-a" in failed.stderr
     assert f"hint: `tpulaunch down {job}` removes it" in failed.stderr
     assert len(tpu_api.nodes) == 1
+
+
+def test_a_stockout_in_the_first_zone_moves_the_run_to_the_second(job):
+    done = rehearse(job, "--set", "tpu.zones=[us-central1-a, us-central1-b]", "--set", "train.steps=5",
+                    TPULAUNCH_LOCAL_API_STOCKOUT="us-central1-a")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "tpu | no TPU in us-central1-a (on-demand): no capacity" in done.stderr
+    assert "trying us-central1-b (on-demand) next" in done.stderr
+    record = _record(job)
+    assert (record["zone"], record["vms"][0]["zone"], record["outcome"], record["final_step"]) == (
+        "us-central1-b", "us-central1-b", "done", 5)

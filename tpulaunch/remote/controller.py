@@ -19,6 +19,7 @@ from tpulaunch.remote import causes, layout, store
 from tpulaunch.remote.follow import HostLog, host_status
 from tpulaunch.remote.stage import Stage
 from tpulaunch.tpu import node as cluster
+from tpulaunch.tpu.lifecycle import Placement
 
 Say = Callable[[str], None]
 
@@ -90,7 +91,8 @@ class Controller:
     """Run the staged job on the job's TPU and supervise it until it ends, the controller detaches or gives up.
 
     Args:
-        life: the node's Lifecycle, its NodeSpec carrying no metadata (the controller adds it per VM).
+        fallback: where the node may be created (`tpu/lifecycle.Fallback`: tpu.zones and tpu.tiers in order), its
+            NodeSpec carrying no metadata (the controller adds it per VM).
         stage: what the VMs run; startup: the startup script for it.
         recreate: infrastructure failures to recover from, at most.
         poll_s: how often the run's files and the node are read.
@@ -100,11 +102,12 @@ class Controller:
         keep_tpu: leave the node when the run ends (else it is deleted: its output is in model_dir).
     """
 
-    def __init__(self, life, stage: Stage, startup: str, *, job_file: str, recreate: int = 0, poll_s: float = 10.0,
+    def __init__(self, fallback, stage: Stage, startup: str, *, job_file: str, recreate: int = 0, poll_s: float = 10.0,
                  create_timeout_s: float = 1800.0, host_timeout_s: float = 900.0, keep_tpu: bool = False,
                  say: Say = print, out: Say = print, on_step: Callable[[int], None] = lambda step: None):
-        self.life, self.stage, self.startup = life, stage, startup
-        self.ref = life.ref
+        self.fallback, self.stage, self.startup = fallback, stage, startup
+        self.life = fallback.life_at(fallback.tries[0])  # the placement the node is in, once known
+        self.ref = self.life.ref
         self.model_dir = stage.model_dir
         self.job_file = job_file
         self.recreate, self.poll_s = recreate, poll_s
@@ -122,19 +125,20 @@ class Controller:
 
     # ------------------------------------------------------------------ the node
 
-    def _spec(self, vm: int):
-        from dataclasses import replace
-
-        metadata = ((layout.STARTUP_KEY, self.startup), (layout.STAGE_KEY, self.stage.digest),
-                    (layout.ATTEMPT_KEY, str(vm)))
-        return replace(self.life.spec, metadata=metadata)
+    def _metadata(self, vm: int) -> tuple:
+        return ((layout.STARTUP_KEY, self.startup), (layout.STAGE_KEY, self.stage.digest),
+                (layout.ATTEMPT_KEY, str(vm)))
 
     def _create(self, vm: int) -> float:
-        """Create the node as the run's VM number `vm`; the seconds until it was READY."""
-        self.life.spec = self._spec(vm)
-        outcome = self.life.create(wait_s=self.create_timeout_s)
+        """Create the node as the run's VM number `vm` in the first zone and tier with capacity; the seconds until
+        it was READY (the tries that found none included)."""
+        started = time.monotonic()
+        self.life, outcome = self.fallback.create(wait_s=self.create_timeout_s, metadata=self._metadata(vm))
+        self.ref = self.life.ref
         self.vm = vm
-        self.record.vms.append({"vm": vm, "created": time.time(), "create_s": round(outcome.seconds, 3)})
+        self.record.zone = self.ref.zone
+        self.record.vms.append({"vm": vm, "created": time.time(), "create_s": round(time.monotonic() - started, 3),
+                                "zone": self.ref.zone, "tier": self.life.spec.tier})
         self.record.save(self.model_dir)
         self._follow_vm(self.life.read_node())
         self.say(f"tpu | TPU node '{self.ref.name}' is READY after {outcome.seconds:.1f} s: VM {vm} of the run "
@@ -159,9 +163,22 @@ class Controller:
         """The chief's (worker 0's) status."""
         return self.statuses.get(0)
 
+    def _find(self) -> Optional[dict]:
+        """The run's node in the zone its record names, else in any zone it may be created in (self.life then
+        points there); None when there is none."""
+        zones = [self.record.zone] + [placement.zone for placement in self.fallback.tries]
+        for zone in dict.fromkeys(zones):
+            tier = next((p.tier for p in self.fallback.tries if p.zone == zone), self.fallback.tries[0].tier)
+            life = self.fallback.life_at(Placement(zone, tier))
+            node = life.read_node()
+            if node is not None:
+                self.life, self.ref = life, life.ref
+                return node
+        return None
+
     def _attach(self) -> None:
         """Find the run's node: reattach to it, wait for it, recover it, or create it."""
-        node = self.life.read_node()
+        node = self._find()
         if node is None:
             self._create(len(self.record.vms) + 1)
             return
@@ -303,7 +320,9 @@ class Controller:
             raise
 
     def down_command(self) -> str:
-        return f"tpulaunch down {self.job_file}"
+        """What removes the node: `tpulaunch down JOB`, told the zone when it is not tpu.zone (a fallback's)."""
+        elsewhere = self.ref.zone != self.fallback.ref.zone
+        return f"tpulaunch down {self.job_file}" + (f" --set tpu.zone={self.ref.zone}" if elsewhere else "")
 
     def _name_leftover(self, failed: TpuLaunchError) -> None:
         if self.removed or self.down_command() in f"{failed.message} {failed.hint or ''}":

@@ -14,13 +14,14 @@ import shutil
 import tempfile
 from typing import Callable, List, Optional, Sequence
 
-from tpulaunch.tpu.local_api import TpuApiServer
+from tpulaunch.tpu.local_api import STOCKOUT_ENV, TpuApiServer
 
 
 class Rehearsal:
     def __init__(self, *, hosts: Optional[int] = None):
         self.root = tempfile.mkdtemp(prefix="tpulaunch-rehearsal-")
         self.server = TpuApiServer().start()
+        self.server.stockouts_from(os.environ.get(STOCKOUT_ENV, ""))  # zones without capacity, to rehearse fallback
         self.server.run_vms(self.root, env=os.environ, hosts=hosts)
 
     @property
