@@ -318,6 +318,12 @@ class Controller:
         except TpuLaunchError as failed:
             self._name_leftover(failed)
             raise
+        except Exception:  # not one of ours: still say what the run leaves behind before it surfaces
+            probe = TpuLaunchError("the controller stopped")
+            self._name_leftover(probe)
+            if probe.hint:
+                self.say(f"tpu | {probe.message.split('; ', 1)[-1]}: {probe.hint}")
+            raise
 
     def down_command(self) -> str:
         """What removes the node: `tpulaunch down JOB`, told the zone when it is not tpu.zone (a fallback's)."""

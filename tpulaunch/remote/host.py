@@ -64,7 +64,7 @@ def fetch_stage(stage_url: str, disk: str) -> dict:
     return manifest
 
 
-def train_command(manifest: dict, disk: str, hosts: int = 1) -> List[str]:
+def train_command(manifest: dict, disk: str, hosts: int = 1, zone: str = "") -> List[str]:
     words = [sys.executable, "-m", "tpulaunch", "train", os.path.join(disk, "job", manifest["job"]["file"])]
     for value in manifest["sets"]:
         words += ["--set", value]
@@ -72,8 +72,10 @@ def train_command(manifest: dict, disk: str, hosts: int = 1) -> List[str]:
         words.append("--local")  # a rehearsal: this machine's CPU stands for the TPU
     elif hosts == 1 or manifest.get("hosts") == "every":
         words += ["--set", "tpu.name=local"]  # this TPU VM host's own chips
-    # else: worker 0 drives every host of the slice, found by the node's name (the job's tpu.name) as a -pod
-    # image expects
+    elif zone:
+        # worker 0 drives every host of the slice, found by the node's name (the job's tpu.name) as a -pod image
+        # expects, in the zone the VM was made in (which tpu.zones' fallback may have picked)
+        words += ["--set", f"tpu.zones=[{zone}]", "--set", f"tpu.zone={zone}"]
     return words
 
 
@@ -110,7 +112,7 @@ def _last_message(log_path: str) -> str:
 
 
 def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[float],
-        installed: Optional[float], hosts: int = 1, endpoints: Optional[List[str]] = None) -> int:
+        installed: Optional[float], hosts: int = 1, endpoints: Optional[List[str]] = None, zone: str = "") -> int:
     manifest = fetch_stage(stage_url, disk)
     model_dir = manifest["model_dir"]
     hosts_run = manifest.get("hosts", "chief")
@@ -128,7 +130,7 @@ def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[f
     log_path = os.path.join(disk, f"worker-{worker}.log") if shipped else remote_log
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **worker_env(worker, hosts, hosts_run, endpoints or [])}
-    command = train_command(manifest, disk, hosts)
+    command = train_command(manifest, disk, hosts, zone)
     with open(log_path, "ab") as log:
         process = subprocess.Popen(command, cwd=os.path.join(disk, "job"), env=env, stdin=subprocess.DEVNULL,
                                    stdout=log, stderr=subprocess.STDOUT)
@@ -155,13 +157,24 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", type=int, required=True)
     parser.add_argument("--hosts", type=int, default=1, help="hosts in the slice")
     parser.add_argument("--endpoints", default="", help="the slice's worker-network-endpoints (comma-separated)")
+    parser.add_argument("--zone", default="", help="the zone the VM was made in")
     parser.add_argument("--attempt", type=int, required=True)
     parser.add_argument("--disk", required=True)
     parser.add_argument("--booted", type=float)
     parser.add_argument("--installed", type=float)
     args = parser.parse_args(argv)
     endpoints = [item for item in args.endpoints.split(",") if item]
-    return run(args.stage, args.worker, args.attempt, args.disk, args.booted, args.installed, args.hosts, endpoints)
+    from tpulaunch.errors import TpuLaunchError
+
+    try:
+        return _run_host(args, endpoints)
+    except TpuLaunchError as failed:  # e.g. run.model_dir not writable by the VM's service account
+        print(f"tpulaunch | error: {failed.message}" + (f"\n  hint: {failed.hint}" if failed.hint else ""), flush=True)
+        return int(failed.exit_code)
+
+
+def _run_host(args, endpoints: List[str]) -> int:
+    return run(args.stage, args.worker, args.attempt, args.disk, args.booted, args.installed, args.hosts, endpoints, args.zone)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ attribute() { curl -sSf -H "Metadata-Flavor: Google" "${META}instance/attributes
 WORKER="$(attribute agent-worker-number)" || { echo "tpulaunch | no agent-worker-number in the metadata"; exit 1; }
 ATTEMPT="$(attribute tpulaunch-attempt)" || ATTEMPT=1
 ENDPOINTS="$(attribute worker-network-endpoints)" || ENDPOINTS=""
+ZONE="$(curl -sSf -H "Metadata-Flavor: Google" "${META}instance/zone")" || ZONE=""
+ZONE="${ZONE##*/}"              # projects/N/zones/Z: the zone the VM was made in (tpu.zones' fallback may pick any)
 HOSTS="$(echo "$ENDPOINTS" | tr ',' '\n' | grep -c .)"
 [ "$HOSTS" -ge 1 ] || HOSTS=1
 DISK="${HOME:-/root}/tpulaunch"
@@ -104,7 +106,7 @@ else:
 tarfile.open(fileobj=io.BytesIO(data)).extractall(into)
 FETCH
 export PYTHONPATH="$DISK/pkg"
-"$PY" -m tpulaunch.remote.host --stage "$STAGE" --worker "$WORKER" --hosts "$HOSTS" --endpoints "$ENDPOINTS" \
+"$PY" -m tpulaunch.remote.host --stage "$STAGE" --worker "$WORKER" --hosts "$HOSTS" --endpoints "$ENDPOINTS" --zone "$ZONE" \
   --attempt "$ATTEMPT" --disk "$DISK" --booted "$BOOTED" --installed "$INSTALLED"
 CODE=$?
 # The host runner keeps the status from its start; one that failed before writing it (the stage unreadable,

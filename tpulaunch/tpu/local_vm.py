@@ -183,4 +183,5 @@ class LocalVms:
         if rest.startswith("instance/attributes/"):
             return vm.attributes(worker).get(rest[len("instance/attributes/"):])
         return {"instance/id": f"{vm.vm_id}-{worker}", "instance/hostname": f"{vm.vm_id}-w-{worker}",
+                "instance/zone": f"projects/0/zones/{vm.node.split('/')[3]}",
                 "project/project-id": vm.node.split("/")[1]}.get(rest)
