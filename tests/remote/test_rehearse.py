@@ -209,3 +209,12 @@ def test_a_stockout_in_the_first_zone_moves_the_run_to_the_second(job):
     record = _record(job)
     assert (record["zone"], record["vms"][0]["zone"], record["outcome"], record["final_step"]) == (
         "us-central1-b", "us-central1-b", "done", 5)
+
+
+def test_a_host_that_never_starts_is_named_within_the_host_timeout(job):
+    failed = rehearse(job, "--set", "tpu.type=v4-16", "--host-timeout", "5", TPULAUNCH_LOCAL_VM_HANG="1")
+    assert failed.returncode == 3, failed.stdout + failed.stderr
+    assert "a host did not start within 5 s (--host-timeout): " in failed.stderr
+    assert ("worker 1 wrote no status (it did not run its startup script, or the VM's service account cannot "
+            "write") in failed.stderr
+    assert "--recreate is 0" in failed.stderr and f"`tpulaunch down {job}`" in failed.stderr

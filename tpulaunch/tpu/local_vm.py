@@ -13,9 +13,13 @@ What differs from a real TPU VM, said where it matters: the hosts share this mac
 its network), run as the current user, and have no TPU. Their `worker-network-endpoints` are 127.0.0.1 with a
 free port each, so that hosts that talk to each other (a multi-worker cluster) can.
 
-A fault to rehearse: the hosts named in `fail_install` (or $TPULAUNCH_LOCAL_VM_FAIL_INSTALL, worker numbers
-separated by commas) fail their startup script's install step: they are given $TPULAUNCH_REHEARSAL_REQUIRE, a
-package that is not installed, which a rehearsal's install check (`remote/startup.sh`) then reports as pip would.
+Faults to rehearse, by worker numbers (separated by commas in the environment variables):
+
+- `fail_install` ($TPULAUNCH_LOCAL_VM_FAIL_INSTALL): those hosts fail their startup script's install step: they
+  are given $TPULAUNCH_REHEARSAL_REQUIRE, a package that is not installed, which a rehearsal's install check
+  (`remote/startup.sh`) then reports as pip would;
+- `hang` ($TPULAUNCH_LOCAL_VM_HANG): those hosts never run their startup script (a VM host that hangs at boot):
+  they sleep until the node is deleted.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ METADATA_URL_ENV = "TPULAUNCH_METADATA_URL"
 METADATA_PREFIX = "/vm/"  # /vm/<vm id>/<worker>/computeMetadata/v1/...
 SCRIPT_LOG = "startup-script.log"  # on each host's disk: what the startup script printed
 FAIL_INSTALL_ENV = "TPULAUNCH_LOCAL_VM_FAIL_INSTALL"  # workers whose install fails, e.g. "1" or "1,3"
+HANG_ENV = "TPULAUNCH_LOCAL_VM_HANG"  # workers that never run their startup script
 REQUIRE_ENV = "TPULAUNCH_REHEARSAL_REQUIRE"  # an extra requirement a rehearsal's install checks for
 MISSING_PACKAGE = "tpulaunch-rehearsal-missing-package"
 
@@ -84,15 +89,17 @@ class LocalVms:
         env: the environment every host process starts with (this machine's, in a rehearsal).
         hosts: hosts per slice (None: as many as the accelerator type has, `tpu/types.py`).
         fail_install: workers whose startup script's install fails (None: $TPULAUNCH_LOCAL_VM_FAIL_INSTALL's).
+        hang: workers that never run their startup script (None: $TPULAUNCH_LOCAL_VM_HANG's).
     """
 
     def __init__(self, root: str, env: Optional[Mapping[str, str]] = None, hosts: Optional[int] = None,
-                 fail_install: Optional[Iterable[int]] = None):
+                 fail_install: Optional[Iterable[int]] = None, hang: Optional[Iterable[int]] = None):
         self.root = os.path.abspath(root)
         self.env = dict(os.environ if env is None else env)
         self.hosts = hosts
         self.fail_install = set(fail_install) if fail_install is not None else _workers(
             self.env.get(FAIL_INSTALL_ENV, ""))
+        self.hang = set(hang) if hang is not None else _workers(self.env.get(HANG_ENV, ""))
         self.vms: Dict[str, Vm] = {}  # vm id -> Vm (also the halted ones: their disks stay for inspection)
         self.booted: List[str] = []  # vm ids, in boot order
         self._lock = threading.Lock()
@@ -123,8 +130,8 @@ class LocalVms:
                    METADATA_URL_ENV: f"{metadata_root}vm/{vm.vm_id}/{worker}/computeMetadata/v1/"}
             if worker in self.fail_install:
                 env[REQUIRE_ENV] = MISSING_PACKAGE
-            if script is None:
-                command = ["sleep", "infinity"]  # a VM with nothing to run still lives until it is deleted
+            if script is None or worker in self.hang:
+                command = ["sleep", "infinity"]  # a VM with nothing to run (or hung) lives until it is deleted
             else:
                 path = os.path.join(disk, "startup-script")
                 with open(path, "w") as handle:
