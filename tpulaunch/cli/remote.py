@@ -21,7 +21,7 @@ zone_wait_option = click.option(
     "--zone-wait", "try_wait_s", type=click.FloatRange(min=1), default=600, show_default=True, metavar="SECONDS",
     help="With tpu.zones or tpu.tiers: how long one zone and tier may take to give a READY TPU before the next is "
          "tried (a queued resource still waiting for capacity is deleted); a stockout moves on at once. The last "
-         "one waits up to --timeout.")
+         "one waits as long as creating may take (run's --timeout).")
 host_timeout_option = click.option(
     "--host-timeout", "host_timeout_s", type=click.FloatRange(min=1), default=900, show_default=True,
     metavar="SECONDS", help="Each host of a READY TPU VM must have started its part (booted, installed, fetched the "
@@ -167,14 +167,17 @@ def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, 
     node's startup script (each host a process with a scratch folder as its disk, reading the metadata a
     TPU VM host reads). The job is staged, the TPU created, the run followed and recovered exactly as `run`
     does. What stands in: local run.model_dir and data folders for the bucket; this machine's Python
-    environment for the VM's install (nothing is installed); this machine's CPU for the TPU (the VM runs
-    `train --local`). With $TPULAUNCH_TPU_API_ENDPOINT set, that server is used instead (it must run TPU VMs:
-    `python -m tpulaunch.tpu.local_api --vms DIR`), and Ctrl-C detaches as with `run`.
+    environment for the VM's install (nothing is installed; tpulaunch's own requirements are checked); this
+    machine's CPU for the TPU (the VM runs `train --local`). With $TPULAUNCH_TPU_API_ENDPOINT set, that server
+    is used instead (it must run TPU VMs: `python -m tpulaunch.tpu.local_api --vms DIR`), and Ctrl-C detaches
+    as with `run`. Faults to rehearse beside --preempt-at, from the environment: TPULAUNCH_LOCAL_API_STOCKOUT
+    (zones without capacity), TPULAUNCH_LOCAL_VM_FAIL_INSTALL and TPULAUNCH_LOCAL_VM_HANG (worker numbers).
 
     \b
     Examples:
       tpulaunch rehearse job.yaml --set train.steps=20 --preempt-at 12 --recreate 1
       tpulaunch rehearse job.yaml --preempt-at 12 --preempt-at 31 --recreate 2
+      tpulaunch rehearse job.yaml --set tpu.type=v4-16 --hosts 2 --preempt-at 7 --recreate 1
     """
     import sys
 

@@ -23,6 +23,10 @@ from tpulaunch.tpu.lifecycle import Placement
 
 Say = Callable[[str], None]
 
+# A host's phases before its part started (startup.sh, host.py), as a late host is described.
+STARTING = {"installing": "is still installing the job's requirements", "fetching": "is still fetching tpulaunch",
+            "fetched": "fetched the job but did not start it (its host runner stopped: its log says why)"}
+
 
 @dataclass
 class Recovery:
@@ -422,8 +426,8 @@ class Controller:
             if status is None:
                 late.append(f"worker {worker} wrote no status (it did not run its startup script, or the VM's "
                             f"service account cannot write {self.model_dir})")
-            elif status.get("phase") in ("installing", "fetching", "fetched"):
-                late.append(f"worker {worker} is still {status['phase']}")
+            elif status.get("phase") in STARTING:
+                late.append(f"worker {worker} {STARTING[status['phase']]}")
         if not late:
             return None
         return f"a host did not start within {self.host_timeout_s:g} s (--host-timeout): " + "; ".join(late)
