@@ -24,8 +24,18 @@ HOSTS="$(echo "$ENDPOINTS" | tr ',' '\n' | grep -c .)"
 [ "$HOSTS" -ge 1 ] || HOSTS=1
 DISK="${HOME:-/root}/tpulaunch"
 mkdir -p "$DISK" && cd "$DISK" || exit 1
-LOG="$DISK/startup.log"
-exec > >(tee -a "$LOG") 2>&1
+LOG="$DISK/startup.log"          # what this script printed (also on its own output: the VM's console)
+say() { echo "tpulaunch | $*" | tee -a "$LOG"; }
+# step PHASE WHAT COMMAND...: run it with its output kept in the log (written before it is read back); when it
+# fails, the host's status says WHAT failed with the end of that output
+step() {
+  local phase="$1" what="$2"
+  shift 2
+  "$@" >"$DISK/step.out" 2>&1
+  local code=$?
+  tee -a "$LOG" <"$DISK/step.out"
+  [ "$code" -eq 0 ] || fail "$phase" "$what"
+}
 
 # put FILE URL: a file to run.model_dir (a local folder in a rehearsal, else gs:// with the image's gcloud)
 put() {
@@ -51,20 +61,21 @@ STATUS
 }
 # fail PHASE WHAT: say it, leave it in the status and the log beside it, stop
 fail() {
-  echo "tpulaunch | worker $WORKER: $2"
+  say "worker $WORKER: $2"
   status "$1" "$2"
   put "$LOG" "$ATTEMPTS/$ATTEMPT/worker-$WORKER.startup.log"
   exit 1
 }
 
-echo "tpulaunch | worker $WORKER of $HOSTS, $(attribute accelerator-type) | VM $ATTEMPT of the run"
+say "worker $WORKER of $HOSTS, $(attribute accelerator-type) | VM $ATTEMPT of the run"
 status installing
 if [ -n "$REHEARSAL_PYTHON" ]; then
   PY="$REHEARSAL_PYTHON"
-  echo "tpulaunch | a rehearsal: this machine's Python and its packages, nothing installed"
+  say "a rehearsal: this machine's Python and its packages, nothing installed"
   # What the VM would install must be there already; $TPULAUNCH_REHEARSAL_REQUIRE adds one (the local VM sets it
   # to a missing package on the hosts told to fail their install).
-  "$PY" - "${REQUIREMENTS[@]}" ${TPULAUNCH_REHEARSAL_REQUIRE:-} <<'CHECK' || fail installing "installing the job's requirements failed"
+  step installing "installing the job's requirements failed" \
+    "$PY" - "${REQUIREMENTS[@]}" ${TPULAUNCH_REHEARSAL_REQUIRE:-} <<'CHECK'
 import importlib.metadata, re, sys
 missing = []
 for requirement in sys.argv[1:]:
@@ -87,13 +98,14 @@ sys.exit(1 if missing else 0)
 CHECK
 else
   # --system-site-packages: what the TPU image already has (its TensorFlow) is not installed twice
-  python3 -m venv --system-site-packages "$DISK/venv" || fail installing "making the venv failed"
-  "$DISK/venv/bin/python" -m pip install -q "${REQUIREMENTS[@]}" || fail installing "installing the job's requirements failed"
+  step installing "making the venv failed" python3 -m venv --system-site-packages "$DISK/venv"
+  step installing "installing the job's requirements failed" \
+    "$DISK/venv/bin/python" -m pip install -q "${REQUIREMENTS[@]}"
   PY="$DISK/venv/bin/python"
 fi
 INSTALLED="$(date +%s.%N)"
 status fetching
-"$PY" - "$PACKAGE" "$DISK/pkg" <<'FETCH' || fail fetching "fetching tpulaunch from $PACKAGE failed"
+step fetching "fetching tpulaunch from $PACKAGE failed" "$PY" - "$PACKAGE" "$DISK/pkg" <<'FETCH'
 import io, sys, tarfile
 url, into = sys.argv[1], sys.argv[2]
 if url.startswith("gs://"):
@@ -107,8 +119,8 @@ tarfile.open(fileobj=io.BytesIO(data)).extractall(into)
 FETCH
 export PYTHONPATH="$DISK/pkg"
 "$PY" -m tpulaunch.remote.host --stage "$STAGE" --worker "$WORKER" --hosts "$HOSTS" --endpoints "$ENDPOINTS" --zone "$ZONE" \
-  --attempt "$ATTEMPT" --disk "$DISK" --booted "$BOOTED" --installed "$INSTALLED"
-CODE=$?
+  --attempt "$ATTEMPT" --disk "$DISK" --booted "$BOOTED" --installed "$INSTALLED" 2>&1 | tee -a "$LOG"
+CODE=${PIPESTATUS[0]}
 # The host runner keeps the status from its start; one that failed before writing it (the stage unreadable,
 # model_dir not writable) leaves its reason here.
 [ "$CODE" -eq 0 ] || put "$LOG" "$ATTEMPTS/$ATTEMPT/worker-$WORKER.startup.log"

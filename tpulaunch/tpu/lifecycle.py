@@ -452,6 +452,8 @@ class Fallback:
             try:
                 return life, life.create(wait_s=wait_s if last else min(wait_s, self.try_wait_s))
             except api.NoCapacity as problem:
+                if len(self.tries) == 1:
+                    raise  # nowhere else to try: `up`'s own message
                 why = problem.message
             except NotReadyInTime as problem:
                 if last:
