@@ -142,6 +142,11 @@ class Campaign:
         if state not in (None, "released"):
             fault.failures.append(f"the lease is left {state!r}")
 
+    def at_most_a_checkpoint_lost(self, fault: Fault, what: str) -> None:
+        fault.steps_lost = 0 if fault.resumed_from is None else max(0, fault.last_step_seen - fault.resumed_from)
+        if fault.steps_lost > self.every:
+            fault.failures.append(f"{what} lost {fault.steps_lost} steps (> save_checkpoints_steps {self.every})")
+
     # ------------------------------------------------------------------------------------- kinds
 
     def signal_fault(self, kind: str, at_s: float) -> Fault:
@@ -239,15 +244,9 @@ class Campaign:
             self.count += 1
             first = subprocess.run(self.command(model_dir, "--set", f"train.steps={self.steps * 4}"),
                                    capture_output=True, text=True, env=interrupts._env(), timeout=600)
-            fault.exit_code = first.returncode
-            fault.last_step_seen = max([int(m.group(1)) for m in map(_STEP.match, first.stdout.splitlines()) if m],
-                                       default=0)
             if first.returncode == 0:
                 fault.landed = False
-            elif first.returncode != 1 or "No space left on device" not in first.stdout + first.stderr:
-                fault.failures.append(f"exit {first.returncode} without naming the full disk: {first.stderr[-1200:]}")
-            if "Traceback" in first.stderr or "error: unexpected" in first.stderr:
-                fault.failures.append(f"a traceback on a full disk: {first.stderr[-1500:]}")
+            _check_refused(fault, first, "the full disk", "No space left on device", allow_success=True)
             leftovers = [n for n in _listdir(model_dir) if n.endswith(".tmp") or ".tmp" in n]
             if leftovers:
                 fault.failures.append(f"temporary files left behind: {leftovers}")
@@ -257,9 +256,7 @@ class Campaign:
                 self.rerun_and_compare(fault, model_dir, runs_recorded=_records_written(model_dir))
             finally:
                 self.steps = steps
-            fault.steps_lost = 0 if fault.resumed_from is None else max(0, fault.last_step_seen - fault.resumed_from)
-            if fault.steps_lost > self.every:
-                fault.failures.append(f"the full disk lost {fault.steps_lost} steps")
+            self.at_most_a_checkpoint_lost(fault, "the full disk")
         return fault
 
     def corrupt_shard_fault(self, rng: random.Random) -> Fault:
@@ -278,17 +275,9 @@ class Campaign:
         finally:
             with open(self.shard, "wb") as handle:
                 handle.write(clean)
-        fault.exit_code = first.returncode
-        fault.last_step_seen = max([int(m.group(1)) for m in map(_STEP.match, first.stdout.splitlines()) if m], default=0)
-        said = first.stdout + first.stderr
-        if first.returncode != 1 or "train.tfrecord" not in said:
-            fault.failures.append(f"exit {first.returncode} without naming the shard: {said[-1200:]}")
-        if "Traceback" in first.stderr or "error: unexpected" in first.stderr:
-            fault.failures.append(f"a traceback on a corrupt shard: {first.stderr[-1500:]}")
+        _check_refused(fault, first, "the corrupt shard", "train.tfrecord")
         self.rerun_and_compare(fault, model_dir, runs_recorded=1)
-        fault.steps_lost = 0 if fault.resumed_from is None else max(0, fault.last_step_seen - fault.resumed_from)
-        if fault.steps_lost > self.every:
-            fault.failures.append(f"the corrupt shard lost {fault.steps_lost} steps")
+        self.at_most_a_checkpoint_lost(fault, "the corrupt shard")
         return fault
 
     def nan_fault(self, rng: random.Random) -> Fault:
@@ -300,14 +289,21 @@ class Campaign:
         _write_records_with_nan(data, position)
         first = subprocess.run(self.command(model_dir, "--set", f"data.train={data}", "--set", "data.shuffle_buffer=1"),
                                capture_output=True, text=True, env=interrupts._env(), timeout=600)
-        fault.exit_code = first.returncode
-        said = first.stdout + first.stderr
-        if first.returncode != 1 or not re.search(r"NaN|not finite|nan", said):
-            fault.failures.append(f"exit {first.returncode} without saying the loss is NaN: {said[-1200:]}")
-        if "Traceback" in first.stderr or "error: unexpected" in first.stderr:
-            fault.failures.append(f"a traceback on a NaN loss: {first.stderr[-1500:]}")
+        _check_refused(fault, first, "a NaN loss", "NaN")
         self.check_model_dir(fault, model_dir, runs_recorded=1, final=False)
         return fault
+
+
+def _check_refused(fault: Fault, run: subprocess.CompletedProcess, what: str, must_say: str, *,
+                   allow_success: bool = False) -> None:
+    """A run the fault stopped: exit 1 with a message saying `must_say`, and no traceback."""
+    fault.exit_code = run.returncode
+    fault.last_step_seen = max([int(m.group(1)) for m in map(_STEP.match, run.stdout.splitlines()) if m], default=0)
+    said = run.stdout + run.stderr
+    if not (allow_success and run.returncode == 0) and (run.returncode != 1 or must_say not in said):
+        fault.failures.append(f"{what}: exit {run.returncode} without saying {must_say!r}: {said[-1200:]}")
+    if "Traceback" in run.stderr or "error: unexpected" in run.stderr:
+        fault.failures.append(f"a traceback on {what}: {run.stderr[-1500:]}")
 
 
 # ------------------------------------------------------------------------------------------- reading model_dir
