@@ -131,8 +131,10 @@ def test_the_jobs_own_failure_on_the_vm_is_not_retried(job):
 
 def test_a_killed_controller_rerun_reattaches_without_creating_a_second_vm(job, tpu_api, tmp_path):
     tpu_api.run_vms(str(tmp_path / "vms"))
+    tpu_api.stockout("us-central1-a")  # the node is made in the second zone: the rerun must look for it there
     env = {"TPULAUNCH_TPU_API_ENDPOINT": tpu_api.endpoint}
-    first = subprocess.Popen([sys.executable, "-m", "tpulaunch", "rehearse", str(job)], cwd=job.parent,
+    zones = ("--set", "tpu.zones=[us-central1-a, us-central1-b]")
+    first = subprocess.Popen([sys.executable, "-m", "tpulaunch", "rehearse", str(job), *zones], cwd=job.parent,
                              env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     reached = threading.Event()
@@ -148,10 +150,12 @@ def test_a_killed_controller_rerun_reattaches_without_creating_a_second_vm(job, 
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
-    again = rehearse(job, **env)
+    again = rehearse(job, *zones, **env)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "reattached to TPU node 'rehearsal-tpu' (READY), VM 1 of the run" in again.stderr
-    assert len(tpu_api.created) == 1  # one VM, created by the first controller
+    # one VM, created by the first controller in the second zone after the first refused it
+    assert len(tpu_api.created) == 2 and list(tpu_api.nodes) == []  # (deleted when the run ended)
+    assert [vm["zone"] for vm in _record(job)["vms"]] == ["us-central1-b"]
     assert again.stdout.strip().splitlines()[-1].startswith("run | done | step 20/20 | 1 VM |")
     assert _record(job)["outcome"] == "done"
 
