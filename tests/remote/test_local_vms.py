@@ -29,7 +29,8 @@ SCRIPT = textwrap.dedent("""\
     #!/bin/bash
     META="${TPULAUNCH_METADATA_URL:-http://metadata.google.internal/computeMetadata/v1/}"
     get() { curl -sSf -H "Metadata-Flavor: Google" "${META}instance/attributes/$1"; }
-    echo "$(get agent-worker-number) $(get accelerator-type) $(get greeting)" > "$HOME/seen"
+    zone="$(curl -sSf -H "Metadata-Flavor: Google" "${META}instance/zone")"
+    echo "$(get agent-worker-number) $(get accelerator-type) $(get greeting) ${zone##*/}" > "$HOME/seen"
     echo $$ > "$HOME/pid"
     sleep 600
     """)
@@ -62,7 +63,9 @@ def test_each_host_runs_the_startup_script_with_its_metadata_and_dies_with_the_n
     life.create(wait_s=30)
     (vm,) = vms.vms.values()
     seen = sorted(_wait_for(Path(host.disk) / "seen") for host in vm.hosts)
-    assert seen == ["0 v4-16 hello\n", "1 v4-16 hello\n"]
+    assert seen == ["0 v4-16 hello us-central1-a\n", "1 v4-16 hello us-central1-a\n"]
+    # one endpoint per host, in the node as in each host's metadata
+    assert len(life.read_node()["networkEndpoints"]) == 2 == len(vm.attributes(0)["worker-network-endpoints"].split(","))
     pids = [int(_wait_for(Path(host.disk) / "pid")) for host in vm.hosts]
     assert all(_alive(pid) for pid in pids)
 

@@ -14,26 +14,30 @@ import shutil
 import tempfile
 from typing import Callable, List, Optional, Sequence
 
-from tpulaunch.tpu.local_api import TpuApiServer
+from tpulaunch.tpu.local_api import STOCKOUT_ENV, TpuApiServer
 
 
 class Rehearsal:
     def __init__(self, *, hosts: Optional[int] = None):
         self.root = tempfile.mkdtemp(prefix="tpulaunch-rehearsal-")
         self.server = TpuApiServer().start()
+        self.server.stockouts_from(os.environ.get(STOCKOUT_ENV, ""))  # zones without capacity, to rehearse fallback
         self.server.run_vms(self.root, env=os.environ, hosts=hosts)
 
     @property
     def endpoint(self) -> str:
         return self.server.endpoint
 
-    def preempting(self, ref, steps: Sequence[int], say: Callable[[str], None]) -> Callable[[int], None]:
-        """A controller's `on_step` that preempts the node once at each of `steps` (global steps, in order)."""
+    def preempting(self, node: Callable[[], object], steps: Sequence[int],
+                   say: Callable[[str], None]) -> Callable[[int], None]:
+        """A controller's `on_step` that preempts the node (`node()`: its NodeRef now, in the zone it was created
+        in) once at each of `steps` (global steps, in order)."""
         pending: List[int] = sorted(steps)
 
         def on_step(step: int) -> None:
             if pending and step >= pending[0]:
                 pending.pop(0)
+                ref = node()
                 killed = self.server.preempt(ref.name, ref.project, ref.zone)
                 say(f"rehearsal | preempted TPU node '{ref.name}' at step {step}: {killed} host process"
                     f"{'es' if killed != 1 else ''} killed, the node PREEMPTED")

@@ -249,6 +249,7 @@ def stage_job(checked, job_file: str, overrides: Sequence[str], *, engine: str, 
         "bundles": bundles,
         "tpulaunch": {"version": __version__, "blob": package, "into": "pkg"},
         "install": {"extra": extra, "requirements": requirements or []},
+        "hosts": about(engine).tpu_hosts,  # which hosts of a multi-host slice run train (host.py)
     }
     text = (json.dumps(manifest, sort_keys=True, indent=1) + "\n").encode()
     digest = digest_of(text)

@@ -31,7 +31,11 @@ What a test can script:
 - v2 faults: `fail_next(n, status, target="create"|"delete"|"node"...)` on a request,
   `fail_create_operation(n, code, message)` for a create the API accepts and then fails (a stockout);
   `created`: every create request body, parsed;
-- `preempt(name)`: the node's VM processes killed, the node PREEMPTED, as a spot TPU's preemption leaves it.
+- `preempt(name)`: the node's VM processes killed, the node PREEMPTED, as a spot TPU's preemption leaves it;
+- `stockout(zone, tiers=None)`: a zone with no capacity (for those tiers, else any): a node create there is
+  accepted and its operation then fails with RESOURCE_EXHAUSTED, as the real API's stockout does; a queued
+  resource there waits (WAITING_FOR_RESOURCES) and never turns ACTIVE. `$TPULAUNCH_LOCAL_API_STOCKOUT`
+  (`zone[:tier]` items separated by commas, e.g. `us-central1-a,us-central1-b:spot`) sets them for a rehearsal.
 
 The discovery document is never answered with 404: googleapiclient would then fall back to Google's
 real host. It has no `auth` block, so credentials never try to reach Google's token endpoint.
@@ -53,6 +57,7 @@ from tpulaunch.tpu.local_vm import METADATA_PREFIX, LocalVms
 # oauth2client reads this when imported; without it a credential lookup probes the GCE metadata address.
 os.environ.setdefault("NO_GCE_CHECK", "True")
 
+STOCKOUT_ENV = "TPULAUNCH_LOCAL_API_STOCKOUT"
 DEFAULT_PROJECT = "test-project"
 DEFAULT_ZONE = "us-central1-a"
 
@@ -157,6 +162,7 @@ class TpuApiServer:
     create_reads: int = 2  # a create finishes after this many later reads of its node, resource or operation
     delete_reads: int = 1  # and a delete after this many
     _create_failures: list = field(default_factory=list)  # [(code, message)] for the next accepted creates
+    stockouts: dict = field(default_factory=dict)  # zone -> the tiers it has no capacity for (None: any)
     _ops: int = 0
     vms: Optional[LocalVms] = None  # the nodes' hosts as local processes (`run_vms`); None: nodes are only records
     _httpd: Optional[ThreadingHTTPServer] = None
@@ -199,10 +205,12 @@ class TpuApiServer:
         """The template cloud-tpu-client's `discovery_url` argument takes."""
         return f"http://127.0.0.1:{self.port}/discovery/{{api}}/{{apiVersion}}"
 
-    def run_vms(self, root: str, env: Optional[Mapping[str, str]] = None, hosts: Optional[int] = None) -> LocalVms:
+    def run_vms(self, root: str, env: Optional[Mapping[str, str]] = None, hosts: Optional[int] = None,
+                fail_install: Optional[Sequence[int]] = None) -> LocalVms:
         """From now on, a node that a create makes READY boots its hosts as local processes (`tpu/local_vm.py`)
-        with their disks under `root`, starting from `env` (default: this process's environment)."""
-        self.vms = LocalVms(root, env, hosts)
+        with their disks under `root`, starting from `env` (default: this process's environment); the workers in
+        `fail_install` fail their install step."""
+        self.vms = LocalVms(root, env, hosts, fail_install)
         return self.vms
 
     # ---------------------------------------------------------------- nodes
@@ -263,6 +271,30 @@ class TpuApiServer:
         a stockout) and remove what they made."""
         with self._lock:
             self._create_failures.extend([(code, message)] * n)
+
+    def stockout(self, zone: str, tiers: Optional[Sequence[str]] = None) -> None:
+        """No capacity in `zone` from now on, for `tiers` ("spot", "preemptible", "reserved", "on-demand"; None:
+        any)."""
+        with self._lock:
+            if tiers is None:
+                self.stockouts[zone] = None
+            elif zone not in self.stockouts or self.stockouts[zone] is not None:
+                self.stockouts[zone] = set(self.stockouts.get(zone) or ()) | set(tiers)
+
+    def stockouts_from(self, text: str) -> None:
+        """`zone[:tier],...` (the form of $TPULAUNCH_LOCAL_API_STOCKOUT)."""
+        for item in (part.strip() for part in text.split(",")):
+            if item:
+                zone, _, tier = item.partition(":")
+                self.stockout(zone, [tier] if tier else None)
+
+    def _stocked_out(self, parent: str, tier: str) -> Optional[tuple]:
+        """The stockout error for a create of `tier` under `parent` (projects/P/locations/Z), or None."""
+        zone = parent.rsplit("/", 1)[-1]
+        if zone not in self.stockouts or (self.stockouts[zone] is not None and tier not in self.stockouts[zone]):
+            return None
+        return (8, f'There is no more capacity in the zone "{zone}"; you can try in another zone where Cloud TPU '
+                   f'Nodes are offered (see https://cloud.google.com/tpu/docs/regions) [EID: local {tier}]')
 
     def queued_resource(self, name: str, project: str = DEFAULT_PROJECT, zone: str = DEFAULT_ZONE) -> Optional[dict]:
         with self._lock:
@@ -390,6 +422,8 @@ class TpuApiServer:
                     self._boot(node)
                 op.update(done=True, response={"@type": _NODE_TYPE, **v2_node(node)} if node else {})
             elif op["metadata"]["verb"] == "create-queued":
+                if entry.get("waits"):
+                    continue  # no capacity: it waits for resources until it is deleted
                 resource = self.queued.get(target)
                 if resource is not None:
                     resource["state"] = {"state": "ACTIVE"}
@@ -406,7 +440,10 @@ class TpuApiServer:
 
     def _boot(self, node: dict) -> None:
         if self.vms is not None:
-            self.vms.boot(node, self.root_url)
+            vm = self.vms.boot(node, self.root_url)
+            # one endpoint per host, as a real slice's node lists them
+            node["networkEndpoints"] = [{"ipAddress": endpoint.split(":")[0], "port": int(endpoint.split(":")[1])}
+                                        for endpoint in vm.endpoints]
 
     def _halt(self, full_name: str) -> None:
         if self.vms is not None:
@@ -468,6 +505,7 @@ class TpuApiServer:
             self.nodes[full] = {**node, "name": full, "state": "CREATING"}
             self._scripts.pop(full, None)
             failure = self._create_failures.pop(0) if self._create_failures else None
+            failure = failure or self._stocked_out(parent, _tier(node.get("schedulingConfig") or {}))
             op = self._operation(parent, full, "create", error=failure)
         return 200, json.dumps(op)
 
@@ -500,7 +538,8 @@ class TpuApiServer:
             if name in self.queued:
                 return 409, _error_body(409, f"Resource '{name}' already exists", "ALREADY_EXISTS")
             self.queued[name] = {**resource, "name": name, "state": {"state": "WAITING_FOR_RESOURCES"}}
-            op = self._operation(parent, name, "create-queued")
+            tier = "spot" if "spot" in resource else "reserved" if "guaranteed" in resource else "on-demand"
+            op = self._operation(parent, name, "create-queued", waits=self._stocked_out(parent, tier) is not None)
         return 200, json.dumps(op)
 
     def _delete_queued(self, name: str):
@@ -538,6 +577,13 @@ _TARGETS = ("node", "discovery", "create", "delete", "operation", "queued")
 _NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
 _QR_TYPE = "type.googleapis.com/google.cloud.tpu.v2.QueuedResource"
 _OP_META = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
+
+
+def _tier(scheduling: dict) -> str:
+    for tier in ("spot", "preemptible", "reserved"):
+        if scheduling.get(tier):
+            return tier
+    return "on-demand"
 
 
 def v2_node(node: dict) -> dict:
@@ -609,8 +655,11 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tpulaunch.tpu.local_api", description=main.__doc__)
     parser.add_argument("--vms", metavar="DIR", help="run the nodes' TPU VMs as local processes, disks under DIR")
     parser.add_argument("--hosts", type=int, default=None, help="hosts per slice (default: as the type has)")
+    parser.add_argument("--stockout", metavar="ZONE[:TIER]", action="append", default=[],
+                        help="no capacity in that zone (for that tier); repeatable")
     args = parser.parse_args(argv)
     server = TpuApiServer().start()
+    server.stockouts_from(",".join(args.stockout) or os.environ.get(STOCKOUT_ENV, ""))
     if args.vms:
         server.run_vms(args.vms, hosts=args.hosts)
     print(f"TPULAUNCH_TPU_API_ENDPOINT={server.endpoint}", flush=True)
