@@ -48,12 +48,12 @@ def project(tmp_path_factory) -> Path:
     return root
 
 
-def records(root: Path, split: str):
+def records(root: Path, split: str, shape=(32, 32, 3)):
     """(images, labels) of a split, in file order."""
     images, labels = [], []
     for raw in tf.data.TFRecordDataset(str(root / f"{split}.tfrecord")).as_numpy_iterator():
         example = tf.train.Example.FromString(raw).features.feature
-        images.append(np.array(example["image"].float_list.value, np.float32).reshape(32, 32, 3))
+        images.append(np.array(example["image"].float_list.value, np.float32).reshape(shape))
         labels.append(example["label"].int64_list.value[0])
     return np.stack(images), np.array(labels)
 
@@ -99,9 +99,9 @@ def importable(project):
     sys.modules.pop(MODULE, None)
 
 
-def restored(project: Path, name: str):
+def restored(project: Path, name: str, build=None):
     """The builder's model with the weights of run `name`'s latest checkpoint."""
-    model = builder()()
+    model = (build or builder())()
     tf.train.Checkpoint(model=model).restore(tf.train.latest_checkpoint(str(project / "runs" / name))).expect_partial()
     return model
 
@@ -174,8 +174,8 @@ def test_evaluate_and_the_explained_program_give_the_same_evaluation(project, as
                              f"run.model_dir={model_dir}"], catch_exceptions=False)
     wrapper = tmp_path / "run_without_tpulaunch.py"
     wrapper.write_text(RUN_WITHOUT_TPULAUNCH)
-    environment = {**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TF_CONFIG", "TF_USE_LEGACY_KERAS")},
-                   "TF_CPP_MIN_LOG_LEVEL": "2"}
+    kept = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TF_CONFIG", "TF_USE_LEGACY_KERAS")}
+    environment = {**kept, "TF_CPP_MIN_LOG_LEVEL": "2"}
     child = subprocess.run([sys.executable, "-I", str(wrapper), str(program), "evaluate"], cwd="/", env=environment,
                            capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stderr[-3000:]
@@ -216,3 +216,49 @@ def test_the_jobs_loss_and_sgd_replace_the_task_models_compile(project):
 
     eval_loss, _ = crossentropy_and_accuracy(restored(project, "jobs_sgd"), *records(project, "eval"))
     assert last_evaluation(project / "runs" / "jobs_sgd") == {"loss": pytest.approx(eval_loss, abs=1e-5)}
+
+
+# ------------------------------------------------------------------------ a task with a preprocessor
+
+def test_a_task_models_preprocessor_maps_each_batch_as_its_fit_does(project):
+    """A task whose preprocessor resizes 16x16 records to the model's 32x32 and maps [0, 1] to [-1, 1]: `validate`
+    traces its steps on the preprocessed batch, training gives the weights KerasHub's own fit() gives (which maps
+    the preprocessor over the data), and the evaluation is KerasHub's evaluate() on the same records."""
+    rng = np.random.default_rng(9)
+    for split in ("small-train", "small-eval"):
+        rows = [{"image": rng.uniform(size=16 * 16 * 3).astype(np.float32), "label": int(rng.integers(0, 3))}
+                for _ in range(8)]
+        write_examples(project / f"{split}.tfrecord", rows)
+    path = write_job(project, "preprocessed", steps=2, builder=f"{MODULE}:resnet_classifier_with_preprocessor")
+    document = yaml.safe_load(path.read_text())
+    document["data"].update({"train": "small-train.tfrecord", "eval": "small-eval.tfrecord",
+                             "features": {"image": {"shape": [16, 16, 3]}}})
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    validated = invoke("validate", path, "--local")
+    assert "OK" in validated, validated
+    invoke("train", path, "--local")
+
+    import importlib
+
+    build = importlib.import_module(MODULE).resnet_classifier_with_preprocessor
+    images, labels = records(project, "small-train", (16, 16, 3))
+    fitted = build()
+    fitted.fit(images, labels, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    trained = restored(project, "preprocessed", build)
+    for name, value in by_name(fitted).items():
+        np.testing.assert_allclose(by_name(trained)[name], value, atol=1e-6, err_msg=name)
+
+    eval_images, eval_labels = records(project, "small-eval", (16, 16, 3))
+    theirs = trained.evaluate(eval_images, eval_labels, batch_size=8, verbose=0, return_dict=True)
+    assert last_evaluation(project / "runs" / "preprocessed") == {k: pytest.approx(v, abs=1e-5)
+                                                                  for k, v in theirs.items()}
+    unprocessed, _ = crossentropy_and_accuracy(trained, tf.image.resize(eval_images, (32, 32)).numpy(), eval_labels)
+    assert abs(unprocessed - theirs["loss"]) > 1e-3  # without the preprocessor's scale the loss is another
+
+    # The SavedModel `export` writes serves the records' images through the preprocessor, as its predict() does.
+    exported = project / "exported"
+    invoke("export", path, exported)
+    (saved,) = exported.iterdir()
+    serve = tf.saved_model.load(str(saved)).signatures["serving_default"]
+    outputs = serve(image=tf.constant(eval_images))["outputs"].numpy()
+    np.testing.assert_allclose(outputs, trained.predict(eval_images, batch_size=8, verbose=0), atol=1e-5)
