@@ -5,7 +5,8 @@ Through the CLI, on TFRecords written by TensorFlow: the task model trains as it
 constructor gave it (KerasHub's Adam(5e-5), crossentropy on logits, SparseCategoricalAccuracy), to the weights
 Keras's own fit() gives, and evaluates to a hand computation on its checkpoint; `evaluate`, `validate` and the
 program `explain --engine keras` writes agree with it; with the job's loss and optimizer, one line says what
-replaced what and the weights are one SGD step computed by hand with tf.GradientTape.
+replaced what and the weights are one SGD step computed by hand with tf.GradientTape; a task with a preprocessor
+has it mapped over each batch, as its fit(), evaluate() and predict() apply it.
 """
 
 from __future__ import annotations
