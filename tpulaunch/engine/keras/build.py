@@ -54,7 +54,7 @@ def _build(job, plan) -> tuple:
         for mode in modes:
             batch = plan.batch(mode).per_replica
             try:
-                features, labels = _specs(job, batch)
+                features, labels = training.preprocessed_specs(*_specs(job, batch))
                 if mode == "train":
                     tf.function(training.replica_train_step).get_concrete_function(features, labels)
                 else:
@@ -92,7 +92,7 @@ def step_tensors(job, *, use_tpu: bool) -> StepTensors:
     plan = build_plan(job, local=True)
     with tempfile.TemporaryDirectory() as scratch:
         training = _training(job, plan, scratch)
-        features, labels = _specs(job, PROBE_BATCH)
+        features, labels = training.preprocessed_specs(*_specs(job, PROBE_BATCH))
         graph = tf.function(training.replica_train_step).get_concrete_function(features, labels).graph
         kept = kept_by_backward(graph)
         model = training.model

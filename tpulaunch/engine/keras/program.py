@@ -205,21 +205,23 @@ def job_training(strategy):
     return training
 
 
-def job_dataset(strategy, mode):
-    """make_input_fn on the mode's files, one pipeline per worker or TPU host, distributed over the replicas."""
+def job_dataset(keras_training, mode):
+    """make_input_fn on the mode's files, one pipeline per worker or TPU host, distributed over the replicas (each
+    batch through the model's preprocessor, where it has one)."""
     training = mode == "train"
     try:
         files = expand_files(TRAIN_FILES if training else EVAL_FILES)
     except FilesError as exc:
         raise SystemExit(f"data.{{mode}}: {{exc}}") from None
     input_fn = {call("make_input_fn", ["files", "training=training", "use_tpu=USE_TPU", *keywords(inputs)], 4)}
-    return distributed_dataset(strategy, input_fn, TRAIN_BATCH_SIZE if training else EVAL_BATCH_SIZE)
+    return distributed_dataset(keras_training.strategy, input_fn, TRAIN_BATCH_SIZE if training else EVAL_BATCH_SIZE,
+                               keras_training.preprocess)
 
 
 def job_evaluation(training):
     """The metrics of the current weights on EVAL_STEPS batches of the eval files."""
     per_replica = EVAL_BATCH_SIZE // training.strategy.num_replicas_in_sync
-    return training.evaluate(job_dataset(training.strategy, "eval"), EVAL_STEPS, per_replica_batch=per_replica)
+    return training.evaluate(job_dataset(training, "eval"), EVAL_STEPS, per_replica_batch=per_replica)
 
 
 def refuse_estimator_checkpoints():
@@ -271,7 +273,7 @@ def main(argv=None):
     def train_to(boundary):
         nonlocal iterator
         if iterator is None:
-            iterator = iter(job_dataset(strategy, "train"))
+            iterator = iter(job_dataset(training, "train"))
         return train_loop(training, iterator, until=boundary, steps_per_call=STEPS_PER_CALL,
                           on_steps=progress(training.step),
                           on_checkpoint=lambda at, path: print(f"checkpoint {{path}}"))

@@ -87,7 +87,7 @@ def _dataset(job: Job, plan: Plan, training, mode: str):
     from tpulaunch.engine.keras import standalone
 
     return standalone.distributed_dataset(training.strategy, make_input_fn(job, mode, use_tpu=plan.on_tpu),
-                                          _global_batch(plan, mode))
+                                          _global_batch(plan, mode), training.preprocess)
 
 
 # ------------------------------------------------------------------------------------------ train

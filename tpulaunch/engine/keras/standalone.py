@@ -126,12 +126,17 @@ def worker_scratch_dir(model_dir: str, task_type: str, task_id: int) -> str:
     return os.path.join(model_dir, f"worker-{task_type}-{task_id}-scratch")
 
 
-def distributed_dataset(strategy, input_fn: Callable, global_batch_size: int):
+def distributed_dataset(strategy, input_fn: Callable, global_batch_size: int, preprocess: Optional[Callable] = None):
     """`input_fn({"batch_size": per-replica batch, "context": InputContext})`, once per input pipeline (one per
-    worker or TPU host), distributed over the replicas; each pipeline reads its own share (portable.host_shard)."""
+    worker or TPU host), distributed over the replicas; each pipeline reads its own share (portable.host_shard).
+    `preprocess(features, labels)` (KerasTraining.preprocess), where given, maps each batch on the host, as a
+    KerasHub task's fit() maps its preprocessor over the data."""
 
     def dataset_fn(context):
-        return input_fn({"batch_size": context.get_per_replica_batch_size(global_batch_size), "context": context})
+        dataset = input_fn({"batch_size": context.get_per_replica_batch_size(global_batch_size), "context": context})
+        if preprocess is None:
+            return dataset
+        return dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
     return strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -306,6 +311,15 @@ def _described(value) -> str:
     return f"{name}({type(inner).__name__})" if inner is not None else name
 
 
+def _fit_preprocessing(model) -> Optional[Callable]:
+    """What a KerasHub task's fit() and evaluate() map over each batch before its steps see it (its preprocess_samples:
+    the task's preprocessor, e.g. an image converter that resizes and rescales), or None: its train_step and the
+    model's call take preprocessed batches."""
+    if getattr(model, "preprocessor", None) is None:
+        return None
+    return getattr(model, "preprocess_samples", None)
+
+
 def _progress_loss(logs):
     """The loss a progress line shows from what a model's train_step returned: its 'loss', else its first value."""
     if isinstance(logs, dict):
@@ -404,6 +418,7 @@ class KerasTraining:
                 else:
                     self.model.build(_shape_tree(self.features, None))
             self.output_names = list(getattr(self.model, "output_names", None) or ())
+            self.preprocess = _fit_preprocessing(self.model)
             self.compiled = compiled_with(self.model)
             self.own_methods = own_fit_methods(self.model)
             self.own_step = bool(self.own_methods) or (self.compiled is not None and "loss" not in self.given)
@@ -412,7 +427,8 @@ class KerasTraining:
                 if hasattr(self.model, "_symbolic_build"):  # Keras 3 builds its compile's metrics and loss here, as
                     # fit() does before its first step: made inside a replica's step, their variables cannot be lifted
                     labels = _tensor_specs(self.labels, 1) if self.labels else None
-                    self.model._symbolic_build(data_batch=(_tensor_specs(self.features, 1), labels))
+                    self.model._symbolic_build(data_batch=self.preprocessed_specs(_tensor_specs(self.features, 1),
+                                                                                  labels))
             else:
                 self.optimizer = self._job_step_optimizer(make_optimizer)
             if hasattr(self.optimizer, "build") and not getattr(self.optimizer, "built", False):
@@ -485,7 +501,7 @@ class KerasTraining:
         probabilities as the engine's own step tells them), or the job's own function or Keras Loss."""
         if self.custom_loss is not None:
             return fresh_keras_loss(self.custom_loss)
-        specs = _tensor_specs(self.features, 1)
+        specs, _ = self.preprocessed_specs(_tensor_specs(self.features, 1), None)
         outputs = tf.function(lambda f: self.model(f, training=False)).get_concrete_function(specs).structured_outputs
         kinds = probabilities_of(self.model, outputs)
         names = self.label_names
@@ -527,6 +543,15 @@ class KerasTraining:
         if isinstance(self.metrics, dict):
             return {label: [made(n) for n in names] for label, names in self.metrics.items()}
         return [made(n) for n in self.metrics]
+
+    def preprocessed_specs(self, features, labels) -> tuple:
+        """(features, labels) specs of a batch as the model's steps take it: after `preprocess`, where there is one."""
+        if self.preprocess is None:
+            return features, labels
+        traced = tf.function(self.preprocess).get_concrete_function(features, labels).structured_outputs
+        traced = traced if isinstance(traced, tuple) else (traced,)
+        specs = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), traced)
+        return specs[0], (specs[1] if len(specs) > 1 else None)
 
     def _checkpoint_dir(self, model_dir: str) -> str:
         # Every worker of a MultiWorkerMirrored run takes part in a save; only the chief's lands in model_dir.
@@ -691,7 +716,7 @@ class KerasTraining:
     def prepare_evaluation(self, dataset, per_replica_batch: int) -> None:
         """Make the evaluation's metrics and trace its step for `dataset`'s batches (what fails to build, fails here)."""
         strategy = self.strategy
-        self.make_eval_metrics(_tensor_specs(self.features, per_replica_batch))
+        self.make_eval_metrics(self.preprocessed_specs(_tensor_specs(self.features, per_replica_batch), None)[0])
         if self._eval_step is None:
             @tf.function
             def run(batch):
@@ -790,6 +815,8 @@ def export_saved_model(training: KerasTraining, out_dir: str, label_names: List[
 
     @tf.function(input_signature=[specs] if not isinstance(specs, dict) else [specs])
     def serve(features):
+        if training.preprocess is not None:  # a KerasHub task's preprocessor, as its predict() applies it
+            features = training.preprocess(features)
         outputs = model(features, training=False)
         outputs = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), outputs)
         return _predictions(outputs, label_names, training.output_names)
