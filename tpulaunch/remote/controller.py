@@ -330,9 +330,8 @@ class Controller:
             raise
 
     def down_command(self) -> str:
-        """What removes the node: `tpulaunch down JOB`, told the zone when it is not tpu.zone (a fallback's)."""
-        elsewhere = self.ref.zone != self.fallback.ref.zone
-        return f"tpulaunch down {self.job_file}" + (f" --set tpu.zone={self.ref.zone}" if elsewhere else "")
+        """What removes the node: `tpulaunch down JOB`, which finds it in the zone run.json names (a fallback's)."""
+        return f"tpulaunch down {self.job_file}"
 
     def _name_leftover(self, failed: TpuLaunchError) -> None:
         if self.removed or self.down_command() in f"{failed.message} {failed.hint or ''}":

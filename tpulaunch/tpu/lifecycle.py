@@ -478,4 +478,4 @@ class Fallback:
                 life.delete(wait_s=self.try_wait_s)
         except TpuLaunchError as problem:
             self.on_progress(f"could not remove what the try in {placement} left: {problem.message} "
-                             f"(`tpulaunch down` with --set tpu.zone={placement.zone} removes it)")
+                             f"(`tpulaunch down JOB`, which looks in each of tpu.zones, removes it)")
