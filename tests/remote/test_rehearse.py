@@ -263,3 +263,15 @@ def test_a_secret_reaches_the_builder_from_secret_manager_and_is_written_nowhere
     assert TOKEN not in json.dumps(node["metadata"])
     manifest = next((job.parent / "runs/q/tpulaunch-remote/stages").glob("*.json")).read_text()
     assert '"API_TOKEN"' in manifest  # the stage names the secret, no more
+
+
+def test_after_a_preemption_next_zone_recreates_the_node_in_the_next_of_tpu_zones(job):
+    done = rehearse(job, "--set", "tpu.zones=[us-central1-a, us-central1-b]", "--set", "train.steps=10",
+                    "--preempt-at", "7", "--recreate", "1", "--after-preemption", "next-zone")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "trying us-central1-b (on-demand) first (--after-preemption next-zone)" in done.stderr
+    record = _record(job)
+    assert [vm["zone"] for vm in record["vms"]] == ["us-central1-a", "us-central1-b"]
+    assert (record["zone"], record["outcome"], record["final_step"]) == ("us-central1-b", "done", 10)
+    (recovery,) = record["recoveries"]
+    assert recovery["cause"] == "PREEMPTED" and recovery["resumed_from"] == 5

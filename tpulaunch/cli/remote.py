@@ -26,6 +26,10 @@ host_timeout_option = click.option(
     "--host-timeout", "host_timeout_s", type=click.FloatRange(min=1), default=900, show_default=True,
     metavar="SECONDS", help="Each host of a READY TPU VM must have started its part (booted, installed, fetched the "
                             "job) within this; one that has not is reported by name and the VM counts as lost.")
+after_preemption_option = click.option(
+    "--after-preemption", "after_preemption", type=click.Choice(["same-zone", "next-zone"]), default="same-zone",
+    show_default=True, help="With tpu.zones: where a recovery from a PREEMPTED node looks first: same-zone, the zone "
+                            "it was in; next-zone, the zone after it in tpu.zones (the preempted one last).")
 keep_option = click.option("--keep-tpu", is_flag=True, help="Leave the TPU when the run ends (default: delete it).")
 
 
@@ -69,7 +73,8 @@ def _checked(obj: Context, job_file: str, overrides, *, rehearsal: bool, env=Non
 
 def _controller(obj: Context, job_file: str, overrides, *, target: str, api_endpoint: Optional[str], recreate: int,
                 poll_s: float, timeout_s: float, host_timeout_s: float, try_wait_s: float, keep_tpu: bool,
-                rehearsal_python: Optional[str] = None, secrets_url: Optional[str] = None,
+                after_preemption: str = "same-zone", rehearsal_python: Optional[str] = None,
+                secrets_url: Optional[str] = None,
                 on_step=None):
     """The job checked (validate's static checks for its TPU), staged, and a Controller for it."""
     from tpulaunch.checks.engine_rules import job_engine
@@ -113,7 +118,7 @@ def _controller(obj: Context, job_file: str, overrides, *, target: str, api_endp
     controller = Controller(fallback, stage, startup_script(stage, rehearsal_python=rehearsal_python), job_file=job_file,
                             recreate=recreate, poll_s=poll_s, create_timeout_s=timeout_s,
                             host_timeout_s=host_timeout_s,
-                            keep_tpu=keep_tpu,
+                            keep_tpu=keep_tpu, after_preemption=after_preemption,
                             say=say, out=_out(obj), **({"on_step": on_step} if on_step else {}))
     return controller, record
 
@@ -129,6 +134,7 @@ def _detached(obj: Context, job_file: str, controller) -> None:
 @job_argument
 @set_option
 @recreate_option
+@after_preemption_option
 @keep_option
 @host_timeout_option
 @zone_wait_option
@@ -137,8 +143,8 @@ def _detached(obj: Context, job_file: str, controller) -> None:
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=1800, show_default=True,
               metavar="SECONDS", help="Give up waiting for the TPU to be created (a queued resource may wait long).")
 @pass_obj
-def run(obj: Context, job_file: str, overrides, recreate: int, keep_tpu: bool, host_timeout_s: float,
-        try_wait_s: float, poll_s: float, timeout_s: float):
+def run(obj: Context, job_file: str, overrides, recreate: int, after_preemption: str, keep_tpu: bool,
+        host_timeout_s: float, try_wait_s: float, poll_s: float, timeout_s: float):
     """Run the job on its TPU VM and supervise it from this machine (a laptop, CI, Cloud Shell).
 
     Validates the job (nothing is created for a job validate refuses), stages it under run.model_dir
@@ -154,13 +160,15 @@ def run(obj: Context, job_file: str, overrides, recreate: int, keep_tpu: bool, h
     \b
     Examples:
       tpulaunch run job.yaml --recreate 3
+      tpulaunch run job.yaml --recreate 3 --after-preemption next-zone   # with tpu.zones
       tpulaunch rehearse job.yaml --preempt-at 12     # the same path on this machine first
     """
     from tpulaunch.tpu import api
 
     controller, record = _controller(obj, job_file, overrides, target="tpu", api_endpoint=api.endpoint(),
                                      recreate=recreate, poll_s=poll_s, timeout_s=timeout_s,
-                                     host_timeout_s=host_timeout_s, try_wait_s=try_wait_s, keep_tpu=keep_tpu)
+                                     host_timeout_s=host_timeout_s, try_wait_s=try_wait_s, keep_tpu=keep_tpu,
+                                     after_preemption=after_preemption)
     try:
         controller.run(record)
     except KeyboardInterrupt:
@@ -174,6 +182,7 @@ def run(obj: Context, job_file: str, overrides, recreate: int, keep_tpu: bool, h
               help="Preempt the TPU VM when the run reaches this global step (its processes killed, the node "
                    "PREEMPTED). Repeatable.")
 @recreate_option
+@after_preemption_option
 @click.option("--secrets", "secrets_dir", type=click.Path(exists=True, file_okay=False), default=None, metavar="DIR",
               help="A folder that stands for Secret Manager: the file DIR/NAME holds secret NAME, which the VM reads "
                    "for the job's ${NAME}.")
@@ -185,7 +194,8 @@ def run(obj: Context, job_file: str, overrides, recreate: int, keep_tpu: bool, h
 @host_timeout_option
 @zone_wait_option
 @pass_obj
-def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, secrets_dir: Optional[str],
+def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, after_preemption: str,
+             secrets_dir: Optional[str],
              hosts: Optional[int], poll_s: float, keep_tpu: bool, host_timeout_s: float, try_wait_s: float):
     """`tpulaunch run`'s whole path on this machine, before paying for a TPU.
 
@@ -229,7 +239,7 @@ def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, 
         controller, record = _controller(
             obj, job_file, overrides, target="local", api_endpoint=external or rehearsal.endpoint, recreate=recreate,
             poll_s=poll_s, timeout_s=600, host_timeout_s=host_timeout_s, try_wait_s=try_wait_s,
-            keep_tpu=keep_tpu, rehearsal_python=sys.executable, on_step=on_step,
+            keep_tpu=keep_tpu, after_preemption=after_preemption, rehearsal_python=sys.executable, on_step=on_step,
             secrets_url=rehearsal.server.secret_manager_url if rehearsal is not None else None)
         if on_step is not None:
             holder["preempt"] = rehearsal.preempting(lambda: controller.ref, preempt_at, _say(obj))
