@@ -104,7 +104,7 @@ def _checked(job: Path, overrides=()):
     return load_checked(str(job), list(overrides), local=True)
 
 
-def test_staging_is_content_addressed_and_writes_no_environment_value(tmp_path, monkeypatch):
+def test_staging_is_content_addressed_and_writes_no_environment_value(tmp_path, monkeypatch, tpu_api):
     from tpulaunch.remote.stage import stage_job
 
     (tmp_path / "lib").mkdir()
@@ -129,9 +129,18 @@ def test_staging_is_content_addressed_and_writes_no_environment_value(tmp_path, 
     assert 'python_path=["python_path/0"]' in manifest["sets"]
     assert {b["into"] for b in manifest["bundles"]} == {"job", "job/python_path/0"}
 
-    monkeypatch.setenv("STEPS", "12")  # set here, it would be another value on the VM: refused where it is used
+    # Set here, but the VM reads ${STEPS} from Secret Manager, which has no secret STEPS: the VM would use the
+    # default, not this value; refused where it is used.
+    from tpulaunch.remote import secret_manager
+
+    monkeypatch.setenv("STEPS", "12")
+    tpu_api.secrets_from(str(tmp_path / "no-secrets"))
+    checked = _checked(job)
+    refs = secret_manager.vm_references(secret_manager.references(checked.loaded))
+    assert [(ref.name, ref.default) for ref in refs] == [("STEPS", "10")]
     with pytest.raises(TpuLaunchError) as refused:
-        stage_job(_checked(job), str(job), [], engine="estimator", target="local")
+        secret_manager.require(checked.loaded, checked.job, refs, "p", job_file=str(job),
+                               url=tpu_api.secret_manager_url)
     (problem,) = refused.value.problems
     assert (problem.code, problem.path, problem.line) == ("remote-env-var", "train.steps", 9)
     monkeypatch.delenv("STEPS")
