@@ -206,8 +206,9 @@ def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, 
     environment for the VM's install (nothing is installed; tpulaunch's own requirements are checked); this
     machine's CPU for the TPU (the VM runs `train --local`); --secrets DIR for Secret Manager (the job's
     ${NAME}s). With $TPULAUNCH_TPU_API_ENDPOINT set, that server is used instead (it must run TPU VMs:
-    `python -m tpulaunch.tpu.local_api --vms DIR`), and Ctrl-C detaches as with `run`. Faults to rehearse beside --preempt-at, from the environment: TPULAUNCH_LOCAL_API_STOCKOUT
-    (zones without capacity), TPULAUNCH_LOCAL_VM_FAIL_INSTALL and TPULAUNCH_LOCAL_VM_HANG (worker numbers).
+    `python -m tpulaunch.tpu.local_api --vms DIR`), and Ctrl-C detaches as with `run`. Faults to rehearse
+    beside --preempt-at, from the environment: TPULAUNCH_LOCAL_API_STOCKOUT (zones without capacity),
+    TPULAUNCH_LOCAL_VM_FAIL_INSTALL and TPULAUNCH_LOCAL_VM_HANG (worker numbers).
 
     \b
     Examples:

@@ -174,7 +174,8 @@ def require(loaded, job, refs: Sequence[Reference], project: str, *, job_file: s
     for ref in refs:
         if found[ref.name]:
             continue
-        fix = (f"add the file {ref.name} to --secrets DIR" if rehearsal else f"create it: {create_command(project, ref.name)}")
+        fix = (f"add the file {ref.name} to --secrets DIR" if rehearsal
+               else f"create it: {create_command(project, ref.name)}")
         if ref.default is None:
             problems.append(loaded.problem(
                 ref.path, "remote-secret-missing",

@@ -7,8 +7,9 @@ header. Here each host is one process (`bash startup-script`) in a process group
 folder of its own as its disk (the script's working directory and $HOME), and its metadata served by the local
 API server under a prefix of its own, named to the script by $TPULAUNCH_METADATA_URL (the real script falls back
 to http://metadata.google.internal/computeMetadata/v1/), its service account's token among it; the server's
-Secret Manager (`$TPULAUNCH_SECRET_MANAGER_URL`) answers a secret's value to that token only. Deleting or preempting the node kills every host's
-process group at once, as losing the VM does: nothing the processes do after that point happens.
+Secret Manager (`$TPULAUNCH_SECRET_MANAGER_URL`) answers a secret's value to that token only. Deleting or
+preempting the node kills every host's process group at once, as losing the VM does: nothing the processes do
+after that point happens.
 
 What differs from a real TPU VM, said where it matters: the hosts share this machine (its Python, its files,
 its network), run as the current user, and have no TPU. Their `worker-network-endpoints` are 127.0.0.1 with a
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Set
 
 METADATA_URL_ENV = "TPULAUNCH_METADATA_URL"
-SECRET_MANAGER_URL_ENV = "TPULAUNCH_SECRET_MANAGER_URL"  # the local API server's Secret Manager (remote/secret_manager.py)
+SECRET_MANAGER_URL_ENV = "TPULAUNCH_SECRET_MANAGER_URL"  # the local server's Secret Manager (remote/secret_manager.py)
 TOKEN_PATH = "instance/service-accounts/default/token"
 METADATA_PREFIX = "/vm/"  # /vm/<vm id>/<worker>/computeMetadata/v1/...
 SCRIPT_LOG = "startup-script.log"  # on each host's disk: what the startup script printed
