@@ -80,3 +80,14 @@ def test_zones_and_tiers_in_the_job_file():
                         (dict(spot=True, tiers=["spot", "on-demand"]), "tpu.tiers and tpu.spot exclude each other")):
         with pytest.raises(ValueError, match=said):
             Tpu(name="n", type="v3-8", **wrong)
+
+
+def test_a_recovery_starts_at_the_lost_zone_or_the_one_after_it_each_tier_everywhere_first(tpu_api):
+    C = "us-central1-c"
+    fallback = _fallback(tpu_api, [], type="v3-8", zones=[A, B, C], tiers=["spot", "on-demand"])
+    assert [str(p) for p in fallback.starting_at(B)] == [
+        f"{B} (spot)", f"{C} (spot)", f"{A} (spot)", f"{B} (on-demand)", f"{C} (on-demand)", f"{A} (on-demand)"]
+    assert [str(p) for p in fallback.starting_at(C, after=True)] == [
+        f"{A} (spot)", f"{B} (spot)", f"{C} (spot)", f"{A} (on-demand)", f"{B} (on-demand)", f"{C} (on-demand)"]
+    life, _ = fallback.create(wait_s=30, tries=fallback.starting_at(A, after=True))
+    assert (life.ref.zone, life.spec.tier) == (B, "spot")

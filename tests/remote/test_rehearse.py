@@ -44,6 +44,12 @@ SLOW_MODELS = textwrap.dedent("""\
 
     def broken(**params):
         raise ValueError("this builder is broken on purpose")
+
+
+    def with_token(api_token, **params):
+        import hashlib
+        print("builder | api_token sha256", hashlib.sha256(api_token.encode()).hexdigest(), flush=True)
+        return build(**params)
     """)
 
 JOB = textwrap.dedent("""\
@@ -222,3 +228,50 @@ def test_a_host_that_never_starts_is_named_within_the_host_timeout(job):
     assert ("worker 1 wrote no status (it did not run its startup script, or the VM's service account cannot "
             "write") in failed.stderr
     assert "--recreate is 0" in failed.stderr and f"`tpulaunch down {job}`" in failed.stderr
+
+
+TOKEN = "tok-3f9a1c7e-never-written"
+
+
+def test_a_secret_reaches_the_builder_from_secret_manager_and_is_written_nowhere(job, tpu_api, tmp_path):
+    text = job.read_text().replace("builder: slow_models:build", "builder: slow_models:with_token").replace(
+        "params: {num_classes: 10}", 'params: {num_classes: 10, api_token: "${API_TOKEN}"}')
+    job.write_text(text)
+    secrets = tmp_path / "secrets"  # stands for Secret Manager: the file API_TOKEN is secret API_TOKEN
+    secrets.mkdir()
+    missing = rehearse(job, "--secrets", str(secrets), "--set", "train.steps=3")
+    assert missing.returncode == 1, missing.stdout + missing.stderr
+    assert "${API_TOKEN} is read on the TPU VM from secret API_TOKEN, which does not exist" in missing.stderr
+    assert "job.yaml:4:" in missing.stderr and "add the file API_TOKEN to --secrets DIR" in missing.stderr
+    assert not (job.parent / "runs").exists()  # nothing staged, nothing created
+
+    (secrets / "API_TOKEN").write_text(TOKEN)
+    tpu_api.secrets_from(str(secrets))
+    tpu_api.run_vms(str(tmp_path / "vms"))  # this server's VMs keep their disks after the run, to be searched
+    done = rehearse(job, "--set", "train.steps=3", TPULAUNCH_TPU_API_ENDPOINT=tpu_api.endpoint,
+                    TPULAUNCH_SECRET_MANAGER_URL=tpu_api.secret_manager_url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "secrets | the VM reads API_TOKEN from Secret Manager (project 'test-project')" in done.stderr
+    import hashlib
+
+    assert f"builder | api_token sha256 {hashlib.sha256(TOKEN.encode()).hexdigest()}" in done.stdout
+    assert TOKEN not in done.stdout + done.stderr
+    files = [path for root in (job.parent / "runs", tmp_path / "vms") for path in root.rglob("*") if path.is_file()]
+    assert any(path.name == "startup-script" for path in files) and any(p.name == "worker-0.log" for p in files)
+    assert [path for path in files if TOKEN.encode() in path.read_bytes()] == []
+    node = tpu_api.created[0]["node"]
+    assert TOKEN not in json.dumps(node["metadata"])
+    manifest = next((job.parent / "runs/q/tpulaunch-remote/stages").glob("*.json")).read_text()
+    assert '"API_TOKEN"' in manifest  # the stage names the secret, no more
+
+
+def test_after_a_preemption_next_zone_recreates_the_node_in_the_next_of_tpu_zones(job):
+    done = rehearse(job, "--set", "tpu.zones=[us-central1-a, us-central1-b]", "--set", "train.steps=10",
+                    "--preempt-at", "7", "--recreate", "1", "--after-preemption", "next-zone")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "trying us-central1-b (on-demand) first (--after-preemption next-zone)" in done.stderr
+    record = _record(job)
+    assert [vm["zone"] for vm in record["vms"]] == ["us-central1-a", "us-central1-b"]
+    assert (record["zone"], record["outcome"], record["final_step"]) == ("us-central1-b", "done", 10)
+    (recovery,) = record["recoveries"]
+    assert recovery["cause"] == "PREEMPTED" and recovery["resumed_from"] == 5

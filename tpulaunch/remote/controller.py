@@ -23,6 +23,9 @@ from tpulaunch.tpu.lifecycle import Placement
 
 Say = Callable[[str], None]
 
+SAME_ZONE, NEXT_ZONE = "same-zone", "next-zone"
+AFTER_PREEMPTION = (SAME_ZONE, NEXT_ZONE)  # `run --after-preemption`
+
 # A host's phases before its part started (startup.sh, host.py), as a late host is described.
 STARTING = {"installing": "is still installing the job's requirements", "fetching": "is still fetching tpulaunch",
             "fetched": "fetched the job but did not start it (its host runner stopped: its log says why)"}
@@ -104,10 +107,14 @@ class Controller:
             it is reported by name and the VM counts as lost.
         on_step: told each step the log shows (a rehearsal preempts the VM at the steps it was asked to).
         keep_tpu: leave the node when the run ends (else it is deleted: its output is in model_dir).
+        after_preemption: where a recovery from a PREEMPTED node looks first: SAME_ZONE, the zone it was in (then
+            the others of tpu.zones, in order, wrapping round); NEXT_ZONE, the zone after it (the preempted one
+            last), as a zone that just preempted a VM is likely short of capacity. Other losses: SAME_ZONE.
     """
 
     def __init__(self, fallback, stage: Stage, startup: str, *, job_file: str, recreate: int = 0, poll_s: float = 10.0,
                  create_timeout_s: float = 1800.0, host_timeout_s: float = 900.0, keep_tpu: bool = False,
+                 after_preemption: str = SAME_ZONE,
                  say: Say = print, out: Say = print, on_step: Callable[[int], None] = lambda step: None):
         self.fallback, self.stage, self.startup = fallback, stage, startup
         self.life = fallback.life_at(fallback.tries[0])  # the placement the node is in, once known
@@ -117,6 +124,8 @@ class Controller:
         self.recreate, self.poll_s = recreate, poll_s
         self.create_timeout_s, self.host_timeout_s = create_timeout_s, host_timeout_s
         self.keep_tpu = keep_tpu
+        assert after_preemption in AFTER_PREEMPTION
+        self.after_preemption = after_preemption
         self.say, self.out, self.on_step = say, out, on_step
         self.vm = 0
         self.record: Optional[RunRecord] = None
@@ -133,11 +142,12 @@ class Controller:
         return ((layout.STARTUP_KEY, self.startup), (layout.STAGE_KEY, self.stage.digest),
                 (layout.ATTEMPT_KEY, str(vm)))
 
-    def _create(self, vm: int) -> float:
-        """Create the node as the run's VM number `vm` in the first zone and tier with capacity; the seconds until
-        it was READY (the tries that found none included)."""
+    def _create(self, vm: int, tries=None) -> float:
+        """Create the node as the run's VM number `vm` in the first zone and tier with capacity (of `tries`, else
+        the job's); the seconds until it was READY (the tries that found none included)."""
         started = time.monotonic()
-        self.life, outcome = self.fallback.create(wait_s=self.create_timeout_s, metadata=self._metadata(vm))
+        self.life, outcome = self.fallback.create(wait_s=self.create_timeout_s, metadata=self._metadata(vm),
+                                                  tries=tries)
         self.ref = self.life.ref
         self.vm = vm
         self.record.zone = self.ref.zone
@@ -259,9 +269,13 @@ class Controller:
             self.say("lease | released the lost VM's lease on run.model_dir (it held it still)")
         self.record.recoveries.append(asdict(recovery))
         self.pending = recovery
+        next_zone = cause == "PREEMPTED" and self.after_preemption == NEXT_ZONE
+        tries = self.fallback.starting_at(self.ref.zone, after=next_zone)
+        first = f", trying {tries[0]} first" + (f" (--after-preemption {NEXT_ZONE})" if next_zone else "") \
+            if len(self.fallback.tries) > 1 else ""
         self.say(f"tpu | recovery {used + 1} of {self.recreate}: creating TPU node '{self.ref.name}' again with the "
-                 "same startup script")
-        self._create(self.vm + 1)
+                 f"same startup script{first}")
+        self._create(self.vm + 1, tries)
         recovery.recreate_s = round(time.monotonic() - started, 3)
         self._save_recovery()
 
@@ -330,9 +344,8 @@ class Controller:
             raise
 
     def down_command(self) -> str:
-        """What removes the node: `tpulaunch down JOB`, told the zone when it is not tpu.zone (a fallback's)."""
-        elsewhere = self.ref.zone != self.fallback.ref.zone
-        return f"tpulaunch down {self.job_file}" + (f" --set tpu.zone={self.ref.zone}" if elsewhere else "")
+        """What removes the node: `tpulaunch down JOB`, which finds it in the zone run.json names (a fallback's)."""
+        return f"tpulaunch down {self.job_file}"
 
     def _name_leftover(self, failed: TpuLaunchError) -> None:
         if self.removed or self.down_command() in f"{failed.message} {failed.hint or ''}":

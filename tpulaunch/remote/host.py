@@ -13,6 +13,9 @@ The train's output goes to `attempts/<A>/worker-<N>.log` under run.model_dir and
 exits with the train's exit code, which the controller reads (`causes.py`) to decide between recovering and
 stopping.
 
+The job's `${VAR}`s are read from Secret Manager here (`secret_manager.read_on_vm`) into the train's environment
+alone: no value is written to the host's disk, its log or model_dir.
+
 A local model_dir gets the log line by line; a gs:// one gets it copied every SHIP_EVERY_S seconds and at the end.
 """
 
@@ -30,7 +33,7 @@ import threading
 import time
 from typing import List, Optional
 
-from tpulaunch.remote import layout, store
+from tpulaunch.remote import layout, secret_manager, store
 
 SHIP_EVERY_S = 10.0
 CHIEF = 0  # the worker that holds the lease (and, for a "chief" engine, the only one that trains)
@@ -129,7 +132,14 @@ def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[f
     shipped = store.is_gcs(remote_log)
     log_path = os.path.join(disk, f"worker-{worker}.log") if shipped else remote_log
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **worker_env(worker, hosts, hosts_run, endpoints or [])}
+    try:
+        values = secret_manager.read_on_vm(manifest.get("secrets"))  # into train's environment only
+    except secret_manager.SecretUnreadable as unreadable:
+        message = f"error: {unreadable}"
+        status.update(phase="ended", exit_code=1, ended=time.time(), message=message)
+        print(f"tpulaunch | worker {worker}: {message}", flush=True)
+        return 1
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **worker_env(worker, hosts, hosts_run, endpoints or []), **values}
     command = train_command(manifest, disk, hosts, zone)
     with open(log_path, "ab") as log:
         process = subprocess.Popen(command, cwd=os.path.join(disk, "job"), env=env, stdin=subprocess.DEVNULL,

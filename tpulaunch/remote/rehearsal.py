@@ -3,7 +3,9 @@ in this process, whose TPU VMs are local processes (`tpu/local_vm.py`) running t
 preemptions on cue (`--preempt-at STEP`: the VM's processes killed at that step, the node PREEMPTED).
 
 What stands for what: run.model_dir and the job's data as local folders stand for the bucket (gs:// ones are
-used as they are); each host's disk is a scratch folder; the install reuses this machine's Python environment
+used as they are); a folder (`--secrets DIR`, the file NAME for secret NAME) stands for Secret Manager, served by
+the same local server, which gives a VM a secret's value only with its token, as the real one; each host's disk
+is a scratch folder; the install reuses this machine's Python environment
 (nothing is installed); the VM trains on this machine's CPU (`train --local`).
 """
 
@@ -18,9 +20,10 @@ from tpulaunch.tpu.local_api import STOCKOUT_ENV, TpuApiServer
 
 
 class Rehearsal:
-    def __init__(self, *, hosts: Optional[int] = None):
+    def __init__(self, *, hosts: Optional[int] = None, secrets_dir: Optional[str] = None):
         self.root = tempfile.mkdtemp(prefix="tpulaunch-rehearsal-")
         self.server = TpuApiServer().start()
+        self.server.secrets_from(secrets_dir)  # a folder stands for Secret Manager: the file NAME is secret NAME
         self.server.stockouts_from(os.environ.get(STOCKOUT_ENV, ""))  # zones without capacity, to rehearse fallback
         self.server.run_vms(self.root, env=os.environ, hosts=hosts)
 

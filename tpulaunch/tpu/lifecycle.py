@@ -442,17 +442,32 @@ class Fallback:
     def life_at(self, placement: Placement) -> Lifecycle:
         return self.make(replace(self.ref, zone=placement.zone), with_tier(self.spec, placement.tier))
 
-    def create(self, *, wait_s: float = CREATE_TIMEOUT_S, metadata: tuple = ()) -> Tuple[Lifecycle, Outcome]:
-        """(the Lifecycle of the placement that gave a READY node, its Outcome)."""
+    def starting_at(self, zone: str, *, after: bool = False) -> List[Placement]:
+        """The tries with the zones in the order that starts at `zone` (with `after`, at the zone after it, `zone`
+        then last), wrapping round, each tier still tried in every zone before the next tier: where a recovery
+        looks after losing a node in `zone` (`run --after-preemption same-zone|next-zone`)."""
+        zones = list(dict.fromkeys(placement.zone for placement in self.tries))
+        if zone not in zones:
+            return list(self.tries)
+        at = zones.index(zone) + (1 if after else 0)
+        order = {name: index for index, name in enumerate(zones[at:] + zones[:at])}
+        tiers = list(dict.fromkeys(placement.tier for placement in self.tries))
+        return sorted(self.tries, key=lambda placement: (tiers.index(placement.tier), order[placement.zone]))
+
+    def create(self, *, wait_s: float = CREATE_TIMEOUT_S, metadata: tuple = (),
+               tries: Optional[List[Placement]] = None) -> Tuple[Lifecycle, Outcome]:
+        """(the Lifecycle of the placement that gave a READY node, its Outcome); `tries`: these placements in this
+        order instead of the job's (`starting_at`)."""
         refused: List[str] = []
-        for index, placement in enumerate(self.tries):
-            last = index == len(self.tries) - 1
+        tries = list(tries or self.tries)
+        for index, placement in enumerate(tries):
+            last = index == len(tries) - 1
             life = self.life_at(placement)
             life.spec = replace(life.spec, metadata=metadata)
             try:
                 return life, life.create(wait_s=wait_s if last else min(wait_s, self.try_wait_s))
             except api.NoCapacity as problem:
-                if len(self.tries) == 1:
+                if len(tries) == 1:
                     raise  # nowhere else to try: `up`'s own message
                 why = problem.message
             except NotReadyInTime as problem:
@@ -462,11 +477,11 @@ class Fallback:
             refused.append(f"{placement}: {why}")
             self._clean(life, placement)
             if not last:
-                self.on_progress(f"no TPU in {placement}: {why}; trying {self.tries[index + 1]} next")
+                self.on_progress(f"no TPU in {placement}: {why}; trying {tries[index + 1]} next")
         tried = "; ".join(refused)
         raise api.NoCapacity(
             f"no capacity for TPU node '{self.ref.name}' ({self.spec.accelerator_type}) in any of the "
-            f"{len(self.tries)} zone/tier tried: {tried}",
+            f"{len(tries)} zone/tier tried: {tried}",
             hint="retry later, add zones to tpu.zones or a tier to tpu.tiers (e.g. [spot, on-demand]), use a "
                  "reservation, or ask for quota (IAM & Admin > Quotas, 'TPU')")
 
@@ -478,4 +493,4 @@ class Fallback:
                 life.delete(wait_s=self.try_wait_s)
         except TpuLaunchError as problem:
             self.on_progress(f"could not remove what the try in {placement} left: {problem.message} "
-                             f"(`tpulaunch down` with --set tpu.zone={placement.zone} removes it)")
+                             f"(`tpulaunch down JOB`, which looks in each of tpu.zones, removes it)")

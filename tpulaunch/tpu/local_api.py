@@ -32,6 +32,8 @@ What a test can script:
   `fail_create_operation(n, code, message)` for a create the API accepts and then fails (a stockout);
   `created`: every create request body, parsed;
 - `preempt(name)`: the node's VM processes killed, the node PREEMPTED, as a spot TPU's preemption leaves it;
+- `secrets_from(folder)`: Secret Manager's REST API (under `/secretmanager/v1/`, `secret_manager_url`) with the
+  file NAME of `folder` as secret NAME's value; a TPU VM reads a value with the token its metadata server gives;
 - `stockout(zone, tiers=None)`: a zone with no capacity (for those tiers, else any): a node create there is
   accepted and its operation then fails with RESOURCE_EXHAUSTED, as the real API's stockout does; a queued
   resource there waits (WAITING_FOR_RESOURCES) and never turns ACTIVE. `$TPULAUNCH_LOCAL_API_STOCKOUT`
@@ -43,6 +45,7 @@ real host. It has no `auth` block, so credentials never try to reach Google's to
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import threading
@@ -58,6 +61,7 @@ from tpulaunch.tpu.local_vm import METADATA_PREFIX, LocalVms
 os.environ.setdefault("NO_GCE_CHECK", "True")
 
 STOCKOUT_ENV = "TPULAUNCH_LOCAL_API_STOCKOUT"
+SECRETS_PREFIX = "/secretmanager/v1/"  # Secret Manager's REST API, served from a folder (`secrets_from`)
 DEFAULT_PROJECT = "test-project"
 DEFAULT_ZONE = "us-central1-a"
 
@@ -165,6 +169,7 @@ class TpuApiServer:
     stockouts: dict = field(default_factory=dict)  # zone -> the tiers it has no capacity for (None: any)
     _ops: int = 0
     vms: Optional[LocalVms] = None  # the nodes' hosts as local processes (`run_vms`); None: nodes are only records
+    secrets_dir: Optional[str] = None  # Secret Manager's secrets as files (`secrets_from`); None: there are none
     _httpd: Optional[ThreadingHTTPServer] = None
     _thread: Optional[threading.Thread] = None
 
@@ -354,6 +359,8 @@ class TpuApiServer:
         bare = path.split("?")[0]
         if bare.startswith(METADATA_PREFIX) and method == "GET":
             return self._metadata(bare, headers)  # a host's own reads: not the API's, not in `requests`
+        if bare.startswith(SECRETS_PREFIX) and method == "GET":
+            return self._secret(bare[len(SECRETS_PREFIX):], headers)  # Secret Manager's: not in `requests` either
         with self._lock:
             self.requests.append((method, path))
         if bare.startswith("/v2/"):
@@ -457,6 +464,43 @@ class TpuApiServer:
         if value is None:
             return 404, "not found", 0.0
         return 200, value, 0.0
+
+    # ---------------------------------------------------------------- Secret Manager
+
+    def secrets_from(self, folder: Optional[str]) -> None:
+        """Serve Secret Manager's `secrets.get` and `versions.access` (latest) from `folder`: the file NAME holds
+        the value of secret NAME, in any project. Each value is read from its file when asked, never kept here."""
+        self.secrets_dir = os.path.abspath(folder) if folder else None
+
+    @property
+    def secret_manager_url(self) -> str:
+        """Where this server answers as Secret Manager's REST API (`$TPULAUNCH_SECRET_MANAGER_URL`)."""
+        return f"{self.root_url}{SECRETS_PREFIX.lstrip('/')}"
+
+    def _secret(self, path: str, headers: Mapping[str, str]):
+        """`projects/P/secrets/N` (its name: anyone may ask here, as the TPU API) or
+        `projects/P/secrets/N/versions/latest:access` (its value: only with a TPU VM's token, as a service
+        account's token from the metadata server)."""
+        parts = path.split("/")
+        if len(parts) not in (4, 6) or parts[0] != "projects" or parts[2] != "secrets":
+            return 404, _error_body(404, f"no such method: GET {path}", "NOT_FOUND"), 0.0
+        name = parts[3]
+        file = os.path.join(self.secrets_dir, name) if self.secrets_dir and name.replace("_", "").isalnum() else None
+        if file is None or not os.path.isfile(file):
+            return 404, _error_body(404, f"Secret [projects/{parts[1]}/secrets/{name}] not found or has no versions.",
+                                    "NOT_FOUND"), 0.0
+        full = f"projects/{parts[1]}/secrets/{name}"
+        if len(parts) == 4:
+            return 200, json.dumps({"name": full, "replication": {"automatic": {}}}), 0.0
+        if parts[4:] != ["versions", "latest:access"]:
+            return 404, _error_body(404, f"no such method: GET {path}", "NOT_FOUND"), 0.0
+        token = self.vms.token if self.vms is not None else None
+        if token is None or (headers.get("Authorization") or "") != f"Bearer {token}":
+            return 403, _error_body(403, f"Permission 'secretmanager.versions.access' denied for resource "
+                                         f"'{full}/versions/latest'", "PERMISSION_DENIED"), 0.0
+        with open(file, "rb") as handle:
+            data = base64.b64encode(handle.read()).decode()
+        return 200, json.dumps({"name": f"{full}/versions/1", "payload": {"data": data}}), 0.0
 
     def _get_operation(self, name: str):
         with self._lock:
@@ -655,14 +699,19 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tpulaunch.tpu.local_api", description=main.__doc__)
     parser.add_argument("--vms", metavar="DIR", help="run the nodes' TPU VMs as local processes, disks under DIR")
     parser.add_argument("--hosts", type=int, default=None, help="hosts per slice (default: as the type has)")
+    parser.add_argument("--secrets", metavar="DIR", help="Secret Manager's secrets: the file DIR/NAME is secret NAME "
+                                                         "(then set TPULAUNCH_SECRET_MANAGER_URL as printed)")
     parser.add_argument("--stockout", metavar="ZONE[:TIER]", action="append", default=[],
                         help="no capacity in that zone (for that tier); repeatable")
     args = parser.parse_args(argv)
     server = TpuApiServer().start()
     server.stockouts_from(",".join(args.stockout) or os.environ.get(STOCKOUT_ENV, ""))
+    server.secrets_from(args.secrets)
     if args.vms:
         server.run_vms(args.vms, hosts=args.hosts)
     print(f"TPULAUNCH_TPU_API_ENDPOINT={server.endpoint}", flush=True)
+    if args.secrets:
+        print(f"TPULAUNCH_SECRET_MANAGER_URL={server.secret_manager_url}", flush=True)
     try:
         threading.Event().wait()
     except KeyboardInterrupt:

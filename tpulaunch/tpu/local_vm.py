@@ -6,8 +6,10 @@ metadata as root and learns its place from the metadata server (`agent-worker-nu
 header. Here each host is one process (`bash startup-script`) in a process group of its own, with a scratch
 folder of its own as its disk (the script's working directory and $HOME), and its metadata served by the local
 API server under a prefix of its own, named to the script by $TPULAUNCH_METADATA_URL (the real script falls back
-to http://metadata.google.internal/computeMetadata/v1/). Deleting or preempting the node kills every host's
-process group at once, as losing the VM does: nothing the processes do after that point happens.
+to http://metadata.google.internal/computeMetadata/v1/), its service account's token among it; the server's
+Secret Manager (`$TPULAUNCH_SECRET_MANAGER_URL`) answers a secret's value to that token only. Deleting or
+preempting the node kills every host's process group at once, as losing the VM does: nothing the processes do
+after that point happens.
 
 What differs from a real TPU VM, said where it matters: the hosts share this machine (its Python, its files,
 its network), run as the current user, and have no TPU. Their `worker-network-endpoints` are 127.0.0.1 with a
@@ -33,6 +35,8 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Set
 
 METADATA_URL_ENV = "TPULAUNCH_METADATA_URL"
+SECRET_MANAGER_URL_ENV = "TPULAUNCH_SECRET_MANAGER_URL"  # the local server's Secret Manager (remote/secret_manager.py)
+TOKEN_PATH = "instance/service-accounts/default/token"
 METADATA_PREFIX = "/vm/"  # /vm/<vm id>/<worker>/computeMetadata/v1/...
 SCRIPT_LOG = "startup-script.log"  # on each host's disk: what the startup script printed
 FAIL_INSTALL_ENV = "TPULAUNCH_LOCAL_VM_FAIL_INSTALL"  # workers whose install fails, e.g. "1" or "1,3"
@@ -102,6 +106,7 @@ class LocalVms:
         self.hang = set(hang) if hang is not None else _workers(self.env.get(HANG_ENV, ""))
         self.vms: Dict[str, Vm] = {}  # vm id -> Vm (also the halted ones: their disks stay for inspection)
         self.booted: List[str] = []  # vm ids, in boot order
+        self.token = secrets.token_urlsafe(24)  # the VMs' service account's token (Secret Manager asks for it)
         self._lock = threading.Lock()
 
     def host_count(self, accelerator_type: str) -> int:
@@ -127,7 +132,8 @@ class LocalVms:
             disk = os.path.join(self.root, f"{short}-{vm.vm_id}", f"worker-{worker}")
             os.makedirs(disk, exist_ok=True)
             env = {**self.env, "HOME": disk,
-                   METADATA_URL_ENV: f"{metadata_root}vm/{vm.vm_id}/{worker}/computeMetadata/v1/"}
+                   METADATA_URL_ENV: f"{metadata_root}vm/{vm.vm_id}/{worker}/computeMetadata/v1/",
+                   SECRET_MANAGER_URL_ENV: f"{metadata_root}secretmanager/v1/"}
             if worker in self.fail_install:
                 env[REQUIRE_ENV] = MISSING_PACKAGE
             if script is None or worker in self.hang:
@@ -189,6 +195,10 @@ class LocalVms:
         worker = int(parts[1])
         if rest.startswith("instance/attributes/"):
             return vm.attributes(worker).get(rest[len("instance/attributes/"):])
+        if rest == TOKEN_PATH:  # the service account's access token, as the metadata server gives it
+            import json
+
+            return json.dumps({"access_token": self.token, "expires_in": 3599, "token_type": "Bearer"})
         return {"instance/id": f"{vm.vm_id}-{worker}", "instance/hostname": f"{vm.vm_id}-w-{worker}",
                 "instance/zone": f"projects/0/zones/{vm.node.split('/')[3]}",
                 "project/project-id": vm.node.split("/")[1]}.get(rest)
