@@ -92,7 +92,7 @@ def _override_error(file, index, key, code, message, hint) -> JobFileError:
 
 def _free_form(path: tuple) -> bool:
     """Whether new keys may be created at `path` (free keyword arguments, not schema fields)."""
-    return path in {("model", "params"), ("model", "optimizer", "args"), ("flags",)}
+    return path in {("model", "params"), ("eval", "params"), ("model", "optimizer", "args"), ("flags",)}
 
 
 def _keys_of(model: type) -> dict:
