@@ -42,7 +42,7 @@ def resolve(spec: str, *, search_path: Sequence[str] = (), what: str = "object")
             if removed is not None:
                 said, instead = removed
                 raise ImportPathError(f"cannot import {what} {spec!r}: module '{module_name}' imports {said}"
-                                      + (f" ({frame})" if frame else ""), hint=instead) from None
+                                      + (f" (at {frame})" if frame else ""), hint=instead) from None
             if missing == module_name or module_name.startswith(missing + "."):
                 where = ", ".join(os.path.abspath(p) for p in search_path) or "the current directory"
                 raise ImportPathError(f"cannot import {what} {spec!r}: no module named '{missing}'",
@@ -103,7 +103,7 @@ _CONTRIB_REPLACEMENTS = (
     ("opt", "tf.compat.v1.train's optimizers (LARS and the like: copy the optimizer into the program)"),
     ("cloud", "nothing in TensorFlow (Bigtable input: read TFRecords instead)"),
 )
-_REMOVED = re.compile(r"(?:\btensorflow|\btf)\.contrib(?:\.(\w+))?|\bcontrib import (\w+)|"
+_REMOVED = re.compile(r"(?:\btensorflow|\btf)\.contrib(?:\.(\w+)| import (\w+))?|"
                       r"module 'tensorflow(?:\.compat\.v1)?' has no attribute 'contrib'")
 
 
