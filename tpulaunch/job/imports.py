@@ -100,6 +100,7 @@ _CONTRIB_REPLACEMENTS = (
     ("summary", "tf.compat.v2.summary"),
     ("metrics", "tf.compat.v1.metrics"),
     ("distribute", "tf.distribute"),
+    ("image", "tf.image, or tf.raw_ops.ImageProjectiveTransformV3 for rotate/translate/transform"),
     ("opt", "tf.compat.v1.train's optimizers (LARS and the like: copy the optimizer into the program)"),
     ("cloud", "nothing in TensorFlow (Bigtable input: read TFRecords instead)"),
 )

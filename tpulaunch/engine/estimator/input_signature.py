@@ -195,16 +195,15 @@ def _agree(a: Sequence[Optional[int]], b: Sequence[Optional[int]]) -> bool:
 
 
 def _call_failed(loaded: LoadedJob, key: tuple, mode: str, path: str, exc: Exception):
-    import traceback
-
-    from tpulaunch.engine.core.build_failures import DEBUG_HINT, job_frame
+    from tpulaunch.engine.core.build_failures import DEBUG_HINT, raised_line, unstaged, where_raised
     from tpulaunch.job.imports import removed_in_tensorflow2
 
+    exc = unstaged(exc)  # the error tf.data's autograph wrapped (an input_fn's map function that failed)
     on_tpu = loaded.section("tpu") is not None
     keys = ", ".join(sorted(input_fn_params(loaded, mode)))
     message = f"{type(exc).__name__}: {first_line(exc)}"
-    frame = job_frame(traceback.extract_tb(exc.__traceback__))
-    removed = removed_in_tensorflow2(message)
+    frame = where_raised(exc)
+    removed = removed_in_tensorflow2(message, raised_line(exc))
     hint = (f"raised at {frame}; " if frame else "") + (f"{removed[1]}; " if removed else "") + (
         f"validate calls it as TPUEstimator does, with params {{{keys}}}, and reads nothing ({DEBUG_HINT})")
     if on_tpu:

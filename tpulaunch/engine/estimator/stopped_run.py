@@ -78,7 +78,10 @@ def build_stopped(job, mode: str, plan=None, *, on_graph: Optional[Callable] = N
         except BuiltNotRun:
             return
         except Exception as exc:  # noqa: BLE001 (the job's code or TensorFlow refused it: located at its key)
-            raise located_error(job, mode, exc) from exc
+            located = located_error(job, mode, exc)
+            if located is exc:
+                raise  # located already (its cause is the job's own error, kept for --debug)
+            raise located from exc
     raise TpuLaunchError(f"the {mode} run ended without reaching its first step",
                          hint="report this with `tpulaunch --debug validate` output")
 
