@@ -175,3 +175,17 @@ def test_tf_contrib_used_inside_the_model_fn_says_the_same(tmp_path):
     assert problem.message.endswith("AttributeError: module 'tensorflow' has no attribute 'contrib'"), problem.message
     assert problem.hint.startswith("no package provides it: port the import"), problem.hint
     assert f"at {tmp_path / 'contrib_attribute_program.py'}:{line_of(program, 'tf.contrib')}" in problem.hint
+
+
+def test_eval_params_are_a_model_fn_jobs_and_not_tensorflows_keys(tmp_path):
+    """Static: eval.params on a builder job (its model.params are the builder's arguments), and a key TensorFlow sets."""
+    job = write(tmp_path, "eval_params_program", HEAD.replace("OPTIMIZER", "optimizer"))
+    text = job.read_text().replace("eval: {batch_size: 4, steps: 1}",
+                                   "eval: {batch_size: 4, steps: 1, params: {scale: 0.0, batch_size: 2}}")
+    job.write_text(text)
+    found = [(p.code, p.path) for p in validate_job(str(job), static=True).problems if p.is_error]
+    assert found == [("params-set-by-tensorflow", "eval.params.batch_size")]
+
+    job.write_text(text.replace("model: {model_fn: eval_params_program:model_fn}", "model: {builder: some.models:build}"))
+    found = [(p.code, p.path) for p in validate_job(str(job), static=True).problems if p.is_error]
+    assert ("eval-params-builder-job", "eval.params") in found, found

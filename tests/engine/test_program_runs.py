@@ -137,7 +137,7 @@ def test_the_explained_program_runs_from_anywhere_with_the_same_params(project, 
     explained = tpulaunch(project, "explain", "../project/job.yaml", "-o", "program.py")
     assert explained.returncode == 0, said(explained)
     program = (project / "elsewhere" / "program.py").read_text()
-    assert "EVAL_PARAMS = {'scale': 0.0}" in program and "os.chdir(JOB_DIR)" in program
+    assert "EVAL_PARAMS = {'scale': 0.0}" in program and "    os.chdir(JOB_DIR)" in program
     runner = project / "elsewhere" / "run_without_tpulaunch.py"
     runner.write_text(programs_run.RUN_WITHOUT_TPULAUNCH)
     (project / "other").mkdir()

@@ -374,7 +374,8 @@ def job_dir_lines(loaded: LoadedJob) -> list:
                   f"sys.path[:0] = [JOB_DIR, *{python_path!r}]"]
     else:
         lines += ["sys.path.insert(0, JOB_DIR)"]
-    return lines + ["os.chdir(JOB_DIR)", ""]
+    return lines + ["if __name__ == \"__main__\":  # run, not imported: from the job's directory",
+                    "    os.chdir(JOB_DIR)", ""]
 
 
 BANNER = "# " + "=" * 98
