@@ -126,8 +126,9 @@ def test_train_evaluate_and_export_run_with_the_source_tree_and_eval_params(proj
 
     exported = tpulaunch(project, "export", "../project/job.yaml", "exported")  # relative to where it runs
     assert exported.returncode == 0, said(exported)
-    path = Path(re.search(r"^exported (\S+)$", exported.stdout, re.M).group(1))
-    assert path.parent == project / "elsewhere" / "exported"
+    printed = Path(re.search(r"^exported (\S+)$", exported.stdout, re.M).group(1))
+    assert printed.parent == Path("exported"), exported.stdout  # said as given, written where it was given
+    path = project / "elsewhere" / printed
     served = tf.saved_model.load(str(path)).signatures["serving_default"](tf.ones([3, 4]))["logits"].numpy()
     np.testing.assert_array_equal(served, np.zeros([3, 2], np.float32))  # served with eval.params: scale 0
 

@@ -50,6 +50,12 @@ def command_line_path(path: Optional[str]) -> Optional[str]:
     return path if path is None or "://" in path else os.path.abspath(path)
 
 
+def as_given(path: str, given: str) -> str:
+    """`path`, written under `command_line_path(given)`, said under `given` again, as the user wrote it."""
+    absolute = command_line_path(given)
+    return path if absolute == given else os.path.join(given, os.path.relpath(path, absolute))
+
+
 def apply_precision(precision: str, *, use_tpu: bool) -> str:
     """Set the process-wide Keras policy for this job (only when it changes) in every Keras imported (the
     builder's module has imported its own by now) and return its name."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from tpulaunch.engine.base import Engine
-from tpulaunch.engine.job_code import command_line_path, running_job_code
+from tpulaunch.engine.job_code import as_given, command_line_path, running_job_code
 from tpulaunch.engine.keras.about import ABOUT
 
 
@@ -67,9 +67,10 @@ class KerasEngine(Engine):
     def export(self, job, plan, out_dir: str, *, checkpoint: Optional[str] = None) -> str:
         from tpulaunch.engine.keras import runner
 
-        out_dir, checkpoint = command_line_path(out_dir), command_line_path(checkpoint)
+        given, out_dir, checkpoint = out_dir, command_line_path(out_dir), command_line_path(checkpoint)
         with running_job_code(job):
-            return runner.export(job, plan, out_dir, checkpoint=checkpoint, search_path=job.search_path)
+            path = runner.export(job, plan, out_dir, checkpoint=checkpoint, search_path=job.search_path)
+        return as_given(path, given)
 
     def append_run_record(self, model_dir: str, line: str) -> str:
         from tpulaunch.engine.core.records import append_record
