@@ -4,8 +4,8 @@ unchanged into tests/programs/tensorflow_tpu (license kept), run from a job file
 What its `main()` does, the job says: `main:model_fn` (absl FLAGS for the model name and sizes, a learning rate on
 TensorFlow's global step, batch-norm update ops, an exponential moving average restored for evaluation, a
 host_call, eval_metrics), `params` as main() makes them (`steps_per_epoch`, `use_bfloat16`), and
-`imagenet_input.ImageNetInput(...).input_fn` per mode; the program's directory on `python_path`, as its README
-runs it from there (`import imagenet_input`, `from condconv import ...`). Tiny: efficientnet-b0 scaled down by its
+`imagenet_input.ImageNetInput(...).input_fn` per mode; the program's directory on `python_path`, as its README's
+`python main.py` has it on sys.path (`import imagenet_input`, `from condconv import ...`). Tiny: efficientnet-b0 scaled down by its
 own width/depth coefficients, 32x32 images, 2 steps.
 
 Two things of the program need porting help on TensorFlow 2, as docs/own-program.md ("Porting a TF1-era program")
