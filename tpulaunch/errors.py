@@ -152,21 +152,35 @@ def first_line(exc: BaseException) -> str:
     An error raised inside a tf.function's Python comes with autograph's "in user code:" and the frames
     first; its own message is the last line ("ValueError: Layer ... expects 2 input(s)"), without its type.
     An op that failed while a graph ran ("Graph execution error:") says what went wrong after the frames
-    of the node's definition ("no features : Tensor had Inf values").
+    of the node's definition ("no features : Tensor had Inf values"), in its first line: what follows
+    (`Registered kernels:`, `[[node]]`) is TensorFlow's detail.
     """
     text = str(getattr(exc, "message", None) or exc).strip()
     if text.startswith("Graph execution error:"):  # the op's own message follows the frames of the node's definition
-        said = [line.strip() for line in text.splitlines()
+        lines = text.splitlines()
+        nodes = [i for i, line in enumerate(lines) if line.startswith("Node: ")]
+        after = lines[nodes[-1] + 1:] if nodes else lines
+        said = [line.strip() for line in after
                 if line.strip() and not line.startswith((" ", "\t")) and not line.startswith(
                     ("Graph execution error:", "Detected at node", "Node: ", "Detected unsupported operations",
                      _OOM_HINT))]
+        said = [line for line in said if not _FOLLOWS_TENSORFLOWS_MESSAGE.match(line)]
         if said:
-            return said[-1]
+            return said[0]
     if text.startswith("in user code:"):
         last = [line.strip() for line in text.splitlines() if line.strip()][-1]
         kind = f"{type(exc).__name__}: "
         return last[len(kind):] if last.startswith(kind) else last
-    return text.splitlines()[0] if text else type(exc).__name__
+    said = [line.strip() for line in text.splitlines() if line.strip()]
+    return next((line for line in said if not _FOLLOWS_TENSORFLOWS_MESSAGE.match(line)), said[0]) if said else \
+        type(exc).__name__
+
+
+# Lines TensorFlow writes after an op's own message (the kernels it looked for, the node, the op, the call stack):
+# never the line that says what is wrong.
+_FOLLOWS_TENSORFLOWS_MESSAGE = re.compile(
+    r"^(Registered (devices|kernels):|<no registered kernels>|device='|\[\[|\{\{function_node|Op:|"
+    r"Call context:|Stack trace|\[Op:)")
 
 
 # Why a write to a disk (or a mounted bucket) failed, by errno and by the words of its message (TensorFlow's

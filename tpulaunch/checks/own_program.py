@@ -18,7 +18,7 @@ BUILDER_ONLY = ("loss", "optimizer", "metrics", "precision", "outputs")
 
 def own_program_problems(loaded: LoadedJob) -> list:
     """Every rule below, for the sections that validated."""
-    return model_fn_key_problems(loaded) + input_fn_problems(loaded)
+    return model_fn_key_problems(loaded) + eval_params_problems(loaded) + input_fn_problems(loaded)
 
 
 def model_fn_key_problems(loaded: LoadedJob) -> list:
@@ -42,6 +42,24 @@ def model_fn_key_problems(loaded: LoadedJob) -> list:
                 f"params['{key}'] is set by TPUEstimator itself",
                 "use another name; the batch size comes from train.batch_size and eval.batch_size", at_key=True))
     return problems
+
+
+def eval_params_problems(loaded: LoadedJob) -> list:
+    """eval.params on a builder job (whose model.params are the builder's arguments, the same model in every mode),
+    and params TensorFlow sets itself."""
+    model, evaluation = loaded.section("model"), loaded.section("eval")
+    if model is None or evaluation is None or not evaluation.params:
+        return []
+    if not model.model_fn:
+        return [loaded.problem(("eval", "params"), "eval-params-builder-job",
+                               "eval.params are the params of a model_fn job's graphs that do not train; a builder "
+                               "job's model.params are the builder's arguments, one model for every mode",
+                               "remove eval.params: Keras layers (dropout, batch norm) already run in inference mode "
+                               "when evaluating", at_key=True)]
+    return [loaded.problem(("eval", "params", key), "params-set-by-tensorflow",
+                           f"params['{key}'] is set by TPUEstimator itself",
+                           "use another name; the batch size comes from eval.batch_size", at_key=True)
+            for key in evaluation.params if key in job_engine_about(loaded).params_set_by_tensorflow]
 
 
 def input_fn_problems(loaded: LoadedJob) -> list:

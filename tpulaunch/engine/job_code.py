@@ -14,14 +14,46 @@ Keras Loss given as a metric is refused on both; a Keras Loss as model.loss trai
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Sequence, Tuple
+import contextlib
+import os
+from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.builder_args import builder_kwargs
-from tpulaunch.job.imports import resolve
+from tpulaunch.job.imports import job_import_path, resolve
 from tpulaunch.job.schema import Job
 
 _policy_in_effect = None
+
+
+@contextlib.contextmanager
+def running_job_code(job: Job) -> Iterator[None]:
+    """While the job's code runs (every verb's build, train, evaluation and export): the job file's directory,
+    then python_path, lead the import path (a model_fn that imports a module beside it when it is called finds
+    it), and the job file's directory is the working directory, so a relative path the job hands its own code
+    (in model.params, eval.params, a call's args) is relative to the job file, as every other path in it is,
+    wherever tpulaunch runs from. Both are restored after."""
+    job_dir = getattr(job, "_source_dir", None)  # None: a Job made in code, not loaded from a file
+    before = os.getcwd()
+    with job_import_path(job.search_path):
+        if job_dir:
+            os.chdir(job_dir)
+        try:
+            yield
+        finally:
+            os.chdir(before)
+
+
+def command_line_path(path: Optional[str]) -> Optional[str]:
+    """A path from the command line (export's directory, --checkpoint), absolute before the job's code runs from the
+    job file's directory (`running_job_code`): it stays relative to where tpulaunch was started."""
+    return path if path is None or "://" in path else os.path.abspath(path)
+
+
+def as_given(path: str, given: str) -> str:
+    """`path`, written under `command_line_path(given)`, said under `given` again, as the user wrote it."""
+    absolute = command_line_path(given)
+    return path if absolute == given else os.path.join(given, os.path.relpath(path, absolute))
 
 
 def apply_precision(precision: str, *, use_tpu: bool) -> str:

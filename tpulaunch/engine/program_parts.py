@@ -363,16 +363,19 @@ def tpu_lines(job, at) -> list:
 
 
 def job_dir_lines(loaded: LoadedJob) -> list:
-    """JOB_DIR (then python_path) first on sys.path, as under `tpulaunch train`."""
+    """JOB_DIR (then python_path) first on sys.path, and JOB_DIR the working directory, as under `tpulaunch train`
+    (`engine/job_code.running_job_code`)."""
     job_dir, *python_path = loaded.search_path
-    lines = ["# The job file's directory comes first on the import path, as under `tpulaunch train`.",
+    lines = ["# The job file's directory comes first on the import path and is the working directory, as under",
+             "# `tpulaunch train`: relative paths the job hands its own code (params, args) are relative to it.",
              f"JOB_DIR = {job_dir!r}"]
     if python_path:
         lines += [f"# {Keys(loaded)('python_path')}: the program's source tree, after JOB_DIR.",
-                  f"sys.path[:0] = [JOB_DIR, *{python_path!r}]", ""]
+                  f"sys.path[:0] = [JOB_DIR, *{python_path!r}]"]
     else:
-        lines += ["sys.path.insert(0, JOB_DIR)", ""]
-    return lines
+        lines += ["sys.path.insert(0, JOB_DIR)"]
+    return lines + ["if __name__ == \"__main__\":  # run, not imported: from the job's directory",
+                    "    os.chdir(JOB_DIR)", ""]
 
 
 BANNER = "# " + "=" * 98

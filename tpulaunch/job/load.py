@@ -91,8 +91,10 @@ def _override_error(file, index, key, code, message, hint) -> JobFileError:
 
 
 def _free_form(path: tuple) -> bool:
-    """Whether new keys may be created at `path` (free keyword arguments, not schema fields)."""
-    return path in {("model", "params"), ("model", "optimizer", "args"), ("flags",)}
+    """Whether new keys may be created at `path` (free keyword arguments, not schema fields): params, flags, and the
+    arguments of a call (`model.model_fn.args`, `data.input_fn.train.args`, ...)."""
+    return path in {("model", "params"), ("eval", "params"), ("model", "optimizer", "args"), ("flags",)} or (
+        len(path) > 1 and path[-1] == "args" and path[0] in ("model", "data"))
 
 
 def _keys_of(model: type) -> dict:

@@ -473,6 +473,10 @@ class Eval(Strict):
     batch_size: int = Field(ge=1, description="global eval batch size")
     steps: int = Field(ge=1, description="eval batches per evaluation")
     every_steps: Optional[int] = Field(None, ge=1, description="evaluate every N train steps (default: once, at the end)")
+    params: Dict[str, Any] = Field(
+        default_factory=dict,
+        description="model_fn jobs: params of the graphs that do not train (evaluation, export's serving graph), "
+                    "each key over model.params' (e.g. no random flips, batch norm in inference)")
 
 
 class WarmStart(Strict):

@@ -9,11 +9,15 @@ failed in, and reported at that key with TensorFlow's (or the job's code's) mess
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
+import sysconfig
 import traceback
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 from tpulaunch.errors import TpuLaunchError, first_line
+from tpulaunch.job.imports import removed_in_tensorflow2
 from tpulaunch.job.yamlfile import dotted
 
 STANDALONE = "standalone.py"
@@ -86,7 +90,7 @@ def problems_of(loaded, builds, built: str) -> list:
 
 
 
-def _unstaged(exc: BaseException) -> BaseException:
+def unstaged(exc: BaseException) -> BaseException:
     """The error the job's code (or ours) raised, under the StagingError tf.function's autograph wraps it in
     (the keras engine traces its steps; an error class autograph cannot rebuild comes out as StagingError)."""
     seen = 0
@@ -102,7 +106,7 @@ def blame(exc: BaseException, stage: tuple, job) -> tuple:
     """(job key, message, hint) for a failure while building: the key of the code it failed in."""
     from tpulaunch.engine.portable import SpecError
 
-    exc = _unstaged(exc)
+    exc = unstaged(exc)
     if isinstance(exc, BuildError):
         return exc.key, exc.detail, exc.hint
     if isinstance(exc, TpuLaunchError):
@@ -116,6 +120,9 @@ def blame(exc: BaseException, stage: tuple, job) -> tuple:
             "which runs call() outside Keras's call context; build the model functionally (from tf.keras.Input), "
             "or compute that loss in model.loss ('pkg.mod:fn(labels, outputs)')")
     key = _key_in_trace(exc, stage, job)
+    removed = removed_in_tensorflow2(message, raised_line(exc))
+    if removed is not None:
+        return key, message, _at_job_frame(exc, removed[1])
     hints = {("model", "loss"): "the loss must take the labels as declared and the model's outputs",
              ("model", "metrics"): "each metric must fit the labels and outputs (classification metrics need a "
                                    "classification loss)",
@@ -123,9 +130,71 @@ def blame(exc: BaseException, stage: tuple, job) -> tuple:
              ("data", "features"): "the model must accept the declared features: one tensor, or a dict by name",
              ("model", "builder"): "check model.params against the builder, and the builder itself "
                                    "(`tpulaunch --debug train --local` shows the traceback)",
-             ("model", "model_fn"): "the error is in the job's model_fn (`tpulaunch --debug train --local` shows the traceback)",
-             ("data", "input_fn"): "the error is in the job's input_fn (`tpulaunch --debug train --local` shows the traceback)"}
+             ("model", "model_fn"): "the error is in the job's model_fn",
+             ("data", "input_fn"): "the error is in the job's input_fn"}
+    if key[:2] in (("model", "model_fn"), ("data", "input_fn")):
+        return key, message, _at_job_frame(exc, hints[key[:2]])
     return key, message, hints.get(key)
+
+
+DEBUG_HINT = "`tpulaunch --debug train --local` shows the traceback"
+
+
+def _at_job_frame(exc: BaseException, said: str) -> str:
+    """`said`, then where the job's own code raised `exc` (file:line, in function), then how to see the traceback."""
+    frame = where_raised(exc)
+    return f"{said}, at {frame} ({DEBUG_HINT})" if frame else f"{said} ({DEBUG_HINT})"
+
+
+def where_raised(exc: BaseException) -> Optional[str]:
+    """'file:line, in function' where the job's own code raised `exc`: in a Keras layer's call() that autograph
+    converted (TF1 programs' layers), the line of the job's source autograph maps it back to; else the traceback's."""
+    frame = _raising_frame(exc)
+    return f"{frame[0]}:{frame[1]}, in {frame[2]}" if frame else None
+
+
+def raised_line(exc: BaseException) -> Optional[str]:
+    """The source line of the job's own code that raised `exc` (`from tensorflow.contrib import image`), or None."""
+    frame = _raising_frame(exc)
+    return getattr(frame, "line", None) or getattr(frame, "code", None) if frame else None
+
+
+def _raising_frame(exc: BaseException):
+    metadata = getattr(exc, "ag_error_metadata", None)
+    # Autograph lists the innermost converted call first (each layer's cause before its caller's line).
+    translated = _job_frame(reversed(getattr(metadata, "translated_stack", None) or ()))
+    return translated or _job_frame(traceback.extract_tb(exc.__traceback__))
+
+
+def _library_dirs() -> tuple:
+    """The directories of tpulaunch and of the libraries it runs the job's code with (TensorFlow, Keras, absl, ...)."""
+    from tpulaunch.engine.flags import LIBRARY_PACKAGES
+
+    dirs = [path for name in (*LIBRARY_PACKAGES, "numpy", "google", "six")
+            for path in (getattr(sys.modules.get(name), "__path__", None) or ())]
+    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs)
+
+
+def job_frame(frames: Sequence) -> Optional[str]:
+    """'file:line, in function' of the innermost frame of the job's own code among `frames` (a traceback's, or an
+    op's `traceback`, where TensorFlow recorded what made it), or None. The job's code is what is not tpulaunch's,
+    a library's or the standard library's: a program installed as a package (tapas) is the job's too."""
+    frame = _job_frame(frames)
+    return f"{frame[0]}:{frame[1]}, in {frame[2]}" if frame else None
+
+
+def _job_frame(frames: Sequence):
+    libraries, stdlib = _library_dirs(), os.path.join(os.path.realpath(sysconfig.get_paths()["stdlib"]), "")
+    for frame in reversed(list(frames)):
+        filename, line, name = frame[0], frame[1], frame[2]
+        if not filename or filename.startswith("<") or "__autograph_generated" in filename:
+            continue
+        path = os.path.realpath(filename)
+        installed = any(f"{os.sep}{where}{os.sep}" in path for where in ("site-packages", "dist-packages"))
+        if path.startswith(libraries) or (path.startswith(stdlib) and not installed):
+            continue
+        return frame
+    return None
 
 
 def _named_key(exc: BaseException) -> tuple:
@@ -138,7 +207,7 @@ def _named_key(exc: BaseException) -> tuple:
 
 
 def _key_in_trace(exc: BaseException, stage: tuple, job) -> tuple:
-    if stage in (("data", "input_fn"), ("model", "model_fn"), ("data", "features")):
+    if stage[:2] in (("data", "input_fn"), ("model", "model_fn"), ("data", "features")):
         return stage
     frames = traceback.extract_tb(exc.__traceback__)
     inside = [f for f in frames if f.filename.endswith(STANDALONE)]

@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 from tpulaunch.engine.base import Engine
 from tpulaunch.engine.estimator.about import ABOUT
+from tpulaunch.engine.job_code import as_given, command_line_path, running_job_code
 
 
 class EstimatorEngine(Engine):
@@ -23,34 +24,43 @@ class EstimatorEngine(Engine):
     def check_build(self, loaded, plan) -> list:
         from tpulaunch.engine.estimator.build import build_problems
 
-        return build_problems(loaded, plan)
+        with running_job_code(loaded.job):
+            return build_problems(loaded, plan)
 
     def step_tensors(self, job, *, use_tpu: bool):
         from tpulaunch.engine.estimator.build import step_tensors
 
-        return step_tensors(job, use_tpu=use_tpu)
+        with running_job_code(job):
+            return step_tensors(job, use_tpu=use_tpu)
 
     def preflight(self, loaded, plan) -> tuple:
         from tpulaunch.engine.estimator.verdict import tf_problems
 
-        return tf_problems(loaded, plan, search_path=loaded.job.search_path if loaded.job else ())
+        with running_job_code(loaded.job):
+            return tf_problems(loaded, plan, search_path=loaded.job.search_path)
 
     def train(self, job, plan, *, recorder, cluster_resolver=None, force=False, watch=None, profile=None):
         from tpulaunch.engine.estimator import runner
 
-        return runner.train(job, plan, recorder=recorder, cluster_resolver=cluster_resolver,
-                            search_path=job.search_path, force=force, watch=watch, profile=profile)
+        with running_job_code(job):
+            return runner.train(job, plan, recorder=recorder, cluster_resolver=cluster_resolver,
+                                search_path=job.search_path, force=force, watch=watch, profile=profile)
 
     def evaluate(self, job, plan, *, recorder, checkpoint: Optional[str] = None, cluster_resolver: Any = None):
         from tpulaunch.engine.estimator import runner
 
-        return runner.evaluate(job, plan, checkpoint=checkpoint, recorder=recorder,
-                               cluster_resolver=cluster_resolver, search_path=job.search_path)
+        checkpoint = command_line_path(checkpoint)
+        with running_job_code(job):
+            return runner.evaluate(job, plan, checkpoint=checkpoint, recorder=recorder,
+                                   cluster_resolver=cluster_resolver, search_path=job.search_path)
 
     def export(self, job, plan, out_dir: str, *, checkpoint: Optional[str] = None) -> str:
         from tpulaunch.engine.estimator import runner
 
-        return runner.export(job, plan, out_dir, checkpoint=checkpoint, search_path=job.search_path)
+        given, out_dir, checkpoint = out_dir, command_line_path(out_dir), command_line_path(checkpoint)
+        with running_job_code(job):
+            path = runner.export(job, plan, out_dir, checkpoint=checkpoint, search_path=job.search_path)
+        return as_given(path, given)
 
     def append_run_record(self, model_dir: str, line: str) -> str:
         from tpulaunch.engine.core.records import append_record

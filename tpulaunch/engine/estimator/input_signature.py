@@ -29,28 +29,33 @@ def input_signature_problems(loaded: LoadedJob, search_path: Sequence[str] = ())
     job = loaded.job
     if job is None or job.data.input_fn is None:
         return []
-    problems = []
-    for mode in ("train", "eval"):
-        path = job.data.input_fn_for(mode)
-        if getattr(job, mode) is None or path is None:
-            continue
-        key = ("data", "input_fn") if isinstance(job.data.input_fn, str) else ("data", "input_fn", mode)
-        try:
-            resolve(path, search_path=search_path, what=f"{mode} input_fn")
-        except ImportPathError:
-            continue  # reported by the model check, at the same key
-        try:
-            input_fn = resolve_input_fn(job.data, mode, search_path=search_path)
-        except ImportPathError as exc:  # a factory that refused its arguments
-            problems.append(loaded.problem(key, CALL_FAILED, exc.message, exc.hint))
-            continue
-        try:
-            yielded = yielded_spec(loaded, input_fn, mode)
-        except Exception as exc:  # pylint: disable=broad-except  # the user's function failed: say where, not a traceback
-            problems.append(_call_failed(loaded, key, mode, path, exc))
-            continue
-        problems += compare(loaded, f"the {mode} input_fn ({path})", yielded)
-    return _first_per_key(problems)
+    from tpulaunch.engine.job_code import running_job_code
+
+    with running_job_code(job):  # as the run calls it: from the job file's directory, python_path in effect
+        return _first_per_key([p for mode in ("train", "eval") for p in _mode_problems(loaded, mode, search_path)])
+
+
+def _mode_problems(loaded: LoadedJob, mode: str, search_path: Sequence[str]) -> list:
+    from tpulaunch.engine.estimator.locate import input_fn_key
+
+    job = loaded.job
+    path = job.data.input_fn_for(mode)
+    if getattr(job, mode) is None or path is None:
+        return []
+    key = input_fn_key(job.data, mode)
+    try:
+        resolve(path, search_path=search_path, what=f"{mode} input_fn")
+    except ImportPathError:
+        return []  # reported by the model check, at the same key
+    try:
+        input_fn = resolve_input_fn(job.data, mode, search_path=search_path)
+    except ImportPathError as exc:  # a factory that refused its arguments
+        return [loaded.problem(key, CALL_FAILED, exc.message, exc.hint)]
+    try:
+        yielded = yielded_spec(loaded, input_fn, mode)
+    except Exception as exc:  # pylint: disable=broad-except  # the user's function failed: say where, not a traceback
+        return [_call_failed(loaded, key, mode, path, exc)]
+    return compare(loaded, f"the {mode} input_fn ({path})", yielded)
 
 
 def _first_per_key(problems: list) -> list:
@@ -68,7 +73,10 @@ def input_fn_params(loaded: LoadedJob, mode: str) -> dict:
     from tpulaunch.checks.static import per_replica_batch
     from tpulaunch.engine.estimator.params import estimator_params
 
-    return {**(estimator_params(loaded.job) or {}), "batch_size": per_replica_batch(loaded, mode)}
+    from tpulaunch.engine.estimator.params import mode_params
+
+    return {**(estimator_params(loaded.job) or {}), **mode_params(loaded.job, mode),
+            "batch_size": per_replica_batch(loaded, mode)}
 
 
 def yielded_spec(loaded: LoadedJob, input_fn, mode: str):
@@ -187,12 +195,18 @@ def _agree(a: Sequence[Optional[int]], b: Sequence[Optional[int]]) -> bool:
 
 
 def _call_failed(loaded: LoadedJob, key: tuple, mode: str, path: str, exc: Exception):
+    from tpulaunch.engine.core.build_failures import DEBUG_HINT, raised_line, unstaged, where_raised
+    from tpulaunch.job.imports import removed_in_tensorflow2
+
+    exc = unstaged(exc)  # the error tf.data's autograph wrapped (an input_fn's map function that failed)
     on_tpu = loaded.section("tpu") is not None
     keys = ", ".join(sorted(input_fn_params(loaded, mode)))
-    hint = f"validate calls it as TPUEstimator does, with params {{{keys}}}, and reads nothing"
+    message = f"{type(exc).__name__}: {first_line(exc)}"
+    frame = where_raised(exc)
+    removed = removed_in_tensorflow2(message, raised_line(exc))
+    hint = (f"raised at {frame}; " if frame else "") + (f"{removed[1]}; " if removed else "") + (
+        f"validate calls it as TPUEstimator does, with params {{{keys}}}, and reads nothing ({DEBUG_HINT})")
     if on_tpu:
         hint += "; on the TPU it also gets params['context'] (a TPUContext), which validate cannot give it"
-    return loaded.problem(key, CALL_FAILED,
-                          f"calling the {mode} input_fn {path} to see what it yields failed: "
-                          f"{type(exc).__name__}: {first_line(exc)}",
+    return loaded.problem(key, CALL_FAILED, f"calling the {mode} input_fn {path} to see what it yields failed: {message}",
                           hint, severity="warning" if on_tpu else "error")

@@ -4,7 +4,18 @@ the code comes from (a BuildError): the wrappers `train` runs and `validate`'s s
 from __future__ import annotations
 
 from tpulaunch.engine.core.build_failures import BuildError, blame, build_errors
+from tpulaunch.engine.estimator.params import mode_params
 from tpulaunch.errors import TpuLaunchError
+
+MODEL_FN = ("model", "model_fn")
+
+
+def input_fn_key(data, mode: str) -> tuple:
+    """The job key of the input_fn for `mode`: data.input_fn when one function serves every mode, else the mode's
+    own entry (data.input_fn.eval), so that what fails building the eval graph is located at the eval entry."""
+    from tpulaunch.job.schema import InputFns
+
+    return ("data", "input_fn", mode) if isinstance(data.input_fn, InputFns) else ("data", "input_fn")
 
 
 def located_metric_fn(job, metric_fn):
@@ -28,11 +39,29 @@ def located(function, job, mode: str, key: tuple):
     if isinstance(function, functools.partial):  # TensorFlow reads a partial's remaining arguments itself
         return functools.partial(located(function.func, job, mode, key), *function.args, **function.keywords)
 
+    takes_params = key == MODEL_FN or key[:2] == ("data", "input_fn")
+
     def job_function(*args, **kwargs):
-        with build_errors(job, kwargs.get("mode", mode), key):
-            result = function(*args, **kwargs)
+        # TPUEstimator passes everything by keyword; a model_fn's (features, labels, mode, params) by position too.
+        positional_mode = key == MODEL_FN and len(args) > 2
+        called_in = args[2] if positional_mode else kwargs.get("mode", mode)
+        if takes_params and mode_params(job, called_in):  # eval.params over model.params: the graphs that do not train
+            if "params" in kwargs:
+                kwargs["params"] = {**kwargs["params"], **mode_params(job, called_in)}
+            elif key == MODEL_FN and len(args) > 3:
+                args = (*args[:3], {**args[3], **mode_params(job, called_in)}, *args[4:])
+        try:
+            with build_errors(job, called_in, key):
+                result = function(*args, **kwargs)
+        except BuildError as exc:
+            if not (takes_params and mode_params(job, called_in)):
+                raise
+            over = ", ".join(sorted(mode_params(job, called_in)))
+            raise BuildError(exc.key, {"infer": "predict"}.get(str(called_in), str(called_in)), exc.detail,
+                             f"{exc.hint}; in this graph params has eval.params ({over}) over model.params",
+                             exc.code) from exc.__cause__
         eval_metrics = getattr(result, "eval_metrics", None)  # a TPUEstimatorSpec's metric_fn runs later
-        if eval_metrics is not None and key == ("model", "model_fn"):
+        if eval_metrics is not None and key == MODEL_FN:
             metric_fn, tensors = eval_metrics
             result = result._replace(eval_metrics=(located(metric_fn, job, "eval", key), tensors))
         return result
@@ -53,7 +82,7 @@ def _stage(job, mode: str, exc: BaseException) -> tuple:
     """The job key of a failure raised by TensorFlow's own code between the job's functions (its checks of
     what a model_fn returned, of the eval metrics): the code that gave TensorFlow what it refused."""
     if job.data.input_fn and "input_fn" in str(exc):
-        return ("data", "input_fn")
+        return input_fn_key(job.data, mode)
     if job.model.model_fn:
         return ("model", "model_fn")
     if mode == "eval" and "metric" in str(exc):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from tpulaunch.engine import plain as neutral
 from tpulaunch.engine.estimator import plain
+from tpulaunch.engine.estimator.params import mode_params
 from tpulaunch.engine.program_parts import (Keys, builder_lines, call, call_lines, env_reads, files_list, flag_lines,
                                             import_line, input_fn_lines, job_dir_lines, keywords, reference_lines,
                                             settings_lines, tpu_lines, verbatim_lines)
@@ -104,7 +105,7 @@ def explain_script(loaded: LoadedJob, plan: "Plan", *, search_path: Sequence[str
         "tpulaunch/engine/portable.py and tpulaunch/engine/estimator/standalone.py verbatim, the code",
         "`tpulaunch train` runs; the values from the job file come first, each commented with its key and line.",
         "",
-        "Run: python {this file} [train|evaluate]    (from anywhere; the job's directory is put on sys.path)",
+        "Run: python {this file} [train|evaluate]    (from anywhere: it runs from the job's directory)",
         "  train (default): " + (
             "resolve the Cloud TPU, train and evaluate, as `tpulaunch train` does."
             if on_tpu else "train on this machine's CPU/GPU with TPUEstimator(use_tpu=False), and evaluate,"
@@ -138,12 +139,18 @@ def explain_script(loaded: LoadedJob, plan: "Plan", *, search_path: Sequence[str
         if settings:
             lines += settings_lines(f"keywords of {title} (below)", settings, at, written, {**_NOTES, **notes},
                                     plain.SOURCES)
+    eval_params = mode_params(job, "eval")
+    if eval_params:
+        lines += [f"# {at('eval', 'params')}: over PARAMS in the graphs that do not train (evaluation, export), as",
+                  "# a TPUEstimator program makes its evaluation estimator with other params",
+                  f"EVAL_PARAMS = {eval_params!r}", ""]
     if on_tpu:
         lines += tpu_lines(job, at)
     lines += _own_code(job, at, search_path)
     lines += flag_lines(job, at)
     lines += verbatim_lines(STANDALONE, "the input pipeline, model_fn and estimator settings `tpulaunch train` runs",
-                            standalone_source(), _tail(inputs, optimizer, model, config, estimator))
+                            standalone_source(),
+                            _tail(inputs, optimizer, model, config, estimator, eval_params=bool(eval_params)))
     return env_reads("\n".join(lines) + "\n", loaded)
 
 
@@ -184,22 +191,27 @@ def _job_input_fn(inputs: dict) -> str:
     return {call("make_input_fn", ["files", "training=training", "use_tpu=USE_TPU", *keywords(inputs)], 4)}'''
 
 
-def _tail(inputs: dict, optimizer: dict, model: dict, config: dict, estimator: dict) -> str:
-    """make_estimator, the input_fns and main(): what runner.py does with the functions above."""
+def _tail(inputs: dict, optimizer: dict, model: dict, config: dict, estimator: dict, *, eval_params: bool) -> str:
+    """make_estimator, the input_fns and main(): what runner.py does with the functions above (`eval_params`: the
+    evaluation gets an estimator of its own, with EVAL_PARAMS over PARAMS)."""
+    arguments = keywords(estimator)
+    if eval_params:
+        arguments = ["params=params" if a == "params=PARAMS" else a for a in arguments]
+    evaluator = "make_estimator({**PARAMS, **EVAL_PARAMS})" if eval_params else "estimator"
     return f'''# Running: what `tpulaunch train` and `tpulaunch evaluate` do with the functions above.
 
 
 {_job_model_fn(optimizer, model)}
 
 
-def make_estimator():
+def make_estimator({"params=PARAMS" if eval_params else ""}):
     resolver = None
     if USE_TPU:
         from tensorflow.python.distribute.cluster_resolver import TPUClusterResolver
 
         resolver = TPUClusterResolver(tpu=TPU_NAME, zone=TPU_ZONE, project=TPU_PROJECT)
     config = {call("run_config", ["use_tpu=USE_TPU", "cluster_resolver=resolver", *keywords(config)], 4)}
-    return {call("tpu_estimator", ["job_model_fn()", "config", "use_tpu=USE_TPU", *keywords(estimator)], 4)}
+    return {call("tpu_estimator", ["job_model_fn()", "config", "use_tpu=USE_TPU", *arguments], 4)}
 
 
 {_job_input_fn(inputs)}
@@ -211,11 +223,12 @@ def main(argv=None):
     mode = parser.parse_args(argv).mode
     tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)
     estimator = make_estimator()
+    evaluator = {evaluator}
     eval_input = job_input_fn("eval") if EVAL_STEPS else None
     if mode == "evaluate":
         if eval_input is None:
             raise SystemExit("the job has nothing to evaluate: it needs an eval: section and its data")
-        print(estimator.evaluate(eval_input, steps=EVAL_STEPS))
+        print(evaluator.evaluate(eval_input, steps=EVAL_STEPS))
         return
     train_input = job_input_fn("train") if TRAIN_STEPS else None
     if train_input is None:
@@ -228,7 +241,7 @@ def main(argv=None):
         return boundary
 
     def evaluate(_step):
-        print(estimator.evaluate(eval_input, steps=EVAL_STEPS))
+        print(evaluator.evaluate(eval_input, steps=EVAL_STEPS))
 
     # The order `tpulaunch train` trains and evaluates in (portable.py, above).
     train_and_evaluate(step, TRAIN_STEPS, EVAL_EVERY_STEPS if eval_input else None, train_to=train_to,

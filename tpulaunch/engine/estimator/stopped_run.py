@@ -64,7 +64,9 @@ def build_stopped(job, mode: str, plan=None, *, on_graph: Optional[Callable] = N
             on_graph(graph)
         raise BuiltNotRun()
 
-    hooks = [graph_checks_hook(job), StopBeforeFirstStep()]
+    # The memory estimate reads the graph and runs nothing; a TPU job's own graph runs its TPU ops on the TPU.
+    tpu_ops_run = before_session or (plan is not None and plan.on_tpu)
+    hooks = [graph_checks_hook(job, tpu_ops_run=tpu_ops_run), StopBeforeFirstStep()]
     with tempfile.TemporaryDirectory(prefix="tpulaunch-validate-") as scratch:
         estimator = make_estimator(job, plan_on_this_machine(job, plan), search_path=job.search_path, model_dir=scratch)
         input_fn = input_fn_for(job, mode, False, job.search_path, unread_files=True)
@@ -76,18 +78,24 @@ def build_stopped(job, mode: str, plan=None, *, on_graph: Optional[Callable] = N
         except BuiltNotRun:
             return
         except Exception as exc:  # noqa: BLE001 (the job's code or TensorFlow refused it: located at its key)
-            raise located_error(job, mode, exc) from exc
+            located = located_error(job, mode, exc)
+            if located is exc:
+                raise  # located already (its cause is the job's own error, kept for --debug)
+            raise located from exc
     raise TpuLaunchError(f"the {mode} run ended without reaching its first step",
                          hint="report this with `tpulaunch --debug validate` output")
 
 
-def graph_checks_hook(job):
-    """A hook checking the built graph for what TensorFlow itself finds only when the first step runs."""
+def graph_checks_hook(job, *, tpu_ops_run: bool = False):
+    """A hook checking the built graph for what TensorFlow itself finds only when the first step runs (`tpu_ops_run`:
+    ops that run only on a TPU are not checked)."""
     import tensorflow as tf
 
     class GraphChecks(tf.compat.v1.train.SessionRunHook):
         def begin(self):
             unfed_placeholders(job, tf.compat.v1.get_default_graph())
+            if not tpu_ops_run:
+                tpu_ops_off_the_tpu(job, tf.compat.v1.get_default_graph())
 
     return GraphChecks()
 
@@ -113,6 +121,48 @@ def unfed_placeholders(job, graph) -> None:
         "in a Keras functional model this is a loss added with add_loss() on the model's Input tensors (a custom "
         "layer calling self.add_loss in call()): compute it from the outputs in model.loss ('pkg.mod:fn(labels, "
         "outputs)'), or build the model as a subclass of tf.keras.Model")
+
+
+# Ops that run only inside a TPU computation (no CPU or GPU kernel), and what in a program makes each.
+TPU_ONLY_OPS = {
+    "CrossReplicaSum": "tf.compat.v1.tpu.CrossShardOptimizer (or tf.compat.v1.tpu.cross_replica_sum)",
+    "AllToAll": "tf.compat.v1.tpu.all_to_all", "CollectivePermute": "tf.compat.v1.tpu.collective_permute",
+    "InfeedDequeue": "tf.compat.v1.tpu.infeed_dequeue", "InfeedDequeueTuple": "tf.compat.v1.tpu.infeed_dequeue_tuple",
+    "OutfeedEnqueue": "tf.compat.v1.tpu.outfeed_enqueue", "OutfeedEnqueueTuple": "tf.compat.v1.tpu.outfeed_enqueue_tuple",
+}
+
+
+def tpu_ops_off_the_tpu(job, graph) -> None:
+    """Refuse an op that runs only on a TPU outside a TPU computation, as in a `--local` run (TensorFlow stops at the
+    first step: "No OpKernel was registered to support Op 'CrossReplicaSum'"). On a TPU, TPUEstimator builds the
+    model_fn inside its TPU computation (TPUReplicateMetadata, and `_tpu_replicate` on its ops): such a graph is
+    left alone."""
+    from tpulaunch.engine.core.build_failures import BuildError, job_frame
+
+    ops = graph.get_operations()
+    if any(op.type == "TPUReplicateMetadata" for op in ops):
+        return
+    for op in ops:
+        if op.type not in TPU_ONLY_OPS or _in_tpu_computation(op):
+            continue
+        frame = job_frame(op.traceback)
+        key = ("model", "model_fn") if job.model.model_fn else ("model", "optimizer")
+        raise BuildError(
+            key, "train",
+            f"the graph has the op '{op.type}', which runs on a TPU only: {TPU_ONLY_OPS[op.type]} makes it"
+            + (f" (at {frame})" if frame else "") + "; here it has no kernel (TensorFlow: \"No OpKernel was "
+            f"registered to support Op '{op.type}'\")",
+            "use it only on a TPU, as tensorflow/tpu's programs do: `if params['use_tpu']: optimizer = "
+            "tf.compat.v1.tpu.CrossShardOptimizer(optimizer)` (TPUEstimator sets params['use_tpu']: False in a "
+            "--local run), or a flag the job sets (flags: {use_tpu: false})")
+
+
+def _in_tpu_computation(op) -> bool:
+    try:
+        op.get_attr("_tpu_replicate")
+        return True
+    except ValueError:
+        return False
 
 
 def _ancestors(ops: list) -> list:

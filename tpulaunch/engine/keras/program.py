@@ -104,7 +104,7 @@ def explain_script(loaded: LoadedJob, plan: "Plan", *,
         "the code `tpulaunch train` runs on the keras engine; the values from the job file come first, each",
         "commented with its key and line.",
         "",
-        "Run: python {this file} [train|evaluate]    (from anywhere; the job's directory is put on sys.path)",
+        "Run: python {this file} [train|evaluate]    (from anywhere: it runs from the job's directory)",
         "  train (default): " + (
             "resolve the Cloud TPU and train with TPUStrategy, evaluating as the job says,\n"
             "    as `tpulaunch train` does."
