@@ -7,6 +7,10 @@ from the last complete checkpoint -> the run's summary.
 
 An engine supplies only a `TrainingSession` (how it builds, trains and evaluates); the loop owns the
 order, the wording and the stop, signal and lost-TPU rules, so both engines behave the same.
+
+Fencing: before each training segment (a new session writes into model_dir) and each evaluation the loop
+checks that this run still holds model_dir's lease (`run/lease.ensure_held`); the engines check before each
+checkpoint save and after each step. A run that lost it stops there with `LeaseLost`, writing nothing more.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 from tpulaunch.engine.core.lost_tpu import is_lost_tpu_error, recover
 from tpulaunch.engine.core.model_dir import checkpoint_step, model_dir_errors, repair_checkpoints, write_job_copy
 from tpulaunch.errors import TpuLaunchError
+from tpulaunch.run.lease import ensure_held
 from tpulaunch.run.signals import EvaluationStopped, StopSignal, TrainingStopped
 
 if TYPE_CHECKING:
@@ -146,11 +151,16 @@ class _Loop:
                     signum=stop.received, step=step, summary=recorder.finish(stopped_by=stop.name))
             return tripped
 
+        def train_to(step: int) -> int:
+            ensure_held(model_dir)
+            return session.train_to(step)
+
         def evaluate(step: int) -> None:
+            ensure_held(model_dir)
             if not session.evaluate():
                 raise evaluation_stopped(job, step, stop, recorder)
 
-        return train_and_evaluate(step, total, every, train_to=session.train_to,
+        return train_and_evaluate(step, total, every, train_to=train_to,
                                   evaluate=evaluate if evaluating else None, ended=ended)
 
 

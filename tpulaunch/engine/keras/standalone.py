@@ -489,12 +489,14 @@ class EvaluationInterrupted(Exception):
 def train_loop(training: KerasTraining, iterator, *, until: int, steps_per_call: int,
                on_steps: Optional[Callable[[int, float, Optional[float]], None]] = None,
                should_stop: Optional[Callable[[], bool]] = None,
-               on_checkpoint: Optional[Callable[[int, str], None]] = None, time_input: bool = False) -> int:
+               on_checkpoint: Optional[Callable[[int, str], None]] = None, time_input: bool = False,
+               before_save: Optional[Callable[[int], None]] = None) -> int:
     """Train until global step `until` (checkpointing every save_checkpoints_steps and at the end); returns the step.
 
     Each call runs `steps_per_call` steps (fewer at the end); `on_steps(step, loss, input_wait)` follows
     each call (`input_wait`: seconds the call waited for its batches with `time_input`, else None);
     `should_stop()` is asked after each call: when it says so, a checkpoint is saved and the loop ends.
+    `before_save(step)` is called before each checkpoint: what it raises ends the loop without that save.
     """
     run = training.train_step_fn(time_input=time_input)
     every = training.save_checkpoints_steps
@@ -507,6 +509,8 @@ def train_loop(training: KerasTraining, iterator, *, until: int, steps_per_call:
             on_steps(step, float(loss.numpy()), float(waited.numpy()) if time_input else None)
         stopping = should_stop is not None and should_stop()
         if stopping or step >= until or step % every == 0:
+            if before_save is not None:
+                before_save(step)
             path = training.save()
             if on_checkpoint is not None:
                 on_checkpoint(step, path)
