@@ -39,6 +39,7 @@ import dataclasses
 import datetime
 import json
 import os
+import re
 import secrets
 import socket
 import threading
@@ -223,6 +224,14 @@ class LocalStore:
                 os.unlink(self.guard)
 
 
+def _reason(exc: BaseException) -> str:
+    """An unreachable endpoint's reason in a few words ("ConnectionError: [Errno 111] Connection refused"), not the
+    HTTP library's nested retelling of the request."""
+    text = first_line(exc)
+    errno_said = re.findall(r"\[Errno -?\d+\] [^\"')\]]+", text)
+    return f"{type(exc).__name__}: {errno_said[-1] if errno_said else text[:200]}"
+
+
 def _remove(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
@@ -281,7 +290,7 @@ class GcsStore:
             cause = exc.cause if isinstance(exc, exceptions.RetryError) and exc.cause is not None else exc
             raise LeaseRefused(
                 f"could not reach Cloud Storage bucket gs://{self.bucket_name} to read the lease {self.path} within "
-                f"{budget_s:g} s ({time.monotonic() - began:.1f} s tried): {type(cause).__name__}: {first_line(cause)}",
+                f"{budget_s:g} s ({time.monotonic() - began:.1f} s tried): {_reason(cause)}",
                 hint="check this machine's network and the bucket's name; $STORAGE_EMULATOR_HOST, when set, "
                      "redirects Cloud Storage") from None
 
