@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from lease_runs import Run, cli_env
+from lease_runs import Run, cli_env, freeze_after
 from test_train import JOB, MODELS, write_records
 from tpulaunch.errors import ExitCode
 from tpulaunch.run import lease as leases
@@ -76,8 +76,7 @@ def test_a_run_that_thaws_after_its_lease_was_taken_over_writes_nothing_more(pro
                    "--set", f"run.save_checkpoints_steps={FIRST_EVERY}", env=env)
     second = None
     try:
-        line = first.wait_for_line(lambda line: line.startswith("checkpoint | step ") and _step_of(line) > 0)
-        first.process.send_signal(signal.SIGSTOP)
+        line = freeze_after(first, run_dir, lambda line: line.startswith("checkpoint | step ") and _step_of(line) > 0)
         frozen_at = _step_of(line)
         own_events = [path for path in run_dir.glob("events.out.tfevents.*")]  # all the first's, so far
         held = leases.read_lease(str(run_dir))

@@ -183,12 +183,14 @@ class LocalStore:
 
     def replace(self, text: bytes, token: object, stale_after_s: float) -> object:
         """Write `text` over the lease if it still holds `token` (what we last read or wrote)."""
-        with self._guarded(stale_after_s):
+        with self._guarded(stale_after_s) as still_mine:
             current, _ = self.read()
             if current != token:
                 raise _Conflict()
             temporary = self._written(text)
             try:
+                if not still_mine():  # frozen inside this change past the stale time: another run removed our guard
+                    raise _Conflict()
                 os.replace(temporary, self.path)  # atomic: a reader sees the old lease or the new one
             except BaseException:
                 _remove(temporary)
@@ -200,28 +202,63 @@ class LocalStore:
         return self.read()[1]
 
     @contextlib.contextmanager
-    def _guarded(self, stale_after_s: float) -> Iterator[None]:
-        """Hold the guard file (an exclusive create) for one read-check-write; it is held for milliseconds, so
-        waiting a little is enough. A guard older than the stale time was left by a process killed inside
-        its change: removed."""
+    def _guarded(self, stale_after_s: float) -> Iterator[Callable[[], bool]]:
+        """Hold the guard file (an exclusive create, naming its holder) for one read-check-write; yields a check
+        that the guard is still this change's.
+
+        It is held for milliseconds, so waiting a few seconds is enough. A guard whose holder ran on this host and
+        is gone (killed inside its change), or older than the stale time (a holder elsewhere, killed or frozen), is
+        removed; a holder frozen inside its change finds its guard gone (the check) and leaves the lease alone.
+        A guard still held after the wait stops the change, naming its holder."""
+        mark = f"{socket.gethostname()} {os.getpid()} {secrets.token_hex(4)}".encode()
         deadline = time.monotonic() + 10.0
         while True:
             try:
-                os.close(os.open(self.guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-                break
+                fd = os.open(self.guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
+                holder = self._guard_holder()
                 with contextlib.suppress(FileNotFoundError):
-                    if time.time() - os.stat(self.guard).st_mtime > stale_after_s:
+                    if _process_gone(holder) or time.time() - os.stat(self.guard).st_mtime > stale_after_s:
                         os.unlink(self.guard)
                         continue
                 if time.monotonic() > deadline:
-                    raise _Conflict() from None
+                    who = f"host {holder['host']}, pid {holder['pid']}" if holder.get("host") else "another process"
+                    raise LeaseRefused(
+                        f"{self.guard} is held by {who}, inside a change of the lease for over 10 s (frozen there?)",
+                        hint=f"it is removed once older than {stale_after_s:g} s; remove it by hand only when no "
+                             "run uses this model_dir") from None
                 time.sleep(0.01)
+                continue
+            try:
+                os.write(fd, mark)
+            except BaseException:
+                os.close(fd)
+                _remove(self.guard)
+                raise
+            os.close(fd)
+            break
+
+        def still_mine() -> bool:
+            try:
+                with open(self.guard, "rb") as handle:
+                    return handle.read() == mark
+            except FileNotFoundError:
+                return False
+
         try:
-            yield
+            yield still_mine
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.guard)
+            if still_mine():
+                _remove(self.guard)
+
+    def _guard_holder(self) -> dict:
+        """{"host", "pid"} of the guard's holder as it wrote them ({} when unreadable or not written yet)."""
+        try:
+            with open(self.guard, "rb") as handle:
+                host, pid, _ = handle.read().decode().split(" ")
+            return {"host": host, "pid": int(pid)}
+        except (OSError, ValueError):
+            return {}
 
 
 def _reason(exc: BaseException) -> str:
@@ -570,6 +607,13 @@ def holder_gone(held: dict) -> bool:
         return False
     if held["pid"] == os.getpid():
         return held.get("run_id") not in _HELD_HERE
+    return _process_gone(held)
+
+
+def _process_gone(held: dict) -> bool:
+    """Whether `held` names another process on this host that no longer runs."""
+    if held.get("host") != socket.gethostname() or not isinstance(held.get("pid"), int) or held["pid"] == os.getpid():
+        return False
     try:
         os.kill(held["pid"], 0)
     except ProcessLookupError:
