@@ -111,3 +111,24 @@ def test_status_says_within_seconds_that_a_gs_bucket_cannot_be_reached(tmp_path)
     assert f"within {leases.READ_BUDGET_S:g} s" in line[0] and "Connection refused" in line[0], line
     assert "Traceback" not in done.stderr
     assert took < leases.READ_BUDGET_S + 15, took
+
+
+def test_a_lease_file_removed_under_a_live_run_is_made_again_not_taken_as_a_takeover(tmp_path):
+    """model_dir (or the lease file) removed by hand while a run holds it: no other run holds it, so the run is
+    not fenced; its next renewal makes the lease again, and a second run is refused as before."""
+    model_dir = tmp_path / "run"
+    lease = leases.acquire(str(model_dir), run_id="r-1", command="train")
+    try:
+        (model_dir / leases.LEASE_FILE).unlink()
+        lease.ensure_held()  # no LeaseLost
+        assert leases.read_lease(str(model_dir))["run_id"] == "r-1"
+        for path in model_dir.iterdir():
+            path.unlink()
+        model_dir.rmdir()
+        assert lease.renew() is True and lease.lost is None
+        assert leases.read_lease(str(model_dir))["run_id"] == "r-1"
+        with pytest.raises(leases.LeaseRefused, match="is in use"):
+            leases.acquire(str(model_dir), run_id="r-2", command="train")
+    finally:
+        lease.release()
+    assert leases.read_lease(str(model_dir))["state"] == "released"

@@ -215,6 +215,8 @@ class LocalStore:
         while True:
             try:
                 fd = os.open(self.guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileNotFoundError:  # model_dir is gone, and the lease with it: not the one expected
+                raise _Conflict() from None
             except FileExistsError:
                 holder = self._guard_holder()
                 with contextlib.suppress(FileNotFoundError):
@@ -429,8 +431,10 @@ class Lease:
         try:
             self._put({**self.data, "renewed": self.clock()})
         except _Conflict:
-            self._found_lost()
-            return False
+            with self._lock:
+                self._found_lost(reclaim=True)
+            if self.lost is not None:
+                return False
         self._known_at = time.monotonic()
         return True
 
@@ -452,24 +456,42 @@ class Lease:
         """Reread the lease (on gs://: its generation) and raise `LeaseLost` when it is no longer the one this run
         last wrote: before every checkpoint save and evaluation, so a run that thawed after being frozen past
         the stale time writes nothing into its successor's model_dir. When the lease cannot be read (a network
-        error) the save goes on: the renewals, which retry, find a takeover."""
+        error) the save goes on: the renewals, which retry, find a takeover. No lock is held while reading, so
+        a renewal slowed by an outage never holds training up here."""
         if self.lost is None:
-            with self._lock:  # not between a renewal's write and its new token
-                checked_at = time.monotonic()
-                try:
-                    held = self.store.version(CHECK_BUDGET_S) == self.token
-                except Exception:  # cannot tell: not a reason to stop training
-                    held = True
-                if held:
-                    self._known_at = max(self._known_at, checked_at)
-                else:
-                    self._found_lost()
+            checked_at = time.monotonic()
+            if not self._version_is(self.token):
+                # A renewal may be between its write and its new token: under the lock it has finished.
+                with self._lock:
+                    if not self._version_is(self.token):
+                        self._found_lost(reclaim=True)
+            if self.lost is None:
+                self._known_at = max(self._known_at, checked_at)
         if self.lost is not None:
             raise LeaseLost(self.model_dir, self.lost)
 
-    def _found_lost(self) -> None:
+    def _version_is(self, token: object) -> bool:
+        """Whether the lease is still the one written with `token`; True when it cannot be read (a network error
+        is not a reason to stop training: the renewals, which retry, find a takeover)."""
+        try:
+            return self.store.version(CHECK_BUDGET_S) == token
+        except Exception:
+            return True
+
+    def _found_lost(self, reclaim: bool = False) -> None:
+        """The lease is not the one this run last wrote: `lost` says whose it is now. A lease file that is gone
+        (removed by hand, or with model_dir) is no other run's: with `reclaim` it is made again, ours (an
+        exclusive create: a run that made it first has taken it, and this one is lost)."""
         try:
             text, _ = self.store.read()
+            if text is None and reclaim:
+                try:
+                    self.token = self.store.create(_encode(self.data))
+                    return
+                except _Conflict:
+                    text, _ = self.store.read()
+                except Exception:  # model_dir cannot be written now: its own writes say so, naming it
+                    return
             self.lost = _decode(text, self.store.path) if text else {"state": "missing"}
         except Exception:  # changed, but unreadable now: lost all the same
             self.lost = {"state": "unreadable"}
