@@ -127,8 +127,8 @@ def test_a_lease_from_another_host_is_taken_over_once_stale(project, tmp_path):
 
 
 def test_take_lease_takes_a_live_lease_at_once_and_the_old_holder_is_fenced(project, tmp_path):
-    """--take-lease: the old holder finds at its next renewal that the lease is no longer its own, says so, and
-    stops before its next step (exit 5), naming the new holder; it leaves the new lease alone."""
+    """--take-lease: the old holder finds at its next renewal or checkpoint that the lease is no longer its own and
+    stops there (exit 5), naming the new holder; it leaves the new lease alone."""
     run_dir = tmp_path / "run"
     holder_env = cli_env(TPULAUNCH_LEASE_RENEW_S="0.2", TPULAUNCH_LEASE_STALE_S="600")
     first = _train(project, run_dir, *LONG, env=holder_env)
@@ -138,9 +138,8 @@ def test_take_lease_takes_a_live_lease_at_once_and_the_old_holder_is_fenced(proj
         taker = Run(["evaluate", str(project / "job.yaml"), "--local", "--set", f"run.model_dir={run_dir}",
                      "--set", "eval.every_steps=null", "--take-lease"], env=cli_env())
         taker.wait_for_line(lambda line: line.startswith("lease | took over"), stream="err")
-        line = first.wait_for_line(lambda line: line.startswith("lease | lost"), stream="err")
-        assert "took run.model_dir" in line and "writes nothing more there" in line
-        assert first.finish() == 5, first.text()  # fenced: stopped on its own, before its next step
+        # Fenced: it stops on its own, at its next renewal (`lease | lost: ...`) or its next save's check.
+        assert first.finish() == 5, first.text()
         assert taker.finish() in (0, 1), taker.text()  # the evaluation itself may find no checkpoint yet
     finally:
         if first.process.poll() is None:
