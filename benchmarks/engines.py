@@ -22,12 +22,12 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from tpulaunch.run.record import local_records  # noqa: E402
 from cnn_job import cnn_job  # noqa: E402  (benchmarks/cnn_job.py: the job every training benchmark times)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,8 +51,7 @@ def train(python: str, job: str, engine: str, model_dir: str) -> dict:
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"{engine}: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
-    with open(os.path.join(model_dir, "tpulaunch-runs.jsonl")) as handle:
-        record = json.loads(handle.read().splitlines()[-1])
+    record = local_records(model_dir)[-1]
     return dict(record, process_s=wall)
 
 

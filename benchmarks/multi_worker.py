@@ -29,6 +29,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from tpulaunch.run.record import local_records  # noqa: E402
 from cnn_job import cnn_job  # noqa: E402  (benchmarks/cnn_job.py: the job every training benchmark times)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,8 +52,7 @@ def _free_ports(n: int) -> list:
 
 
 def _record(model_dir: str) -> dict:
-    with open(os.path.join(model_dir, "tpulaunch-runs.jsonl")) as handle:
-        return json.loads(handle.read().splitlines()[-1])
+    return local_records(model_dir)[-1]
 
 
 def train(python: str, job: str, model_dir: str, workers: int) -> dict:

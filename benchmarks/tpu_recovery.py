@@ -21,7 +21,6 @@ Exits 1 when a run does not finish at train.steps or loses steps.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -87,6 +86,7 @@ def one_run(root: Path, args) -> dict:
     from tpu_api_server import TpuApiServer
 
     from tpulaunch.cli import run as cli_run
+    from tpulaunch.run.record import local_records
 
     server = TpuApiServer(create_reads=args.create_reads).start()
     os.environ["TPULAUNCH_TPU_API_ENDPOINT"] = server.endpoint
@@ -103,7 +103,7 @@ def one_run(root: Path, args) -> dict:
             thread.join()
     finally:
         server.stop()
-    records = [json.loads(line) for line in (model_dir / "tpulaunch-runs.jsonl").read_text().splitlines()]
+    records = local_records(str(model_dir))
     recreated = [float(m) for m in re.findall(r"recreated in (\d+\.\d) s", result.output)]
     done = [line for line in result.output.splitlines() if line.startswith("done | step")]
     return {"exit": result.exit_code, "done": done[0] if done else result.output[-500:], "events": records[-1]["events"],

@@ -1,9 +1,11 @@
-"""How long a full `validate` takes, against `import tensorflow` measured in the same run.
+"""How long a full `validate` takes, against `import tensorflow` and against `train`'s own start, in one run.
 
-For each job, in fresh processes (a user's `tpulaunch validate JOB` starts one): the wall time of
-`python -c "import tensorflow"` (the baseline every TensorFlow check pays) and of `tpulaunch validate
-JOB` (loading TensorFlow, the job's own code, the stopped train/evaluate builds, the data sample). The
-ratio says what validate costs on top of loading TensorFlow. Medians of --runs runs.
+For each job, in fresh processes (a user's `tpulaunch validate JOB` starts one), taken in turn so that a drift
+of the machine's speed hits all three alike: the wall time of `python -c "import tensorflow"` (the baseline every
+TensorFlow check pays), of `tpulaunch validate JOB --local` (loading TensorFlow, the job's own code, the stopped
+train/evaluate builds, the data sample) and of `tpulaunch train JOB --local` up to its first step (the process
+started until its first `train | step` line, in a new model_dir; the process is then killed). The goal: a
+pre-flight costs no more than train's own start (validate / first step <= 1). Medians of --runs runs.
 
     .venv/bin/python benchmarks/validate_time.py                      # quickstart, mnist_tpu, ResNet, TAPAS
     .venv/bin/python benchmarks/validate_time.py --runs 5 job.yaml   # any job files
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import shutil
 import statistics
 import subprocess
@@ -32,6 +35,22 @@ def wall(command: list, cwd: Path, env: dict) -> float:
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{proc.stdout}{proc.stderr}")
     return seconds
+
+
+def first_step(command: list, cwd: Path, env: dict) -> float:
+    """Seconds from the process's start to its first `train | step` line; the process is then killed."""
+    began = time.perf_counter()
+    proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "NO_COLOR": "1", "CI": "1", "PYTHONUNBUFFERED": "1", **env},
+                            start_new_session=True)
+    for line in proc.stdout:
+        if line.startswith("train | step "):
+            seconds = time.perf_counter() - began
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return seconds
+    proc.wait()
+    raise SystemExit(f"{' '.join(command)} never reached a step (exit {proc.returncode}):\n{proc.stderr.read()}")
 
 
 # TAPAS's protobuf modules need the pure-Python protobuf (tests/engine/test_reference_programs.py): its baseline too.
@@ -66,14 +85,21 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="validate-time-"))
     try:
         jobs = [(job.resolve(), {}) for job in args.jobs] or default_jobs(scratch)
-        print(f"{'job':<40} {'import tensorflow':>18} {'validate':>10} {'ratio':>7}")
+        print(f"{'job':<40} {'import tensorflow':>18} {'validate':>10} {'train: 1st step':>16} "
+              f"{'validate/import':>16} {'validate/1st step':>18}")
         for job, env in jobs:
-            baseline = statistics.median(wall([sys.executable, "-c", "import tensorflow"], job.parent, env)
-                                         for _ in range(args.runs))
-            validate = statistics.median(wall([sys.executable, "-m", "tpulaunch", "validate", str(job)], job.parent, env)
-                                         for _ in range(args.runs))
+            imports, validates, starts = [], [], []
+            for run in range(args.runs):
+                imports.append(wall([sys.executable, "-c", "import tensorflow"], job.parent, env))
+                validates.append(wall([sys.executable, "-m", "tpulaunch", "validate", str(job), "--local"],
+                                      job.parent, env))
+                starts.append(first_step([sys.executable, "-m", "tpulaunch", "train", str(job), "--local",
+                                          "--model-dir", str(scratch / "runs" / f"{job.parent.name}-{run}")],
+                                         job.parent, env))
+            baseline, validate, start = (statistics.median(x) for x in (imports, validates, starts))
             name = f"{job.parent.name}/{job.name}"
-            print(f"{name:<40} {baseline:>16.2f} s {validate:>8.2f} s {validate / baseline:>6.2f}x")
+            print(f"{name:<40} {baseline:>16.2f} s {validate:>8.2f} s {start:>14.2f} s {validate / baseline:>15.2f}x "
+                  f"{validate / start:>17.2f}x", flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

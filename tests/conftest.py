@@ -3,7 +3,8 @@
 - `records.py`: TFRecords of tf.train.Examples (one writer for every test that needs its own records);
 - `gcs_fake.py`: a local Cloud Storage for TensorFlow's own `gs://` filesystem (the `gcs` fixture, here for
   every module);
-- `tpu_api_server.py`: a local server that speaks the Cloud TPU API (the `tpu_api` fixture, for every module);
+- `tpu_api_server.py`: the `tpu_api` fixture (for every module): the package's local Cloud TPU API server
+  (`tpulaunch/tpu/local_api.py`), started in an environment that cannot reach Google;
 - `tests/models/`, `tests/programs/`, `tests/jobs/`: the user-written models, the unmodified reference
   programs and the good and bad job files the suites run.
 

@@ -7,6 +7,8 @@ Positions are 1-based, as editors and `file:line:col` consumers expect.
 from __future__ import annotations
 
 import enum
+import errno
+import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
@@ -142,6 +144,10 @@ def is_graph_error(exc: BaseException) -> bool:
     return any(cls.__name__ == "OpError" and cls.__module__.startswith("tensorflow.") for cls in type(exc).__mro__)
 
 
+# TensorFlow appends this to every ResourceExhaustedError, a full disk's included: never the message to show.
+_OOM_HINT = "Hint: If you want to see a list of allocated tensors when OOM happens"
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (TensorFlow's `.message` when it has one), else its type name.
 
@@ -154,7 +160,8 @@ def first_line(exc: BaseException) -> str:
     if text.startswith("Graph execution error:"):  # the op's own message follows the frames of the node's definition
         said = [line.strip() for line in text.splitlines()
                 if line.strip() and not line.startswith((" ", "\t")) and not line.startswith(
-                    ("Graph execution error:", "Detected at node", "Node: ", "Detected unsupported operations"))]
+                    ("Graph execution error:", "Detected at node", "Node: ", "Detected unsupported operations",
+                     _OOM_HINT))]
         if said:
             return said[-1]
     if text.startswith("in user code:"):
@@ -162,3 +169,47 @@ def first_line(exc: BaseException) -> str:
         kind = f"{type(exc).__name__}: "
         return last[len(kind):] if last.startswith(kind) else last
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+# Why a write to a disk (or a mounted bucket) failed, by errno and by the words of its message (TensorFlow's
+# status text carries strerror's words, not the errno): (errno name, what it means, what to do).
+_STORAGE_ERRORS = (
+    (errno.ENOSPC, "No space left on device", "no space left on device",
+     "free space on the disk that holds it (`df -h`), or use another run.model_dir"),
+    (errno.EDQUOT, "Disk quota exceeded", "disk quota exceeded",
+     "free space within your quota (`quota -s`), or use another run.model_dir"),
+    (errno.EROFS, "Read-only file system", "read-only file system",
+     "the filesystem is mounted read-only: use another run.model_dir (or --model-dir)"),
+    (errno.EACCES, "Permission denied", "permission denied",
+     "this user may not write there: fix its permissions (`ls -ld`), or use another run.model_dir"),
+)
+_PATH = re.compile(r"(?:gs://|/)[^\s'\";,]+")
+
+
+@dataclass(frozen=True)
+class StorageError:
+    """A write that failed for want of space or permission: which (errno name), on what path, what to do."""
+
+    name: str  # "ENOSPC"
+    said: str  # "no space left on device"
+    path: Optional[str]
+    hint: str
+
+    def text(self) -> str:
+        return f"{self.said} ({self.name})" + (f": {self.path}" if self.path else "")
+
+
+def storage_error(exc: BaseException) -> Optional[StorageError]:
+    """The disk or permission failure `exc` is (an OSError, or TensorFlow's error for one: a full disk comes as
+    a ResourceExhaustedError, which is not an out-of-memory), or None."""
+    text = str(getattr(exc, "message", None) or exc)
+    number = getattr(exc, "errno", None) if isinstance(exc, OSError) else None
+    for code, words, said, hint in _STORAGE_ERRORS:
+        if number == code or (number is None and words in text):
+            path = getattr(exc, "filename", None) if number is not None else None
+            if path is None:  # TensorFlow's "<path>; No space left on device", or a path elsewhere in the text
+                before = text[:text.find(words)] if words in text else text
+                paths = _PATH.findall(before) or _PATH.findall(text)
+                path = paths[-1].rstrip(".:") if paths else None
+            return StorageError(errno.errorcode[code], said, str(path) if path is not None else None, hint)
+    return None

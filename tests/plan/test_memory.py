@@ -432,11 +432,13 @@ def test_validate_accepts_auto_partition(tmp_path):
 
 
 # ----------------------------------------------------------------------------------- plan --xla
-def test_xla_buffer_assignment_agrees_with_the_float32_estimate():
+def test_xla_buffer_assignment_agrees_with_the_float32_estimate(tmp_path, monkeypatch):
     job = make_job("unet3d", 32, global_batch=16, optimizer="adam", precision="float32")  # 2 per core
     plan = plan_memory(job)
     tile = memory.Tile(plan.tile[0], tuple(plan.tile[1:]), 1, None)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the child makes XLA's dump directory
     xla = memory.xla_step_bytes(job, tile)
+    assert list(tmp_path.iterdir()) == []  # and removes it
     assert xla["input_shape"] == [32, 32, 32, 1]
     # XLA on the CPU has no (8, 128) tiles: compare with the unpadded estimate.
     unpadded = plan.per_core_bytes - plan.breakdown["padding"]

@@ -172,7 +172,9 @@ def test_disk_full_during_a_checkpoint_keeps_the_last_complete_one(project, smal
         monkeypatch.setattr(file_io, "atomic_write_string_to_file", write_until_full)
         result = train(job, model_dir, "--set", "train.steps=60")
         monkeypatch.undo()
-    assert_clean_failure(result, model_dir, "No space left on device")
+    assert_clean_failure(result, model_dir, "no space left on device (ENOSPC): ")
+    assert "OOM" not in result.output and "allocated tensors" not in result.output  # a full disk, not memory
+    assert not [name for name in os.listdir(model_dir) if name.endswith(("_temp", ".tempstate"))]  # no save debris
     last = checkpoint_step(model_dir)
     assert last is not None and last >= EVERY  # the last complete checkpoint survived
 

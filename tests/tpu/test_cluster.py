@@ -358,6 +358,7 @@ def test_status_text_for_a_healthy_node(run_status, tpu_api):
         # and who holds model_dir: this machine has no Google Cloud credentials to read a gs:// lease with
         "model_dir lease (gs://bucket/runs/demo): unknown (no Google Cloud credentials to reach the model_dir lease "
         "on gs://)",
+        "last run: unknown (no Google Cloud credentials to read the run record on gs://)",
     ]
 
 
@@ -377,6 +378,8 @@ def test_status_json_and_cluster_exit_code_for_a_preempted_node(run_status, tpu_
                               "JOB.yaml` (or train with --auto-resume N --recreate, which does both)"}],
         "lease": {"model_dir": "gs://bucket/runs/demo", "state": "unknown", "holder": None, "renewed_s_ago": None,
                   "text": "unknown (no Google Cloud credentials to reach the model_dir lease on gs://)"},
+        "last_run": {"state": "unknown", "record": None, "records": 0, "skipped": [],
+                     "text": "unknown (no Google Cloud credentials to read the run record on gs://)"},
     }
 
 

@@ -22,6 +22,8 @@ LAZY_COMMANDS = {
     "status": "tpulaunch.cli.status:status",
     "up": "tpulaunch.cli.lifecycle:up",
     "down": "tpulaunch.cli.lifecycle:down",
+    "run": "tpulaunch.cli.remote:run",
+    "rehearse": "tpulaunch.cli.remote:rehearse",
     "data": "tpulaunch.cli.data:data",
     "explain": "tpulaunch.cli.explain:explain",
     "schema": "tpulaunch.cli.project:schema",

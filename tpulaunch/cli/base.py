@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional, Union
 import click
 
 from tpulaunch.cli.render.problems import FORMATS, PIPE_WIDTH, PlainText, plain_text, write_line
-from tpulaunch.errors import AlreadyReported, ExitCode, TpuLaunchError, first_line, is_graph_error
+from tpulaunch.errors import AlreadyReported, ExitCode, TpuLaunchError, first_line, is_graph_error, storage_error
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -98,6 +98,11 @@ def _invoke_mapped(ctx: click.Context, invoke):
     except Exception as exc:  # a bug in tpulaunch or an unexpected library error
         if ctx.ensure_object(Context).debug:
             raise
+        storage = storage_error(exc) if isinstance(exc, OSError) or is_graph_error(exc) else None
+        if storage is not None:  # a full disk, a quota, a read-only filesystem, permissions: said so, with the path
+            click.echo(f"error: {storage.text()}", err=True)
+            click.echo(f"  hint: {storage.hint}", err=True)
+            ctx.exit(int(ExitCode.PROBLEMS))
         # One line: TensorFlow's messages carry the graph's stack frames, dozens of lines (--debug shows all).
         if is_graph_error(exc):  # the job's own graph failed while it ran: the job's to fix, like any problem
             click.echo(f"error: {type(exc).__name__} while the graph ran: {first_line(exc)} (rerun with --debug "

@@ -147,7 +147,7 @@ def bench(obj: Context, job_file: str, local: bool, overrides, seconds: float, f
     from tpulaunch.cli.gate import load_checked
     from tpulaunch.data.bench import bench_input, compare
     from tpulaunch.engine.registry import engine_for
-    from tpulaunch.run.record import last_training, read_records
+    from tpulaunch.run.record import RECORD_FILE, last_training, read_records, skipped_text
     from tpulaunch.tf_env import quiet_tensorflow
 
     checked = load_checked(job_file, overrides, local=local, err=obj.err)
@@ -158,7 +158,12 @@ def bench(obj: Context, job_file: str, local: bool, overrides, seconds: float, f
     with obj.err.status(f"timing the input pipeline for {seconds:g} s"):
         result = bench_input(job, checked.plan, seconds=seconds, search_path=job.search_path)
     try:
-        last = last_training(read_records(engine.run_record_lines(job.run.model_dir)))
+        skipped: list = []
+        last = last_training(read_records(engine.run_record_lines(job.run.model_dir),
+                                          on_skipped=lambda number, why: skipped.append((number, why))))
+        if skipped:  # a torn line (a run cut off mid-write): the whole records are compared with
+            obj.err.print(skipped_text(f"{job.run.model_dir.rstrip('/')}/{RECORD_FILE}", skipped), highlight=False,
+                          markup=False, soft_wrap=True)
     except Exception as exc:  # an unreadable model_dir only loses the comparison
         from tpulaunch.errors import first_line
 

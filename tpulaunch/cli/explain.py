@@ -66,8 +66,16 @@ def explain(obj: Context, job_file: str, overrides, engine, output):
         return
     with open(output, "w", encoding="utf-8") as handle:
         handle.write(script)
-    os.chmod(output, 0o755)
+    _make_executable(output)
     obj.err.print(f"wrote {output}: run it with `python {output}`", highlight=False)
+
+
+def _make_executable(path: str) -> None:
+    """`chmod +x` as the shell does it: executable where the umask lets a new file be (0700 under umask 077,
+    0755 under 022), never opened wider than the umask would make it."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, os.stat(path).st_mode | (0o111 & ~umask))
 
 
 def _refuse_estimator_only(job_file: str, engine: str, refused: TpuLaunchError) -> None:

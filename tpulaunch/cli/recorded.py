@@ -95,18 +95,16 @@ def _refuse_what_validate_refuses(checked, command: str) -> None:
 
 def _write_record(obj, recorder: RunRecorder, engine, checked, command: str, outcome: str, lease=None, *,
                   through_tensorflow: bool = True) -> None:
-    """Append the run's record to model_dir/tpulaunch-runs.jsonl.
+    """Append the run's record to model_dir/tpulaunch-runs.jsonl (`engine/core/records.py`: a local model_dir
+    without TensorFlow, so a run a signal stopped before TensorFlow loaded is recorded too; gs:// through it).
 
     A fenced run (another run holds model_dir's lease now) shares that file with its successor. Its line, under
-    its own run_id, says how it ended; it is appended only to a local model_dir, with one O_APPEND write: the
-    kernel puts the whole line at the file's end, after whatever the successor appended, and never over it. On
-    gs:// an append rewrites the whole object (read, add, write back without a precondition), which could erase
-    a line the successor appended in between: there the fenced run writes nothing and says so. A run stopped
-    before TensorFlow loaded (`through_tensorflow` False) writes a local record the same way, without loading it
-    (and none on gs://, which is written through TensorFlow).
+    its own run_id, says how it ended; it is appended only to a local model_dir, with one O_APPEND write and
+    nothing else (no torn tail set apart: the file is the other run's now): the kernel puts the whole line at
+    the file's end, after whatever the successor appended, and never over it. On gs:// an append rewrites the
+    whole object (read, add, write back without a precondition), which could erase a line the successor
+    appended in between: there the fenced run writes nothing and says so.
     """
-    from tpulaunch.run.workers import is_chief_worker
-
     model_dir = checked.job.run.model_dir
     remote, fenced = "://" in model_dir, outcome.startswith(FENCED)
     if remote and (fenced or not through_tensorflow):
@@ -116,9 +114,8 @@ def _write_record(obj, recorder: RunRecorder, engine, checked, command: str, out
         return
     line = _record_line(recorder, checked, command, outcome, lease)
     try:
-        if fenced or not through_tensorflow:
-            if is_chief_worker():  # one record per run, the chief's (as the engines' own append)
-                _append_line(model_dir, line)
+        if fenced:
+            _append_line(model_dir, line)
         else:
             engine.append_run_record(model_dir, line)
     except Exception as exc:  # the run's own outcome matters more than its record
@@ -127,16 +124,14 @@ def _write_record(obj, recorder: RunRecorder, engine, checked, command: str, out
 
 
 def _append_line(model_dir: str, line: str) -> None:
-    """One write of the whole line with O_APPEND (model_dir made when missing), without TensorFlow."""
+    """One write of the whole line with O_APPEND to a record file another run appends to as well."""
     from tpulaunch.run.record import RECORD_FILE
 
-    os.makedirs(model_dir, exist_ok=True)
     data = line.encode("utf-8")
-    fd = os.open(os.path.join(model_dir, RECORD_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(os.path.join(model_dir, RECORD_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # umask's mode
     try:
-        written = os.write(fd, data)
-        while written < len(data):  # a regular file takes it whole; a short write (a full disk) raises next
-            written += os.write(fd, data[written:])
+        if os.write(fd, data) != len(data):  # a full disk mid-line: the successor's next append sets it apart
+            raise OSError(28, os.strerror(28), os.path.join(model_dir, RECORD_FILE))
     finally:
         os.close(fd)
 

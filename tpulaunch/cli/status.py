@@ -1,7 +1,8 @@
-"""`tpulaunch status JOB.yaml`: is the job's TPU node there, READY, HEALTHY and of the declared type? And who
-holds the lease on its model_dir (`run/lease.py`)?
+"""`tpulaunch status JOB.yaml`: is the job's TPU node there, READY, HEALTHY and of the declared type? Who
+holds the lease on its model_dir (`run/lease.py`), and how did its last run end (its run record)?
 
-No TensorFlow import: the installed version is read from package metadata; the lease is read directly.
+No TensorFlow import: the installed version is read from package metadata; the lease and the record are read
+directly (a gs:// record through google-cloud-storage, within RECORD_READ_TIMEOUT_S).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import click
 
 from tpulaunch.cli.base import command, job_argument, pass_obj, set_option, text_or_json_option
-from tpulaunch.errors import AlreadyReported, ExitCode, first_line
+from tpulaunch.errors import AlreadyReported, ExitCode, TpuLaunchError, first_line
 
 
 @command()
@@ -22,15 +23,17 @@ from tpulaunch.errors import AlreadyReported, ExitCode, first_line
 @set_option
 @pass_obj
 def status(obj, job_file, wait_s, fmt, overrides):
-    """Show the job's TPU node: state, health, type, hosts, endpoints, runtime version; and who holds the
-    lease on run.model_dir (a live train/evaluate, a stale one, or none).
+    """Show the job's TPU node: state, health, type, hosts, endpoints, runtime version; who holds the
+    lease on run.model_dir (a live train/evaluate, a stale one, or none); and its last run (the newest
+    whole line of its run record).
 
     The node comes from the job's tpu: section (name, zone, project), else $TPU_NAME,
     $TPU_ZONE, $TPU_PROJECT / $GOOGLE_CLOUD_PROJECT. Set $TPULAUNCH_TPU_DISCOVERY_URL to
     ask another TPU API endpoint (an emulator).
 
     Exit code 0 when the node can run the job, 3 when it cannot (not READY, not HEALTHY,
-    another accelerator type, not found, API unreachable), 1 for a job file mistake or a node whose runtime
+    another accelerator type, not found, API unreachable: said within $TPULAUNCH_TPU_API_REACH_S, 30 s by
+    default), 1 for a job file mistake or a node whose runtime
     version does not run this machine's TensorFlow the job's engine's way (located at tpu.runtime_version,
     else tpu.name).
 
@@ -47,15 +50,17 @@ def status(obj, job_file, wait_s, fmt, overrides):
     # Only the tpu: section decides whether the node can be asked about; other mistakes are validate's.
     checked = load_checked(job_file, overrides, verb="checking the TPU of", sections=("tpu",))
     lease = _lease(checked)
+    last_run = _last_run(checked, obj)
     job_tpu = checked.loaded.section("tpu")
     if job_tpu is None:
         if fmt == "json":
-            click.echo(json.dumps({"file": job_file, "tpu": None, "runs": "locally", "usable": True, "lease": lease},
-                                  indent=2))
+            click.echo(json.dumps({"file": job_file, "tpu": None, "runs": "locally", "usable": True, "lease": lease,
+                                   "last_run": last_run}, indent=2))
         else:
             obj.out.print(f"{job_file}: no tpu: section, so the job runs locally (CPU/GPU); nothing to check",
                           highlight=False)
             _print_lease(obj.out, lease)
+            _print_last_run(obj.out, last_run)
         return
 
     from tpulaunch.checks.stack import refuse_unless_runnable
@@ -89,15 +94,15 @@ def status(obj, job_file, wait_s, fmt, overrides):
         node.findings = [f for f in node.findings if f.code != "runtime-version-mismatch"]
     if fmt == "json":
         extra = {"problems": [p.to_dict() for p in stack]} if stack else {}
-        click.echo(json.dumps({"file": job_file, **node.to_dict(), "lease": lease, **extra}, indent=2))
+        click.echo(json.dumps({"file": job_file, **node.to_dict(), "lease": lease, "last_run": last_run, **extra},
+                              indent=2))
     else:
         render_status(obj.out, node)
         _print_lease(obj.out, lease)
+        _print_last_run(obj.out, last_run)
     if any(p.is_error for p in stack):
         if fmt == "json":  # the problems are in the JSON already
             raise AlreadyReported(ExitCode.PROBLEMS)
-        from tpulaunch.errors import TpuLaunchError
-
         raise TpuLaunchError(f"TPU node '{ref.name}' cannot run this job's TensorFlow: fix the problems above",
                              problems=stack, exit_code=ExitCode.PROBLEMS)
     if not node.usable:
@@ -130,6 +135,83 @@ def _lease(checked) -> dict:
 def _print_lease(console, lease: dict) -> None:
     where = f" ({lease['model_dir']})" if lease["model_dir"] else ""
     console.print(f"model_dir lease{where}: {lease['text']}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _last_run(checked, obj) -> dict:
+    """{"state": "recorded" | "none" | "unknown", "record": the newest whole record (or None), "records": how many,
+    "skipped": line numbers that are not whole records, "text"} from run.model_dir's run record. A torn line
+    is skipped with a message on stderr; an unreadable record is "unknown" with why, never a failure of status."""
+    from tpulaunch.run.record import RECORD_FILE, read_records, skipped_text
+
+    run = checked.loaded.section("run")
+    model_dir = getattr(run, "model_dir", None)
+    empty = {"state": "unknown", "record": None, "records": 0, "skipped": []}
+    if not model_dir:
+        return {**empty, "text": "unknown (the job has no valid run.model_dir)"}
+    path = f"{model_dir.rstrip('/')}/{RECORD_FILE}"
+    try:
+        text = _read_record_file(model_dir)
+    except Exception as exc:  # an unreachable bucket, no credentials, an unreadable file
+        message = getattr(exc, "message", None) or f"{type(exc).__name__}: {first_line(exc)}"
+        return {**empty, "text": f"unknown ({message})"}
+    if text is None:
+        return {**empty, "state": "none", "text": "none (no run recorded yet)"}
+    skipped = []
+    records = read_records(text.splitlines(), on_skipped=lambda number, why: skipped.append((number, why)))
+    if skipped:
+        obj.err.print(skipped_text(path, skipped), highlight=False, markup=False, soft_wrap=True)
+    if not records:
+        return {**empty, "state": "none", "skipped": [n for n, _ in skipped], "text": "none (no whole record)"}
+    last = records[-1]
+    steps = last.get("steps") if isinstance(last.get("steps"), dict) else {}
+    text = (f"{last.get('command')} {last.get('outcome')}, step {steps.get('from')} to {steps.get('to')}, "
+            f"ended {last.get('end')}")
+    return {"state": "recorded", "record": last, "records": len(records), "skipped": [n for n, _ in skipped],
+            "text": text}
+
+
+RECORD_READ_TIMEOUT_S = 10.0  # one read of a gs:// run record: an unreachable bucket is "unknown" after this
+
+
+def _read_record_file(model_dir: str):
+    """model_dir's run record as text (None when there is none), without TensorFlow: a local file, or the
+    gs:// object through google-cloud-storage, given up after RECORD_READ_TIMEOUT_S."""
+    from tpulaunch.run.record import RECORD_FILE
+
+    if not model_dir.startswith("gs://"):
+        if "://" in model_dir:
+            raise TpuLaunchError(f"status reads local and gs:// run records, not {model_dir.split('://')[0]}://")
+        try:
+            with open(f"{model_dir.rstrip('/')}/{RECORD_FILE}", "rb") as handle:
+                return handle.read().decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return None
+    from google.api_core import exceptions
+    from google.api_core.retry import Retry
+    from google.auth.exceptions import DefaultCredentialsError
+    from google.cloud import storage
+
+    bucket, _, prefix = model_dir[len("gs://"):].partition("/")
+    name = f"{prefix.rstrip('/')}/{RECORD_FILE}" if prefix else RECORD_FILE
+    deadline = RECORD_READ_TIMEOUT_S
+    try:
+        client = storage.Client()
+    except DefaultCredentialsError:
+        raise TpuLaunchError("no Google Cloud credentials to read the run record on gs://") from None
+    try:
+        blob = client.bucket(bucket).blob(name)
+        return blob.download_as_bytes(timeout=(deadline / 2, deadline / 2),
+                                      retry=Retry(timeout=deadline / 2, initial=0.2, maximum=1.0)).decode(
+            "utf-8", errors="replace")
+    except exceptions.NotFound:
+        return None
+    except (exceptions.RetryError, exceptions.GoogleAPIError, OSError) as exc:
+        raise TpuLaunchError(f"could not reach gs://{bucket}/{name} within {deadline:g} s "
+                             f"({type(exc).__name__}: {first_line(exc)})") from None
+
+
+def _print_last_run(console, last_run: dict) -> None:
+    console.print(f"last run: {last_run['text']}", highlight=False, markup=False, soft_wrap=True)
 
 
 def render_status(console, node) -> None:

@@ -49,6 +49,7 @@ class EngineAbout:
     batches_per_replica: bool = False  # its input pipeline batches per replica (else per input_fn call)
     cpu_replicas: bool = False  # can split this machine's CPU into replicas (--cpu-replicas)
     tpu_runtime: str = "pjrt"  # the Cloud TPU runtime it needs: tpu-vm-tf-X.Y.Z-{se|pjrt} (cloud.google.com/tpu/docs/runtimes)
+    tpu_extra: str = ""  # tpulaunch's extra (setup.cfg) that runs it on a TPU VM (`tpulaunch run` installs it there)
     params_set_by_tensorflow: Tuple[str, ...] = ()  # model.params keys its framework sets itself
 
     @property

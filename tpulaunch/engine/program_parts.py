@@ -12,6 +12,7 @@ import ast
 import importlib.util
 import os
 import pprint
+import re
 import sys
 import textwrap
 from importlib.machinery import PathFinder
@@ -19,8 +20,10 @@ from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
 from tpulaunch.engine.flags import MODEL_DIR_FLAG, job_import_paths
 from tpulaunch.engine.sources import module_source
+from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.load import LoadedJob
 from tpulaunch.job.schema import INPUT_MODES
+from tpulaunch.job.yamlfile import dotted, env_parts, looks_secret
 
 
 class Keys:
@@ -382,3 +385,58 @@ def verbatim_lines(standalone_module: str, runs: str, source: str, tail: str) ->
     heading = textwrap.wrap(f"tpulaunch/engine/portable.py and {path}, verbatim: {runs}.", width=len(BANNER) - 2)
     return [BANNER, *(f"# {line}" for line in heading), BANNER, "", source.rstrip("\n"), "", "", BANNER, tail]
 
+
+
+# ------------------------------------------------------------------------------ ${VAR} values
+
+def env_reads(program: str, loaded: LoadedJob) -> str:
+    """`program` with every string value that a `${VAR}` of the job file filled read from the environment
+    when the program runs (`os.environ['API_TOKEN']`, `'gs://' + os.environ['BUCKET'] + '/data'`), never
+    written in it. A value under a secret-looking key, or from a secret-looking variable, that would still
+    be in the program (a value the program holds in another form) refuses the program, naming the key."""
+    marks = loaded.marks
+    head, banner, verbatim = program.partition(BANNER)  # tpulaunch's own code after the banner holds no job value
+    for path, text in marks.env_texts.items():
+        value = _value_at(loaded.data, path)
+        parts = env_parts(text)
+        secret = any(looks_secret(str(key)) for key in path) or any(
+            looks_secret(part[0]) for part in parts if not isinstance(part, str))
+        if _set_on_command_line(marks, path) or value is None or value == "" or not (
+                isinstance(value, str) or secret):
+            continue
+        reads = [repr(part) if isinstance(part, str) else
+                 f"os.environ[{part[0]!r}]" if part[1] is None else f"os.environ.get({part[0]!r}, {part[1]!r})"
+                 for part in parts]
+        read = reads[0] if len(reads) == 1 else "(" + " + ".join(reads) + ")"
+        if isinstance(value, str):
+            head = head.replace(repr(value), read)
+        elif isinstance(value, (int, float)) and len(reads) == 1:  # `api_key: ${KEY}` that YAML read as a number
+            number = re.compile(rf"(?<![\w.]){re.escape(repr(value))}(?![\w.])")
+            if len(number.findall(head)) == 1:  # one place only: another number that equals it is not touched
+                head = number.sub(f"{type(value).__name__}({read})", head)
+        program = head + banner + verbatim
+        shown = value if isinstance(value, str) else repr(value)
+        if secret and re.search(rf"(?<![\w.]){re.escape(shown)}(?![\w.])" if not isinstance(value, str) else
+                                re.escape(shown), program):
+            names = ", ".join(f"${{{part[0]}}}" for part in parts if not isinstance(part, str))
+            raise TpuLaunchError(
+                f"{dotted(path)}: the value of {names} would be written into the program in clear (the program "
+                "holds it in another form than the job file's)",
+                hint="quote it in the job file (\"${VAR}\": the program reads a string from the environment), pass "
+                     "it another way (the job's code reading the environment itself), or run the job with "
+                     "`tpulaunch train`")
+    return head + banner + verbatim
+
+
+def _value_at(data: Any, path: tuple) -> Any:
+    for key in path:
+        try:
+            data = data[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
+
+
+def _set_on_command_line(marks, path: tuple) -> bool:
+    """Whether --set replaced the value at `path` (or a mapping above it): then it is not the file's ${VAR}."""
+    return any(path[:length] in marks.sources for length in range(len(path) + 1))

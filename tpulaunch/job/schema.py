@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Union
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, PrivateAttr, Tag,
                       WithJsonSchema, field_validator, model_validator)
+from pydantic_core import PydanticCustomError
 from typing_extensions import Annotated
 
 from tpulaunch.engine.registry import names as _engine_names
@@ -28,8 +29,22 @@ FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8, "uint8": 1, "bool": 1}
 
 
+INT64_MAX = 2 ** 63 - 1  # TensorFlow counts steps, batches and sizes in int64
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _whole_numbers_fit_int64(cls, value):
+        """One rule for every whole number of the job (steps, batch sizes, cadences, shapes, seeds): it reaches
+        TensorFlow as an int64, so one beyond it is refused at its key (else it overflows, or a run never ends)."""
+        for item in value if isinstance(value, list) else (value,):
+            if isinstance(item, int) and not isinstance(item, bool) and not -INT64_MAX - 1 <= item <= INT64_MAX:
+                raise PydanticCustomError("less_than_equal", "Input should be less than or equal to {le}",
+                                          {"le": INT64_MAX})
+        return value
 
 
 def check_import_path(value: Optional[str]) -> Optional[str]:

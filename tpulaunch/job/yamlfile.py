@@ -43,6 +43,7 @@ class Marks:
     values: dict = field(default_factory=dict)  # path -> Mark of the value node
     sources: dict = field(default_factory=dict)  # path -> file label, when it differs from `file`
     env_refs: dict = field(default_factory=dict)  # path -> names of environment variables used
+    env_texts: dict = field(default_factory=dict)  # path -> the scalar's text before its ${VAR}s were filled
 
     def locate(self, path: Path, *, at_key: bool = False) -> tuple[str, Mark]:
         """The best mark for a path: the path itself, else its nearest ancestor."""
@@ -216,6 +217,8 @@ class _Builder:
             return None
 
     def _interpolate(self, text: str, node, path: Path) -> str:
+        self.marks.env_texts[path] = text
+
         def replace(match: re.Match) -> str:
             name, default = match.group(1), match.group(2)
             self.marks.env_refs.setdefault(path, []).append(name)
@@ -234,6 +237,21 @@ class _Builder:
             return ""
 
         return _ENV_REF.sub(replace, text)
+
+
+def env_parts(text: str) -> list:
+    """A scalar's text as it is written, in pieces: plain text (str) and ${VAR} references ((name, default or
+    None)), so that a program can fill them when it runs instead of holding their values."""
+    parts: list = []
+    start = 0
+    for match in _ENV_REF.finditer(text):
+        if match.start() > start:
+            parts.append(text[start:match.start()])
+        parts.append((match.group(1), match.group(2)))
+        start = match.end()
+    if start < len(text):
+        parts.append(text[start:])
+    return parts
 
 
 def read_job_text(filename: str) -> str:

@@ -454,15 +454,26 @@ def xla_step_bytes(job: Job, tile: Tile, timeout: int = XLA_TIMEOUT_S) -> dict:
 
 def _xla_child() -> None:
     """Child process of `xla_step_bytes`: request JSON on stdin, result JSON on stdout."""
-    import glob
     import json
-    import os
-    import re
+    import shutil
     import sys
     import tempfile
 
     request = json.load(sys.stdin)
     dump = tempfile.mkdtemp(prefix="tpulaunch-xla-")
+    try:
+        _xla_step(request, dump)
+    finally:  # XLA's dump is this child's scratch: nothing of it stays, however the step ends
+        shutil.rmtree(dump, ignore_errors=True)
+
+
+def _xla_step(request: dict, dump: str) -> None:
+    """Build one training step with XLA, dumping into `dump`; print XLA's buffer total as JSON."""
+    import glob
+    import json
+    import os
+    import re
+
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}").strip()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf

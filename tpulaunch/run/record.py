@@ -29,6 +29,8 @@ import datetime
 import hashlib
 import json
 import math
+import os
+import sys
 import time
 from typing import Any, Callable, Dict, Iterable, Optional
 
@@ -134,16 +136,58 @@ def record_line(record: dict) -> str:
     return json.dumps(_finite(record), separators=(", ", ": "), allow_nan=False, default=str) + "\n"
 
 
-def read_records(lines: Iterable[str]) -> list:
-    """The records of a tpulaunch-runs.jsonl file, oldest first; lines that are not JSON objects are skipped."""
+TORN_SUFFIX = ".torn"  # model_dir/tpulaunch-runs.jsonl.torn: the torn tails set apart, one per line
+
+
+def split_torn(text: str) -> tuple:
+    """(whole lines, torn tail) of a record file's text: the torn tail is what follows the last newline (a
+    record whose write was cut short by a crash or a full disk); "" when the file ends with a whole line."""
+    cut = text.rfind("\n") + 1
+    return text[:cut], text[cut:]
+
+
+def read_records(lines: Iterable[str], on_skipped: Optional[Callable[[int, str], None]] = None) -> list:
+    """The records of a tpulaunch-runs.jsonl file, oldest first.
+
+    A line that is not a JSON object (a record cut short by a crash or a full disk, or text written by
+    something else) is skipped: `on_skipped(line_number, why)` is told of each, so a reader can say so.
+    """
     records = []
-    for line in lines:
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
         try:
             record = json.loads(line)
         except ValueError:
-            continue  # a line cut short (a run killed while writing it)
+            record = None
         if isinstance(record, dict):
             records.append(record)
+        elif on_skipped is not None:
+            on_skipped(number, "a torn or foreign line, not a JSON object")
+    return records
+
+
+def skipped_text(path: str, skipped: list) -> str:
+    """One line for the records a reader skipped: `skipped` as [(line number, why)]."""
+    numbers = ", ".join(str(number) for number, _ in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
+    plural = "s" if len(skipped) > 1 else ""
+    return (f"{path}: skipped {len(skipped)} line{plural} ({numbers}) that {'are' if plural else 'is'} not a whole "
+            f"record ({skipped[0][1]}); the other records are read")
+
+
+def local_records(model_dir: str, say: Callable[[str], None] = lambda text: print(text, file=sys.stderr)) -> list:
+    """The records of a local model_dir's run record (none when it has none), for tools: a line that is not a
+    whole record is skipped, and `say` told of it."""
+    path = os.path.join(model_dir, RECORD_FILE)
+    try:
+        with open(path, "rb") as handle:
+            lines = handle.read().decode("utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return []
+    skipped: list = []
+    records = read_records(lines, on_skipped=lambda number, why: skipped.append((number, why)))
+    if skipped:
+        say(skipped_text(path, skipped))
     return records
 
 

@@ -43,6 +43,8 @@ class NodeSpec:
     network: Optional[str] = None
     subnetwork: Optional[str] = None
     queued: bool = False
+    # The node's metadata (`tpulaunch run`: its startup-script, which every host runs when it boots), as pairs.
+    metadata: tuple = ()
 
     @property
     def tier(self) -> str:
@@ -212,6 +214,8 @@ class Lifecycle:
         if not spec.queued:  # a queued resource says spot/reserved by its own tier instead
             node.scheduling_config = tpu_v2.SchedulingConfig(spot=spec.spot, preemptible=spec.preemptible,
                                                              reserved=spec.reserved)
+        if spec.metadata:
+            node.metadata = dict(spec.metadata)
         if spec.network or spec.subnetwork:
             node.network_config = tpu_v2.NetworkConfig(network=spec.network or "", subnetwork=spec.subnetwork or "")
         return node

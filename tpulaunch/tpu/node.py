@@ -52,6 +52,8 @@ DEAD_STATES = {"PREEMPTED", "TERMINATED", "STOPPED", "STOPPING", "DELETING", "HI
 RECREATE_STATES = {"PREEMPTED", "TERMINATED", "DELETING", "NOT_FOUND"}
 
 REQUEST_TIMEOUT_S = 20.0  # one HTTP request to the TPU API
+REACH_S = 30.0  # one read of the TPU API, its retries included: an API that cannot be reached is said within this
+REACH_ENV = "TPULAUNCH_TPU_API_REACH_S"
 ATTEMPTS = 4  # tries per API read before giving up on transient failures
 BACKOFF_S = 0.5  # first pause between tries; doubles, capped at MAX_BACKOFF_S
 MAX_BACKOFF_S = 8.0
@@ -266,24 +268,56 @@ def _short(exc: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def with_retries(ref: NodeRef, request: Callable[[], object], *, what: str, attempts: int, backoff_s: float,
-                 subject: Optional[str] = None):
-    """Run one API request through `api.call`, retrying transient failures `attempts` times in all."""
+def reach_s(env: Mapping[str, str] = os.environ) -> float:
+    """How long one read of the TPU API may take in all, its retries included: $TPULAUNCH_TPU_API_REACH_S, else
+    REACH_S."""
+    value = env.get(REACH_ENV)
+    if not value:
+        return REACH_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise TpuLaunchError(f"${REACH_ENV}={value!r} is not a number of seconds above 0",
+                             hint=f"unset it (default {REACH_S:g} s)")
+    return seconds
+
+
+def with_retries(ref: NodeRef, request: Callable[..., object], *, what: str, attempts: int, backoff_s: float,
+                 subject: Optional[str] = None, timeout: Optional[float] = None, within_s: Optional[float] = None,
+                 endpoint: Optional[str] = None):
+    """Run one API request through `api.call`, retrying transient failures `attempts` times in all, no try
+    starting after `within_s` seconds (default: `reach_s()`). Given `timeout`, `request(seconds)` is told how long
+    its HTTP request may take: `timeout` at most, never past that bound, so all of it ends within `within_s`;
+    else `request()` keeps its own timeout. `endpoint`: the API endpoint asked, for the message."""
     subject = subject or f"TPU node '{ref.name}'"
+    within_s = reach_s() if within_s is None else within_s
+    deadline = time.monotonic() + within_s
     delay = backoff_s
     last = None
-    for attempt in range(1, attempts + 1):
+    tries = 0
+    while tries < attempts:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        tries += 1
         try:
-            return api.call(request, what=what, subject=subject, where=where(ref), tried=tried(ref))
+            send = request if timeout is None else (lambda: request(min(timeout, left)))
+            return api.call(send, what=what, subject=subject, where=where(ref), tried=tried(ref))
         except api._Transient as problem:
             last = problem
-        if attempt < attempts:
-            time.sleep(delay)
+        if tries < attempts:
+            time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
             delay = min(delay * 2, MAX_BACKOFF_S)
+    out_of_time = tries < attempts
     raise TpuLaunchError(
-        f"could not {_infinitive(what)} {subject} ({ref.full_name}) after {attempts} tries: {last}",
-        hint="the TPU API may be having trouble; retry later, or check the endpoint "
-             f"(${api.ENDPOINT_ENV}) and your network",
+        f"could not {_infinitive(what)} {subject} ({ref.full_name}) "
+        + (f"within {within_s:g} s ({tries} {'try' if tries == 1 else 'tries'})" if out_of_time else
+           f"after {attempts} tries") + f": {last or 'no answer'}",
+        hint=f"the TPU API ({endpoint or api.endpoint() or api.GOOGLE_ENDPOINT}) may be unreachable or having "
+             f"trouble; retry later, or check the endpoint (${api.ENDPOINT_ENV}) and your network"
+             + (f"; ${REACH_ENV} sets how long to try (now {within_s:g} s)" if out_of_time else ""),
         exit_code=ExitCode.CLUSTER)
 
 
@@ -304,13 +338,14 @@ class _NodeReader:
 
     def read(self) -> dict:
         """The node as a dict of the API's JSON names; NodeNotFound when it is not there."""
-        def once():
+        def once(seconds: float):
             if self._client is None:
                 self._client = api.client(self.api_endpoint)
-            return api.to_dict(self._client.get_node(name=self.ref.full_name, timeout=self.timeout, retry=None))
+            return api.to_dict(self._client.get_node(name=self.ref.full_name, timeout=seconds, retry=None))
 
         try:
-            return with_retries(self.ref, once, what="reading", attempts=self.attempts, backoff_s=self.backoff_s)
+            return with_retries(self.ref, once, what="reading", attempts=self.attempts, backoff_s=self.backoff_s,
+                                timeout=self.timeout, endpoint=self.api_endpoint)
         except api.NodeNotFound as missing:
             missing.hint = (f"check the name, zone and project (`gcloud compute tpus tpu-vm list --zone {self.ref.zone} "
                             f"--project {self.ref.project}`), or create it: `tpulaunch up JOB.yaml`")

@@ -132,6 +132,27 @@ def _source_line(file: str, line: int, cache: dict) -> Optional[str]:
     return lines[line - 1] if 0 < line <= len(lines) else None
 
 
+SNIPPET_WIDTH = 100  # at most this much of a source line is echoed (a generated line may be megabytes); with
+# its "..." and the "  NNNN | " margin, the line and its caret stay within PIPE_WIDTH
+_CUT = "..."
+
+
+def around_column(source: str, column: int, width: int = SNIPPET_WIDTH) -> tuple:
+    """(the part of `source` shown, the caret's column in it): the line as is when it fits `width`, else a
+    window of `width` characters around `column`, "..." marking each side cut off."""
+    if len(source) <= width:
+        return source, column
+    start = max(0, min(column - 1 - width // 2, len(source) - width))
+    end = start + width
+    shown = source[start:end]
+    caret = column - start
+    if start > 0:
+        shown, caret = _CUT + shown, caret + len(_CUT)
+    if end < len(source):
+        shown += _CUT
+    return shown, caret
+
+
 def problem_line(p: Problem) -> str:
     """`FILE:LINE:COL: path: message`, with `warning:` before the message for warnings."""
     where = f"{p.file}:{p.line}:{p.column}"
@@ -151,8 +172,9 @@ def report_lines(problems: Sequence[Problem], *, file: str, checked: Iterable[st
         if snippets:
             source = _source_line(p.file, p.line, cache) if os.path.isfile(p.file) else None
             if source is not None and source.strip():
-                yield [f"  {p.line:>4} | {source}"], True
-                yield [f"       | {' ' * (p.column - 1)}", ("^", style)], False
+                shown, column = around_column(source, p.column)
+                yield [f"  {p.line:>4} | {shown}"], True
+                yield [f"       | {' ' * (column - 1)}", ("^", style)], False
         if p.hint:
             yield ["    ", ("hint:", "cyan"), f" {p.hint}"], True
     errors = sum(p.is_error for p in problems)

@@ -11,7 +11,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Any, Optional
 
-from tpulaunch.errors import TpuLaunchError, first_line
+from tpulaunch.errors import TpuLaunchError, first_line, storage_error
 from tpulaunch.job.schema import Job
 
 if TYPE_CHECKING:
@@ -80,8 +80,17 @@ def write_job_copy(job: Job, model_dir: str, *, force: bool = False) -> str:
                 hint=f"compare with {path}; use another run.model_dir (or --model-dir), or pass --force to "
                      "resume anyway")
     tf.io.gfile.makedirs(model_dir)
-    with tf.io.gfile.GFile(path, "w") as handle:
-        handle.write(yaml.safe_dump(document, sort_keys=False))
+    # Written whole, then renamed over the copy: a full disk mid-write leaves the previous copy, not half of one
+    # (which the next resume would read as a job with another model), and no temporary file.
+    temporary = path + ".tmp"
+    try:
+        with tf.io.gfile.GFile(temporary, "w") as handle:
+            handle.write(yaml.safe_dump(document, sort_keys=False))
+        tf.io.gfile.rename(temporary, path, overwrite=True)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            tf.io.gfile.remove(temporary)
+        raise
     return path
 
 
@@ -108,18 +117,35 @@ def model_dir_errors(model_dir: str):
             raise
         if not _about(model_dir, str(getattr(exc, "message", None) or exc)):
             raise  # not about model_dir (an out-of-memory, a data file): let its own handler speak
+        storage = storage_error(exc)
+        if storage is not None and storage.path:
+            _remove_failed_save(model_dir, storage.path)
         try:
             step = checkpoint_step(model_dir)
         except Exception:  # the directory may be gone
             step = None
         resume = f"; a rerun resumes from step {step}" if step else ""
+        if storage is not None:  # a full disk, a quota, a read-only filesystem, permissions: said as such
+            raise TpuLaunchError(f"run.model_dir {model_dir}: {storage.text()}", hint=f"{storage.hint}{resume}",
+                                 code=storage.name.lower()) from None
         raise TpuLaunchError(f"run.model_dir {model_dir}: {first_line(exc)}",
                              hint=f"recreate the directory, free disk space or fix its permissions{resume}") from None
 
 
+def _remove_failed_save(model_dir: str, path: str) -> None:
+    """Remove the `model.ckpt-N_temp` directory of a save that failed writing `path` (TensorFlow's sharded
+    save writes there, then renames): left behind it is only debris, never a checkpoint to resume from."""
+    import tensorflow as tf
+
+    match = re.match(re.escape(model_dir.rstrip("/")) + r"/(model\.ckpt-\d+_temp)(?:/|$)", path)
+    if match:
+        with contextlib.suppress(Exception):  # best effort: the error itself is what the user must see
+            tf.io.gfile.rmtree(os.path.join(model_dir, match.group(1)))
+
+
 def _about(model_dir: str, text: str) -> bool:
     """Whether an error message names model_dir, a file in it, or a directory above it."""
-    if "No space left" in text:
+    if "No space left" in text or "Disk quota exceeded" in text:
         return True
     for path in re.findall(r"(?:gs://|/)[^\s'\";,]+", text):
         path = path.rstrip(".")

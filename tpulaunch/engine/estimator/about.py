@@ -11,6 +11,7 @@ ABOUT = EngineAbout(
     tensorflow=(None, (2, 16)),  # TensorFlow 2.16 removed tf.estimator
     packages=(("tensorflow_estimator", "tensorflow-estimator"),),
     tpu_runtime="se",  # TPUEstimator's sessions run on the stream executor runtime
+    tpu_extra="tpu",
     static_rules="tpulaunch.engine.estimator.rules:problems",
     # What each of the job's own input_fns yields, called as TPUEstimator calls it.
     code_checks=(("input_fn", "tpulaunch.engine.estimator.input_signature:input_signature_problems"),),

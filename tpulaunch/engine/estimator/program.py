@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Sequence
 
 from tpulaunch.engine import plain as neutral
 from tpulaunch.engine.estimator import plain
-from tpulaunch.engine.program_parts import (Keys, builder_lines, call, call_lines, files_list, flag_lines, import_line,
-                                            input_fn_lines, job_dir_lines, keywords, reference_lines, settings_lines,
-                                            tpu_lines, verbatim_lines)
+from tpulaunch.engine.program_parts import (Keys, builder_lines, call, call_lines, env_reads, files_list, flag_lines,
+                                            import_line, input_fn_lines, job_dir_lines, keywords, reference_lines,
+                                            settings_lines, tpu_lines, verbatim_lines)
 from tpulaunch.engine.sources import program_source
 from tpulaunch.job.load import LoadedJob
 
@@ -144,7 +144,7 @@ def explain_script(loaded: LoadedJob, plan: "Plan", *, search_path: Sequence[str
     lines += flag_lines(job, at)
     lines += verbatim_lines(STANDALONE, "the input pipeline, model_fn and estimator settings `tpulaunch train` runs",
                             standalone_source(), _tail(inputs, optimizer, model, config, estimator))
-    return "\n".join(lines) + "\n"
+    return env_reads("\n".join(lines) + "\n", loaded)
 
 
 def _job_model_fn(optimizer: dict, model: dict) -> str:

@@ -23,4 +23,5 @@ ABOUT = EngineAbout(
     batches_per_replica=True,  # distribute_datasets_from_function: InputContext.get_per_replica_batch_size
     cpu_replicas=True,
     tpu_runtime="pjrt",
+    tpu_extra="keras-tpu",
 )

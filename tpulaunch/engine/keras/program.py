@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from tpulaunch.engine import plain as neutral  # the engine-neutral values: input pipeline, optimizer
 from tpulaunch.engine.keras import plain
-from tpulaunch.engine.program_parts import (Keys, builder_lines, call, files_list, flag_lines, job_dir_lines,
-                                            keywords, reference_lines, settings_lines, tpu_lines, verbatim_lines)
+from tpulaunch.engine.program_parts import (Keys, builder_lines, call, env_reads, files_list, flag_lines,
+                                            job_dir_lines, keywords, reference_lines, settings_lines, tpu_lines,
+                                            verbatim_lines)
 from tpulaunch.engine.sources import program_source
 from tpulaunch.job.load import LoadedJob
 
@@ -156,7 +157,7 @@ def explain_script(loaded: LoadedJob, plan: "Plan", *,
     lines += verbatim_lines(STANDALONE, "the input pipeline, strategy, training step, evaluation and checkpoints "
                             "`tpulaunch train` runs on the keras engine", standalone_source(),
                             _tail(inputs, optimizer, training, strategy, on_tpu))
-    return "\n".join(lines) + "\n"
+    return env_reads("\n".join(lines) + "\n", loaded)
 
 
 def _job_strategy(on_tpu: bool, strategy: dict) -> str:

@@ -1,0 +1,71 @@
+"""Following a remote run from outside: the lines a host's `tpulaunch train` wrote to model_dir, and its status.
+
+The controller reads only what the run writes anyway (no connection to the VM), so it costs the run nothing.
+The progress lines are train's own (`run/render_plain.py`: a VM's output is not a terminal); the few they carry
+that recovery needs are read back here: the step trained, the checkpoint saved, the step a run started from.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import List, Optional
+
+from tpulaunch.remote import layout, store
+
+STEP_LINE = re.compile(r"^train \| step (\d+)/(\d+)")
+START_LINE = re.compile(r"^train \| start \| step (\d+)/(\d+)")
+CHECKPOINT_LINE = re.compile(r"^checkpoint \| step (\d+)")
+
+
+class HostLog:
+    """New complete lines of one host's log, each read once (a line still being written waits for its end)."""
+
+    def __init__(self, model_dir: str, attempt: int, worker: int = 0):
+        self.url = layout.host_log(model_dir, attempt, worker)
+        self.offset = 0
+        self._partial = b""
+        self.step: Optional[int] = None  # the newest step the log showed
+        self.total: Optional[int] = None
+        self.checkpoint: Optional[int] = None  # the newest checkpoint it showed saved
+        self.started_from: Optional[int] = None  # the step training started (or resumed) from
+        self.first_step: Optional[int] = None  # the first step trained
+
+    def new_lines(self) -> List[str]:
+        data = store.read(self.url, self.offset)
+        if not data:
+            return []
+        self.offset += len(data)
+        data = self._partial + data
+        *complete, self._partial = data.split(b"\n")
+        lines = [line.decode("utf-8", errors="replace").rstrip("\r") for line in complete]
+        for line in lines:
+            self._note(line)
+        return lines
+
+    def _note(self, line: str) -> None:
+        match = STEP_LINE.match(line)
+        if match:
+            self.step, self.total = int(match.group(1)), int(match.group(2))
+            if self.first_step is None:
+                self.first_step = self.step
+            return
+        match = START_LINE.match(line)
+        if match:
+            self.started_from, self.total = int(match.group(1)), int(match.group(2))
+            return
+        match = CHECKPOINT_LINE.match(line)
+        if match:
+            self.checkpoint = int(match.group(1))
+
+
+def host_status(model_dir: str, attempt: int, worker: int = 0) -> Optional[dict]:
+    """The host's status file (`host.py`), or None before the host wrote one (or when it is not JSON yet)."""
+    data = store.read(layout.host_status(model_dir, attempt, worker))
+    if not data:
+        return None
+    try:
+        found = json.loads(data)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None

@@ -1,0 +1,47 @@
+"""Where a remote run keeps its files under run.model_dir (one place for every path)::
+
+    model_dir/tpulaunch-remote/
+        blobs/<sha256>                 staged files, named by their content (the job, its code, tpulaunch)
+        stages/<sha256>.json           a stage's manifest: what the VM fetches and runs (named by its content)
+        run.json                       the controller's record: the node, each VM it created, each recovery
+        attempts/<n>/worker-<i>.log    what host i of the n-th VM printed (`tpulaunch train`'s lines)
+        attempts/<n>/worker-<i>.json   that host's status: when it booted, installed, started, how it ended
+
+`n` counts the VMs a run created (the node's `tpulaunch-attempt` metadata): a recreated node writes a new
+folder, so the lines of a VM that was lost stay next to those of the one that replaced it.
+"""
+
+from __future__ import annotations
+
+REMOTE_DIR = "tpulaunch-remote"
+ATTEMPT_KEY = "tpulaunch-attempt"  # node metadata: which VM of the run this is
+STAGE_KEY = "tpulaunch-stage"  # node metadata: the stage's digest (a node running another job is not reattached)
+STARTUP_KEY = "startup-script"  # node metadata every TPU VM host runs at boot
+
+
+def join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *[str(part).strip("/") for part in parts]])
+
+
+def remote_dir(model_dir: str) -> str:
+    return join(model_dir, REMOTE_DIR)
+
+
+def blob(model_dir: str, digest: str) -> str:
+    return join(remote_dir(model_dir), "blobs", digest)
+
+
+def manifest(model_dir: str, digest: str) -> str:
+    return join(remote_dir(model_dir), "stages", f"{digest}.json")
+
+
+def run_record(model_dir: str) -> str:
+    return join(remote_dir(model_dir), "run.json")
+
+
+def host_log(model_dir: str, attempt: int, worker: int) -> str:
+    return join(remote_dir(model_dir), "attempts", str(attempt), f"worker-{worker}.log")
+
+
+def host_status(model_dir: str, attempt: int, worker: int) -> str:
+    return join(remote_dir(model_dir), "attempts", str(attempt), f"worker-{worker}.json")

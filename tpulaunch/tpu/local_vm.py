@@ -1,0 +1,160 @@
+"""TPU VMs as local processes, for the local Cloud TPU API server (`tpu/local_api.py`) and `tpulaunch rehearse`.
+
+On Cloud TPU, every host of a slice is a VM that, when it boots, runs the `startup-script` in its node's
+metadata as root and learns its place from the metadata server (`agent-worker-number`, `accelerator-type`,
+`worker-network-endpoints`, the node's own metadata keys), asked over HTTP with the `Metadata-Flavor: Google`
+header. Here each host is one process (`bash startup-script`) in a process group of its own, with a scratch
+folder of its own as its disk (the script's working directory and $HOME), and its metadata served by the local
+API server under a prefix of its own, named to the script by $TPULAUNCH_METADATA_URL (the real script falls back
+to http://metadata.google.internal/computeMetadata/v1/). Deleting or preempting the node kills every host's
+process group at once, as losing the VM does: nothing the processes do after that point happens.
+
+What differs from a real TPU VM, said where it matters: the hosts share this machine (its Python, its files,
+its network), run as the current user, and have no TPU.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional
+
+METADATA_URL_ENV = "TPULAUNCH_METADATA_URL"
+METADATA_PREFIX = "/vm/"  # /vm/<vm id>/<worker>/computeMetadata/v1/...
+SCRIPT_LOG = "startup-script.log"  # on each host's disk: what the startup script printed
+
+
+@dataclass
+class Host:
+    worker: int
+    disk: str
+    process: subprocess.Popen
+
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+
+@dataclass
+class Vm:
+    """One boot of a node's hosts: `vm_id` is new for every create (a recreated node is a new VM)."""
+
+    vm_id: str
+    node: str  # the node's full resource name
+    accelerator_type: str
+    metadata: Dict[str, str]
+    endpoints: List[str]
+    hosts: List[Host] = field(default_factory=list)
+
+    def attributes(self, worker: int) -> Dict[str, str]:
+        """What host `worker` reads under instance/attributes/ (the node's own metadata included)."""
+        return {**self.metadata, "agent-worker-number": str(worker), "accelerator-type": self.accelerator_type,
+                "worker-network-endpoints": ",".join(self.endpoints)}
+
+
+class LocalVms:
+    """The TPU VMs of a local API server: booted when a node turns READY, killed when it is deleted or preempted.
+
+    Args:
+        root: where the hosts' disks go (`<root>/<node name>-<vm id>/worker-<i>`).
+        env: the environment every host process starts with (this machine's, in a rehearsal).
+        hosts: hosts per slice (None: as many as the accelerator type has, `tpu/types.py`).
+    """
+
+    def __init__(self, root: str, env: Optional[Mapping[str, str]] = None, hosts: Optional[int] = None):
+        self.root = os.path.abspath(root)
+        self.env = dict(os.environ if env is None else env)
+        self.hosts = hosts
+        self.vms: Dict[str, Vm] = {}  # vm id -> Vm (also the halted ones: their disks stay for inspection)
+        self.booted: List[str] = []  # vm ids, in boot order
+        self._lock = threading.Lock()
+
+    def host_count(self, accelerator_type: str) -> int:
+        if self.hosts:
+            return self.hosts
+        from tpulaunch.tpu.types import lookup
+
+        found = lookup(accelerator_type)
+        return found.hosts if found else 1
+
+    def boot(self, node: dict, metadata_root: str) -> Optional[Vm]:
+        """Start every host of `node` (its API JSON), each running the node's startup script when it has one.
+
+        `metadata_root` is the server's URL; each host's metadata lives under `<metadata_root>vm/<id>/<worker>/`.
+        """
+        accelerator_type = node.get("acceleratorType") or "v3-8"
+        count = self.host_count(accelerator_type)
+        vm = Vm(secrets.token_hex(4), node["name"], accelerator_type, dict(node.get("metadata") or {}),
+                [f"10.0.0.{2 + i}:8470" for i in range(count)])
+        short = node["name"].rsplit("/", 1)[-1]
+        script = vm.metadata.get("startup-script")
+        for worker in range(count):
+            disk = os.path.join(self.root, f"{short}-{vm.vm_id}", f"worker-{worker}")
+            os.makedirs(disk, exist_ok=True)
+            env = {**self.env, "HOME": disk,
+                   METADATA_URL_ENV: f"{metadata_root}vm/{vm.vm_id}/{worker}/computeMetadata/v1/"}
+            if script is None:
+                command = ["sleep", "infinity"]  # a VM with nothing to run still lives until it is deleted
+            else:
+                path = os.path.join(disk, "startup-script")
+                with open(path, "w") as handle:
+                    handle.write(script)
+                command = ["bash", path]
+            with open(os.path.join(disk, SCRIPT_LOG), "ab") as log:
+                process = subprocess.Popen(command, cwd=disk, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                           stderr=subprocess.STDOUT, start_new_session=True)
+            vm.hosts.append(Host(worker, disk, process))
+        with self._lock:
+            self.vms[vm.vm_id] = vm
+            self.booted.append(vm.vm_id)
+        return vm
+
+    def halt(self, node_name: str) -> int:
+        """Kill every process of the node's running VM (each host's whole process group); how many hosts ran."""
+        killed = 0
+        with self._lock:
+            vms = [vm for vm in self.vms.values() if vm.node == node_name]
+        for vm in vms:
+            for host in vm.hosts:
+                if host.running:
+                    killed += 1
+                try:
+                    os.killpg(host.process.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                host.process.wait()
+        return killed
+
+    def halt_all(self) -> None:
+        with self._lock:
+            names = {vm.node for vm in self.vms.values()}
+        for name in names:
+            self.halt(name)
+
+    def running(self, node_name: str) -> Optional[Vm]:
+        """The node's VM whose hosts still run, if any."""
+        with self._lock:
+            for vm in self.vms.values():
+                if vm.node == node_name and any(host.running for host in vm.hosts):
+                    return vm
+        return None
+
+    def metadata(self, path: str) -> Optional[str]:
+        """The value at `path` (after `/vm/`: `<vm id>/<worker>/computeMetadata/v1/instance/...`), or None."""
+        parts = path.split("/", 4)
+        if len(parts) < 5 or parts[2:4] != ["computeMetadata", "v1"] or not parts[1].isdigit():
+            return None
+        with self._lock:
+            vm = self.vms.get(parts[0])
+        if vm is None or int(parts[1]) >= len(vm.hosts):
+            return None
+        rest = parts[4]
+        worker = int(parts[1])
+        if rest.startswith("instance/attributes/"):
+            return vm.attributes(worker).get(rest[len("instance/attributes/"):])
+        return {"instance/id": f"{vm.vm_id}-{worker}", "instance/hostname": f"{vm.vm_id}-w-{worker}",
+                "project/project-id": vm.node.split("/")[1]}.get(rest)
