@@ -335,3 +335,26 @@ def test_a_train_on_a_live_gs_model_dir_is_refused_before_tensorflow_loads(proje
     finally:
         holder.release()
     assert leases.read_lease(model_dir)["state"] == "released"
+
+
+def test_a_gs_holder_checks_the_generation_it_holds_before_it_writes(storage_emulator):
+    """The check before a save on gs://: the generation this run last wrote, against a server that enforces
+    preconditions. Taken over (--take-lease), the old holder raises LeaseLost naming the new one, and leaves
+    the new lease alone; until then the check passes (a renewal in between included)."""
+    model_dir = "gs://leases/fenced"
+    first = leases.acquire(model_dir, run_id="first-run", command="train")
+    first.ensure_held()
+    assert first.renew() is True
+    first.ensure_held()  # against the renewal's generation
+    second = leases.acquire(model_dir, run_id="second-run", command="train", take=True)
+    try:
+        with pytest.raises(leases.LeaseLost) as lost:
+            first.ensure_held()
+        assert lost.value.exit_code == 5 and lost.value.holder["run_id"] == "second-run"
+        assert f"took run.model_dir {model_dir} over while this run held it" in lost.value.message
+        first.release()
+        assert leases.read_lease(model_dir)["run_id"] == "second-run"
+        second.ensure_held()
+    finally:
+        second.release()
+    assert leases.read_lease(model_dir)["state"] == "released"
