@@ -153,4 +153,7 @@ def _record_line(recorder: RunRecorder, checked, command: str, outcome: str, lea
         versions={"tpulaunch": __version__, "tensorflow": installed_tensorflow_version()}, profile=recorder.profile,
         run_id=lease.data["run_id"] if lease is not None else None,
         lease_took_over=lease.took_over if lease is not None else None)
+    rollbacks = getattr(recorder, "nan_rollbacks", None)  # engine/core/loop.py's, after a NaN loss (train.on_nan)
+    if rollbacks:
+        record["nan_rollbacks"] = list(rollbacks)
     return record_line(record)

@@ -127,10 +127,15 @@ class _EstimatorSession:
     def train_to(self, step: int) -> int:
         job = self.job
         # spec_errors: the model_fn's scaffold checks the builder's weights when the session starts.
+        import tensorflow as tf
+
         with naming_read_errors(job, "train"), spec_errors(), self.recorder.phase_scope():
             self.recorder.phase_began(phases.BUILD)  # the hooks take it from there (restore, first step, training)
-            self.estimator.train(self.train_input, max_steps=step, hooks=self.hooks,
-                                 saving_listeners=[self.listener])
+            try:
+                self.estimator.train(self.train_input, max_steps=step, hooks=self.hooks,
+                                     saving_listeners=[self.listener])
+            except tf.compat.v1.train.NanLossDuringTrainingError:  # the Estimator's NanTensorHook, after the step
+                raise loop.NonFiniteLoss(self.recorder.step) from None
         return checkpoint_step(job.run.model_dir) or 0
 
     def evaluate(self) -> bool:

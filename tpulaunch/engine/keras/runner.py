@@ -10,6 +10,7 @@ it, exit 5) behave the same.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
@@ -188,6 +189,9 @@ def _train_to(job: Job, training, iterator, until: int, recorder: RunRecorder, s
 
     def on_steps(step: int, loss: float, input_wait: Optional[float]) -> None:
         raise_if_lost(job.run.model_dir)  # the lease's renewal found model_dir taken over: no further step or save
+        if not math.isfinite(loss):  # before this step's save: its weights are the NaN update's
+            recorder.steps_run(step, loss, input_wait)
+            raise loop.NonFiniteLoss(step, loss)
         if first[0]:
             recorder.phase_switch(phases.TRAINING)
             first[0] = False
