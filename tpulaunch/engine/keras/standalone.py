@@ -368,7 +368,15 @@ class KerasTraining:
             gradients = self.optimizer.get_unscaled_gradients(gradients)
         self.optimizer.apply_gradients(zip(gradients, variables))  # sums the gradients over the replicas
         self.global_step.assign_add(1)
-        return total
+        if self.policy == "mixed_float16":  # its loss scale skips steps with non-finite gradients by design
+            return total
+        # A NaN or Inf gradient turns the weights NaN; a loss that clips its probabilities stays finite all the
+        # same. The step's loss says so: NaN, which the loop stops on before saving these weights.
+        checks = [tf.reduce_all(tf.math.is_finite(g.values if isinstance(g, tf.IndexedSlices) else g))
+                  for g in gradients if g is not None]
+        if not checks:
+            return total
+        return tf.where(tf.reduce_all(tf.stack(checks)), total, tf.constant(float("nan"), total.dtype))
 
     def train_step_fn(self, *, time_input: bool = False) -> Callable:
         """`run(iterator, steps)`: `steps` training steps in one compiled call; returns (the last step's loss, the
