@@ -1,5 +1,6 @@
-"""The keras engine's NaN loss: a real `train` whose data holds one record of Inf pixels (record 40: no shuffle,
-batch 8, so the loss is not finite at step 6, and 4 steps after each rollback as the input starts again) stops with
+"""The keras engine's NaN loss: a real `train` of a linear model whose data holds one record of NaN pixels (record
+40: no shuffle, batch 8, so the loss is NaN at step 6, and 4 steps after each rollback as the input starts again;
+linear, as a ReLU may turn a NaN into 0 on some CPU paths and not on others) stops with
 exit 1 naming the step and the last good checkpoint (the NaN step is never saved), or with `train.on_nan:
 {rollback: 1}` restores it once, in the run record, and stops at the next one (tests/run/test_nan.py is the
 estimator engine's)."""
@@ -24,12 +25,17 @@ from tpulaunch.run.record import RECORD_FILE
 def project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("keras_nan")
     rng = np.random.default_rng(1)
-    examples = [{"image": np.full(64, np.inf, np.float32) if index == 40 else rng.normal(size=64).astype(np.float32),
+    examples = [{"image": np.full(64, np.nan, np.float32) if index == 40 else rng.normal(size=64).astype(np.float32),
                  "label": int(rng.integers(0, 3))} for index in range(64)]
     write_examples(root / "train.tfrecord", examples)
+    (root / "nan_models.py").write_text(
+        "import tensorflow as tf\n\n\n"
+        "def linear(num_classes=3, input_shape=(8, 8, 1), **unused):\n"
+        "    image = tf.keras.Input(shape=tuple(input_shape), name='image')\n"
+        "    return tf.keras.Model(image, tf.keras.layers.Dense(num_classes)(tf.keras.layers.Flatten()(image)))\n")
     job = {
         "name": "keras-nan",
-        "model": {"builder": "tpulaunch.models.cnn:build", "params": {"num_classes": 3},
+        "model": {"builder": "nan_models:linear", "params": {"num_classes": 3},
                   "loss": "sparse_categorical_crossentropy", "optimizer": {"name": "sgd", "learning_rate": 0.05}},
         "data": {"train": "train.tfrecord", "features": corpus.IMAGE, "labels": corpus.CLASS, "shuffle_buffer": 0},
         "train": {"batch_size": 8, "steps": 40},

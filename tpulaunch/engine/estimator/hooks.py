@@ -9,12 +9,14 @@ module imports TensorFlow: the runner imports it inside the functions that train
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from typing import Callable, Optional, Tuple
 
 import tensorflow as tf
 
+from tpulaunch.engine.core.loop import NonFiniteLoss
 from tpulaunch.engine.estimator.input_wait import input_initializers, input_wait_tensor
 from tpulaunch.run import phases
 from tpulaunch.run.events import RunRecorder
@@ -83,8 +85,10 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         if self._recorder.phases.open_phases()[-1:] == [phases.FIRST_STEP]:
             self._recorder.phase_switch(phases.TRAINING)
         wait = results.get("input_wait")
-        self._recorder.steps_run(step, float(results["loss"]) if "loss" in results else None,
-                                 float(wait) if wait is not None else None)
+        loss = float(results["loss"]) if "loss" in results else None
+        self._recorder.steps_run(step, loss, float(wait) if wait is not None else None)
+        if loss is not None and not math.isfinite(loss):  # NaN or Inf: TensorFlow's NanTensorHook sees NaN only
+            raise NonFiniteLoss(step, loss)
 
     def end(self, session):
         opened = [name for name in self._recorder.phases.open_phases() if name in _SESSION_PHASES]
