@@ -204,7 +204,7 @@ def _roll_back(job: "Job", nan: NonFiniteLoss, recorder: "RunRecorder") -> None:
     where = f"the last good checkpoint is {good[0]} (step {good[1]})" if good else "no good checkpoint was saved"
     # The record's list of rollbacks (cli/recorded.py writes it): kept on the recorder, which the record reads.
     rollbacks = recorder.__dict__.setdefault("nan_rollbacks", [])
-    allowed = job.train.on_nan.rollback
+    allowed = job.train.on_nan.rollback if job.train.on_nan is not None else 0
     if len(rollbacks) < allowed:
         rollbacks.append({"step": nan.step, "to_step": good[1] if good else 0, "checkpoint": good[0] if good else None})
         recorder.note(f"nan | the loss became {_loss_text(nan)} at step {nan.step}; {where}: training goes on from "
