@@ -1,12 +1,12 @@
 """The model the job's builder returns is trained as written, or refused: never trained differently.
 
-tpulaunch trains a builder's model with the job's model.loss and model.optimizer in its own step, so
-a model that brings its own train_step, test_step or compute_loss, or that the builder compile()d,
-would silently train otherwise than its author wrote. Both are refused by `validate` and by
-`train --local` alike, at model.builder, with the fix. A Keras Loss (class or object) given as
-model.loss trains, scored as Keras's own losses are; a Keras Metric (class or object), or a Loss
-given as a metric, is refused at its key. The same cases on the keras engine:
-tests/keras_engine/test_builder_contract_keras.py.
+The estimator engine trains a builder's model with the job's model.loss and model.optimizer in its
+model_fn, so a model that brings its own train_step, test_step or compute_loss, or that the builder
+compile()d, would silently train otherwise than its author wrote. Both are refused by `validate` and
+by `train --local` alike, at model.builder, with the fix (the keras engine, which trains them as fit()
+would). A Keras Loss (class or object) given as model.loss trains, scored as Keras's own losses are;
+a Keras Metric (class or object), or a Loss given as a metric, is refused at its key. The same cases
+on the keras engine, which trains what it can: tests/keras_engine/test_builder_contract_keras.py.
 """
 
 from __future__ import annotations
@@ -59,9 +59,11 @@ REFUSED = {
 }
 
 # What the hints of some refusals say: where the logic, or compile()'s settings, go instead.
-HINTS = {"own_train_step": ["model.loss", "model.optimizer", "tpulaunch explain"],
-         "compiled_with_loss_and_optimizer": ["remove compile()", "compile=False", "model.loss", "model.optimizer"],
-         "metric_class": ["built-in metric name", "fn(labels, outputs)"]}
+# The keras engine, which trains all three, is the first fix named (tests/keras_engine/test_keras_as_written.py).
+HINTS = {"own_train_step": ["run.engine: keras", "model.loss", "model.optimizer", "tpulaunch explain"],
+         "compiled_with_loss_and_optimizer": ["run.engine: keras", "remove compile()", "compile=False", "model.loss",
+                                              "model.optimizer"],
+         "metric_class": ["built-in metric name", "fn(labels, outputs)", "keras engine (which also takes a Keras Metric)"]}
 
 # Jobs that must train: the plain models of the corpus, and Keras loss classes and instances as model.loss.
 TRAINED = {

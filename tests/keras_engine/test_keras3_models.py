@@ -76,18 +76,15 @@ JOBS = {
                                         labels={"kind": {"shape": [], "dtype": "int64"}, "box": {"shape": [4]}}),
                                     "data.labels"),
     "wrong_number_of_inputs": (job({"builder": f"{M}:two_inputs"}), "data.features"),
-    "own_train_step": (job({"builder": f"{M}:with_train_step"}),
-                       ("model.builder", "WithTrainStep, which overrides train_step")),
-    "own_test_step": (job({"builder": f"{M}:with_test_step"}),
-                      ("model.builder", "WithTestStep, which overrides test_step")),
-    "own_compute_loss": (job({"builder": f"{M}:with_compute_loss"}),
-                         ("model.builder", "WithComputeLoss, which overrides compute_loss")),
-    "compiled": (job({"builder": f"{M}:compiled"}),
-                 ("model.builder", "already compiled (optimizer Adam, loss SparseCategoricalCrossentropy)")),
+    # As Keras users write them: a model's own train_step, test_step or compute_loss runs as fit() runs it, a
+    # compiled model trains (tests/keras_engine/test_keras_as_written.py checks the numbers), a Keras Metric is fed.
+    "own_train_step": (job({"builder": f"{M}:with_train_step"}), None),
+    "own_test_step": (job({"builder": f"{M}:with_test_step"}), None),
+    "own_compute_loss": (job({"builder": f"{M}:with_compute_loss"}), None),
+    "compiled": (job({"builder": f"{M}:compiled"}), None),
     "tf_keras_optimizer": (job({"builder": f"{M}:subclassed", "optimizer": {"name": f"{M}:tf_keras_adam"}}),
                            ("model.optimizer", "not a Keras 3 optimizer")),
-    "keras3_metric_class": (job({"builder": f"{M}:subclassed", "metrics": [f"{M}:TopClassHits"]}),
-                            ("model.metrics[0]", "TopClassHits' is a keras.metrics.Metric class")),
+    "keras3_metric_class": (job({"builder": f"{M}:subclassed", "metrics": [f"{M}:TopClassHits"]}), None),
 }
 
 project = corpus.project

@@ -29,7 +29,8 @@ SCRIPT = textwrap.dedent("""\
     #!/bin/bash
     META="${TPULAUNCH_METADATA_URL:-http://metadata.google.internal/computeMetadata/v1/}"
     get() { curl -sSf -H "Metadata-Flavor: Google" "${META}instance/attributes/$1"; }
-    echo "$(get agent-worker-number) $(get accelerator-type) $(get greeting)" > "$HOME/seen"
+    zone="$(curl -sSf -H "Metadata-Flavor: Google" "${META}instance/zone")"
+    echo "$(get agent-worker-number) $(get accelerator-type) $(get greeting) ${zone##*/}" > "$HOME/seen"
     echo $$ > "$HOME/pid"
     sleep 600
     """)
@@ -62,7 +63,9 @@ def test_each_host_runs_the_startup_script_with_its_metadata_and_dies_with_the_n
     life.create(wait_s=30)
     (vm,) = vms.vms.values()
     seen = sorted(_wait_for(Path(host.disk) / "seen") for host in vm.hosts)
-    assert seen == ["0 v4-16 hello\n", "1 v4-16 hello\n"]
+    assert seen == ["0 v4-16 hello us-central1-a\n", "1 v4-16 hello us-central1-a\n"]
+    # one endpoint per host, in the node as in each host's metadata
+    assert len(life.read_node()["networkEndpoints"]) == 2 == len(vm.attributes(0)["worker-network-endpoints"].split(","))
     pids = [int(_wait_for(Path(host.disk) / "pid")) for host in vm.hosts]
     assert all(_alive(pid) for pid in pids)
 
@@ -101,7 +104,7 @@ def _checked(job: Path, overrides=()):
     return load_checked(str(job), list(overrides), local=True)
 
 
-def test_staging_is_content_addressed_and_writes_no_environment_value(tmp_path, monkeypatch):
+def test_staging_is_content_addressed_and_writes_no_environment_value(tmp_path, monkeypatch, tpu_api):
     from tpulaunch.remote.stage import stage_job
 
     (tmp_path / "lib").mkdir()
@@ -126,9 +129,18 @@ def test_staging_is_content_addressed_and_writes_no_environment_value(tmp_path, 
     assert 'python_path=["python_path/0"]' in manifest["sets"]
     assert {b["into"] for b in manifest["bundles"]} == {"job", "job/python_path/0"}
 
-    monkeypatch.setenv("STEPS", "12")  # set here, it would be another value on the VM: refused where it is used
+    # Set here, but the VM reads ${STEPS} from Secret Manager, which has no secret STEPS: the VM would use the
+    # default, not this value; refused where it is used.
+    from tpulaunch.remote import secret_manager
+
+    monkeypatch.setenv("STEPS", "12")
+    tpu_api.secrets_from(str(tmp_path / "no-secrets"))
+    checked = _checked(job)
+    refs = secret_manager.vm_references(secret_manager.references(checked.loaded))
+    assert [(ref.name, ref.default) for ref in refs] == [("STEPS", "10")]
     with pytest.raises(TpuLaunchError) as refused:
-        stage_job(_checked(job), str(job), [], engine="estimator", target="local")
+        secret_manager.require(checked.loaded, checked.job, refs, "p", job_file=str(job),
+                               url=tpu_api.secret_manager_url)
     (problem,) = refused.value.problems
     assert (problem.code, problem.path, problem.line) == ("remote-env-var", "train.steps", 9)
     monkeypatch.delenv("STEPS")
@@ -172,3 +184,33 @@ def test_staging_and_following_through_gs(tmp_path, monkeypatch):
         assert log.new_lines() == []
         store.write(log.url, b"train | start | step 0/10 | batch 8\ntrain | step 1/10 | loss 2.3\ntrain | step 2/10\n")
         assert log.new_lines() == ["train | step 2/10"] and (log.started_from, log.step) == (0, 2)
+
+
+def test_a_vm_reads_its_secrets_with_its_service_accounts_token_and_only_with_it(tpu_api, tmp_path):
+    from tpulaunch.remote import secret_manager
+
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "API_TOKEN").write_text("v4lue")
+    tpu_api.secrets_from(str(tmp_path / "secrets"))
+    vms = tpu_api.run_vms(str(tmp_path / "vms"))
+    ref = resolve_node(Tpu(name="sm-tpu", zone=DEFAULT_ZONE, project=DEFAULT_PROJECT, type="v3-8"))
+    spec = spec_for(Tpu(name="sm-tpu", zone=DEFAULT_ZONE, project=DEFAULT_PROJECT, type="v3-8",
+                        runtime_version="tpu-vm-tf-2.15.1-se"), "estimator")
+    Lifecycle(ref, spec, api_endpoint=tpu_api.endpoint, poll_s=0.05).create(wait_s=30)
+    (vm,) = vms.vms.values()
+    on_vm = {secret_manager.METADATA_URL_ENV: f"{tpu_api.root_url}vm/{vm.vm_id}/0/computeMetadata/v1/",
+             secret_manager.URL_ENV: tpu_api.secret_manager_url}
+    wanted = {"project": DEFAULT_PROJECT, "names": [{"name": "API_TOKEN", "optional": False},
+                                                    {"name": "LEVEL", "optional": True}]}
+    assert secret_manager.read_on_vm(wanted, on_vm) == {"API_TOKEN": "v4lue"}  # LEVEL: none, its default applies
+    wanted["names"][1]["optional"] = False
+    with pytest.raises(secret_manager.SecretUnreadable, match="cannot read secret LEVEL of project 'test-project': "
+                                                              "it has no enabled version"):
+        secret_manager.read_on_vm(wanted, on_vm)
+    # Anyone may learn that a secret exists (as `run` checks); its value needs a VM's token.
+    assert secret_manager.existing(DEFAULT_PROJECT, ["API_TOKEN", "LEVEL"], tpu_api.secret_manager_url) == {
+        "API_TOKEN": True, "LEVEL": False}
+    url = f"{tpu_api.secret_manager_url}projects/{DEFAULT_PROJECT}/secrets/API_TOKEN/versions/latest:access"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": "Bearer guessed"}), timeout=5)
+    assert refused.value.code == 403

@@ -44,6 +44,12 @@ SLOW_MODELS = textwrap.dedent("""\
 
     def broken(**params):
         raise ValueError("this builder is broken on purpose")
+
+
+    def with_token(api_token, **params):
+        import hashlib
+        print("builder | api_token sha256", hashlib.sha256(api_token.encode()).hexdigest(), flush=True)
+        return build(**params)
     """)
 
 JOB = textwrap.dedent("""\
@@ -131,8 +137,10 @@ def test_the_jobs_own_failure_on_the_vm_is_not_retried(job):
 
 def test_a_killed_controller_rerun_reattaches_without_creating_a_second_vm(job, tpu_api, tmp_path):
     tpu_api.run_vms(str(tmp_path / "vms"))
+    tpu_api.stockout("us-central1-a")  # the node is made in the second zone: the rerun must look for it there
     env = {"TPULAUNCH_TPU_API_ENDPOINT": tpu_api.endpoint}
-    first = subprocess.Popen([sys.executable, "-m", "tpulaunch", "rehearse", str(job)], cwd=job.parent,
+    zones = ("--set", "tpu.zones=[us-central1-a, us-central1-b]")
+    first = subprocess.Popen([sys.executable, "-m", "tpulaunch", "rehearse", str(job), *zones], cwd=job.parent,
                              env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     reached = threading.Event()
@@ -148,9 +156,122 @@ def test_a_killed_controller_rerun_reattaches_without_creating_a_second_vm(job, 
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
-    again = rehearse(job, **env)
+    again = rehearse(job, *zones, **env)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "reattached to TPU node 'rehearsal-tpu' (READY), VM 1 of the run" in again.stderr
-    assert len(tpu_api.created) == 1  # one VM, created by the first controller
+    # one VM, created by the first controller in the second zone after the first refused it
+    assert len(tpu_api.created) == 2 and list(tpu_api.nodes) == []  # (deleted when the run ended)
+    assert [vm["zone"] for vm in _record(job)["vms"]] == ["us-central1-b"]
     assert again.stdout.strip().splitlines()[-1].startswith("run | done | step 20/20 | 1 VM |")
     assert _record(job)["outcome"] == "done"
+
+
+def test_a_two_host_slice_preempted_is_recreated_and_finishes_at_exactly_its_steps(job):
+    # The estimator engine's hosts: worker 0 trains (its session drives the slice), worker 1 runs nothing.
+    done = rehearse(job, "--set", "tpu.type=v4-16", "--hosts", "2", "--preempt-at", "7", "--recreate", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = _record(job)
+    assert (record["outcome"], record["final_step"], len(record["vms"])) == ("done", 20, 2)
+    (recovery,) = record["recoveries"]
+    assert recovery["resumed_from"] == recovery["checkpoint_step"] == 5 * (recovery["step"] // 5)
+    assert recovery["lease_released"] is True
+    assert "on each of its 2 hosts; worker 0 trains" in done.stderr
+    attempts = job.parent / "runs/q/tpulaunch-remote/attempts"
+    for vm in (1, 2):
+        other = json.loads((attempts / str(vm) / "worker-1.json").read_text())
+        assert (other["role"], other["hosts"], other["exit_code"]) == ("none", 2, 0)
+        assert not (attempts / str(vm) / "worker-1.log").exists()
+    lease = json.loads((job.parent / "runs/q/tpulaunch.lease").read_text())
+    assert lease["took_over"] is None  # the chief alone held it, and the controller released the lost one's
+    assert done.stdout.strip().splitlines()[-1].startswith("run | done | step 20/20 | 2 VMs | 1 recovery")
+
+
+def test_a_host_whose_install_fails_is_named_with_its_output_and_the_vm_removed(job):
+    failed = rehearse(job, "--set", "tpu.type=v4-16", "--recreate", "2", TPULAUNCH_LOCAL_VM_FAIL_INSTALL="1")
+    assert failed.returncode == 3, failed.stdout + failed.stderr
+    assert "error: worker 1 of TPU node 'rehearsal-tpu' (VM 1 of the run) failed while installing" in failed.stderr
+    assert "not retried" in failed.stderr
+    # the end of its startup output, as pip would say it, and where the whole of it is
+    assert "ERROR: tpulaunch-rehearsal-missing-package is not installed" in failed.stderr
+    startup_log = job.parent / "runs/q/tpulaunch-remote/attempts/1/worker-1.startup.log"
+    assert str(startup_log) in failed.stderr and "tpulaunch-rehearsal-missing-package" in startup_log.read_text()
+    assert "deleting TPU node 'rehearsal-tpu': the run is over" in failed.stderr
+    record = _record(job)
+    assert record["outcome"].startswith("failed: worker 1: installing") and len(record["vms"]) == 1
+
+
+def test_a_node_left_on_an_error_path_is_named_with_the_command_that_removes_it(job, tpu_api, tmp_path):
+    tpu_api.run_vms(str(tmp_path / "vms"), fail_install=[0])
+    failed = rehearse(job, "--keep-tpu", TPULAUNCH_TPU_API_ENDPOINT=tpu_api.endpoint)
+    assert failed.returncode == 3, failed.stdout + failed.stderr
+    assert "worker 0 of TPU node 'rehearsal-tpu' (VM 1 of the run) failed while installing" in failed.stderr
+    assert "left: TPU node 'rehearsal-tpu' (READY) in us-central1-a" in failed.stderr
+    assert f"hint: `tpulaunch down {job}` removes it" in failed.stderr
+    assert len(tpu_api.nodes) == 1
+
+
+def test_a_stockout_in_the_first_zone_moves_the_run_to_the_second(job):
+    done = rehearse(job, "--set", "tpu.zones=[us-central1-a, us-central1-b]", "--set", "train.steps=5",
+                    TPULAUNCH_LOCAL_API_STOCKOUT="us-central1-a")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "tpu | no TPU in us-central1-a (on-demand): no capacity" in done.stderr
+    assert "trying us-central1-b (on-demand) next" in done.stderr
+    record = _record(job)
+    assert (record["zone"], record["vms"][0]["zone"], record["outcome"], record["final_step"]) == (
+        "us-central1-b", "us-central1-b", "done", 5)
+
+
+def test_a_host_that_never_starts_is_named_within_the_host_timeout(job):
+    failed = rehearse(job, "--set", "tpu.type=v4-16", "--host-timeout", "5", TPULAUNCH_LOCAL_VM_HANG="1")
+    assert failed.returncode == 3, failed.stdout + failed.stderr
+    assert "a host did not start within 5 s (--host-timeout): " in failed.stderr
+    assert ("worker 1 wrote no status (it did not run its startup script, or the VM's service account cannot "
+            "write") in failed.stderr
+    assert "--recreate is 0" in failed.stderr and f"`tpulaunch down {job}`" in failed.stderr
+
+
+TOKEN = "tok-3f9a1c7e-never-written"
+
+
+def test_a_secret_reaches_the_builder_from_secret_manager_and_is_written_nowhere(job, tpu_api, tmp_path):
+    text = job.read_text().replace("builder: slow_models:build", "builder: slow_models:with_token").replace(
+        "params: {num_classes: 10}", 'params: {num_classes: 10, api_token: "${API_TOKEN}"}')
+    job.write_text(text)
+    secrets = tmp_path / "secrets"  # stands for Secret Manager: the file API_TOKEN is secret API_TOKEN
+    secrets.mkdir()
+    missing = rehearse(job, "--secrets", str(secrets), "--set", "train.steps=3")
+    assert missing.returncode == 1, missing.stdout + missing.stderr
+    assert "${API_TOKEN} is read on the TPU VM from secret API_TOKEN, which does not exist" in missing.stderr
+    assert "job.yaml:4:" in missing.stderr and "add the file API_TOKEN to --secrets DIR" in missing.stderr
+    assert not (job.parent / "runs").exists()  # nothing staged, nothing created
+
+    (secrets / "API_TOKEN").write_text(TOKEN)
+    tpu_api.secrets_from(str(secrets))
+    tpu_api.run_vms(str(tmp_path / "vms"))  # this server's VMs keep their disks after the run, to be searched
+    done = rehearse(job, "--set", "train.steps=3", TPULAUNCH_TPU_API_ENDPOINT=tpu_api.endpoint,
+                    TPULAUNCH_SECRET_MANAGER_URL=tpu_api.secret_manager_url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "secrets | the VM reads API_TOKEN from Secret Manager (project 'test-project')" in done.stderr
+    import hashlib
+
+    assert f"builder | api_token sha256 {hashlib.sha256(TOKEN.encode()).hexdigest()}" in done.stdout
+    assert TOKEN not in done.stdout + done.stderr
+    files = [path for root in (job.parent / "runs", tmp_path / "vms") for path in root.rglob("*") if path.is_file()]
+    assert any(path.name == "startup-script" for path in files) and any(p.name == "worker-0.log" for p in files)
+    assert [path for path in files if TOKEN.encode() in path.read_bytes()] == []
+    node = tpu_api.created[0]["node"]
+    assert TOKEN not in json.dumps(node["metadata"])
+    manifest = next((job.parent / "runs/q/tpulaunch-remote/stages").glob("*.json")).read_text()
+    assert '"API_TOKEN"' in manifest  # the stage names the secret, no more
+
+
+def test_after_a_preemption_next_zone_recreates_the_node_in_the_next_of_tpu_zones(job):
+    done = rehearse(job, "--set", "tpu.zones=[us-central1-a, us-central1-b]", "--set", "train.steps=10",
+                    "--preempt-at", "7", "--recreate", "1", "--after-preemption", "next-zone")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "trying us-central1-b (on-demand) first (--after-preemption next-zone)" in done.stderr
+    record = _record(job)
+    assert [vm["zone"] for vm in record["vms"]] == ["us-central1-a", "us-central1-b"]
+    assert (record["zone"], record["outcome"], record["final_step"]) == ("us-central1-b", "done", 10)
+    (recovery,) = record["recoveries"]
+    assert recovery["cause"] == "PREEMPTED" and recovery["resumed_from"] == 5

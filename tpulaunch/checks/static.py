@@ -263,7 +263,25 @@ def check_cadence(loaded: LoadedJob) -> list:
     return problems
 
 
-STATIC_RULES = (check_slice, check_batches, check_partition, check_static_shapes, check_cadence)
+def check_fallback(loaded: LoadedJob) -> list:
+    """tpu.zones (`tpulaunch run`'s capacity fallback) stay near the data. (A job whose tpu.name is 'local', as
+    `run` trains it on the TPU VM, keeps its zones: they say where the VM was made.)"""
+    tpu = loaded.section("tpu")
+    if tpu is None or not tpu.zones:
+        return []
+    problems = []
+    regions = sorted({zone.rsplit("-", 1)[0] for zone in tpu.zones or []})
+    if len(regions) > 1:
+        problems.append(loaded.problem(("tpu", "zones"), "zones-across-regions",
+                                       f"tpu.zones spans regions {', '.join(regions)}: the TPU reads data and "
+                                       "run.model_dir from the bucket's region, so a TPU in another region pays for "
+                                       "every byte it reads and reads it slower",
+                                       "keep tpu.zones in the bucket's region, or use a multi-region bucket",
+                                       severity="warning"))
+    return problems
+
+
+STATIC_RULES = (check_slice, check_batches, check_partition, check_static_shapes, check_cadence, check_fallback)
 
 
 def static_problems(loaded: LoadedJob) -> list:

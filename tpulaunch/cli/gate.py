@@ -36,7 +36,7 @@ class JobRefused(TpuLaunchError):
 
 
 def load_checked(job_file: str, overrides: Sequence[str] = (), *, local: bool = False, verb: str = "running",
-                 sections: Optional[Sequence[str]] = None, err=None) -> CheckedJob:
+                 sections: Optional[Sequence[str]] = None, err=None, env=None) -> CheckedJob:
     """Load `job_file` with `overrides`, run the static checks for this target (`local`: this machine's
     CPU/GPU, where tpu: and partition: do not apply) and return it with its Plan.
 
@@ -45,13 +45,14 @@ def load_checked(job_file: str, overrides: Sequence[str] = (), *, local: bool = 
         sections: only errors in these top-level sections stop the caller (`status` needs only tpu:);
             None: every error does.
         err: where the warnings are printed (none when None).
+        env: the environment its `${VAR}`s are filled from (None: this process's).
 
     Raises:
         JobRefused: with every located problem, when the job has errors that matter here.
     """
     from tpulaunch.checks.validate import validate_job
 
-    result = validate_job(job_file, overrides, static=True, local=local)
+    result = validate_job(job_file, overrides, static=True, local=local, env=env)
     blocking = [p for p in result.problems if p.is_error and _in(p, sections)]
     if blocking or result.loaded is None or (sections is None and result.loaded.job is None):
         shown = blocking or result.problems

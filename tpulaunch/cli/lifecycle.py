@@ -105,6 +105,25 @@ def up(obj, job_file: str, overrides, timeout_s: float):
     obj.out.print(f"remove it with: tpulaunch down {job_file}", highlight=False, markup=False, soft_wrap=True)
 
 
+def _zones_to_search(loaded, job_tpu, ref, say) -> list:
+    """Where the job's node may be: the zone `tpulaunch run`'s record (run.json under run.model_dir) says it made
+    it in, tpu.zone, then each of tpu.zones (a run's capacity fallback may have made it in any of them)."""
+    from tpulaunch.remote.controller import RunRecord
+
+    zones = []
+    model_dir = (loaded.data.get("run") or {}).get("model_dir") if isinstance(loaded.data, dict) else None
+    if isinstance(model_dir, str) and model_dir:
+        try:
+            record = RunRecord.load(model_dir)
+        except (TpuLaunchError, OSError) as unread:  # e.g. no credentials for its gs:// bucket: zones still tried
+            say(f"tpu | run.json not read ({getattr(unread, 'message', unread)}): looking in the job's zones")
+            record = None
+        if record is not None and (record.node, record.project) == (ref.name, ref.project) and record.zone:
+            zones.append(record.zone)
+    zones += [ref.zone, *(getattr(job_tpu, "zones", None) or [])]
+    return list(dict.fromkeys(zones))
+
+
 @command()
 @job_argument
 @set_option
@@ -113,19 +132,34 @@ def up(obj, job_file: str, overrides, timeout_s: float):
 def down(obj, job_file: str, overrides, timeout_s: float):
     """Delete the job's TPU node (and the queued resource of its name), waiting until it is gone.
 
+    The node is looked for where `tpulaunch run` made it (the zone in run.model_dir's run.json), in tpu.zone,
+    then in each of tpu.zones; it is deleted in every one of them it is found in.
     Safe to rerun: a node that does not exist is reported, with exit code 0.
 
     \b
     Examples:
       tpulaunch down job.yaml
     """
+    from dataclasses import replace
+
+    from tpulaunch.tpu import node as cluster
     from tpulaunch.tpu.lifecycle import Lifecycle
 
-    _, _, ref = _node_of(job_file, overrides, "deleting the TPU of", "delete")
+    loaded, job_tpu, ref = _node_of(job_file, overrides, "deleting the TPU of", "delete")
 
     def progress(text: str) -> None:
         obj.err.print(text, highlight=False, markup=False, soft_wrap=True)
 
-    outcome = Lifecycle(ref, job_file=job_file, on_progress=progress).delete(wait_s=timeout_s)
-    suffix = f" after {outcome.seconds:.0f} s" if outcome.changed else ""
-    obj.out.print(f"{outcome.message}{suffix}", highlight=False, markup=False, soft_wrap=True)
+    zones = _zones_to_search(loaded, job_tpu, ref, progress)
+    lives = [Lifecycle(replace(ref, zone=zone), job_file=job_file, on_progress=progress) for zone in zones]
+    found = [life for life in lives if life.read_node() is not None or life.read_queued() is not None]
+    if not found:
+        where = cluster.where(ref) if len(zones) == 1 else f"project '{ref.project}', zones {', '.join(zones)}"
+        obj.out.print(f"TPU node '{ref.name}' does not exist in {where}: nothing to delete", highlight=False,
+                      markup=False, soft_wrap=True)
+        return
+    for life in found:
+        outcome = life.delete(wait_s=timeout_s)
+        suffix = f" after {outcome.seconds:.0f} s" if outcome.changed else ""
+        zone = f" in {life.ref.zone}" if life.ref.zone != ref.zone or len(found) > 1 else ""
+        obj.out.print(f"{outcome.message}{zone}{suffix}", highlight=False, markup=False, soft_wrap=True)

@@ -17,6 +17,19 @@ recreate_option = click.option(
     help="Recover from at most N infrastructure failures (preempted, terminated or vanished node, a lost TPU): "
          "delete the node, create it again with the same startup script, resume from the newest checkpoint. "
          "The job's own failures are never retried.")
+zone_wait_option = click.option(
+    "--zone-wait", "try_wait_s", type=click.FloatRange(min=1), default=600, show_default=True, metavar="SECONDS",
+    help="With tpu.zones or tpu.tiers: how long one zone and tier may take to give a READY TPU before the next is "
+         "tried (a queued resource still waiting for capacity is deleted); a stockout moves on at once. The last "
+         "one waits as long as creating may take (run's --timeout).")
+host_timeout_option = click.option(
+    "--host-timeout", "host_timeout_s", type=click.FloatRange(min=1), default=900, show_default=True,
+    metavar="SECONDS", help="Each host of a READY TPU VM must have started its part (booted, installed, fetched the "
+                            "job) within this; one that has not is reported by name and the VM counts as lost.")
+after_preemption_option = click.option(
+    "--after-preemption", "after_preemption", type=click.Choice(["same-zone", "next-zone"]), default="same-zone",
+    show_default=True, help="With tpu.zones: where a recovery from a PREEMPTED node looks first: same-zone, the zone "
+                            "it was in; next-zone, the zone after it in tpu.zones (the preempted one last).")
 keep_option = click.option("--keep-tpu", is_flag=True, help="Leave the TPU when the run ends (default: delete it).")
 
 
@@ -31,33 +44,52 @@ def _out(obj: Context):
 LOCAL_PATH_ON_TPU = "local-path-on-tpu"  # validate's rule that a rehearsal waives: its local folders stand for the bucket
 
 
-def _checked(obj: Context, job_file: str, overrides, *, rehearsal: bool):
+def _secret_references(job_file: str, overrides) -> list:
+    """The job's `${VAR}`s that the VM reads from Secret Manager (read from the file alone: no value needed)."""
+    from tpulaunch.errors import JobFileError
+    from tpulaunch.job.load import load_job
+    from tpulaunch.remote.secret_manager import references, vm_references
+
+    try:
+        return vm_references(references(load_job(job_file, overrides, env={})))
+    except JobFileError:
+        return []  # validate says what is wrong with the file
+
+
+def _checked(obj: Context, job_file: str, overrides, *, rehearsal: bool, env=None):
     """The job through validate's static checks for its TPU; in a rehearsal, local paths are allowed (they stand
-    for the bucket) and the job is then checked as the VM's `train --local` checks it."""
+    for the bucket) and the job is then checked as the VM's `train --local` checks it. `env`: what its `${VAR}`s
+    are filled with here (the ones the VM reads from Secret Manager stand as a placeholder)."""
     from tpulaunch.cli.gate import JobRefused, load_checked
 
     try:
-        return load_checked(job_file, overrides, local=False, verb="running", err=obj.text_out(stderr=True))
+        return load_checked(job_file, overrides, local=False, verb="running", err=obj.text_out(stderr=True), env=env)
     except JobRefused as refused:
         errors = [problem for problem in refused.problems if problem.is_error]
         if not rehearsal or not errors or any(problem.code != LOCAL_PATH_ON_TPU for problem in errors):
             raise
-    return load_checked(job_file, overrides, local=True, verb="running", err=obj.text_out(stderr=True))
+    return load_checked(job_file, overrides, local=True, verb="running", err=obj.text_out(stderr=True), env=env)
 
 
 def _controller(obj: Context, job_file: str, overrides, *, target: str, api_endpoint: Optional[str], recreate: int,
-                poll_s: float, timeout_s: float, keep_tpu: bool, rehearsal_python: Optional[str] = None,
+                poll_s: float, timeout_s: float, host_timeout_s: float, try_wait_s: float, keep_tpu: bool,
+                after_preemption: str = "same-zone", rehearsal_python: Optional[str] = None,
+                secrets_url: Optional[str] = None,
                 on_step=None):
     """The job checked (validate's static checks for its TPU), staged, and a Controller for it."""
     from tpulaunch.checks.engine_rules import job_engine
     from tpulaunch.remote.controller import Controller, RunRecord
     from tpulaunch.remote.stage import stage_job
     from tpulaunch.remote.startup import startup_script
-    from tpulaunch.tpu.lifecycle import Lifecycle, spec_for
+    from tpulaunch.tpu.lifecycle import Fallback, Lifecycle, placements, spec_for
     from tpulaunch.tpu.node import resolve_node
 
+    from tpulaunch.remote import secret_manager
+
     say = _say(obj)
-    checked = _checked(obj, job_file, overrides, rehearsal=target == "local")
+    secret_refs = _secret_references(job_file, overrides)
+    checked = _checked(obj, job_file, overrides, rehearsal=target == "local",
+                       env=secret_manager.validation_env(secret_refs))
     job = checked.job
     if job.tpu is None:
         raise TpuLaunchError(f"{job_file} has no tpu: section: there is no TPU to run it on",
@@ -66,23 +98,35 @@ def _controller(obj: Context, job_file: str, overrides, *, target: str, api_endp
     engine = job_engine(checked.loaded)
     ref = resolve_node(job.tpu)
     spec = spec_for(job.tpu, engine)
-    stage = stage_job(checked, job_file, overrides, engine=engine, target=target)
+    secrets = secret_manager.require(checked.loaded, job, secret_refs, ref.project, job_file=job_file, url=secrets_url,
+                                     rehearsal=target == "local")
+    if secrets:
+        say(f"secrets | the VM reads {', '.join(item['name'] for item in secrets)} from Secret Manager "
+            f"(project '{ref.project}') into train's environment")
+    stage = stage_job(checked, job_file, overrides, engine=engine, target=target,
+                      secrets={"project": ref.project, "names": secrets})
     say(f"stage | {stage.uploaded} new of {stage.total} files | {stage.url}")
-    life = Lifecycle(ref, spec, job_file=job_file, api_endpoint=api_endpoint, poll_s=min(poll_s, 2.0),
-                     on_progress=lambda text: say(f"tpu | {text}"))
+    def make(node_ref, node_spec):
+        return Lifecycle(node_ref, node_spec, job_file=job_file, api_endpoint=api_endpoint, poll_s=min(poll_s, 2.0),
+                         on_progress=lambda text: say(f"tpu | {text}"))
+
+    tries = placements(job.tpu, spec)
+    fallback = Fallback(ref, spec, tries, make=make, try_wait_s=try_wait_s,
+                        on_progress=lambda text: say(f"tpu | {text}"))
     record = RunRecord(job=job.name, job_file=job_file, stage=stage.digest, node=ref.name, zone=ref.zone,
                        project=ref.project, started=time.time())
-    controller = Controller(life, stage, startup_script(stage, rehearsal_python=rehearsal_python), job_file=job_file,
-                            recreate=recreate, poll_s=poll_s, create_timeout_s=timeout_s, start_timeout_s=timeout_s,
-                            keep_tpu=keep_tpu,
+    controller = Controller(fallback, stage, startup_script(stage, rehearsal_python=rehearsal_python), job_file=job_file,
+                            recreate=recreate, poll_s=poll_s, create_timeout_s=timeout_s,
+                            host_timeout_s=host_timeout_s,
+                            keep_tpu=keep_tpu, after_preemption=after_preemption,
                             say=say, out=_out(obj), **({"on_step": on_step} if on_step else {}))
-    return controller, record, ref
+    return controller, record
 
 
-def _detached(obj: Context, job_file: str, ref) -> None:
+def _detached(obj: Context, job_file: str, controller) -> None:
     say = _say(obj)
-    say(f"detached: the run goes on on TPU node '{ref.name}' ({ref.zone})")
-    say(f"  reattach: tpulaunch run {job_file}    end it: tpulaunch down {job_file}")
+    say(f"detached: the run goes on on TPU node '{controller.ref.name}' ({controller.ref.zone})")
+    say(f"  reattach: tpulaunch run {job_file}    end it: {controller.down_command()}")
     raise AlreadyReported(ExitCode.INTERRUPTED)
 
 
@@ -90,14 +134,17 @@ def _detached(obj: Context, job_file: str, ref) -> None:
 @job_argument
 @set_option
 @recreate_option
+@after_preemption_option
 @keep_option
+@host_timeout_option
+@zone_wait_option
 @click.option("--poll", "poll_s", type=click.FloatRange(min=0.05), default=10, show_default=True, metavar="SECONDS",
               help="Read the run's progress and the node's state this often.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=1800, show_default=True,
-              metavar="SECONDS", help="Give up waiting for the TPU to be created (a queued resource may wait long); a "
-                                      "READY VM whose worker 0 has not started the job by then counts as lost.")
+              metavar="SECONDS", help="Give up waiting for the TPU to be created (a queued resource may wait long).")
 @pass_obj
-def run(obj: Context, job_file: str, overrides, recreate: int, keep_tpu: bool, poll_s: float, timeout_s: float):
+def run(obj: Context, job_file: str, overrides, recreate: int, after_preemption: str, keep_tpu: bool,
+        host_timeout_s: float, try_wait_s: float, poll_s: float, timeout_s: float):
     """Run the job on its TPU VM and supervise it from this machine (a laptop, CI, Cloud Shell).
 
     Validates the job (nothing is created for a job validate refuses), stages it under run.model_dir
@@ -107,21 +154,25 @@ def run(obj: Context, job_file: str, overrides, recreate: int, keep_tpu: bool, p
     reattaches; `tpulaunch down JOB` ends it. The TPU is deleted when the run ends (--keep-tpu keeps it).
 
     Exit codes: 0 done; the host's own code when the job failed on the VM (1 the job, 70 a crash; never
-    retried); 3 the TPU lost with no recovery left (--recreate N); 4 no capacity; 130 detached.
+    retried); 3 the TPU lost with no recovery left (--recreate N), a host that failed its install or did not
+    start within --host-timeout; 4 no capacity; 130 detached.
 
     \b
     Examples:
       tpulaunch run job.yaml --recreate 3
+      tpulaunch run job.yaml --recreate 3 --after-preemption next-zone   # with tpu.zones
       tpulaunch rehearse job.yaml --preempt-at 12     # the same path on this machine first
     """
     from tpulaunch.tpu import api
 
-    controller, record, ref = _controller(obj, job_file, overrides, target="tpu", api_endpoint=api.endpoint(),
-                                          recreate=recreate, poll_s=poll_s, timeout_s=timeout_s, keep_tpu=keep_tpu)
+    controller, record = _controller(obj, job_file, overrides, target="tpu", api_endpoint=api.endpoint(),
+                                     recreate=recreate, poll_s=poll_s, timeout_s=timeout_s,
+                                     host_timeout_s=host_timeout_s, try_wait_s=try_wait_s, keep_tpu=keep_tpu,
+                                     after_preemption=after_preemption)
     try:
         controller.run(record)
     except KeyboardInterrupt:
-        _detached(obj, job_file, ref)
+        _detached(obj, job_file, controller)
 
 
 @command("rehearse")
@@ -131,28 +182,39 @@ def run(obj: Context, job_file: str, overrides, recreate: int, keep_tpu: bool, p
               help="Preempt the TPU VM when the run reaches this global step (its processes killed, the node "
                    "PREEMPTED). Repeatable.")
 @recreate_option
+@after_preemption_option
+@click.option("--secrets", "secrets_dir", type=click.Path(exists=True, file_okay=False), default=None, metavar="DIR",
+              help="A folder that stands for Secret Manager: the file DIR/NAME holds secret NAME, which the VM reads "
+                   "for the job's ${NAME}.")
 @click.option("--hosts", type=click.IntRange(min=1), default=None, metavar="N",
               help="Hosts per slice (default: as many as tpu.type has).")
 @click.option("--poll", "poll_s", type=click.FloatRange(min=0.05), default=0.2, show_default=True, metavar="SECONDS",
               help="Read the run's progress and the node's state this often.")
 @keep_option
+@host_timeout_option
+@zone_wait_option
 @pass_obj
-def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, hosts: Optional[int], poll_s: float,
-             keep_tpu: bool):
+def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, after_preemption: str,
+             secrets_dir: Optional[str],
+             hosts: Optional[int], poll_s: float, keep_tpu: bool, host_timeout_s: float, try_wait_s: float):
     """`tpulaunch run`'s whole path on this machine, before paying for a TPU.
 
     A local Cloud TPU API v2 server runs in this process; its TPU VMs are local processes that run the
     node's startup script (each host a process with a scratch folder as its disk, reading the metadata a
     TPU VM host reads). The job is staged, the TPU created, the run followed and recovered exactly as `run`
     does. What stands in: local run.model_dir and data folders for the bucket; this machine's Python
-    environment for the VM's install (nothing is installed); this machine's CPU for the TPU (the VM runs
-    `train --local`). With $TPULAUNCH_TPU_API_ENDPOINT set, that server is used instead (it must run TPU VMs:
-    `python -m tpulaunch.tpu.local_api --vms DIR`), and Ctrl-C detaches as with `run`.
+    environment for the VM's install (nothing is installed; tpulaunch's own requirements are checked); this
+    machine's CPU for the TPU (the VM runs `train --local`); --secrets DIR for Secret Manager (the job's
+    ${NAME}s). With $TPULAUNCH_TPU_API_ENDPOINT set, that server is used instead (it must run TPU VMs:
+    `python -m tpulaunch.tpu.local_api --vms DIR`), and Ctrl-C detaches as with `run`. Faults to rehearse
+    beside --preempt-at, from the environment: TPULAUNCH_LOCAL_API_STOCKOUT (zones without capacity),
+    TPULAUNCH_LOCAL_VM_FAIL_INSTALL and TPULAUNCH_LOCAL_VM_HANG (worker numbers).
 
     \b
     Examples:
       tpulaunch rehearse job.yaml --set train.steps=20 --preempt-at 12 --recreate 1
       tpulaunch rehearse job.yaml --preempt-at 12 --preempt-at 31 --recreate 2
+      tpulaunch rehearse job.yaml --set tpu.type=v4-16 --hosts 2 --preempt-at 7 --recreate 1
     """
     import sys
 
@@ -167,7 +229,7 @@ def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, 
     if not external:
         from tpulaunch.remote.rehearsal import Rehearsal
 
-        rehearsal = Rehearsal(hosts=hosts)
+        rehearsal = Rehearsal(hosts=hosts, secrets_dir=secrets_dir)
         _say(obj)(f"rehearsal | local Cloud TPU API at {rehearsal.endpoint}; TPU VMs are local processes (disks "
                   f"under {rehearsal.root}); local paths stand for the bucket; nothing is installed on the VMs")
     try:
@@ -175,16 +237,18 @@ def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, 
         on_step = None
         if rehearsal is not None and preempt_at:
             on_step = lambda step: holder["preempt"](step)  # noqa: E731 (the node is known once the job is checked)
-        controller, record, ref = _controller(
+        controller, record = _controller(
             obj, job_file, overrides, target="local", api_endpoint=external or rehearsal.endpoint, recreate=recreate,
-            poll_s=poll_s, timeout_s=600, keep_tpu=keep_tpu, rehearsal_python=sys.executable, on_step=on_step)
+            poll_s=poll_s, timeout_s=600, host_timeout_s=host_timeout_s, try_wait_s=try_wait_s,
+            keep_tpu=keep_tpu, after_preemption=after_preemption, rehearsal_python=sys.executable, on_step=on_step,
+            secrets_url=rehearsal.server.secret_manager_url if rehearsal is not None else None)
         if on_step is not None:
-            holder["preempt"] = rehearsal.preempting(ref, preempt_at, _say(obj))
+            holder["preempt"] = rehearsal.preempting(lambda: controller.ref, preempt_at, _say(obj))
         try:
             controller.run(record)
         except KeyboardInterrupt:
             if rehearsal is None:
-                _detached(obj, job_file, ref)
+                _detached(obj, job_file, controller)
             _say(obj)("rehearsal stopped: its TPU VMs ended with it; the checkpoints stay in run.model_dir")
             raise AlreadyReported(ExitCode.INTERRUPTED) from None
     finally:

@@ -50,6 +50,10 @@ class EngineAbout:
     cpu_replicas: bool = False  # can split this machine's CPU into replicas (--cpu-replicas)
     tpu_runtime: str = "pjrt"  # the Cloud TPU runtime it needs: tpu-vm-tf-X.Y.Z-{se|pjrt} (cloud.google.com/tpu/docs/runtimes)
     tpu_extra: str = ""  # tpulaunch's extra (setup.cfg) that runs it on a TPU VM (`tpulaunch run` installs it there)
+    # Which hosts of a multi-host TPU VM slice run `tpulaunch train` (`tpulaunch run`'s startup script asks):
+    # "chief": worker 0 alone, its TensorFlow driving every host's chips; "every": each host runs it, worker 0 the
+    # chief (the lease, model_dir's shared files). On a one-host slice both are worker 0 alone.
+    tpu_hosts: str = "chief"
     params_set_by_tensorflow: Tuple[str, ...] = ()  # model.params keys its framework sets itself
 
     @property

@@ -3,11 +3,13 @@ metric functions, and the Keras precision policy.
 
 Failures become messages naming the job key: a builder that rejects model.params, one that cannot
 download its weights, one that returns something other than a Keras model (a tf.keras one, or a Keras 3
-one where the engine trains Keras 3: `keras3=True`; which Keras is told by the model's classes), and a
-model that would train otherwise than its author wrote: one with its own train_step,
-test_step or compute_loss, or one the builder compile()d (tpulaunch's step uses the job's loss and
-optimizer and calls none of these). A Keras Metric (class or object) given by import path, or a Keras
-Loss given as a metric, is refused at its job key; a Keras Loss as model.loss trains (portable.compute_loss).
+one where the engine trains Keras 3: `keras3=True`; which Keras is told by the model's classes), and, on the
+estimator engine, a model that would train otherwise than its author wrote: one with its own train_step,
+test_step or compute_loss, or one the builder compile()d (the model_fn uses the job's loss and optimizer
+and calls none of these). The keras engine runs both (`keras/standalone.py`: a model's own step as fit()
+runs it; a compile() the job's loss, optimizer and metrics replace). A Keras Metric (class or object) given
+by import path is refused at its job key on the estimator engine and fed each batch on the keras engine; a
+Keras Loss given as a metric is refused on both; a Keras Loss as model.loss trains (portable.compute_loss).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def apply_precision(precision: str, *, use_tpu: bool) -> str:
 def job_builder(job: Job, *, search_path: Sequence[str] = (), keras3: bool = False) -> Tuple[Callable, dict]:
     """(the job's builder, wrapped so its failures name model.builder / model.params, its keyword arguments).
 
-    `keras3`: the engine trains Keras 3 models too (else only tf.keras ones)."""
+    `keras3`: the keras engine, which trains Keras 3 models too (else only tf.keras ones), and runs a compiled model
+    and a model's own train_step, test_step and compute_loss (the estimator engine refuses them)."""
     from tpulaunch.engine.portable import is_keras3, keras_of
     from tpulaunch.engine.weights import download_error, download_failure
 
@@ -62,22 +65,24 @@ def job_builder(job: Job, *, search_path: Sequence[str] = (), keras3: bool = Fal
         keras = keras_of(model)
         if keras is None or not isinstance(model, keras.Model) or (is_keras3(keras) and not keras3):
             raise _not_a_keras_model(spec.builder, model, keras3)
-        _refuse_own_training(spec.builder, model)
-        _refuse_compiled(spec.builder, model)
+        if not keras3:
+            _refuse_own_training(spec.builder, model)
+            _refuse_compiled(spec.builder, model)
         return model
 
     return checked_builder, kwargs
 
 
-def job_functions(job: Job, *, search_path: Sequence[str] = ()) -> Tuple[Optional[Callable], Dict[str, Callable],
-                                                                        Dict[str, Callable]]:
+def job_functions(job: Job, *, search_path: Sequence[str] = (), keras_metrics: bool = False
+                  ) -> Tuple[Optional[Callable], Dict[str, Callable], Dict[str, Callable]]:
     """(the loss function for all labels when model.loss is one import path, import-path losses by path,
-    import-path metrics by path); a Keras Metric among them, or a Keras Loss as a metric, is refused at its job key."""
+    import-path metrics by path); a Keras Loss as a metric, a Keras Metric as a loss, and (unless `keras_metrics`:
+    the keras engine feeds one each batch) a Keras Metric as a metric are refused at their job key."""
     spec = job.model
     functions = {}
     for key, path in spec.function_paths():
         function = resolve(path, search_path=search_path, what="loss" if key[1] == "loss" else "metric")
-        _refuse_keras_objects(key, path, function)
+        _refuse_keras_objects(key, path, function, keras_metrics=keras_metrics)
         functions[(key[1], path)] = function
     custom_losses = {path: fn for (kind, path), fn in functions.items() if kind == "loss"}
     custom_metrics = {path: fn for (kind, path), fn in functions.items() if kind == "metrics"}
@@ -86,14 +91,6 @@ def job_functions(job: Job, *, search_path: Sequence[str] = ()) -> Tuple[Optiona
 
 
 # ------------------------------------------------------------------------------- what a builder returns
-
-# Model methods that only Keras's own fit()/evaluate() call: tpulaunch's training and evaluation steps do not.
-_FIT_ONLY_METHODS = ("train_step", "test_step", "compute_loss")
-
-
-def _package_of(cls: type) -> str:
-    return cls.__module__.split(".")[0]
-
 
 def _installed_version(package: str) -> str:
     from importlib import metadata
@@ -123,26 +120,17 @@ def _not_a_keras_model(builder: str, model, keras3: bool) -> TpuLaunchError:
              "`import tf_keras as keras` instead of `import keras`")
 
 
-def _own_override(model, method: str) -> bool:
-    """Whether the model's class replaces its Keras's `method` with one of its own (Keras's Sequential and
-    Functional keep Model's; Keras 3's come from its backend's trainer)."""
-    from tpulaunch.engine.portable import KERAS_PACKAGES, keras_of
-
-    if getattr(type(model), method, None) is getattr(keras_of(model).Model, method, None):
-        return False
-    owner = next((cls for cls in type(model).__mro__ if method in vars(cls)), None)
-    return owner is not None and _package_of(owner) not in KERAS_PACKAGES
-
-
 def _refuse_own_training(builder: str, model) -> None:
-    for method in _FIT_ONLY_METHODS:
-        if _own_override(model, method):
-            raise TpuLaunchError(
-                f"model builder {builder!r} returned {type(model).__name__}, which overrides {method}: tpulaunch "
-                f"trains with the job's loss and optimizer in its own step and would never call it",
-                hint="move that logic into the job (model.loss as an import path 'pkg.mod:fn(labels, outputs)', "
-                     "model.optimizer, model.metrics) and drop the override, or train the model with your own "
-                     "program (`tpulaunch explain` prints the one tpulaunch runs, to start from)")
+    from tpulaunch.engine.portable import own_fit_methods
+
+    for method in own_fit_methods(model)[:1]:
+        raise TpuLaunchError(
+            f"model builder {builder!r} returned {type(model).__name__}, which overrides {method}: the estimator "
+            f"engine trains with the job's loss and optimizer in its model_fn and would never call it",
+            hint="train it on the keras engine (run.engine: keras, TensorFlow 2.16 or later), which runs a model's "
+                 "own step as fit() does; or move that logic into the job (model.loss as an import path "
+                 "'pkg.mod:fn(labels, outputs)', model.optimizer, model.metrics) and drop the override, or train "
+                 "the model with your own program (`tpulaunch explain` prints the one tpulaunch runs, to start from)")
 
 
 def _loss_name(loss) -> str:
@@ -164,24 +152,17 @@ def _compile_settings(model) -> str:
     return ", ".join(found) or "no optimizer or loss"
 
 
-def _compiled(model) -> bool:
-    from tpulaunch.engine.portable import is_keras3, keras_of
-
-    if is_keras3(keras_of(model)):  # Keras 3 says so (its compiled_loss is a method)
-        return bool(model.compiled) or getattr(model, "optimizer", None) is not None
-    return (getattr(model, "_is_compiled", False) or getattr(model, "optimizer", None) is not None
-            or getattr(model, "compiled_loss", None) is not None)
-
-
 def _refuse_compiled(builder: str, model) -> None:
-    compiled = _compiled(model)
-    if compiled:
+    from tpulaunch.engine.portable import compiled_with
+
+    if compiled_with(model) is not None:
         raise TpuLaunchError(
             f"model builder {builder!r} returned {type(model).__name__} already compiled ({_compile_settings(model)}): "
-            f"tpulaunch trains with the job's model.loss and model.optimizer in its own step, so compile()'s would "
-            f"be ignored",
-            hint="remove compile() from the builder (a loaded model: load_model(path, compile=False)) "
-                 "and put its loss in model.loss and its optimizer in model.optimizer")
+            f"the estimator engine trains with the job's model.loss and model.optimizer in its model_fn, so "
+            f"compile()'s would be ignored",
+            hint="train it on the keras engine (run.engine: keras), which trains a compiled model; or remove "
+                 "compile() from the builder (a loaded model: load_model(path, compile=False)) and put its loss "
+                 "in model.loss and its optimizer in model.optimizer")
 
 
 # --------------------------------------------------------------------------- losses and metrics by path
@@ -201,14 +182,17 @@ def _keras_kind(function) -> Optional[str]:
     return None
 
 
-def _refuse_keras_objects(key: tuple, path: str, function) -> None:
-    """A Keras Metric anywhere, or a Keras Loss as a metric, refused at its key before anything is built: a Metric
-    keeps its state across batches, which neither engine feeds, and each engine calls a job's own metric as a
-    function. A Loss as model.loss trains (portable.compute_loss)."""
+def _refuse_keras_objects(key: tuple, path: str, function, *, keras_metrics: bool = False) -> None:
+    """A Keras Metric as a loss, a Keras Loss as a metric, and (unless `keras_metrics`) a Keras Metric as a metric
+    refused at its key before anything is built: the estimator engine's metrics are TensorFlow 1's (value,
+    update_op), and it calls a job's own metric as a function; the keras engine feeds a Metric each batch. A Loss
+    as model.loss trains (portable.compute_loss)."""
     from tpulaunch.engine.core.build_failures import BuildError
 
     kind = _keras_kind(function)
     if kind is None or (key[1] == "loss" and ".losses." in kind):
+        return
+    if keras_metrics and key[1] == "metrics" and ".metrics." in kind:
         return
     found = f"{path!r} is a {kind}"
     if key[1] == "loss":
@@ -216,7 +200,9 @@ def _refuse_keras_objects(key: tuple, path: str, function) -> None:
                          hint="give model.loss a Keras loss name, a tf.keras.losses.Loss (class or object) or a "
                               "function fn(labels, outputs) by its import path")
     raise BuildError(
-        key, "train", f"{found}: tpulaunch calls a job's own metric as a function fn(labels, outputs) on each batch",
+        key, "train", f"{found}: tpulaunch calls a job's own metric as a function fn(labels, outputs) on each batch"
+        + ("" if ".metrics." in kind else ", and a Keras Loss is no metric") + (
+            "" if keras_metrics else " on the estimator engine"),
         hint="use a built-in metric name (accuracy, auc, precision, recall, mean_iou, mean_squared_error, ...), or "
-             "a function fn(labels, outputs) by its import path: the batch's value on the keras engine, a "
-             "tf.compat.v1.metrics (value, update_op) on the estimator engine")
+             "a function fn(labels, outputs) by its import path: the batch's value on the keras engine (which also "
+             "takes a Keras Metric), a tf.compat.v1.metrics (value, update_op) on the estimator engine")

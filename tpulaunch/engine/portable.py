@@ -358,6 +358,40 @@ def imported_kerases() -> list:
     return [keras for keras in found if keras is not None and hasattr(keras, "mixed_precision")]
 
 
+# The methods Keras's fit() and evaluate() call that a model may replace with its own.
+FIT_METHODS = ("train_step", "test_step", "compute_loss")
+
+
+def own_fit_methods(model) -> List[str]:
+    """The methods of FIT_METHODS the model's class replaces with its own (Keras's Sequential and Functional keep
+    Model's; Keras 3's come from its backend's trainer: neither is the model's own)."""
+    keras = keras_of(model)
+    own = []
+    for method in FIT_METHODS:
+        if keras is None or getattr(type(model), method, None) is getattr(keras.Model, method, None):
+            continue
+        owner = next((cls for cls in type(model).__mro__ if method in vars(cls)), None)
+        if owner is not None and owner.__module__.split(".")[0] not in KERAS_PACKAGES:
+            own.append(method)
+    return own
+
+
+def compiled_with(model) -> Optional[dict]:
+    """What the model's compile() set: {"optimizer", "loss", "metrics", ...} as compile() was given them (the
+    optimizer as the model holds it); None for a model never compiled (a KerasHub task model compiles itself)."""
+    if is_keras3(keras_of(model)):
+        compiled = bool(getattr(model, "compiled", False))
+    else:
+        compiled = bool(getattr(model, "_is_compiled", False)) or getattr(model, "compiled_loss", None) is not None
+    compiled = compiled or getattr(model, "optimizer", None) is not None
+    if not compiled:
+        return None
+    config = getattr(getattr(model, "_compile_config", None), "config", None)
+    settings = dict(config) if isinstance(config, dict) else {"loss": getattr(model, "loss", None)}
+    settings["optimizer"] = getattr(model, "optimizer", None)
+    return settings
+
+
 def keras_base(thing, module: str, name: str) -> Optional[str]:
     """'<keras>.<module>.<name> class' or '... object' when `thing` is (an instance of) that base of an imported
     Keras (`keras` for Keras 3, `tf.keras` for Keras 2), e.g. ("losses", "Loss"); else None."""

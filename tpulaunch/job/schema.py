@@ -225,12 +225,15 @@ class Model(Strict):
     loss: LossOrPerLabel = Field(
         "sparse_categorical_crossentropy",
         description=f"one of {', '.join(LOSSES)}, or 'pkg.mod:fn(labels, outputs) -> scalar' (it gets all labels and "
-                    "outputs); or a mapping label -> loss, one per label")
-    optimizer: Optimizer = Field(default_factory=Optimizer)
+                    "outputs); or a mapping label -> loss, one per label. Not set, a model the builder compile()d "
+                    "trains with its own compile's loss (keras engine)")
+    optimizer: Optimizer = Field(default_factory=Optimizer,
+                                 description="default adam; not set, a model the builder compile()d trains with its "
+                                             "own compile's optimizer (keras engine)")
     metrics: MetricsOrPerLabel = Field(
         default_factory=list,
-        description=f"any of {', '.join(METRICS)}, or import paths: a list (each applied to every label whose loss it "
-                    "fits), or a mapping label -> list")
+        description=f"any of {', '.join(METRICS)}, or import paths (on the keras engine a Keras Metric class or "
+                    "object too): a list (each applied to every label whose loss it fits), or a mapping label -> list")
     precision: Literal["float32", "bfloat16", "mixed_float16"] = "float32"
     outputs: Optional[Union[OutputKind, Dict[str, OutputKind]]] = Field(
         None, description="what the model returns for a classification head: logits or probabilities (for every "
@@ -249,6 +252,12 @@ class Model(Strict):
     @classmethod
     def _optimizer_shorthand(cls, value):
         return {"name": value} if isinstance(value, str) else value
+
+    def set_in_job(self) -> tuple:
+        """Which of loss, optimizer and metrics the job file (or --set) sets; the defaults above fill the others. On
+        the keras engine a model its builder compile()d (a KerasHub task model compiles itself) keeps its own
+        compile's for those the job does not set, as a second compile() would replace only what it is given."""
+        return tuple(key for key in ("loss", "optimizer", "metrics") if key in self.model_fields_set)
 
     @property
     def model_fn_path(self) -> Optional[str]:
@@ -370,7 +379,14 @@ class Data(Strict):
 
 class Tpu(Strict):
     name: Optional[str] = Field(None, description="TPU node name, 'local' on a TPU VM, or a grpc:// address; default $TPU_NAME")
-    zone: Optional[str] = Field(None, description="zone of the node, e.g. us-central1-a; default $TPU_ZONE")
+    zone: Optional[str] = Field(None, description="zone of the node, e.g. us-central1-a; default $TPU_ZONE (or the "
+                                                  "first of tpu.zones)")
+    zones: Optional[List[str]] = Field(
+        None, min_length=1, description="zones `tpulaunch run` tries in order when one has no capacity (a stockout or "
+                                        "no quota), e.g. [us-central2-b, us-east1-d]; the first is tpu.zone")
+    tiers: Optional[List[Literal["spot", "preemptible", "reserved", "on-demand"]]] = Field(
+        None, min_length=1, description="tiers `tpulaunch run` tries in order, each in every zone, when one has no "
+                                        "capacity, e.g. [spot, on-demand]; instead of tpu.spot/preemptible/reserved")
     project: Optional[str] = Field(None, description="Google Cloud project of the node; default $TPU_PROJECT / "
                                                      "$GOOGLE_CLOUD_PROJECT")
     type: str = Field(description="accelerator type, e.g. v3-8, v3-32, v4-8, v5litepod-8")
@@ -394,7 +410,26 @@ class Tpu(Strict):
         if len(tiers) > 1:
             raise ValueError(f"tpu.{tiers[0]} and tpu.{tiers[1]} exclude each other: a TPU is one of spot, "
                              "preemptible, reserved or on-demand (none set)")
+        if self.tiers and tiers:
+            raise ValueError(f"tpu.tiers and tpu.{tiers[0]} exclude each other: tpu.tiers lists the tiers to try, "
+                             f"e.g. [{tiers[0]}, on-demand]")
+        for name in ("zones", "tiers"):
+            listed = getattr(self, name) or []
+            if len(set(listed)) != len(listed):
+                raise ValueError(f"tpu.{name} lists {sorted(x for x in set(listed) if listed.count(x) > 1)[0]} twice")
+        if self.zones and self.zone is not None and self.zone != self.zones[0]:
+            raise ValueError(f"tpu.zone ({self.zone}) is not the first of tpu.zones ({', '.join(self.zones)}): "
+                             "tpu.zones is tried in order; drop tpu.zone or put it first")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _zone_from_zones(cls, data):
+        """tpu.zone is the first of tpu.zones when only they are given (what `up`, `down` and `status` use)."""
+        if isinstance(data, dict) and data.get("zone") is None and isinstance(data.get("zones"), list) \
+                and data["zones"] and isinstance(data["zones"][0], str):
+            data = {**data, "zone": data["zones"][0]}
+        return data
 
 
 PartitionDims = Optional[List[int]]

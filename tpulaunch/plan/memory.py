@@ -44,10 +44,14 @@ if TYPE_CHECKING:
 
 GiB = 1024 ** 3
 
-# v1 optimizer slot variables per weight (tensorflow/python/training/*.py `_create_slots`).
+# The optimizer's memory is counted in the step the engine builds: the slot variables its optimizer made
+# (`StepTensors.optimizer_bytes`). Only where a build could not count them is it assumed, from
+# model.optimizer.name, and said to be an assumption: v1 optimizer slot variables per weight
+# (tensorflow/python/training/*.py `_create_slots`).
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2, "adagrad": 1, "rmsprop": 2}
 # An optimizer given as an import path: assume Adam's two slots (the common worst case).
 UNKNOWN_OPTIMIZER_SLOTS = 2
+COUNTED = "counted"  # MemoryPlan.optimizer_source: the slot variables of the built step's optimizer
 
 # Spatial partitioning's efficiency: 2560^2 x 8 per replica on 8 cores took 822 ms a step, against
 # 910 ms for 1280^2 x 8 on one core (4x the pixels on 8x the cores: ideal 455 ms): 455 / 822 = 0.55.
@@ -70,6 +74,25 @@ def optimizer_slots(name: str, args: Optional[Mapping] = None) -> int:
     return slots
 
 
+def assumed_source(name: str) -> str:
+    """How an assumed slot count was reached (MemoryPlan.optimizer_source), said as the assumption it is."""
+    if name in OPTIMIZER_SLOTS:
+        return f"assumed from model.optimizer.name {name!r}: the built step's slots could not be counted"
+    return (f"assumed: {UNKNOWN_OPTIMIZER_SLOTS} per weight (Adam's) for {name!r}: the built step's slots could "
+            "not be counted")
+
+
+def optimizer_memory(job: Job, shapes) -> tuple:
+    """(the optimizer's bytes, slots per weight, how they were found) for one step's `shapes`: counted from the
+    slot variables its optimizer made, else assumed from model.optimizer.name (and said to be)."""
+    counted = getattr(shapes, "optimizer_bytes", None)
+    if counted is not None:
+        slots = counted / (shapes.trainable_params * 4) if shapes.trainable_params else 0
+        return counted, (int(round(slots)) if abs(slots - round(slots)) < 0.005 else round(slots, 2)), COUNTED
+    slots = optimizer_slots(job.model.optimizer.name, job.model.optimizer.args)
+    return shapes.trainable_params * 4 * slots, slots, assumed_source(job.model.optimizer.name)
+
+
 padded_elements = rules.padded_elements
 
 
@@ -84,8 +107,10 @@ BuildStep = Callable[..., Any]
 def step_shapes(job: Job, build_step: BuildStep, *, use_tpu: bool):
     """What one training step of `job` keeps for its backward pass, read from the graph its engine builds
     (`build_step`): per example, with dtypes and convolution halos. Cached per job, engine and target."""
-    # The step depends on the model, the data specs and the flags, not on batch sizes or the slice.
-    key = (job.model_dump_json(include={"model", "data", "flags"}), tuple(job.search_path), use_tpu,
+    # The step depends on the model (and which of its loss, optimizer and metrics the job sets: a compiled model keeps
+    # its own for the others), the data specs and the flags, not on batch sizes or the slice.
+    key = (job.model_dump_json(include={"model", "data", "flags"}), job.model.set_in_job(), tuple(job.search_path),
+           use_tpu,
            getattr(build_step, "__qualname__", repr(build_step)))
     if key not in _SHAPES_CACHE:
         _SHAPES_CACHE[key] = build_step(job, use_tpu=use_tpu)
@@ -107,7 +132,7 @@ class Tile:
 class MemoryEstimate:
     tile: Tile
     params: int
-    optimizer_slots: int
+    optimizer_slots: float  # slot variables per trainable weight (an int where they are whole)
     weights: int
     gradients: int
     optimizer: int
@@ -116,6 +141,7 @@ class MemoryEstimate:
     padding: int  # what (8, 128) layout tiles add to the activations
     lower_bound: int  # unpadded, with activation and pooling outputs rematerialised
     method: str  # "built at tile" | "scaled from <shape>"
+    optimizer_source: str = COUNTED  # or the assumption made (`assumed_source`)
 
     @property
     def total(self) -> int:
@@ -245,14 +271,13 @@ def estimate(job: Job, tile: Tile, shapes=None, method: Optional[str] = None,
         padded += (padded_elements(shape) + halo) * size
         if kept.required:
             required += (math.prod(shape) + halo) * size
-    slots = optimizer_slots(job.model.optimizer.name, job.model.optimizer.args)
+    optimizer, slots, source = optimizer_memory(job, shapes)
     weights = shapes.params * 4
     gradients = shapes.trainable_params * 4
-    optimizer = shapes.trainable_params * 4 * slots
     bf16 = shapes.params * 2 if job.model.precision != "float32" else 0
     fixed = weights + gradients + optimizer + bf16
     return MemoryEstimate(tile, shapes.params, slots, weights, gradients, optimizer, bf16, activations,
-                          padded - activations, fixed + required, method)
+                          padded - activations, fixed + required, method, source)
 
 
 # ------------------------------------------------------------------------------ recommendations
@@ -337,7 +362,8 @@ class MemoryPlan:
     tile: Optional[list] = None  # [batch, *piece] of the main feature on one core
     feature: Optional[str] = None
     params: Optional[int] = None
-    optimizer_slots: Optional[int] = None
+    optimizer_slots: Optional[float] = None
+    optimizer_source: Optional[str] = None  # "counted" (the built step's slot variables), or the assumption made
     precision: Optional[str] = None
     method: Optional[str] = None
     auto_partition: Optional[dict] = None  # the dims `partition: auto` chose
@@ -376,6 +402,7 @@ def plan_memory(job: Job, plan: "Plan", build_step: BuildStep) -> MemoryPlan:
     est = estimate(job, tile, shapes, method)
     common = dict(breakdown=est.breakdown, lower_bound_bytes=est.lower_bound, tile=[tile.batch, *tile.shape],
                   feature=main_feature(job), params=est.params, optimizer_slots=est.optimizer_slots,
+                  optimizer_source=est.optimizer_source,
                   precision=job.model.precision, method=method, auto_partition=auto)
     if plan.slice is None:
         return MemoryPlan("unknown", est.total, None, reason="runs locally: no TPU memory to compare against", **common)
@@ -414,11 +441,13 @@ def plan_memory(job: Job, plan: "Plan", build_step: BuildStep) -> MemoryPlan:
 XLA_TIMEOUT_S = 900
 
 
-def xla_step_bytes(job: Job, tile: Tile, timeout: int = XLA_TIMEOUT_S) -> dict:
+def xla_step_bytes(job: Job, tile: Tile, timeout: int = XLA_TIMEOUT_S, slots: Optional[float] = None) -> dict:
     """XLA's buffer-assignment total for one training step of the job's model on the tile, on the CPU.
 
     A cross-check, not a TPU number: float32 only, CPU layouts (no (8, 128) tiles). The step is
     compiled (never run) in a child process, because XLA reads its dump flags once per process.
+
+    `slots`: the optimizer's slot variables per weight (the memory plan's count; default: assumed from its name).
 
     Returns:
         {"total_bytes", "input_shape" (per example, as built), "seconds"}.
@@ -439,7 +468,8 @@ def xla_step_bytes(job: Job, tile: Tile, timeout: int = XLA_TIMEOUT_S) -> dict:
     if len(job.data.features) == 1 and _builder_takes_input_shape(job):
         kwargs["input_shape"] = list(tile.shape)
     request = {"builder": job.model.builder, "kwargs": kwargs, "batch": tile.batch, "search_path": job.search_path,
-               "slots": optimizer_slots(job.model.optimizer.name, job.model.optimizer.args)}
+               "slots": int(round(slots)) if slots is not None else optimizer_slots(job.model.optimizer.name,
+                                                                                     job.model.optimizer.args)}
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", "from tpulaunch.plan.memory import _xla_child; _xla_child()"],
                           input=json.dumps(request), capture_output=True, text=True, timeout=timeout)
@@ -520,7 +550,7 @@ def add_memory(plan: "Plan", job: Job, build_step: BuildStep, xla: bool = False)
     if xla and section.tile is not None:
         tile = Tile(section.tile[0], tuple(section.tile[1:]), 1, None)
         try:
-            section.xla = xla_step_bytes(job, tile)
+            section.xla = xla_step_bytes(job, tile, slots=section.optimizer_slots)
         except (RuntimeError, OSError) as exc:
             section.xla = {"error": str(exc)}
         except Exception as exc:  # noqa: BLE001 (subprocess timeout and friends: reported, not fatal)

@@ -11,6 +11,11 @@ fails the same way and costs TPU time.
 | worker 0's train exited 3: the TPU was lost under it (TensorFlow's lost-TPU errors) | infrastructure |
 | exited 137 or 143 (SIGKILL, SIGTERM: the VM shutting down), or killed by another signal (129-255, not 130) | infrastructure |
 | exited 1 (the job's mistake, a NaN loss, a failed graph), 2, 70 (a crash), 130 (stopped by hand on the VM), any other | the job's |
+| a host not started within --host-timeout (hung at boot, or cannot write model_dir) | infrastructure |
+| a host whose startup script failed a step (its install): the same script fails the same way on a new VM | not retried |
+
+On a multi-host slice the exit codes are those of every host that trains (worker 0's, or each host's for an
+engine whose hosts all train).
 """
 
 from __future__ import annotations

@@ -12,15 +12,23 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from tpulaunch.errors import ExitCode, TpuLaunchError
 from tpulaunch.remote import causes, layout, store
 from tpulaunch.remote.follow import HostLog, host_status
 from tpulaunch.remote.stage import Stage
 from tpulaunch.tpu import node as cluster
+from tpulaunch.tpu.lifecycle import Placement
 
 Say = Callable[[str], None]
+
+SAME_ZONE, NEXT_ZONE = "same-zone", "next-zone"
+AFTER_PREEMPTION = (SAME_ZONE, NEXT_ZONE)  # `run --after-preemption`
+
+# A host's phases before its part started (startup.sh, host.py), as a late host is described.
+STARTING = {"installing": "is still installing the job's requirements", "fetching": "is still fetching tpulaunch",
+            "fetched": "fetched the job but did not start it (its host runner stopped: its log says why)"}
 
 
 @dataclass
@@ -90,62 +98,101 @@ class Controller:
     """Run the staged job on the job's TPU and supervise it until it ends, the controller detaches or gives up.
 
     Args:
-        life: the node's Lifecycle, its NodeSpec carrying no metadata (the controller adds it per VM).
+        fallback: where the node may be created (`tpu/lifecycle.Fallback`: tpu.zones and tpu.tiers in order), its
+            NodeSpec carrying no metadata (the controller adds it per VM).
         stage: what the VMs run; startup: the startup script for it.
         recreate: infrastructure failures to recover from, at most.
         poll_s: how often the run's files and the node are read.
-        start_timeout_s: how long a READY VM may take to start the job before it counts as lost.
+        host_timeout_s: how long each host of a READY VM may take to start its part (boot, install, fetch) before
+            it is reported by name and the VM counts as lost.
         on_step: told each step the log shows (a rehearsal preempts the VM at the steps it was asked to).
         keep_tpu: leave the node when the run ends (else it is deleted: its output is in model_dir).
+        after_preemption: where a recovery from a PREEMPTED node looks first: SAME_ZONE, the zone it was in (then
+            the others of tpu.zones, in order, wrapping round); NEXT_ZONE, the zone after it (the preempted one
+            last), as a zone that just preempted a VM is likely short of capacity. Other losses: SAME_ZONE.
     """
 
-    def __init__(self, life, stage: Stage, startup: str, *, job_file: str, recreate: int = 0, poll_s: float = 10.0,
-                 create_timeout_s: float = 1800.0, start_timeout_s: float = 1800.0, keep_tpu: bool = False,
+    def __init__(self, fallback, stage: Stage, startup: str, *, job_file: str, recreate: int = 0, poll_s: float = 10.0,
+                 create_timeout_s: float = 1800.0, host_timeout_s: float = 900.0, keep_tpu: bool = False,
+                 after_preemption: str = SAME_ZONE,
                  say: Say = print, out: Say = print, on_step: Callable[[int], None] = lambda step: None):
-        self.life, self.stage, self.startup = life, stage, startup
-        self.ref = life.ref
+        self.fallback, self.stage, self.startup = fallback, stage, startup
+        self.life = fallback.life_at(fallback.tries[0])  # the placement the node is in, once known
+        self.ref = self.life.ref
         self.model_dir = stage.model_dir
         self.job_file = job_file
         self.recreate, self.poll_s = recreate, poll_s
-        self.create_timeout_s, self.start_timeout_s = create_timeout_s, start_timeout_s
+        self.create_timeout_s, self.host_timeout_s = create_timeout_s, host_timeout_s
         self.keep_tpu = keep_tpu
+        assert after_preemption in AFTER_PREEMPTION
+        self.after_preemption = after_preemption
         self.say, self.out, self.on_step = say, out, on_step
         self.vm = 0
         self.record: Optional[RunRecord] = None
         self.log: Optional[HostLog] = None
-        self.status: Optional[dict] = None
+        self.hosts = 1  # hosts of the node's slice
+        self.statuses: Dict[int, dict] = {}  # worker -> its status (follow.host_status), once it wrote one
+        self.removed = False  # the node was deleted at the run's end
         self.pending: Optional[Recovery] = None
         self.ready_at = 0.0
 
     # ------------------------------------------------------------------ the node
 
-    def _spec(self, vm: int):
-        from dataclasses import replace
+    def _metadata(self, vm: int) -> tuple:
+        return ((layout.STARTUP_KEY, self.startup), (layout.STAGE_KEY, self.stage.digest),
+                (layout.ATTEMPT_KEY, str(vm)))
 
-        metadata = ((layout.STARTUP_KEY, self.startup), (layout.STAGE_KEY, self.stage.digest),
-                    (layout.ATTEMPT_KEY, str(vm)))
-        return replace(self.life.spec, metadata=metadata)
-
-    def _create(self, vm: int) -> float:
-        """Create the node as the run's VM number `vm`; the seconds until it was READY."""
-        self.life.spec = self._spec(vm)
-        outcome = self.life.create(wait_s=self.create_timeout_s)
+    def _create(self, vm: int, tries=None) -> float:
+        """Create the node as the run's VM number `vm` in the first zone and tier with capacity (of `tries`, else
+        the job's); the seconds until it was READY (the tries that found none included)."""
+        started = time.monotonic()
+        self.life, outcome = self.fallback.create(wait_s=self.create_timeout_s, metadata=self._metadata(vm),
+                                                  tries=tries)
+        self.ref = self.life.ref
         self.vm = vm
-        self.record.vms.append({"vm": vm, "created": time.time(), "create_s": round(outcome.seconds, 3)})
+        self.record.zone = self.ref.zone
+        self.record.vms.append({"vm": vm, "created": time.time(), "create_s": round(time.monotonic() - started, 3),
+                                "zone": self.ref.zone, "tier": self.life.spec.tier})
         self.record.save(self.model_dir)
-        self._follow_vm()
+        self._follow_vm(self.life.read_node())
         self.say(f"tpu | TPU node '{self.ref.name}' is READY after {outcome.seconds:.1f} s: VM {vm} of the run "
-                 "starts the job (its startup script)")
+                 f"starts the job (its startup script, on {self._hosts_words()})")
         return outcome.seconds
 
-    def _follow_vm(self) -> None:
+    def _follow_vm(self, node: Optional[dict]) -> None:
         self.log = HostLog(self.model_dir, self.vm)
-        self.status = None
+        self.statuses = {}
+        self.hosts = slice_hosts(node, self.life.spec.accelerator_type)
         self.ready_at = time.monotonic()
+
+    def _hosts_words(self) -> str:
+        if self.hosts == 1:
+            return "its one host"
+        runs = "every host trains, worker 0 the chief" if self.stage.manifest.get("hosts") == "every" else \
+            "worker 0 trains"
+        return f"each of its {self.hosts} hosts; {runs}"
+
+    @property
+    def status(self) -> Optional[dict]:
+        """The chief's (worker 0's) status."""
+        return self.statuses.get(0)
+
+    def _find(self) -> Optional[dict]:
+        """The run's node in the zone its record names, else in any zone it may be created in (self.life then
+        points there); None when there is none."""
+        zones = [self.record.zone] + [placement.zone for placement in self.fallback.tries]
+        for zone in dict.fromkeys(zones):
+            tier = next((p.tier for p in self.fallback.tries if p.zone == zone), self.fallback.tries[0].tier)
+            life = self.fallback.life_at(Placement(zone, tier))
+            node = life.read_node()
+            if node is not None:
+                self.life, self.ref = life, life.ref
+                return node
+        return None
 
     def _attach(self) -> None:
         """Find the run's node: reattach to it, wait for it, recover it, or create it."""
-        node = self.life.read_node()
+        node = self._find()
         if node is None:
             self._create(len(self.record.vms) + 1)
             return
@@ -154,16 +201,16 @@ class Controller:
         if layout.STAGE_KEY not in metadata:
             raise TpuLaunchError(
                 f"TPU node '{self.ref.name}' exists but was not created by `tpulaunch run` (no startup script of it)",
-                hint=f"`tpulaunch down {self.job_file}` deletes it, or set tpu.name to another node",
+                hint=f"`{self.down_command()}` deletes it, or set tpu.name to another node",
                 exit_code=ExitCode.CLUSTER)
         if metadata[layout.STAGE_KEY] != self.stage.digest:
             raise TpuLaunchError(
                 f"TPU node '{self.ref.name}' runs another staged job (stage {metadata[layout.STAGE_KEY][:12]}, this "
                 f"job's is {self.stage.digest[:12]}): the job file, its code or its --set values changed",
-                hint=f"let that run end, or `tpulaunch down {self.job_file}` first (the checkpoints stay in "
+                hint=f"let that run end, or `{self.down_command()}` first (the checkpoints stay in "
                      "model_dir)", exit_code=ExitCode.CLUSTER)
         self.vm = int(metadata.get(layout.ATTEMPT_KEY) or 1)
-        self._follow_vm()
+        self._follow_vm(node)
         self._read()  # its lines so far (the step it reached, when it was lost)
         self.say(f"tpu | reattached to TPU node '{self.ref.name}' ({state}), VM {self.vm} of the run")
         if causes.node_cause(state):
@@ -213,7 +260,7 @@ class Controller:
                 f"TPU node '{self.ref.name}' was lost ({cause}){where}, and "
                 + (f"all {self.recreate} recoveries were used" if self.recreate else "--recreate is 0"),
                 hint=f"`tpulaunch run {self.job_file} --recreate N` creates it again and resumes from the newest "
-                     f"checkpoint; `tpulaunch down {self.job_file}` removes what is left of it",
+                     f"checkpoint; `{self.down_command()}` removes what is left of it",
                 exit_code=ExitCode.CLUSTER)
         started = time.monotonic()
         self.life.delete(wait_s=self.create_timeout_s)
@@ -222,9 +269,13 @@ class Controller:
             self.say("lease | released the lost VM's lease on run.model_dir (it held it still)")
         self.record.recoveries.append(asdict(recovery))
         self.pending = recovery
+        next_zone = cause == "PREEMPTED" and self.after_preemption == NEXT_ZONE
+        tries = self.fallback.starting_at(self.ref.zone, after=next_zone)
+        first = f", trying {tries[0]} first" + (f" (--after-preemption {NEXT_ZONE})" if next_zone else "") \
+            if len(self.fallback.tries) > 1 else ""
         self.say(f"tpu | recovery {used + 1} of {self.recreate}: creating TPU node '{self.ref.name}' again with the "
-                 "same startup script")
-        self._create(self.vm + 1)
+                 f"same startup script{first}")
+        self._create(self.vm + 1, tries)
         recovery.recreate_s = round(time.monotonic() - started, 3)
         self._save_recovery()
 
@@ -255,9 +306,12 @@ class Controller:
             self.out(line)
             if self.log.step is not None:
                 self.on_step(self.log.step)
-        status = host_status(self.model_dir, self.vm)
-        if status is not None:
-            self.status = status
+        for worker in range(self.hosts):
+            if (self.statuses.get(worker) or {}).get("phase") == "ended":
+                continue  # its last word
+            status = host_status(self.model_dir, self.vm, worker)
+            if status is not None:
+                self.statuses[worker] = status
         self._check_resumed()
 
     def _end(self, outcome: str) -> None:
@@ -268,13 +322,44 @@ class Controller:
 
     def _remove_node(self) -> None:
         if self.keep_tpu:
-            self.say(f"tpu | TPU node '{self.ref.name}' kept (--keep-tpu): `tpulaunch down {self.job_file}` removes it")
+            self.say(f"tpu | TPU node '{self.ref.name}' kept (--keep-tpu): `{self.down_command()}` removes it")
             return
         self.say(f"tpu | deleting TPU node '{self.ref.name}': the run is over (its output is in run.model_dir)")
         self.life.delete(wait_s=self.create_timeout_s)
+        self.removed = True
 
     def run(self, record: RunRecord) -> None:
-        """Until the job ends: returns when it is done; raises TpuLaunchError when it failed or cannot go on."""
+        """Until the job ends: returns when it is done; raises TpuLaunchError when it failed or cannot go on, naming
+        the node when one is left (with the command that removes it): nothing the run created is left unsaid."""
+        try:
+            self._run(record)
+        except TpuLaunchError as failed:
+            self._name_leftover(failed)
+            raise
+        except Exception:  # not one of ours: still say what the run leaves behind before it surfaces
+            probe = TpuLaunchError("the controller stopped")
+            self._name_leftover(probe)
+            if probe.hint:
+                self.say(f"tpu | {probe.message.split('; ', 1)[-1]}: {probe.hint}")
+            raise
+
+    def down_command(self) -> str:
+        """What removes the node: `tpulaunch down JOB`, which finds it in the zone run.json names (a fallback's)."""
+        return f"tpulaunch down {self.job_file}"
+
+    def _name_leftover(self, failed: TpuLaunchError) -> None:
+        if self.removed or self.down_command() in f"{failed.message} {failed.hint or ''}":
+            return
+        try:
+            node = self.life.read_node()
+            left = f"TPU node '{self.ref.name}' ({node.get('state')}) in {self.ref.zone}" if node else ""
+        except Exception as exc:  # the API is failing too: say what could not be checked
+            left = f"possibly TPU node '{self.ref.name}' in {self.ref.zone} (could not check: {exc})"
+        if left:
+            failed.message = f"{failed.message}; left: {left}"
+            failed.hint = f"`{self.down_command()}` removes it" + (f"; {failed.hint}" if failed.hint else "")
+
+    def _run(self, record: RunRecord) -> None:
         previous = RunRecord.load(self.model_dir)
         if previous is not None and previous.stage == record.stage and previous.outcome is None:
             record = previous  # a controller that was killed or detached: its record goes on
@@ -283,33 +368,82 @@ class Controller:
         self._attach()
         while True:
             self._read()
-            code = (self.status or {}).get("exit_code")
-            if code is not None and (self.status or {}).get("role") == "train":
-                self._read()
-                if code == 0:
-                    self._finish()
-                    return
-                text = causes.exit_text(code)
-                if causes.exit_cause(code) == causes.INFRASTRUCTURE:
-                    self._recover(text)
-                    continue
-                message = self.status.get("message") or ""
-                self._end(f"failed: {text}")
-                self._remove_node()
-                raise TpuLaunchError(
-                    f"the job failed on the TPU VM (worker 0, {text}){': ' + message if message else ''}; not "
-                    "retried: a failure of the job's own is not an infrastructure failure",
-                    hint=f"its whole output: {self.log.url}", exit_code=ExitCode(code) if code in
-                    set(int(c) for c in ExitCode) else ExitCode.PROBLEMS)
+            if self._hosts_decide():
+                return
             node = self.life.read_node()
             state = node.get("state") if node is not None else cluster.NOT_FOUND
             if causes.node_cause(state):
                 self._recover(str(state))
                 continue
-            if self.status is None and time.monotonic() - self.ready_at > self.start_timeout_s:
-                self._recover(f"worker 0 did not start the job within {self.start_timeout_s:g} s")
+            late = self._late_hosts()
+            if late:
+                self._recover(late)
                 continue
             time.sleep(self.poll_s)
+
+    def _hosts_decide(self) -> bool:
+        """What the hosts' statuses say: True when the run is done; recovers or raises when a host failed."""
+        for worker, status in sorted(self.statuses.items()):
+            if status.get("failed"):
+                self._startup_failed(worker, status)
+        training = [w for w, status in self.statuses.items() if status.get("role") == "train"]
+        for worker in sorted(training, key=lambda w: (w != 0, w)):  # the chief's word first
+            code = self.statuses[worker].get("exit_code")
+            if code is None or code == 0:
+                continue
+            self._read()
+            text = causes.exit_text(code)
+            who = f"worker {worker}" + (" (the chief)" if worker == 0 and self.hosts > 1 else "")
+            if causes.exit_cause(code) == causes.INFRASTRUCTURE:
+                self._recover(f"{who}: {text}" if self.hosts > 1 else text)
+                return False
+            message = self.statuses[worker].get("message") or ""
+            self._end(f"failed: {text}")
+            self._remove_node()
+            raise TpuLaunchError(
+                f"the job failed on the TPU VM ({who}, {text}){': ' + message if message else ''}; not "
+                "retried: a failure of the job's own is not an infrastructure failure",
+                hint=f"its whole output: {layout.host_log(self.model_dir, self.vm, worker)}",
+                exit_code=ExitCode(code) if code in set(int(c) for c in ExitCode) else ExitCode.PROBLEMS)
+        done = self.status is not None and self.status.get("exit_code") == 0 and all(
+            self.statuses.get(w, {}).get("exit_code") == 0 for w in training)
+        if done:
+            self._read()
+            self._finish()
+        return done
+
+    def _startup_failed(self, worker: int, status: dict) -> None:
+        """A host whose startup script failed a step (an install, fetching tpulaunch): not retried, since the same
+        script fails the same way on a new VM; the run ends naming the host, with the end of its output."""
+        tail = [line for line in status.get("log_tail") or [] if line.strip()][-6:]
+        self._end(f"failed: worker {worker}: {status['failed']}")
+        self._remove_node()
+        raise TpuLaunchError(
+            f"worker {worker} of TPU node '{self.ref.name}' (VM {self.vm} of the run) failed while "
+            f"{status.get('phase') or 'starting'}: {status['failed']}; not retried: a new VM runs the same startup "
+            "script" + ("; its output ends:\n  " + "\n  ".join(tail) if tail else ""),
+            hint=f"its whole startup output: {layout.host_startup_log(self.model_dir, self.vm, worker)}; fix the "
+                 "job's requirements (or this tpulaunch's extra) and rerun",
+            exit_code=ExitCode.CLUSTER)
+
+    def _late_hosts(self) -> Optional[str]:
+        """The hosts that have not started their part within host_timeout_s of the VM being READY, in words (the
+        cause of a recovery), or None. A host that wrote no status at all either never booted its startup script
+        or cannot write run.model_dir (the VM's service account)."""
+        waited = time.monotonic() - self.ready_at
+        if waited <= self.host_timeout_s:
+            return None
+        late = []
+        for worker in range(self.hosts):
+            status = self.statuses.get(worker)
+            if status is None:
+                late.append(f"worker {worker} wrote no status (it did not run its startup script, or the VM's "
+                            f"service account cannot write {self.model_dir})")
+            elif status.get("phase") in STARTING:
+                late.append(f"worker {worker} {STARTING[status['phase']]}")
+        if not late:
+            return None
+        return f"a host did not start within {self.host_timeout_s:g} s (--host-timeout): " + "; ".join(late)
 
     def _finish(self) -> None:
         self._end("done")
@@ -325,3 +459,14 @@ class Controller:
         words.append(f"{time.time() - self.record.started:.0f} s")
         self._remove_node()
         self.out(" | ".join(words))
+
+
+def slice_hosts(node: Optional[dict], accelerator_type: str) -> int:
+    """How many hosts the node's slice has: its network endpoints (one per host), else as its type says."""
+    endpoints = len((node or {}).get("networkEndpoints") or [])
+    if endpoints:
+        return endpoints
+    from tpulaunch.tpu.types import lookup
+
+    found = lookup(accelerator_type)
+    return found.hosts if found else 1

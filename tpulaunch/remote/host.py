@@ -1,12 +1,20 @@
 """The host runner: what the startup script starts on every host of a `tpulaunch run` TPU VM.
 
-    python -m tpulaunch.remote.host --stage URL --worker N --attempt A --disk DIR
+    python -m tpulaunch.remote.host --stage URL --worker N --hosts H --attempt A --disk DIR
 
-It fetches the stage (the job file and its code) onto the host's disk, then, by the host's role, runs
-`tpulaunch train` (worker 0: the one process that drives the slice for both engines today) or nothing, with
-the train's output in `attempts/<A>/worker-<N>.log` under run.model_dir and the host's status beside it
-(`worker-<N>.json`: when it booted, installed, started, the train's pid and host, how it ended). It exits with
-the train's exit code, which the controller reads (`causes.py`) to decide between recovering and stopping.
+It fetches the stage (the job file and its code) onto the host's disk, then runs this host's part: which hosts
+run `tpulaunch train` is the engine's to say (`EngineAbout.tpu_hosts`): "chief", worker 0 alone (TPUEstimator:
+its session drives every host of a -pod image); "every", each host, worker 0 the chief that alone holds
+model_dir's lease and writes its shared files (the others are told they are not by $TF_CONFIG, the multi-worker
+convention `run/workers.py` reads). A host with nothing to run says so in its status and exits 0.
+
+The train's output goes to `attempts/<A>/worker-<N>.log` under run.model_dir and the host's status beside it
+(`worker-<N>.json`: its phase, when it booted, installed, started, the train's pid and host, how it ended). It
+exits with the train's exit code, which the controller reads (`causes.py`) to decide between recovering and
+stopping.
+
+The job's `${VAR}`s are read from Secret Manager here (`secret_manager.read_on_vm`) into the train's environment
+alone: no value is written to the host's disk, its log or model_dir.
 
 A local model_dir gets the log line by line; a gs:// one gets it copied every SHIP_EVERY_S seconds and at the end.
 """
@@ -25,10 +33,16 @@ import threading
 import time
 from typing import List, Optional
 
-from tpulaunch.remote import layout, store
+from tpulaunch.remote import layout, secret_manager, store
 
 SHIP_EVERY_S = 10.0
-CHIEF = 0  # the worker that runs `tpulaunch train`
+CHIEF = 0  # the worker that holds the lease (and, for a "chief" engine, the only one that trains)
+TRAIN, NONE = "train", "none"  # a host's role
+
+
+def role(worker: int, hosts_run: str) -> str:
+    """What host `worker` runs for an engine whose `tpu_hosts` is `hosts_run`."""
+    return TRAIN if worker == CHIEF or hosts_run == "every" else NONE
 
 
 def _fetch(url: str) -> bytes:
@@ -53,15 +67,28 @@ def fetch_stage(stage_url: str, disk: str) -> dict:
     return manifest
 
 
-def train_command(manifest: dict, disk: str) -> List[str]:
+def train_command(manifest: dict, disk: str, hosts: int = 1, zone: str = "") -> List[str]:
     words = [sys.executable, "-m", "tpulaunch", "train", os.path.join(disk, "job", manifest["job"]["file"])]
     for value in manifest["sets"]:
         words += ["--set", value]
     if manifest["target"] == "local":
         words.append("--local")  # a rehearsal: this machine's CPU stands for the TPU
-    else:
-        words += ["--set", "tpu.name=local"]  # this TPU VM's own chips
+    elif hosts == 1 or manifest.get("hosts") == "every":
+        words += ["--set", "tpu.name=local"]  # this TPU VM host's own chips
+    elif zone:
+        # worker 0 drives every host of the slice, found by the node's name (the job's tpu.name) as a -pod image
+        # expects, in the zone the VM was made in (which tpu.zones' fallback may have picked)
+        words += ["--set", f"tpu.zones=[{zone}]", "--set", f"tpu.zone={zone}"]
     return words
+
+
+def worker_env(worker: int, hosts: int, hosts_run: str, endpoints: List[str]) -> dict:
+    """$TF_CONFIG for a host of an "every" engine on several hosts: its index among the slice's workers, so that
+    only worker 0 counts as the chief (the lease, model_dir's shared files)."""
+    if hosts_run != "every" or hosts < 2:
+        return {}
+    workers = endpoints if len(endpoints) == hosts else [f"worker-{i}:8470" for i in range(hosts)]
+    return {"TF_CONFIG": json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": worker}})}
 
 
 class Status:
@@ -88,26 +115,36 @@ def _last_message(log_path: str) -> str:
 
 
 def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[float],
-        installed: Optional[float]) -> int:
+        installed: Optional[float], hosts: int = 1, endpoints: Optional[List[str]] = None, zone: str = "") -> int:
     manifest = fetch_stage(stage_url, disk)
     model_dir = manifest["model_dir"]
-    status = Status(layout.host_status(model_dir, attempt, worker), worker=worker, attempt=attempt, booted=booted,
-                    installed=installed, fetched=time.time(), role="train" if worker == CHIEF else "none",
+    hosts_run = manifest.get("hosts", "chief")
+    mine = role(worker, hosts_run)
+    status = Status(layout.host_status(model_dir, attempt, worker), worker=worker, attempt=attempt, hosts=hosts,
+                    booted=booted, installed=installed, fetched=time.time(), role=mine, phase="fetched",
                     exit_code=None)
-    if worker != CHIEF:
-        status.update(exit_code=0, ended=time.time(), message="nothing to run on this host: worker 0 trains")
+    if mine == NONE:
+        status.update(phase="ended", exit_code=0, ended=time.time(),
+                      message=f"nothing to run on this host: worker {CHIEF} trains")
         print(f"tpulaunch | worker {worker}: worker {CHIEF} runs the job; nothing to run here", flush=True)
         return 0
     remote_log = layout.host_log(model_dir, attempt, worker)
     shipped = store.is_gcs(remote_log)
     log_path = os.path.join(disk, f"worker-{worker}.log") if shipped else remote_log
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    command = train_command(manifest, disk)
+    try:
+        values = secret_manager.read_on_vm(manifest.get("secrets"))  # into train's environment only
+    except secret_manager.SecretUnreadable as unreadable:
+        message = f"error: {unreadable}"
+        status.update(phase="ended", exit_code=1, ended=time.time(), message=message)
+        print(f"tpulaunch | worker {worker}: {message}", flush=True)
+        return 1
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **worker_env(worker, hosts, hosts_run, endpoints or []), **values}
+    command = train_command(manifest, disk, hosts, zone)
     with open(log_path, "ab") as log:
         process = subprocess.Popen(command, cwd=os.path.join(disk, "job"), env=env, stdin=subprocess.DEVNULL,
                                    stdout=log, stderr=subprocess.STDOUT)
-    status.update(started=time.time(), train_pid=process.pid)
+    status.update(phase="training", started=time.time(), train_pid=process.pid)
     stop = threading.Event()
     if shipped:
         def ship():
@@ -120,7 +157,7 @@ def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[f
     if shipped:
         with open(log_path, "rb") as handle:
             store.write(remote_log, handle.read())
-    status.update(exit_code=code, ended=time.time(), message=_last_message(log_path) if code else "")
+    status.update(phase="ended", exit_code=code, ended=time.time(), message=_last_message(log_path) if code else "")
     return code
 
 
@@ -128,12 +165,26 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tpulaunch.remote.host", description=__doc__.splitlines()[0])
     parser.add_argument("--stage", required=True)
     parser.add_argument("--worker", type=int, required=True)
+    parser.add_argument("--hosts", type=int, default=1, help="hosts in the slice")
+    parser.add_argument("--endpoints", default="", help="the slice's worker-network-endpoints (comma-separated)")
+    parser.add_argument("--zone", default="", help="the zone the VM was made in")
     parser.add_argument("--attempt", type=int, required=True)
     parser.add_argument("--disk", required=True)
     parser.add_argument("--booted", type=float)
     parser.add_argument("--installed", type=float)
     args = parser.parse_args(argv)
-    return run(args.stage, args.worker, args.attempt, args.disk, args.booted, args.installed)
+    endpoints = [item for item in args.endpoints.split(",") if item]
+    from tpulaunch.errors import TpuLaunchError
+
+    try:
+        return _run_host(args, endpoints)
+    except TpuLaunchError as failed:  # e.g. run.model_dir not writable by the VM's service account
+        print(f"tpulaunch | error: {failed.message}" + (f"\n  hint: {failed.hint}" if failed.hint else ""), flush=True)
+        return int(failed.exit_code)
+
+
+def _run_host(args, endpoints: List[str]) -> int:
+    return run(args.stage, args.worker, args.attempt, args.disk, args.booted, args.installed, args.hosts, endpoints, args.zone)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
         stages/<sha256>.json           a stage's manifest: what the VM fetches and runs (named by its content)
         run.json                       the controller's record: the node, each VM it created, each recovery
         attempts/<n>/worker-<i>.log    what host i of the n-th VM printed (`tpulaunch train`'s lines)
-        attempts/<n>/worker-<i>.json   that host's status: when it booted, installed, started, how it ended
+        attempts/<n>/worker-<i>.json   that host's status: its phase, when it booted, installed, started, how it ended
+        attempts/<n>/worker-<i>.startup.log   its startup script's output, when a step of it failed
 
 `n` counts the VMs a run created (the node's `tpulaunch-attempt` metadata): a recreated node writes a new
 folder, so the lines of a VM that was lost stay next to those of the one that replaced it.
@@ -37,6 +38,14 @@ def manifest(model_dir: str, digest: str) -> str:
 
 def run_record(model_dir: str) -> str:
     return join(remote_dir(model_dir), "run.json")
+
+
+def attempts(model_dir: str) -> str:
+    return join(remote_dir(model_dir), "attempts")
+
+
+def host_startup_log(model_dir: str, attempt: int, worker: int) -> str:
+    return join(attempts(model_dir), str(attempt), f"worker-{worker}.startup.log")
 
 
 def host_log(model_dir: str, attempt: int, worker: int) -> str:

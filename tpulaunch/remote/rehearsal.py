@@ -3,7 +3,9 @@ in this process, whose TPU VMs are local processes (`tpu/local_vm.py`) running t
 preemptions on cue (`--preempt-at STEP`: the VM's processes killed at that step, the node PREEMPTED).
 
 What stands for what: run.model_dir and the job's data as local folders stand for the bucket (gs:// ones are
-used as they are); each host's disk is a scratch folder; the install reuses this machine's Python environment
+used as they are); a folder (`--secrets DIR`, the file NAME for secret NAME) stands for Secret Manager, served by
+the same local server, which gives a VM a secret's value only with its token, as the real one; each host's disk
+is a scratch folder; the install reuses this machine's Python environment
 (nothing is installed); the VM trains on this machine's CPU (`train --local`).
 """
 
@@ -14,26 +16,31 @@ import shutil
 import tempfile
 from typing import Callable, List, Optional, Sequence
 
-from tpulaunch.tpu.local_api import TpuApiServer
+from tpulaunch.tpu.local_api import STOCKOUT_ENV, TpuApiServer
 
 
 class Rehearsal:
-    def __init__(self, *, hosts: Optional[int] = None):
+    def __init__(self, *, hosts: Optional[int] = None, secrets_dir: Optional[str] = None):
         self.root = tempfile.mkdtemp(prefix="tpulaunch-rehearsal-")
         self.server = TpuApiServer().start()
+        self.server.secrets_from(secrets_dir)  # a folder stands for Secret Manager: the file NAME is secret NAME
+        self.server.stockouts_from(os.environ.get(STOCKOUT_ENV, ""))  # zones without capacity, to rehearse fallback
         self.server.run_vms(self.root, env=os.environ, hosts=hosts)
 
     @property
     def endpoint(self) -> str:
         return self.server.endpoint
 
-    def preempting(self, ref, steps: Sequence[int], say: Callable[[str], None]) -> Callable[[int], None]:
-        """A controller's `on_step` that preempts the node once at each of `steps` (global steps, in order)."""
+    def preempting(self, node: Callable[[], object], steps: Sequence[int],
+                   say: Callable[[str], None]) -> Callable[[int], None]:
+        """A controller's `on_step` that preempts the node (`node()`: its NodeRef now, in the zone it was created
+        in) once at each of `steps` (global steps, in order)."""
         pending: List[int] = sorted(steps)
 
         def on_step(step: int) -> None:
             if pending and step >= pending[0]:
                 pending.pop(0)
+                ref = node()
                 killed = self.server.preempt(ref.name, ref.project, ref.zone)
                 say(f"rehearsal | preempted TPU node '{ref.name}' at step {step}: {killed} host process"
                     f"{'es' if killed != 1 else ''} killed, the node PREEMPTED")

@@ -3,8 +3,9 @@
 What is staged (`layout.py` says where):
 
 - the job file as its author wrote it (its `${VAR}`s stay references: no value of this machine's environment is
-  written), with the `--set`s the VM's `tpulaunch train` gets: the ones given here, then the job's local paths as
-  this machine resolved them (relative paths are relative to the job file, which the VM does not have);
+  written; the VM reads them from Secret Manager, the manifest naming which), with the `--set`s the VM's
+  `tpulaunch train` gets: the ones given here, then the job's local paths as this machine resolved them
+  (relative paths are relative to the job file, which the VM does not have);
 - the job's own code: the modules its import paths name that sit next to the job file, and each `python_path`
   directory (deterministic .tar.gz files);
 - tpulaunch itself (this installation's package folder), and which extra of it the VM installs (the engine's
@@ -157,12 +158,16 @@ def _value_at(data, keys: Sequence):
 
 
 def _refuse_environment(loaded, job_file: str) -> None:
-    """A `${VAR}` set in this environment would have another value on the VM, which gets none of it: refused
-    where it is used (a VAR unset here with a default has the same default there)."""
+    """A `${VAR}` where the controller needs the value here (tpu:, the paths: `secret_manager.controller_side`) is
+    resolved here and reaches the VM as a --set; one set in this environment is refused where it is used, since the
+    job file the VM reads would still say `${VAR}` (a VAR unset here with a default has the same default there).
+    Every other `${VAR}` is read on the VM from Secret Manager (`secret_manager.py`)."""
+    from tpulaunch.remote.secret_manager import controller_side
+
     problems = []
     for path, names in loaded.marks.env_refs.items():
         here = [name for name in names if name in os.environ]
-        if here:
+        if here and controller_side(tuple(path)):
             problems.append(loaded.problem(
                 path, "remote-env-var",
                 f"${{{here[0]}}} is set on this machine, but the TPU VM gets none of this machine's environment: "
@@ -201,8 +206,10 @@ def vm_sets(loaded, overrides: Sequence[str], python_path_dirs: Sequence[str], *
 
 
 def stage_job(checked, job_file: str, overrides: Sequence[str], *, engine: str, target: str = "tpu",
-              say=lambda text: None) -> Stage:
-    """Stage the checked job under its run.model_dir; returns the Stage (what was new, what was there)."""
+              secrets: Optional[dict] = None, say=lambda text: None) -> Stage:
+    """Stage the checked job under its run.model_dir; returns the Stage (what was new, what was there).
+
+    `secrets`: which secrets the VM reads into train's environment (`secret_manager.require`), by name only."""
     from tpulaunch import __version__
     from tpulaunch.engine.registry import about
 
@@ -249,7 +256,10 @@ def stage_job(checked, job_file: str, overrides: Sequence[str], *, engine: str, 
         "bundles": bundles,
         "tpulaunch": {"version": __version__, "blob": package, "into": "pkg"},
         "install": {"extra": extra, "requirements": requirements or []},
+        "hosts": about(engine).tpu_hosts,  # which hosts of a multi-host slice run train (host.py)
     }
+    if secrets and secrets.get("names"):
+        manifest["secrets"] = secrets  # names and the project: the values stay in Secret Manager
     text = (json.dumps(manifest, sort_keys=True, indent=1) + "\n").encode()
     digest = digest_of(text)
     uploaded = 0

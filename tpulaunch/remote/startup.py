@@ -9,6 +9,7 @@ import os
 import shlex
 from typing import Optional
 
+from tpulaunch.remote import layout
 from tpulaunch.remote.stage import Stage
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup.sh")
@@ -21,9 +22,20 @@ def startup_script(stage: Stage, *, rehearsal_python: Optional[str] = None) -> s
     values = {
         "@STAGE@": shlex.quote(stage.url),
         "@PACKAGE@": shlex.quote(stage.blob_url(stage.manifest["tpulaunch"]["blob"])),
+        "@ATTEMPTS@": shlex.quote(layout.attempts(stage.model_dir)),
         "@PYTHON@": shlex.quote(rehearsal_python or ""),
-        "@REQUIREMENTS@": " ".join(shlex.quote(r) for r in stage.manifest["install"]["requirements"]),
+        "@REQUIREMENTS@": " ".join(shlex.quote(r) for r in _requirements(stage, rehearsal_python)),
     }
     for key, value in values.items():
         text = text.replace(key, value)
     return text
+
+
+def _requirements(stage: Stage, rehearsal_python: Optional[str]):
+    """What the VM installs; a rehearsal installs nothing and checks that this machine's Python has tpulaunch's own
+    requirements (the engine's extra is a TPU image's: its VM trains on this CPU with what is installed here)."""
+    if rehearsal_python is None:
+        return stage.manifest["install"]["requirements"]
+    from tpulaunch.remote.stage import install_requirements
+
+    return install_requirements("") or []

@@ -2,31 +2,110 @@
 # The startup script of a TPU VM that `tpulaunch run` created (written from tpulaunch/remote/startup.sh).
 # Every host of the slice runs it as root when it boots (a recreated VM too): it installs what the job needs,
 # fetches tpulaunch from the stage and starts its host runner (tpulaunch/remote/host.py), which fetches the job
-# and runs `tpulaunch train` with this host's role, its output kept under run.model_dir.
+# and runs this host's part (`tpulaunch train`, or nothing), its output kept under run.model_dir.
+# Until the host runner takes over, this script keeps the host's status (attempts/<n>/worker-<i>.json) itself:
+# its phase, and when a step fails, what failed with the end of its output, so the controller names the host.
 set -u
 STAGE=@STAGE@                   # the stage's manifest, under run.model_dir
 PACKAGE=@PACKAGE@               # tpulaunch itself, as staged
+ATTEMPTS=@ATTEMPTS@             # run.model_dir/tpulaunch-remote/attempts: each VM's hosts' logs and statuses
 REHEARSAL_PYTHON=@PYTHON@       # a rehearsal: this machine's Python and its packages (empty on a TPU VM)
 REQUIREMENTS=(@REQUIREMENTS@)   # tpulaunch's requirements with the engine's extra
 BOOTED="$(date +%s.%N)"
 META="${TPULAUNCH_METADATA_URL:-http://metadata.google.internal/computeMetadata/v1/}"
+SYSTEM_PYTHON="${REHEARSAL_PYTHON:-python3}"
 attribute() { curl -sSf -H "Metadata-Flavor: Google" "${META}instance/attributes/$1"; }
 WORKER="$(attribute agent-worker-number)" || { echo "tpulaunch | no agent-worker-number in the metadata"; exit 1; }
 ATTEMPT="$(attribute tpulaunch-attempt)" || ATTEMPT=1
+ENDPOINTS="$(attribute worker-network-endpoints)" || ENDPOINTS=""
+ZONE="$(curl -sSf -H "Metadata-Flavor: Google" "${META}instance/zone")" || ZONE=""
+ZONE="${ZONE##*/}"              # projects/N/zones/Z: the zone the VM was made in (tpu.zones' fallback may pick any)
+HOSTS="$(echo "$ENDPOINTS" | tr ',' '\n' | grep -c .)"
+[ "$HOSTS" -ge 1 ] || HOSTS=1
 DISK="${HOME:-/root}/tpulaunch"
 mkdir -p "$DISK" && cd "$DISK" || exit 1
-echo "tpulaunch | worker $WORKER of $(attribute accelerator-type) | VM $ATTEMPT of the run"
+LOG="$DISK/startup.log"          # what this script printed (also on its own output: the VM's console)
+say() { echo "tpulaunch | $*" | tee -a "$LOG"; }
+# step PHASE WHAT COMMAND...: run it with its output kept in the log (written before it is read back); when it
+# fails, the host's status says WHAT failed with the end of that output
+step() {
+  local phase="$1" what="$2"
+  shift 2
+  "$@" >"$DISK/step.out" 2>&1
+  local code=$?
+  tee -a "$LOG" <"$DISK/step.out"
+  [ "$code" -eq 0 ] || fail "$phase" "$what"
+}
+
+# put FILE URL: a file to run.model_dir (a local folder in a rehearsal, else gs:// with the image's gcloud)
+put() {
+  case "$2" in
+    gs://*) gcloud storage cp --quiet "$1" "$2" >/dev/null 2>&1 || gsutil -q cp "$1" "$2" ;;
+    *) mkdir -p "$(dirname "$2")" && cp "$1" "$2.tmp.$$" && mv "$2.tmp.$$" "$2" ;;
+  esac
+}
+# status PHASE [FAILED]: this host's status file; with FAILED, the step that failed and the end of its output
+status() {
+  "$SYSTEM_PYTHON" - "$WORKER" "$ATTEMPT" "$HOSTS" "$BOOTED" "$1" "${2:-}" "$LOG" >"$DISK/status.json" <<'STATUS'
+import json, socket, sys, time
+worker, attempt, hosts, booted, phase, failed, log = sys.argv[1:]
+status = {"host": socket.gethostname(), "worker": int(worker), "attempt": int(attempt), "hosts": int(hosts),
+          "booted": float(booted), "role": "startup", "phase": phase, "exit_code": None}
+if failed:
+    with open(log, errors="replace") as handle:
+        tail = [line.rstrip() for line in handle if line.strip()][-20:]
+    status.update(failed=failed, exit_code=1, ended=time.time(), log_tail=tail)
+print(json.dumps(status, indent=1))
+STATUS
+  put "$DISK/status.json" "$ATTEMPTS/$ATTEMPT/worker-$WORKER.json"
+}
+# fail PHASE WHAT: say it, leave it in the status and the log beside it, stop
+fail() {
+  say "worker $WORKER: $2"
+  status "$1" "$2"
+  put "$LOG" "$ATTEMPTS/$ATTEMPT/worker-$WORKER.startup.log"
+  exit 1
+}
+
+say "worker $WORKER of $HOSTS, $(attribute accelerator-type) | VM $ATTEMPT of the run"
+status installing
 if [ -n "$REHEARSAL_PYTHON" ]; then
   PY="$REHEARSAL_PYTHON"
-  echo "tpulaunch | a rehearsal: this machine's Python and its packages, nothing installed"
+  say "a rehearsal: this machine's Python and its packages, nothing installed"
+  # What the VM would install must be there already; $TPULAUNCH_REHEARSAL_REQUIRE adds one (the local VM sets it
+  # to a missing package on the hosts told to fail their install).
+  step installing "installing the job's requirements failed" \
+    "$PY" - "${REQUIREMENTS[@]}" ${TPULAUNCH_REHEARSAL_REQUIRE:-} <<'CHECK'
+import importlib.metadata, re, sys
+missing = []
+for requirement in sys.argv[1:]:
+    name = re.match(r"[A-Za-z0-9._-]+", requirement).group(0)
+    marker = requirement.partition(";")[2].strip()
+    if marker:
+        try:
+            from packaging.markers import Marker
+            if not Marker(marker).evaluate():
+                continue
+        except ImportError:
+            pass
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        missing.append(requirement)
+for requirement in missing:
+    print(f"ERROR: {requirement} is not installed in this machine's Python (a rehearsal installs nothing)")
+sys.exit(1 if missing else 0)
+CHECK
 else
   # --system-site-packages: what the TPU image already has (its TensorFlow) is not installed twice
-  python3 -m venv --system-site-packages "$DISK/venv" || exit 1
-  "$DISK/venv/bin/python" -m pip install -q "${REQUIREMENTS[@]}" || { echo "tpulaunch | installing failed"; exit 1; }
+  step installing "making the venv failed" python3 -m venv --system-site-packages "$DISK/venv"
+  step installing "installing the job's requirements failed" \
+    "$DISK/venv/bin/python" -m pip install -q "${REQUIREMENTS[@]}"
   PY="$DISK/venv/bin/python"
 fi
 INSTALLED="$(date +%s.%N)"
-"$PY" - "$PACKAGE" "$DISK/pkg" <<'FETCH' || { echo "tpulaunch | fetching tpulaunch from $PACKAGE failed"; exit 1; }
+status fetching
+step fetching "fetching tpulaunch from $PACKAGE failed" "$PY" - "$PACKAGE" "$DISK/pkg" <<'FETCH'
 import io, sys, tarfile
 url, into = sys.argv[1], sys.argv[2]
 if url.startswith("gs://"):
@@ -39,5 +118,10 @@ else:
 tarfile.open(fileobj=io.BytesIO(data)).extractall(into)
 FETCH
 export PYTHONPATH="$DISK/pkg"
-exec "$PY" -m tpulaunch.remote.host --stage "$STAGE" --worker "$WORKER" --attempt "$ATTEMPT" --disk "$DISK" \
-  --booted "$BOOTED" --installed "$INSTALLED"
+"$PY" -m tpulaunch.remote.host --stage "$STAGE" --worker "$WORKER" --hosts "$HOSTS" --endpoints "$ENDPOINTS" --zone "$ZONE" \
+  --attempt "$ATTEMPT" --disk "$DISK" --booted "$BOOTED" --installed "$INSTALLED" 2>&1 | tee -a "$LOG"
+CODE=${PIPESTATUS[0]}
+# The host runner keeps the status from its start; one that failed before writing it (the stage unreadable,
+# model_dir not writable) leaves its reason here.
+[ "$CODE" -eq 0 ] || put "$LOG" "$ATTEMPTS/$ATTEMPT/worker-$WORKER.startup.log"
+exit "$CODE"

@@ -35,6 +35,26 @@ def _bucket_and_name(url: str):
     return _clients["client"].bucket(bucket), name
 
 
+def _refused(url: str, doing: str, exc: BaseException) -> TpuLaunchError:
+    """A bucket this machine's account may not read or write, located at the file, with the fix."""
+    bucket = url[len("gs://"):].partition("/")[0]
+    said = getattr(exc, "message", None) or str(exc)
+    return TpuLaunchError(f"permission denied {doing} {url}: {said}",
+                          hint=f"the account in use needs roles/storage.objectAdmin on gs://{bucket} (`gcloud storage "
+                               f"buckets add-iam-policy-binding gs://{bucket} --member=... "
+                               "--role=roles/storage.objectAdmin`); on a TPU VM, its service account does",
+                          exit_code=ExitCode.CLUSTER)
+
+
+def _gcs(url: str, doing: str, fn):
+    from google.api_core import exceptions
+
+    try:
+        return fn()
+    except (exceptions.Forbidden, exceptions.Unauthorized) as exc:
+        raise _refused(url, doing, exc) from None
+
+
 def read(url: str, start: int = 0) -> Optional[bytes]:
     """The file's bytes from `start` on, or None when it does not exist."""
     if is_gcs(url):
@@ -42,7 +62,7 @@ def read(url: str, start: int = 0) -> Optional[bytes]:
 
         bucket, name = _bucket_and_name(url)
         try:
-            return bucket.blob(name).download_as_bytes(start=start or None)
+            return _gcs(url, "reading", lambda: bucket.blob(name).download_as_bytes(start=start or None))
         except exceptions.NotFound:
             return None
         except exceptions.RequestRangeNotSatisfiable:
@@ -58,7 +78,7 @@ def read(url: str, start: int = 0) -> Optional[bytes]:
 def exists(url: str) -> bool:
     if is_gcs(url):
         bucket, name = _bucket_and_name(url)
-        return bucket.blob(name).exists()
+        return _gcs(url, "reading", lambda: bucket.blob(name).exists())
     return os.path.exists(url)
 
 
@@ -66,7 +86,7 @@ def write(url: str, data: bytes) -> None:
     """Write the whole file at once (readers see the old content or the new, never a part)."""
     if is_gcs(url):
         bucket, name = _bucket_and_name(url)
-        bucket.blob(name).upload_from_string(data)
+        _gcs(url, "writing", lambda: bucket.blob(name).upload_from_string(data))
         return
     os.makedirs(os.path.dirname(url) or ".", exist_ok=True)
     temporary = f"{url}.{os.getpid()}.{secrets.token_hex(3)}.tmp"

@@ -7,6 +7,9 @@ resources (v5e, v5p, v6e: https://cloud.google.com/tpu/docs/queued-resources,
 https://cloud.google.com/tpu/docs/v5e, .../v5p, .../v6e) are asked for as a queued resource of the
 same name as the node; older ones (v2, v3, v4) as a plain node. `tpu.queued: true|false` overrides.
 
+`tpulaunch run` creates through `Fallback`: `tpu.zones` and `tpu.tiers` tried in order (each tier in every
+zone) when one refuses for capacity (a stockout, no quota), with a bounded wait for each try.
+
 Both directions are idempotent: `create` on a READY node of the right type does nothing, `delete` on
 a missing node says so. A create that fails or times out after the API accepted it checks for what
 it left behind and names it, with the `tpulaunch down` that removes it: nothing is leaked silently.
@@ -16,8 +19,8 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
-from typing import Callable, Optional
+from dataclasses import dataclass, replace
+from typing import Callable, List, Optional, Tuple
 
 from tpulaunch.errors import ExitCode, TpuLaunchError
 from tpulaunch.tpu import api
@@ -84,11 +87,26 @@ def spec_for(job_tpu, engine: str) -> NodeSpec:
         raise TpuLaunchError(
             "tpu.runtime_version is not set and no TensorFlow is installed to choose one",
             hint="set tpu.runtime_version, e.g. tpu-vm-tf-2.15.1-se (https://cloud.google.com/tpu/docs/runtimes)")
-    return NodeSpec(accelerator_type=job_tpu.type, runtime_version=runtime,
+    spec = NodeSpec(accelerator_type=job_tpu.type, runtime_version=runtime,
                     spot=bool(getattr(job_tpu, "spot", False)), preemptible=bool(getattr(job_tpu, "preemptible", False)),
                     reserved=bool(getattr(job_tpu, "reserved", False)), network=getattr(job_tpu, "network", None),
                     subnetwork=getattr(job_tpu, "subnetwork", None),
                     queued=uses_queued_resource(job_tpu.type, getattr(job_tpu, "queued", None)))
+    tiers = getattr(job_tpu, "tiers", None)
+    return with_tier(spec, tiers[0]) if tiers else spec  # `up` creates the first tier tpu.tiers lists
+
+
+TIERS = ("spot", "preemptible", "reserved", "on-demand")
+
+
+def with_tier(spec: NodeSpec, tier: str) -> NodeSpec:
+    """The spec asking for `tier` (one of TIERS) instead of its own."""
+    assert tier in TIERS, tier
+    return replace(spec, spot=tier == "spot", preemptible=tier == "preemptible", reserved=tier == "reserved")
+
+
+class NotReadyInTime(TpuLaunchError):
+    """The node was not READY within the wait asked for (it may still come: a queued resource waiting)."""
 
 
 @dataclass
@@ -294,7 +312,7 @@ class Lifecycle:
                     seen = now
                 left = wait_s - (time.monotonic() - started)
                 if left <= 0:
-                    raise TpuLaunchError(f"TPU node '{self.ref.name}' was not READY after {wait_s:g} s (it is {now})",
+                    raise NotReadyInTime(f"TPU node '{self.ref.name}' was not READY after {wait_s:g} s (it is {now})",
                                          hint="wait longer with `tpulaunch up --timeout SECONDS`",
                                          exit_code=ExitCode.CLUSTER)
                 if cluster.sleep_unless(min(pause, left), self.should_stop):
@@ -378,3 +396,101 @@ class Lifecycle:
 
 def _state(status: cluster.NodeStatus) -> str:
     return f"{status.state}/{status.health}" if status.health else str(status.state)
+
+
+# ---------------------------------------------------------------------------------------------- fallback
+
+@dataclass(frozen=True)
+class Placement:
+    """One place to try: a zone and a tier."""
+
+    zone: str
+    tier: str
+
+    def __str__(self) -> str:
+        return f"{self.zone} ({self.tier})"
+
+
+def placements(job_tpu, spec: NodeSpec) -> List[Placement]:
+    """What `tpulaunch run` tries, in order: each tier of tpu.tiers (else the spec's) in every zone of tpu.zones
+    (else tpu.zone's): the cheaper tier everywhere before the dearer one."""
+    zones = list(getattr(job_tpu, "zones", None) or [job_tpu.zone])
+    tiers = list(getattr(job_tpu, "tiers", None) or [spec.tier])
+    return [Placement(zone, tier) for tier in tiers for zone in zones]
+
+
+class Fallback:
+    """Create the node in the first placement that has capacity.
+
+    A try that the API refuses for capacity (a stockout or no quota: NoCapacity), or that is not READY within
+    `try_wait_s` (a queued resource waiting for capacity), is cleaned up (the node or queued resource it left is
+    deleted) and the next placement is tried; the last one waits the whole `wait_s`. Any other failure ends the
+    create as `Lifecycle.create` ends it. When every placement refused, NoCapacity (exit 4) lists what was tried.
+
+    Args:
+        ref, spec: the node as the job names it (its zone and tier are replaced per placement).
+        tries: the placements, in order (`placements`).
+        make: builds the Lifecycle for a (ref, spec).
+    """
+
+    def __init__(self, ref: cluster.NodeRef, spec: NodeSpec, tries: List[Placement], *,
+                 make: Callable[[cluster.NodeRef, NodeSpec], Lifecycle], try_wait_s: float,
+                 on_progress: Progress = lambda text: None):
+        self.ref, self.spec, self.tries = ref, spec, tries
+        self.make, self.try_wait_s, self.on_progress = make, try_wait_s, on_progress
+
+    def life_at(self, placement: Placement) -> Lifecycle:
+        return self.make(replace(self.ref, zone=placement.zone), with_tier(self.spec, placement.tier))
+
+    def starting_at(self, zone: str, *, after: bool = False) -> List[Placement]:
+        """The tries with the zones in the order that starts at `zone` (with `after`, at the zone after it, `zone`
+        then last), wrapping round, each tier still tried in every zone before the next tier: where a recovery
+        looks after losing a node in `zone` (`run --after-preemption same-zone|next-zone`)."""
+        zones = list(dict.fromkeys(placement.zone for placement in self.tries))
+        if zone not in zones:
+            return list(self.tries)
+        at = zones.index(zone) + (1 if after else 0)
+        order = {name: index for index, name in enumerate(zones[at:] + zones[:at])}
+        tiers = list(dict.fromkeys(placement.tier for placement in self.tries))
+        return sorted(self.tries, key=lambda placement: (tiers.index(placement.tier), order[placement.zone]))
+
+    def create(self, *, wait_s: float = CREATE_TIMEOUT_S, metadata: tuple = (),
+               tries: Optional[List[Placement]] = None) -> Tuple[Lifecycle, Outcome]:
+        """(the Lifecycle of the placement that gave a READY node, its Outcome); `tries`: these placements in this
+        order instead of the job's (`starting_at`)."""
+        refused: List[str] = []
+        tries = list(tries or self.tries)
+        for index, placement in enumerate(tries):
+            last = index == len(tries) - 1
+            life = self.life_at(placement)
+            life.spec = replace(life.spec, metadata=metadata)
+            try:
+                return life, life.create(wait_s=wait_s if last else min(wait_s, self.try_wait_s))
+            except api.NoCapacity as problem:
+                if len(tries) == 1:
+                    raise  # nowhere else to try: `up`'s own message
+                why = problem.message
+            except NotReadyInTime as problem:
+                if last:
+                    raise
+                why = f"not READY within {self.try_wait_s:g} s ({problem.message.rsplit('(', 1)[-1].rstrip(')')})"
+            refused.append(f"{placement}: {why}")
+            self._clean(life, placement)
+            if not last:
+                self.on_progress(f"no TPU in {placement}: {why}; trying {tries[index + 1]} next")
+        tried = "; ".join(refused)
+        raise api.NoCapacity(
+            f"no capacity for TPU node '{self.ref.name}' ({self.spec.accelerator_type}) in any of the "
+            f"{len(tries)} zone/tier tried: {tried}",
+            hint="retry later, add zones to tpu.zones or a tier to tpu.tiers (e.g. [spot, on-demand]), use a "
+                 "reservation, or ask for quota (IAM & Admin > Quotas, 'TPU')")
+
+    def _clean(self, life: Lifecycle, placement: Placement) -> None:
+        """Delete what a refused try left (a failed node, a queued resource still waiting), so nothing leaks."""
+        try:
+            if life.read_node() is not None or (life.spec.queued and life.read_queued() is not None):
+                self.on_progress(f"removing what the try in {placement} left")
+                life.delete(wait_s=self.try_wait_s)
+        except TpuLaunchError as problem:
+            self.on_progress(f"could not remove what the try in {placement} left: {problem.message} "
+                             f"(`tpulaunch down JOB`, which looks in each of tpu.zones, removes it)")

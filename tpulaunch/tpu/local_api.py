@@ -31,7 +31,13 @@ What a test can script:
 - v2 faults: `fail_next(n, status, target="create"|"delete"|"node"...)` on a request,
   `fail_create_operation(n, code, message)` for a create the API accepts and then fails (a stockout);
   `created`: every create request body, parsed;
-- `preempt(name)`: the node's VM processes killed, the node PREEMPTED, as a spot TPU's preemption leaves it.
+- `preempt(name)`: the node's VM processes killed, the node PREEMPTED, as a spot TPU's preemption leaves it;
+- `secrets_from(folder)`: Secret Manager's REST API (under `/secretmanager/v1/`, `secret_manager_url`) with the
+  file NAME of `folder` as secret NAME's value; a TPU VM reads a value with the token its metadata server gives;
+- `stockout(zone, tiers=None)`: a zone with no capacity (for those tiers, else any): a node create there is
+  accepted and its operation then fails with RESOURCE_EXHAUSTED, as the real API's stockout does; a queued
+  resource there waits (WAITING_FOR_RESOURCES) and never turns ACTIVE. `$TPULAUNCH_LOCAL_API_STOCKOUT`
+  (`zone[:tier]` items separated by commas, e.g. `us-central1-a,us-central1-b:spot`) sets them for a rehearsal.
 
 The discovery document is never answered with 404: googleapiclient would then fall back to Google's
 real host. It has no `auth` block, so credentials never try to reach Google's token endpoint.
@@ -39,6 +45,7 @@ real host. It has no `auth` block, so credentials never try to reach Google's to
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import threading
@@ -53,6 +60,8 @@ from tpulaunch.tpu.local_vm import METADATA_PREFIX, LocalVms
 # oauth2client reads this when imported; without it a credential lookup probes the GCE metadata address.
 os.environ.setdefault("NO_GCE_CHECK", "True")
 
+STOCKOUT_ENV = "TPULAUNCH_LOCAL_API_STOCKOUT"
+SECRETS_PREFIX = "/secretmanager/v1/"  # Secret Manager's REST API, served from a folder (`secrets_from`)
 DEFAULT_PROJECT = "test-project"
 DEFAULT_ZONE = "us-central1-a"
 
@@ -157,8 +166,10 @@ class TpuApiServer:
     create_reads: int = 2  # a create finishes after this many later reads of its node, resource or operation
     delete_reads: int = 1  # and a delete after this many
     _create_failures: list = field(default_factory=list)  # [(code, message)] for the next accepted creates
+    stockouts: dict = field(default_factory=dict)  # zone -> the tiers it has no capacity for (None: any)
     _ops: int = 0
     vms: Optional[LocalVms] = None  # the nodes' hosts as local processes (`run_vms`); None: nodes are only records
+    secrets_dir: Optional[str] = None  # Secret Manager's secrets as files (`secrets_from`); None: there are none
     _httpd: Optional[ThreadingHTTPServer] = None
     _thread: Optional[threading.Thread] = None
 
@@ -199,10 +210,12 @@ class TpuApiServer:
         """The template cloud-tpu-client's `discovery_url` argument takes."""
         return f"http://127.0.0.1:{self.port}/discovery/{{api}}/{{apiVersion}}"
 
-    def run_vms(self, root: str, env: Optional[Mapping[str, str]] = None, hosts: Optional[int] = None) -> LocalVms:
+    def run_vms(self, root: str, env: Optional[Mapping[str, str]] = None, hosts: Optional[int] = None,
+                fail_install: Optional[Sequence[int]] = None) -> LocalVms:
         """From now on, a node that a create makes READY boots its hosts as local processes (`tpu/local_vm.py`)
-        with their disks under `root`, starting from `env` (default: this process's environment)."""
-        self.vms = LocalVms(root, env, hosts)
+        with their disks under `root`, starting from `env` (default: this process's environment); the workers in
+        `fail_install` fail their install step."""
+        self.vms = LocalVms(root, env, hosts, fail_install)
         return self.vms
 
     # ---------------------------------------------------------------- nodes
@@ -264,6 +277,30 @@ class TpuApiServer:
         with self._lock:
             self._create_failures.extend([(code, message)] * n)
 
+    def stockout(self, zone: str, tiers: Optional[Sequence[str]] = None) -> None:
+        """No capacity in `zone` from now on, for `tiers` ("spot", "preemptible", "reserved", "on-demand"; None:
+        any)."""
+        with self._lock:
+            if tiers is None:
+                self.stockouts[zone] = None
+            elif zone not in self.stockouts or self.stockouts[zone] is not None:
+                self.stockouts[zone] = set(self.stockouts.get(zone) or ()) | set(tiers)
+
+    def stockouts_from(self, text: str) -> None:
+        """`zone[:tier],...` (the form of $TPULAUNCH_LOCAL_API_STOCKOUT)."""
+        for item in (part.strip() for part in text.split(",")):
+            if item:
+                zone, _, tier = item.partition(":")
+                self.stockout(zone, [tier] if tier else None)
+
+    def _stocked_out(self, parent: str, tier: str) -> Optional[tuple]:
+        """The stockout error for a create of `tier` under `parent` (projects/P/locations/Z), or None."""
+        zone = parent.rsplit("/", 1)[-1]
+        if zone not in self.stockouts or (self.stockouts[zone] is not None and tier not in self.stockouts[zone]):
+            return None
+        return (8, f'There is no more capacity in the zone "{zone}"; you can try in another zone where Cloud TPU '
+                   f'Nodes are offered (see https://cloud.google.com/tpu/docs/regions) [EID: local {tier}]')
+
     def queued_resource(self, name: str, project: str = DEFAULT_PROJECT, zone: str = DEFAULT_ZONE) -> Optional[dict]:
         with self._lock:
             found = self.queued.get(f"projects/{project}/locations/{zone}/queuedResources/{name}")
@@ -322,6 +359,8 @@ class TpuApiServer:
         bare = path.split("?")[0]
         if bare.startswith(METADATA_PREFIX) and method == "GET":
             return self._metadata(bare, headers)  # a host's own reads: not the API's, not in `requests`
+        if bare.startswith(SECRETS_PREFIX) and method == "GET":
+            return self._secret(bare[len(SECRETS_PREFIX):], headers)  # Secret Manager's: not in `requests` either
         with self._lock:
             self.requests.append((method, path))
         if bare.startswith("/v2/"):
@@ -390,6 +429,8 @@ class TpuApiServer:
                     self._boot(node)
                 op.update(done=True, response={"@type": _NODE_TYPE, **v2_node(node)} if node else {})
             elif op["metadata"]["verb"] == "create-queued":
+                if entry.get("waits"):
+                    continue  # no capacity: it waits for resources until it is deleted
                 resource = self.queued.get(target)
                 if resource is not None:
                     resource["state"] = {"state": "ACTIVE"}
@@ -406,7 +447,10 @@ class TpuApiServer:
 
     def _boot(self, node: dict) -> None:
         if self.vms is not None:
-            self.vms.boot(node, self.root_url)
+            vm = self.vms.boot(node, self.root_url)
+            # one endpoint per host, as a real slice's node lists them
+            node["networkEndpoints"] = [{"ipAddress": endpoint.split(":")[0], "port": int(endpoint.split(":")[1])}
+                                        for endpoint in vm.endpoints]
 
     def _halt(self, full_name: str) -> None:
         if self.vms is not None:
@@ -420,6 +464,43 @@ class TpuApiServer:
         if value is None:
             return 404, "not found", 0.0
         return 200, value, 0.0
+
+    # ---------------------------------------------------------------- Secret Manager
+
+    def secrets_from(self, folder: Optional[str]) -> None:
+        """Serve Secret Manager's `secrets.get` and `versions.access` (latest) from `folder`: the file NAME holds
+        the value of secret NAME, in any project. Each value is read from its file when asked, never kept here."""
+        self.secrets_dir = os.path.abspath(folder) if folder else None
+
+    @property
+    def secret_manager_url(self) -> str:
+        """Where this server answers as Secret Manager's REST API (`$TPULAUNCH_SECRET_MANAGER_URL`)."""
+        return f"{self.root_url}{SECRETS_PREFIX.lstrip('/')}"
+
+    def _secret(self, path: str, headers: Mapping[str, str]):
+        """`projects/P/secrets/N` (its name: anyone may ask here, as the TPU API) or
+        `projects/P/secrets/N/versions/latest:access` (its value: only with a TPU VM's token, as a service
+        account's token from the metadata server)."""
+        parts = path.split("/")
+        if len(parts) not in (4, 6) or parts[0] != "projects" or parts[2] != "secrets":
+            return 404, _error_body(404, f"no such method: GET {path}", "NOT_FOUND"), 0.0
+        name = parts[3]
+        file = os.path.join(self.secrets_dir, name) if self.secrets_dir and name.replace("_", "").isalnum() else None
+        if file is None or not os.path.isfile(file):
+            return 404, _error_body(404, f"Secret [projects/{parts[1]}/secrets/{name}] not found or has no versions.",
+                                    "NOT_FOUND"), 0.0
+        full = f"projects/{parts[1]}/secrets/{name}"
+        if len(parts) == 4:
+            return 200, json.dumps({"name": full, "replication": {"automatic": {}}}), 0.0
+        if parts[4:] != ["versions", "latest:access"]:
+            return 404, _error_body(404, f"no such method: GET {path}", "NOT_FOUND"), 0.0
+        token = self.vms.token if self.vms is not None else None
+        if token is None or (headers.get("Authorization") or "") != f"Bearer {token}":
+            return 403, _error_body(403, f"Permission 'secretmanager.versions.access' denied for resource "
+                                         f"'{full}/versions/latest'", "PERMISSION_DENIED"), 0.0
+        with open(file, "rb") as handle:
+            data = base64.b64encode(handle.read()).decode()
+        return 200, json.dumps({"name": f"{full}/versions/1", "payload": {"data": data}}), 0.0
 
     def _get_operation(self, name: str):
         with self._lock:
@@ -468,6 +549,7 @@ class TpuApiServer:
             self.nodes[full] = {**node, "name": full, "state": "CREATING"}
             self._scripts.pop(full, None)
             failure = self._create_failures.pop(0) if self._create_failures else None
+            failure = failure or self._stocked_out(parent, _tier(node.get("schedulingConfig") or {}))
             op = self._operation(parent, full, "create", error=failure)
         return 200, json.dumps(op)
 
@@ -500,7 +582,8 @@ class TpuApiServer:
             if name in self.queued:
                 return 409, _error_body(409, f"Resource '{name}' already exists", "ALREADY_EXISTS")
             self.queued[name] = {**resource, "name": name, "state": {"state": "WAITING_FOR_RESOURCES"}}
-            op = self._operation(parent, name, "create-queued")
+            tier = "spot" if "spot" in resource else "reserved" if "guaranteed" in resource else "on-demand"
+            op = self._operation(parent, name, "create-queued", waits=self._stocked_out(parent, tier) is not None)
         return 200, json.dumps(op)
 
     def _delete_queued(self, name: str):
@@ -538,6 +621,13 @@ _TARGETS = ("node", "discovery", "create", "delete", "operation", "queued")
 _NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
 _QR_TYPE = "type.googleapis.com/google.cloud.tpu.v2.QueuedResource"
 _OP_META = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
+
+
+def _tier(scheduling: dict) -> str:
+    for tier in ("spot", "preemptible", "reserved"):
+        if scheduling.get(tier):
+            return tier
+    return "on-demand"
 
 
 def v2_node(node: dict) -> dict:
@@ -609,11 +699,19 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tpulaunch.tpu.local_api", description=main.__doc__)
     parser.add_argument("--vms", metavar="DIR", help="run the nodes' TPU VMs as local processes, disks under DIR")
     parser.add_argument("--hosts", type=int, default=None, help="hosts per slice (default: as the type has)")
+    parser.add_argument("--secrets", metavar="DIR", help="Secret Manager's secrets: the file DIR/NAME is secret NAME "
+                                                         "(then set TPULAUNCH_SECRET_MANAGER_URL as printed)")
+    parser.add_argument("--stockout", metavar="ZONE[:TIER]", action="append", default=[],
+                        help="no capacity in that zone (for that tier); repeatable")
     args = parser.parse_args(argv)
     server = TpuApiServer().start()
+    server.stockouts_from(",".join(args.stockout) or os.environ.get(STOCKOUT_ENV, ""))
+    server.secrets_from(args.secrets)
     if args.vms:
         server.run_vms(args.vms, hosts=args.hosts)
     print(f"TPULAUNCH_TPU_API_ENDPOINT={server.endpoint}", flush=True)
+    if args.secrets:
+        print(f"TPULAUNCH_SECRET_MANAGER_URL={server.secret_manager_url}", flush=True)
     try:
         threading.Event().wait()
     except KeyboardInterrupt:

@@ -6,11 +6,22 @@ metadata as root and learns its place from the metadata server (`agent-worker-nu
 header. Here each host is one process (`bash startup-script`) in a process group of its own, with a scratch
 folder of its own as its disk (the script's working directory and $HOME), and its metadata served by the local
 API server under a prefix of its own, named to the script by $TPULAUNCH_METADATA_URL (the real script falls back
-to http://metadata.google.internal/computeMetadata/v1/). Deleting or preempting the node kills every host's
-process group at once, as losing the VM does: nothing the processes do after that point happens.
+to http://metadata.google.internal/computeMetadata/v1/), its service account's token among it; the server's
+Secret Manager (`$TPULAUNCH_SECRET_MANAGER_URL`) answers a secret's value to that token only. Deleting or
+preempting the node kills every host's process group at once, as losing the VM does: nothing the processes do
+after that point happens.
 
 What differs from a real TPU VM, said where it matters: the hosts share this machine (its Python, its files,
-its network), run as the current user, and have no TPU.
+its network), run as the current user, and have no TPU. Their `worker-network-endpoints` are 127.0.0.1 with a
+free port each, so that hosts that talk to each other (a multi-worker cluster) can.
+
+Faults to rehearse, by worker numbers (separated by commas in the environment variables):
+
+- `fail_install` ($TPULAUNCH_LOCAL_VM_FAIL_INSTALL): those hosts fail their startup script's install step: they
+  are given $TPULAUNCH_REHEARSAL_REQUIRE, a package that is not installed, which a rehearsal's install check
+  (`remote/startup.sh`) then reports as pip would;
+- `hang` ($TPULAUNCH_LOCAL_VM_HANG): those hosts never run their startup script (a VM host that hangs at boot):
+  they sleep until the node is deleted.
 """
 
 from __future__ import annotations
@@ -21,11 +32,29 @@ import signal
 import subprocess
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, Iterable, List, Mapping, Optional, Set
 
 METADATA_URL_ENV = "TPULAUNCH_METADATA_URL"
+SECRET_MANAGER_URL_ENV = "TPULAUNCH_SECRET_MANAGER_URL"  # the local server's Secret Manager (remote/secret_manager.py)
+TOKEN_PATH = "instance/service-accounts/default/token"
 METADATA_PREFIX = "/vm/"  # /vm/<vm id>/<worker>/computeMetadata/v1/...
 SCRIPT_LOG = "startup-script.log"  # on each host's disk: what the startup script printed
+FAIL_INSTALL_ENV = "TPULAUNCH_LOCAL_VM_FAIL_INSTALL"  # workers whose install fails, e.g. "1" or "1,3"
+HANG_ENV = "TPULAUNCH_LOCAL_VM_HANG"  # workers that never run their startup script
+REQUIRE_ENV = "TPULAUNCH_REHEARSAL_REQUIRE"  # an extra requirement a rehearsal's install checks for
+MISSING_PACKAGE = "tpulaunch-rehearsal-missing-package"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _workers(text: str) -> Set[int]:
+    return {int(item) for item in text.replace(" ", "").split(",") if item.isdigit()}
 
 
 @dataclass
@@ -63,14 +92,21 @@ class LocalVms:
         root: where the hosts' disks go (`<root>/<node name>-<vm id>/worker-<i>`).
         env: the environment every host process starts with (this machine's, in a rehearsal).
         hosts: hosts per slice (None: as many as the accelerator type has, `tpu/types.py`).
+        fail_install: workers whose startup script's install fails (None: $TPULAUNCH_LOCAL_VM_FAIL_INSTALL's).
+        hang: workers that never run their startup script (None: $TPULAUNCH_LOCAL_VM_HANG's).
     """
 
-    def __init__(self, root: str, env: Optional[Mapping[str, str]] = None, hosts: Optional[int] = None):
+    def __init__(self, root: str, env: Optional[Mapping[str, str]] = None, hosts: Optional[int] = None,
+                 fail_install: Optional[Iterable[int]] = None, hang: Optional[Iterable[int]] = None):
         self.root = os.path.abspath(root)
         self.env = dict(os.environ if env is None else env)
         self.hosts = hosts
+        self.fail_install = set(fail_install) if fail_install is not None else _workers(
+            self.env.get(FAIL_INSTALL_ENV, ""))
+        self.hang = set(hang) if hang is not None else _workers(self.env.get(HANG_ENV, ""))
         self.vms: Dict[str, Vm] = {}  # vm id -> Vm (also the halted ones: their disks stay for inspection)
         self.booted: List[str] = []  # vm ids, in boot order
+        self.token = secrets.token_urlsafe(24)  # the VMs' service account's token (Secret Manager asks for it)
         self._lock = threading.Lock()
 
     def host_count(self, accelerator_type: str) -> int:
@@ -89,16 +125,19 @@ class LocalVms:
         accelerator_type = node.get("acceleratorType") or "v3-8"
         count = self.host_count(accelerator_type)
         vm = Vm(secrets.token_hex(4), node["name"], accelerator_type, dict(node.get("metadata") or {}),
-                [f"10.0.0.{2 + i}:8470" for i in range(count)])
+                [f"127.0.0.1:{_free_port()}" for i in range(count)])
         short = node["name"].rsplit("/", 1)[-1]
         script = vm.metadata.get("startup-script")
         for worker in range(count):
             disk = os.path.join(self.root, f"{short}-{vm.vm_id}", f"worker-{worker}")
             os.makedirs(disk, exist_ok=True)
             env = {**self.env, "HOME": disk,
-                   METADATA_URL_ENV: f"{metadata_root}vm/{vm.vm_id}/{worker}/computeMetadata/v1/"}
-            if script is None:
-                command = ["sleep", "infinity"]  # a VM with nothing to run still lives until it is deleted
+                   METADATA_URL_ENV: f"{metadata_root}vm/{vm.vm_id}/{worker}/computeMetadata/v1/",
+                   SECRET_MANAGER_URL_ENV: f"{metadata_root}secretmanager/v1/"}
+            if worker in self.fail_install:
+                env[REQUIRE_ENV] = MISSING_PACKAGE
+            if script is None or worker in self.hang:
+                command = ["sleep", "infinity"]  # a VM with nothing to run (or hung) lives until it is deleted
             else:
                 path = os.path.join(disk, "startup-script")
                 with open(path, "w") as handle:
@@ -156,5 +195,10 @@ class LocalVms:
         worker = int(parts[1])
         if rest.startswith("instance/attributes/"):
             return vm.attributes(worker).get(rest[len("instance/attributes/"):])
+        if rest == TOKEN_PATH:  # the service account's access token, as the metadata server gives it
+            import json
+
+            return json.dumps({"access_token": self.token, "expires_in": 3599, "token_type": "Bearer"})
         return {"instance/id": f"{vm.vm_id}-{worker}", "instance/hostname": f"{vm.vm_id}-w-{worker}",
+                "instance/zone": f"projects/0/zones/{vm.node.split('/')[3]}",
                 "project/project-id": vm.node.split("/")[1]}.get(rest)

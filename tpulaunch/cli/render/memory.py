@@ -44,7 +44,8 @@ def render_memory(console: Console, memory: dict) -> None:
         value = memory["breakdown"].get(key)
         if value:
             if key == "optimizer":
-                label += f" ({memory.get('optimizer_slots')} per weight)"
+                counted = memory.get("optimizer_source") in (None, "counted")
+                label += f" ({memory.get('optimizer_slots')} per weight{'' if counted else ', assumed'})"
             table.add_row(label, _gib(value))
     table.add_row("[bold]total[/]", f"[bold]{_gib(memory['per_core_bytes'])}[/]")
     if memory.get("usable_bytes"):
@@ -55,6 +56,8 @@ def render_memory(console: Console, memory: dict) -> None:
         console.print(f"memory: {VERDICT_TEXT[memory['verdict']]}", highlight=False)
     else:
         console.print(f"memory: unknown ({escape(memory.get('reason') or '')})", highlight=False)
+    if memory.get("optimizer_source") not in (None, "counted"):
+        console.print(f"    optimizer slots {escape(memory['optimizer_source'])}", highlight=False, soft_wrap=True)
     if memory.get("auto_partition"):
         console.print("    partition: auto chose the dims shown above", highlight=False)
     rec = memory.get("recommendation")

@@ -27,6 +27,8 @@ _KEY_OF_FUNCTION = {
     "factory": ("model", "optimizer"), "optimizer_factory": ("model", "optimizer"),
     "_keras_metric": ("model", "metrics"), "_update_metric": ("model", "metrics"),
     "_metric_objects": ("model", "metrics"), "keras_optimizer_factory": ("model", "optimizer"),
+    "fresh_keras_metric": ("model", "metrics"), "_metrics_for_compile": ("model", "metrics"),
+    "fresh_keras_loss": ("model", "loss"), "_loss_for_compile": ("model", "loss"),
 }
 # ... and, in the functions that call the job's code (the estimator's model_fn, the keras engine's
 # KerasTraining), by the line it failed on.
@@ -34,7 +36,8 @@ _KEY_OF_LINE = (("builder(", ("model", "builder")), ("model(features", ("data", 
                 ("model.build(", ("data", "features")), ("minimize(", ("model", "optimizer")),
                 ("make_optimizer(", ("model", "optimizer")), ("apply_gradients(", ("model", "optimizer")),
                 ("optimizer.build(", ("model", "optimizer")))
-_CALLERS_OF_JOB_CODE = ("model_fn", "__init__", "_forward", "_replica_train_step")
+_CALLERS_OF_JOB_CODE = ("model_fn", "__init__", "_forward", "_replica_train_step", "_job_step_optimizer",
+                        "_compile_for_own_step")
 
 
 class BuildError(TpuLaunchError):

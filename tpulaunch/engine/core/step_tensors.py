@@ -4,6 +4,7 @@ estimate's input, `plan/memory.py`): the forward tensors the gradient ops read, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 # What the backward pass keeps is what its non-elementwise ops read from the forward pass: XLA fuses
 # elementwise chains (a loss's sigmoid, exp and products; casts) forward and backward and recomputes
@@ -44,10 +45,26 @@ class StepTensors:
     params: int
     trainable_params: int
     kept: tuple  # KeptTensor, per example
+    # The bytes of the state the step's optimizer made (its slot variables: Adam's m and v, Momentum's
+    # accumulator), counted in the built step; None where the engine could not count them.
+    optimizer_bytes: Optional[int] = None
 
 
 def elements(variable) -> int:
     return int(variable.shape.num_elements() or 0)
+
+
+def state_bytes(variables) -> int:
+    """The bytes of the per-weight state among `variables` (an optimizer's slots): the scalars beside them (a step
+    counter, Adam's beta powers, a learning rate) are left out, so the count is that of the slots alone."""
+    import tensorflow as tf
+
+    total = 0
+    for variable in variables:
+        shape = tf.TensorShape(variable.shape)
+        if shape.rank:
+            total += int(shape.num_elements() or 0) * tf.as_dtype(variable.dtype).size
+    return total
 
 
 def _is_gradient(name: str) -> bool:

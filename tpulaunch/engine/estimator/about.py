@@ -12,6 +12,8 @@ ABOUT = EngineAbout(
     packages=(("tensorflow_estimator", "tensorflow-estimator"),),
     tpu_runtime="se",  # TPUEstimator's sessions run on the stream executor runtime
     tpu_extra="tpu",
+    # On a multi-host slice (a -pod image: a TensorFlow server on every host) worker 0's session drives them all.
+    tpu_hosts="chief",
     static_rules="tpulaunch.engine.estimator.rules:problems",
     # What each of the job's own input_fns yields, called as TPUEstimator calls it.
     code_checks=(("input_fn", "tpulaunch.engine.estimator.input_signature:input_signature_problems"),),

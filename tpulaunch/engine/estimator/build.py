@@ -16,7 +16,7 @@ keeps (`core/step_tensors.py`) are the same for both engines.
 from __future__ import annotations
 
 from tpulaunch.engine.core.build_failures import BuildError, ModeBuild, build_errors, problems_of
-from tpulaunch.engine.core.step_tensors import PROBE_BATCH, StepTensors, elements, kept_by_backward
+from tpulaunch.engine.core.step_tensors import PROBE_BATCH, StepTensors, elements, kept_by_backward, state_bytes
 
 
 def build_problems(loaded, plan) -> list:
@@ -67,21 +67,24 @@ def step_tensors(job, *, use_tpu: bool) -> StepTensors:
         variables = [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
                      if "global_step" not in v.name]
         trainable = graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
-        found.update(kept=kept_by_backward(graph), params=_model_params(trainable, variables),
-                     trainable=sum(elements(v) for v in trainable))
+        model = _model_variables(trainable, variables)
+        found.update(kept=kept_by_backward(graph), params=sum(elements(v) for v in model),
+                     trainable=sum(elements(v) for v in trainable),
+                     optimizer=state_bytes([v for v in variables if not any(v is m for m in model)]))
 
     probe = job.model_copy(update={"train": job.train.model_copy(update={"batch_size": PROBE_BATCH})})
     with build_errors(job, "train"):
         build_stopped(probe, "train", on_graph=measure, before_session=True)
     shape = tuple(job.data.features[main_feature(job.data.features)].shape)
-    return StepTensors(shape, found["params"], found["trainable"], tuple(found["kept"]))
+    return StepTensors(shape, found["params"], found["trainable"], tuple(found["kept"]), found["optimizer"])
 
 
-def _model_params(trainable, variables) -> int:
+def _model_variables(trainable, variables) -> list:
     """The model's own weights: the trainable ones, and non-trainable ones beside them (batch-norm statistics).
 
-    Optimizer slots are named after their variable ('.../kernel/Adam') and the optimizer's own state
-    ('beta1_power') sits outside the model's scopes: neither is a weight.
+    Optimizer slots are named after their variable ('.../kernel/Adam', '.../kernel/Momentum') and the
+    optimizer's own state ('beta1_power') sits outside the model's scopes: neither is a weight. What is
+    left besides the global step is the state the model_fn's optimizer made (`state_bytes` counts its slots).
     """
     names = {v.op.name for v in trainable}
     scopes = {n.split("/")[0] for n in names if "/" in n}
@@ -92,4 +95,4 @@ def _model_params(trainable, variables) -> int:
             continue
         if "/" in name and name.split("/")[0] in scopes:
             model.append(v)
-    return sum(elements(v) for v in model)
+    return model

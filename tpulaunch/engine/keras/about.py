@@ -24,4 +24,7 @@ ABOUT = EngineAbout(
     cpu_replicas=True,
     tpu_runtime="pjrt",
     tpu_extra="keras-tpu",
+    # Its process loads libtpu, which drives the chips of its own host only: on a multi-host slice every host runs
+    # the program (the same TPUStrategy), worker 0 the chief.
+    tpu_hosts="every",
 )

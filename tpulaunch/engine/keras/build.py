@@ -13,7 +13,7 @@ from __future__ import annotations
 import tempfile
 
 from tpulaunch.engine.core.build_failures import ModeBuild, blame, problems_of
-from tpulaunch.engine.core.step_tensors import PROBE_BATCH, StepTensors, elements, kept_by_backward
+from tpulaunch.engine.core.step_tensors import PROBE_BATCH, StepTensors, elements, kept_by_backward, state_bytes
 from tpulaunch.errors import TpuLaunchError
 
 
@@ -54,13 +54,12 @@ def _build(job, plan) -> tuple:
         for mode in modes:
             batch = plan.batch(mode).per_replica
             try:
-                features, labels = _specs(job, batch)
+                features, labels = training.preprocessed_specs(*_specs(job, batch))
                 if mode == "train":
-                    tf.function(training._replica_train_step).get_concrete_function(features, labels)
+                    tf.function(training.replica_train_step).get_concrete_function(features, labels)
                 else:
-                    with training.strategy.scope():
-                        training._eval_metrics = training._metric_objects(features)
-                    tf.function(training._replica_eval_step).get_concrete_function(features, labels)
+                    training.make_eval_metrics(features)
+                    tf.function(training.replica_eval_step).get_concrete_function(features, labels)
                 out.append(ModeBuild(mode, True))
             except Exception as exc:  # noqa: BLE001
                 out.append(_failed(mode, exc, stage, job))
@@ -83,7 +82,8 @@ def build_problems(loaded, plan) -> list:
 
 
 def step_tensors(job, *, use_tpu: bool) -> StepTensors:
-    """The keras engine's training step traced for PROBE_BATCH examples, and what its backward pass reads."""
+    """The keras engine's training step traced for PROBE_BATCH examples (the model's own train_step where it trains
+    with it), what its backward pass reads, and the slot variables its optimizer made."""
     import tensorflow as tf
 
     from tpulaunch.plan.auto import main_feature
@@ -92,11 +92,13 @@ def step_tensors(job, *, use_tpu: bool) -> StepTensors:
     plan = build_plan(job, local=True)
     with tempfile.TemporaryDirectory() as scratch:
         training = _training(job, plan, scratch)
-        features, labels = _specs(job, PROBE_BATCH)
-        graph = tf.function(training._replica_train_step).get_concrete_function(features, labels).graph
+        features, labels = training.preprocessed_specs(*_specs(job, PROBE_BATCH))
+        graph = tf.function(training.replica_train_step).get_concrete_function(features, labels).graph
         kept = kept_by_backward(graph)
         model = training.model
         params = sum(elements(v) for v in model.weights)
         trainable = sum(elements(v) for v in model.trainable_weights)
+        variables = training.optimizer.variables
+        optimizer = state_bytes(variables() if callable(variables) else variables)
     shape = tuple(job.data.features[main_feature(job.data.features)].shape)
-    return StepTensors(shape, params, trainable, tuple(kept))
+    return StepTensors(shape, params, trainable, tuple(kept), optimizer)

@@ -37,7 +37,7 @@ def job_parts(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -> Jo
 
     apply_flags(job, search_path=search_path)
     builder, kwargs = job_builder(job, search_path=search_path, keras3=True)
-    whole_loss, custom_losses, custom_metrics = job_functions(job, search_path=search_path)
+    whole_loss, custom_losses, custom_metrics = job_functions(job, search_path=search_path, keras_metrics=True)
     return JobParts(builder, kwargs, apply_precision(job.model.precision, use_tpu=use_tpu),
                     keras_optimizer(job, search_path=search_path), whole_loss, custom_losses, custom_metrics)
 
@@ -119,4 +119,4 @@ def training_settings(job: Job, plan: "Plan", *, use_tpu: bool) -> dict:
             "labels": tensor_specs(job.data.labels), "features": tensor_specs(job.data.features),
             "model_dir": job.run.model_dir, "keep_checkpoint_max": job.run.keep_checkpoint_max,
             "save_checkpoints_steps": job.run.save_checkpoints_steps, **partition_settings(plan, use_tpu=use_tpu),
-            "outputs": spec.outputs_by_label(job.data.labels)}
+            "outputs": spec.outputs_by_label(job.data.labels), "given": list(spec.set_in_job())}

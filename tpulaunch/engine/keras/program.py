@@ -44,6 +44,7 @@ SOURCES = {
     "label_dims": ("partition",),
     "computation_shape": ("tpu", "cores_per_replica"),
     "num_replicas": ("tpu", "type"),
+    "given": ("model",),
 }
 
 # What a value means, where its job key alone does not say.
@@ -56,6 +57,8 @@ NOTES = {
     "computation_shape": "the block of the slice's mesh [x, y, z, devices per chip] one replica occupies",
     "num_replicas": "the slice's cores over tpu.cores_per_replica",
     "save_checkpoints_steps": "a checkpoint every this many steps, and at the end",
+    "given": "which of model.loss, model.optimizer and model.metrics the job sets: a model its builder compile()d "
+             "keeps its own compile's others",
 }
 
 
@@ -193,27 +196,32 @@ def job_training(strategy):
     policy = policy_name(PRECISION, use_tpu=USE_TPU)
     set_precision_policy(policy)  # in the Keras the model's code imported (KerasTraining checks it took)
     make_optimizer = keras_optimizer_factory({optimizer_args}, make=custom_optimizer)
-    return {call("KerasTraining", ["build_model", "BUILDER_KWARGS", "strategy=strategy", "policy=policy",
-                                   "make_optimizer=make_optimizer", "custom_loss=custom_loss",
-                                   "custom_losses=CUSTOM_LOSSES", "custom_metrics=CUSTOM_METRICS",
-                                   *keywords(training)], 4)}
+    training = {call("KerasTraining", ["build_model", "BUILDER_KWARGS", "strategy=strategy", "policy=policy",
+                                       "make_optimizer=make_optimizer", "custom_loss=custom_loss",
+                                       "custom_losses=CUSTOM_LOSSES", "custom_metrics=CUSTOM_METRICS",
+                                       *keywords(training)], 4)}
+    if training.compile_note:  # a compiled model, or one with its own train_step: what it trains with
+        print(training.compile_note, flush=True)
+    return training
 
 
-def job_dataset(strategy, mode):
-    """make_input_fn on the mode's files, one pipeline per worker or TPU host, distributed over the replicas."""
+def job_dataset(keras_training, mode):
+    """make_input_fn on the mode's files, one pipeline per worker or TPU host, distributed over the replicas (each
+    batch through the model's preprocessor, where it has one)."""
     training = mode == "train"
     try:
         files = expand_files(TRAIN_FILES if training else EVAL_FILES)
     except FilesError as exc:
         raise SystemExit(f"data.{{mode}}: {{exc}}") from None
     input_fn = {call("make_input_fn", ["files", "training=training", "use_tpu=USE_TPU", *keywords(inputs)], 4)}
-    return distributed_dataset(strategy, input_fn, TRAIN_BATCH_SIZE if training else EVAL_BATCH_SIZE)
+    return distributed_dataset(keras_training.strategy, input_fn, TRAIN_BATCH_SIZE if training else EVAL_BATCH_SIZE,
+                               keras_training.preprocess)
 
 
 def job_evaluation(training):
     """The metrics of the current weights on EVAL_STEPS batches of the eval files."""
     per_replica = EVAL_BATCH_SIZE // training.strategy.num_replicas_in_sync
-    return training.evaluate(job_dataset(training.strategy, "eval"), EVAL_STEPS, per_replica_batch=per_replica)
+    return training.evaluate(job_dataset(training, "eval"), EVAL_STEPS, per_replica_batch=per_replica)
 
 
 def refuse_estimator_checkpoints():
@@ -265,7 +273,7 @@ def main(argv=None):
     def train_to(boundary):
         nonlocal iterator
         if iterator is None:
-            iterator = iter(job_dataset(strategy, "train"))
+            iterator = iter(job_dataset(training, "train"))
         return train_loop(training, iterator, until=boundary, steps_per_call=STEPS_PER_CALL,
                           on_steps=progress(training.step),
                           on_checkpoint=lambda at, path: print(f"checkpoint {{path}}"))

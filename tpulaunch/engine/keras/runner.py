@@ -90,7 +90,7 @@ def _dataset(job: Job, plan: Plan, training, mode: str):
     from tpulaunch.engine.keras import standalone
 
     return standalone.distributed_dataset(training.strategy, make_input_fn(job, mode, use_tpu=plan.on_tpu),
-                                          _global_batch(plan, mode))
+                                          _global_batch(plan, mode), training.preprocess)
 
 
 # ------------------------------------------------------------------------------------------ train
@@ -142,6 +142,7 @@ class _KerasSession:
         self.job, self.plan, self.recorder, self.should_stop = job, plan, recorder, should_stop
         self.use_tpu, self.search_path, self.profile, self.cpu_replicas = plan.on_tpu, search_path, profile, cpu_replicas
         self.training = self.iterator = None
+        self.noted = False
 
     def start(self, cluster_resolver) -> int:
         import tensorflow as tf
@@ -150,6 +151,9 @@ class _KerasSession:
         recorder.phase_began(phases.BUILD)  # the loop's phase scope closes what is open when the segment ends
         self.training = make_training(self.job, self.plan, cluster_resolver=cluster_resolver,
                                       search_path=self.search_path, cpu_replicas=self.cpu_replicas)
+        if not self.noted:  # once a run, not again at each restart after a lost TPU
+            _note_compile(self.training, recorder)
+            self.noted = True
         self.iterator = None
         restoring = tf.train.latest_checkpoint(self.job.run.model_dir) is not None
         recorder.phase_switch(phases.RESTORE if restoring else phases.INITIALISE)
@@ -248,6 +252,12 @@ class _Profiler:
                                            os.path.join(self.model_dir, "plugins", "profile"))
 
 
+def _note_compile(training, recorder: RunRecorder) -> None:
+    """One line of what a compiled model (or one with its own step) trains with, and what the job replaced."""
+    if training.compile_note:
+        recorder.note(training.compile_note)
+
+
 # --------------------------------------------------------------------------------------- evaluate
 
 def _prepare_evaluation(training, job: Job, plan: Plan):
@@ -282,6 +292,7 @@ def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None, recorder
         _refuse_estimator_checkpoints(job.run.model_dir)
         training = make_training(job, plan, cluster_resolver=cluster_resolver,
                                  search_path=search_path, cpu_replicas=cpu_replicas)
+        _note_compile(training, recorder)
     with recorder.phase(phases.RESTORE):
         training.restore(checkpoint)
     return _evaluate_into(training, job, plan, recorder)

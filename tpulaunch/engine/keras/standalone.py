@@ -2,7 +2,11 @@
 
 Keras with tf.distribute, on TensorFlow 2.16 and later: a builder's model is trained in the Keras it is
 written with (`portable.keras_of`), tf-keras (Keras 2) or Keras 3, whose optimizer, metrics, losses and
-precision policy are then that Keras's; nothing here needs the other Keras installed. This module
+precision policy are then that Keras's; nothing here needs the other Keras installed. A model as Keras
+users write it trains as fit() would train it: one the builder compile()d keeps its compile for what
+the job does not set (the job's loss, optimizer and metrics replace the rest, as a second compile()
+would), and a model with its own train_step, test_step or compute_loss, or a compiled one the job gives
+no loss, runs Keras's own step (the model's train_step and test_step) in each replica. This module
 imports only TensorFlow, the Python standard library and `engine/portable.py` (the input pipeline,
 precision, heads and losses both engines share), and takes plain values plus the job's own callables.
 tpulaunch calls it with values converted from the job file (engine/keras/plain.py), and
@@ -19,14 +23,16 @@ The input pipeline is the same `make_input_fn` TPUEstimator runs, called once pe
 
 import json
 import os
+import re
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 import tensorflow as tf
 
 from tpulaunch.engine.portable import (  # explain: the program defines these above this module
-    Head, SpecError, _classes, _losses_by_label, _predictions, _values_like_labels, compute_loss, head_for,
-    imported_kerases, is_keras3, keras_of, metrics_by_label, outputs_by_label, pair_heads, probabilities_of)
+    _CROSSENTROPY, _REGRESSION, Head, SpecError, _classes, _losses_by_label, _output_kind, _predictions,
+    _values_like_labels, compiled_with, compute_loss, head_for, imported_kerases, is_keras3, keras_base, keras_of,
+    metrics_by_label, outputs_by_label, own_fit_methods, pair_heads, probabilities_of)
 
 CHECKPOINT_NAME = "model.ckpt"  # checkpoints are model_dir/model.ckpt-STEP, as TPUEstimator names them
 
@@ -120,12 +126,17 @@ def worker_scratch_dir(model_dir: str, task_type: str, task_id: int) -> str:
     return os.path.join(model_dir, f"worker-{task_type}-{task_id}-scratch")
 
 
-def distributed_dataset(strategy, input_fn: Callable, global_batch_size: int):
+def distributed_dataset(strategy, input_fn: Callable, global_batch_size: int, preprocess: Optional[Callable] = None):
     """`input_fn({"batch_size": per-replica batch, "context": InputContext})`, once per input pipeline (one per
-    worker or TPU host), distributed over the replicas; each pipeline reads its own share (portable.host_shard)."""
+    worker or TPU host), distributed over the replicas; each pipeline reads its own share (portable.host_shard).
+    `preprocess(features, labels)` (KerasTraining.preprocess), where given, maps each batch on the host, as a
+    KerasHub task's fit() maps its preprocessor over the data."""
 
     def dataset_fn(context):
-        return input_fn({"batch_size": context.get_per_replica_batch_size(global_batch_size), "context": context})
+        dataset = input_fn({"batch_size": context.get_per_replica_batch_size(global_batch_size), "context": context})
+        if preprocess is None:
+            return dataset
+        return dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
     return strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -168,11 +179,41 @@ def set_random_seed(seed: int) -> None:
 
 # -------------------------------------------------------------------------------------------- metrics
 
+def fresh_keras_metric(custom) -> Optional[Any]:
+    """A new Metric object made like `custom` (a Keras Metric class, made with no arguments, or object, copied by its
+    config so that its variables are made in the strategy's scope); None when `custom` is no Keras Metric."""
+    kind = keras_base(custom, "metrics", "Metric")
+    if kind is None:
+        return None
+    if isinstance(custom, type):
+        try:
+            return custom()
+        except TypeError as exc:
+            raise SpecError(f"metric {custom.__name__!r}: the Keras metric class cannot be made without arguments: "
+                            f"{exc}", hint="give the import path of a metric object made with its arguments "
+                                           "(f1 = keras.metrics.F1Score(average='micro') in its module)",
+                            key=("model", "metrics")) from None
+    return type(custom).from_config(custom.get_config())
+
+
+def _metric_key(name: str, custom) -> str:
+    """A metric's result name: a built-in's name, a Keras Metric's own name, a function's name."""
+    if custom is None:
+        return name
+    if keras_base(custom, "metrics", "Metric") is None:
+        return custom.__name__
+    if not isinstance(custom, type):
+        return custom.name
+    # A class's name in snake case, as Keras names its instances (before it numbers a second one 'auc_1').
+    name = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", custom.__name__)
+    return re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()
+
+
 def _keras_metric(name: str, head: Head, num_classes: int, custom: Optional[Callable], keras):
     """The metric object of `keras` (the model's Keras) for one metric of one head (streaming, summed over
     replicas)."""
     if custom is not None:
-        return keras.metrics.Mean(name=custom.__name__)
+        return fresh_keras_metric(custom) or keras.metrics.Mean(name=custom.__name__)
     if name == "mean_squared_error":
         return keras.metrics.MeanSquaredError()
     if name == "mean_absolute_error":
@@ -189,7 +230,10 @@ def _keras_metric(name: str, head: Head, num_classes: int, custom: Optional[Call
 
 
 def _update_metric(metric, name: str, head: Head, labels, outputs, custom: Optional[Callable]):
-    """Feed one batch to `metric`, with the same class and value readings as the estimator engine's metrics."""
+    """Feed one batch to `metric`, with the same class and value readings as the estimator engine's metrics; a Keras
+    Metric of the job's gets the labels and the model's outputs, as compile()'s metrics get them."""
+    if custom is not None and keras_base(custom, "metrics", "Metric") is not None:
+        return metric.update_state(labels, outputs)
     if custom is not None:
         value = custom(labels, outputs)
         if isinstance(value, (tuple, list)):
@@ -230,6 +274,82 @@ def _zeros(specs):
     return tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), specs)
 
 
+def fresh_keras_loss(custom):
+    """The job's own loss as compile() takes it: a Keras Loss class made with no arguments; an object or a function
+    as it is."""
+    if isinstance(custom, type) and keras_base(custom, "losses", "Loss") is not None:
+        try:
+            return custom()
+        except TypeError as exc:
+            raise SpecError(f"loss {custom.__name__!r}: the Keras loss class cannot be made without arguments: {exc}",
+                            hint="give the import path of a loss object made with its arguments "
+                                 "(my_loss = MyLoss(...) in its module)", key=("model", "loss")) from None
+    return custom
+
+
+def _scales_loss(optimizer) -> bool:
+    """Whether `optimizer` is already a LossScaleOptimizer (a compiled model's, under mixed_float16)."""
+    return any("LossScaleOptimizer" in cls.__name__ for cls in type(optimizer).__mro__)
+
+
+def _described(value) -> str:
+    """A compile() argument in a few words: 'sparse_categorical_crossentropy', 'Adam', '[accuracy, AUC]'."""
+    if value is None:
+        return "none"
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_described(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(v if isinstance(v, str) else _described(v) for v in value) + "]"
+    if isinstance(value, type):
+        return value.__name__
+    if callable(value) and hasattr(value, "__name__") and not hasattr(value, "get_config"):
+        return value.__name__
+    inner = getattr(value, "inner_optimizer", None)
+    name = type(value).__name__
+    return f"{name}({type(inner).__name__})" if inner is not None else name
+
+
+def _fit_preprocessing(model) -> Optional[Callable]:
+    """What a KerasHub task's fit() and evaluate() map over each batch before its steps see it (its preprocess_samples:
+    the task's preprocessor, e.g. an image converter that resizes and rescales), or None: its train_step and the
+    model's call take preprocessed batches."""
+    if getattr(model, "preprocessor", None) is None:
+        return None
+    return getattr(model, "preprocess_samples", None)
+
+
+def _progress_loss(logs):
+    """The loss a progress line shows from what a model's train_step returned: its 'loss', else its first value."""
+    if isinstance(logs, dict):
+        value = logs["loss"] if "loss" in logs else (logs[sorted(logs)[0]] if logs else tf.constant(0.0))
+    else:
+        value = logs
+    return tf.reduce_mean(tf.cast(value, tf.float32))
+
+
+def _flat_logs(logs: dict) -> dict:
+    """A test_step's logs with nested dicts (Keras 3's compile_metrics) merged into the top level, as Keras's
+    get_metrics_result() gives them."""
+    out = {}
+    for key, value in logs.items():
+        out.update(_flat_logs(value) if isinstance(value, dict) else {key: value})
+    return out
+
+
+def _plain_results(results: dict) -> dict:
+    """Metric results as floats; a metric with several values (F1Score per class) as 'name[i]' each."""
+    out = {}
+    for key, value in results.items():
+        values = [float(v) for v in tf.reshape(tf.convert_to_tensor(value), [-1]).numpy()]
+        if len(values) == 1:
+            out[key] = values[0]
+        else:
+            out.update({f"{key}[{i}]": v for i, v in enumerate(values)})
+    return out
+
+
 class KerasTraining:
     """The job's model, optimizer and global step under a strategy, their checkpoints, and the compiled
     training and evaluation steps.
@@ -252,6 +372,13 @@ class KerasTraining:
         feature_dims, label_dims: per tensor name, the dims to split it into over the logical devices
             of a replica (TPU spatial partitioning); None or a missing name: not split.
         outputs: what each label's output holds, "logits" or "probabilities", where the job declares it.
+        given: which of "loss", "optimizer" and "metrics" the job sets (default: all). A model the builder
+            compile()d keeps its own compile's others; the job's replace its own, as a second compile() would.
+
+    Which step trains (`own_step`): the engine's own (the job's loss and metrics, as for any model), unless the
+    model brings its own train_step, test_step or compute_loss, or it was compiled and the job sets no loss: then
+    Keras's step, the model's train_step and test_step, runs in each replica as fit() runs it, with the model's
+    compile (and what the job replaces of it). `compile_note` says, in one line, what came from where.
     """
 
     def __init__(self, builder: Callable, builder_kwargs: dict, *, strategy, policy: str, loss, metrics,
@@ -261,12 +388,13 @@ class KerasTraining:
                  custom_metrics: Optional[Dict[str, Callable]] = None,
                  feature_dims: Optional[Dict[str, Optional[list]]] = None,
                  label_dims: Optional[Dict[str, Optional[list]]] = None,
-                 outputs: Optional[Dict[str, str]] = None):
+                 outputs: Optional[Dict[str, str]] = None, given: Optional[List[str]] = None):
         self.strategy = strategy
         self.policy = policy
         self.loss = loss
         self.metrics = metrics
         self.label_names = list(labels or {})
+        self.labels = dict(labels or {})
         self.features = dict(features)
         self.custom_loss = custom_loss if not isinstance(loss, dict) else None
         self.custom_losses = dict(custom_losses or {})
@@ -275,6 +403,8 @@ class KerasTraining:
         self.declared_outputs = dict(outputs or {})
         self.feature_dims = dict(feature_dims or {})
         self.label_dims = dict(label_dims or {})
+        self.given = set(("loss", "optimizer", "metrics") if given is None else given)
+        self.compile_note: Optional[str] = None
         with strategy.scope():
             self.model = builder(**builder_kwargs)
             self.keras = keras_of(self.model)
@@ -287,16 +417,24 @@ class KerasTraining:
                     self.model(_zeros(_tensor_specs(self.features, 1)), training=False)
                 else:
                     self.model.build(_shape_tree(self.features, None))
-            optimizer = make_optimizer(self.keras)
-            if policy == "mixed_float16":
-                scaling = self.keras.optimizers if self.keras3 else self.keras.mixed_precision
-                optimizer = scaling.LossScaleOptimizer(optimizer)
-            self.optimizer = optimizer
-            if hasattr(self.optimizer, "build"):  # slots exist before a restore fills them
-                self.optimizer.build(self.model.trainable_variables)
+            self.output_names = list(getattr(self.model, "output_names", None) or ())
+            self.preprocess = _fit_preprocessing(self.model)
+            self.compiled = compiled_with(self.model)
+            self.own_methods = own_fit_methods(self.model)
+            self.own_step = bool(self.own_methods) or (self.compiled is not None and "loss" not in self.given)
+            if self.own_step:
+                self.optimizer = self._compile_for_own_step(make_optimizer)
+                if hasattr(self.model, "_symbolic_build"):  # Keras 3 builds its compile's metrics and loss here, as
+                    # fit() does before its first step: made inside a replica's step, their variables cannot be lifted
+                    labels = _tensor_specs(self.labels, 1) if self.labels else None
+                    self.model._symbolic_build(data_batch=self.preprocessed_specs(_tensor_specs(self.features, 1),
+                                                                                  labels))
+            else:
+                self.optimizer = self._job_step_optimizer(make_optimizer)
+            if hasattr(self.optimizer, "build") and not getattr(self.optimizer, "built", False):
+                self.optimizer.build(self.model.trainable_variables)  # slots exist before a restore fills them
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
                                            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-        self.output_names = list(getattr(self.model, "output_names", None) or ())
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, global_step=self.global_step)
         self.model_dir = model_dir
         self.manager = tf.train.CheckpointManager(
@@ -306,6 +444,114 @@ class KerasTraining:
         self._train_step = None
         self._eval_step = None
         self._eval_metrics = None
+
+    # ------------------------------------------------------------------------------ compile
+
+    def _job_step_optimizer(self, make_optimizer: Callable):
+        """The engine's step's optimizer: the job's, or a compiled model's own when the job sets none (wrapped
+        for mixed_float16's loss scaling once); says what replaced what of a compiled model's compile."""
+        kept = self.compiled is not None and "optimizer" not in self.given
+        optimizer = self.model.optimizer if kept else make_optimizer(self.keras)
+        if self.policy == "mixed_float16" and not _scales_loss(optimizer):
+            scaling = self.keras.optimizers if self.keras3 else self.keras.mixed_precision
+            optimizer = scaling.LossScaleOptimizer(optimizer)
+        if self.compiled is not None:
+            own = self.compiled
+            parts = [f"model.loss {_described(self.loss)} replaces its loss {_described(own.get('loss'))}",
+                     f"model.metrics {_described(self.metrics)} replace its metrics {_described(own.get('metrics'))}"
+                     if "metrics" in self.given else f"its metrics {_described(own.get('metrics'))} are not "
+                                                     "computed (the job sets no model.metrics)",
+                     f"its optimizer {_described(optimizer)} is kept (the job sets no model.optimizer)" if kept else
+                     f"model.optimizer {_described(optimizer)} replaces its {_described(own.get('optimizer'))}"]
+            self.compile_note = f"{type(self.model).__name__} was compiled: " + "; ".join(parts)
+        return optimizer
+
+    def _compile_for_own_step(self, make_optimizer: Callable):
+        """compile() the model for its own step with what the job sets (or, never compiled, with the job's values
+        and defaults), keeping its compile's others; returns its optimizer."""
+        own = self.compiled or {}
+        replaced = {}
+        if not own or "optimizer" in self.given:
+            replaced["optimizer"] = make_optimizer(self.keras)
+        if not own or "loss" in self.given:
+            replaced["loss"] = self._loss_for_compile()
+        if not own or "metrics" in self.given:
+            replaced["metrics"] = self._metrics_for_compile()
+        if replaced:
+            kept = {key: own.get(key) for key in ("optimizer", "loss", "loss_weights", "metrics", "weighted_metrics")}
+            self.model.compile(**{key: value for key, value in {**kept, **replaced}.items() if value is not None})
+        whose = (f"its own {', '.join(self.own_methods)}" if self.own_methods else "Keras's train_step and test_step "
+                 "(the job sets no model.loss)")
+        said = [f"{type(self.model).__name__} trains with {whose}, each replica's step as fit() runs it"]
+        for key in ("loss", "optimizer", "metrics"):
+            was = own.get(key)
+            now = getattr(self.model, "optimizer", None) if key == "optimizer" else replaced.get(key)
+            if key not in replaced:
+                said.append(f"its {key} {_described(was)}")
+            elif own:
+                verb = "replace" if key == "metrics" else "replaces"
+                said.append(f"model.{key} {_described(now)} {verb} its {_described(was)}")
+            else:
+                said.append(f"model.{key} {_described(now)}")
+        self.compile_note = "; ".join(said)
+        return self.model.optimizer
+
+    def _loss_for_compile(self):
+        """The job's loss as compile() takes it: a Keras loss object per label (crossentropy on logits or
+        probabilities as the engine's own step tells them), or the job's own function or Keras Loss."""
+        if self.custom_loss is not None:
+            return fresh_keras_loss(self.custom_loss)
+        specs, _ = self.preprocessed_specs(_tensor_specs(self.features, 1), None)
+        outputs = tf.function(lambda f: self.model(f, training=False)).get_concrete_function(specs).structured_outputs
+        kinds = probabilities_of(self.model, outputs)
+        names = self.label_names
+        by_label = outputs_by_label(outputs, names, self.output_names)
+        found = outputs_by_label(kinds, names, self.output_names)
+        losses = {}
+        for label in names:
+            name = self.loss_names[label]
+            if ":" in name:
+                losses[label] = fresh_keras_loss(self.custom_losses[name])
+            elif name in _CROSSENTROPY:
+                probabilities = _output_kind(label, name, found[label], self.declared_outputs.get(label),
+                                             by_label[label])
+                losses[label] = getattr(self.keras.losses, _CROSSENTROPY[name][0])(from_logits=not probabilities)
+            else:
+                losses[label] = getattr(self.keras.losses, _REGRESSION[name])()
+        if len(names) == 1:
+            return losses[names[0]]
+        return losses if isinstance(outputs, dict) else [losses[label] for label in names]
+
+    def _metrics_for_compile(self):
+        """The job's metrics as compile() takes them (a list, or per label): Keras's own for the names, the job's
+        Metric objects (made afresh) and functions."""
+        def made(name):
+            if ":" in name:
+                custom = self.custom_metrics[name]
+                return fresh_keras_metric(custom) or custom
+            keras_names = {"accuracy": "accuracy", "mean_squared_error": "mean_squared_error",
+                           "mean_absolute_error": "mean_absolute_error", "auc": self.keras.metrics.AUC,
+                           "precision": self.keras.metrics.Precision, "recall": self.keras.metrics.Recall}
+            if name not in keras_names:
+                raise SpecError(f"metric {name!r} has no Keras counterpart that compile() could make without "
+                                "arguments", hint="give a Keras metric object by import path "
+                                                  "(iou = keras.metrics.MeanIoU(num_classes=...) in your module)",
+                                key=("model", "metrics"))
+            value = keras_names[name]
+            return value if isinstance(value, str) else value()
+
+        if isinstance(self.metrics, dict):
+            return {label: [made(n) for n in names] for label, names in self.metrics.items()}
+        return [made(n) for n in self.metrics]
+
+    def preprocessed_specs(self, features, labels) -> tuple:
+        """(features, labels) specs of a batch as the model's steps take it: after `preprocess`, where there is one."""
+        if self.preprocess is None:
+            return features, labels
+        traced = tf.function(self.preprocess).get_concrete_function(features, labels).structured_outputs
+        traced = traced if isinstance(traced, tuple) else (traced,)
+        specs = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), traced)
+        return specs[0], (specs[1] if len(specs) > 1 else None)
 
     def _checkpoint_dir(self, model_dir: str) -> str:
         # Every worker of a MultiWorkerMirrored run takes part in a save; only the chief's lands in model_dir.
@@ -352,6 +598,44 @@ class KerasTraining:
         if self.model.losses:
             total += tf.add_n([tf.cast(t, tf.float32) for t in self.model.losses])
         return total, pairs
+
+    @tf.autograph.experimental.do_not_convert  # straight-line code: its frames stay this module's
+    def _replica_own_train_step(self, features, labels):
+        """The model's train_step on one replica's batch, as fit() runs it (its loss scaled to the global batch,
+        its optimizer summing the replicas' gradients, its metrics updated); returns the loss to show."""
+        features = annotate_for_logical_devices(self.strategy, features, self.feature_dims)
+        labels = annotate_for_logical_devices(self.strategy, labels, self.label_dims)
+        logs = self.model.train_step((features, labels))
+        self.global_step.assign_add(1)
+        return _progress_loss(logs)
+
+    @tf.autograph.experimental.do_not_convert  # straight-line code: its frames stay this module's
+    def _replica_own_eval_step(self, features, labels):
+        """The model's test_step on one replica's batch; returns what it returned, as float32."""
+        features = annotate_for_logical_devices(self.strategy, features, self.feature_dims)
+        labels = annotate_for_logical_devices(self.strategy, labels, self.label_dims)
+        logs = self.model.test_step((features, labels))
+        return tf.nest.map_structure(lambda value: tf.cast(value, tf.float32), logs)
+
+    @property
+    def replica_train_step(self) -> Callable:
+        """One replica's training step, (features, labels) -> its loss: the model's own or the engine's."""
+        return self._replica_own_train_step if self.own_step else self._replica_train_step
+
+    @property
+    def replica_eval_step(self) -> Callable:
+        return self._replica_own_eval_step if self.own_step else self._replica_eval_step
+
+    def make_eval_metrics(self, batch_specs) -> None:
+        """The evaluation's metrics, made in the strategy's scope (the model's own step has its compile's)."""
+        if self._eval_metrics is None and not self.own_step:
+            with self.strategy.scope():
+                self._eval_metrics = self._metric_objects(batch_specs)
+
+    def reset_model_metrics(self) -> None:
+        """The model's own metrics start again (its step's loss is shown per call, as fit() shows it per epoch)."""
+        if self.own_step:
+            self.model.reset_metrics()
 
     @tf.autograph.experimental.do_not_convert  # straight-line code: its frames stay this module's
     def _replica_train_step(self, features, labels):
@@ -401,7 +685,7 @@ class KerasTraining:
                             waited += tf.timestamp() - before
                     else:
                         batch = next(iterator)
-                    per_replica = strategy.run(self._replica_train_step, args=batch)
+                    per_replica = strategy.run(self.replica_train_step, args=batch)
                     loss = strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
                 return loss, waited, self.global_step.read_value()  # the step comes back with the call
 
@@ -423,7 +707,7 @@ class KerasTraining:
             num_classes = max(2, int(shape[-1])) if shape.rank and shape[-1] is not None else 2
             for name in names:
                 custom = self.custom_metrics.get(name)
-                key = custom.__name__ if custom is not None else name
+                key = _metric_key(name, custom)
                 objects[f"{label}/{key}" if len(heads) > 1 else key] = _EvalMetric(
                     label, name, _keras_metric(name, heads[label], num_classes, custom, self.keras), custom)
         return objects
@@ -440,13 +724,15 @@ class KerasTraining:
     def prepare_evaluation(self, dataset, per_replica_batch: int) -> None:
         """Make the evaluation's metrics and trace its step for `dataset`'s batches (what fails to build, fails here)."""
         strategy = self.strategy
-        if self._eval_metrics is None:
-            with strategy.scope():
-                self._eval_metrics = self._metric_objects(_tensor_specs(self.features, per_replica_batch))
+        self.make_eval_metrics(self.preprocessed_specs(_tensor_specs(self.features, per_replica_batch), None)[0])
         if self._eval_step is None:
             @tf.function
             def run(batch):
-                return strategy.run(self._replica_eval_step, args=batch)
+                logs = strategy.run(self.replica_eval_step, args=batch)
+                if not self.own_step:
+                    return logs
+                return tf.nest.map_structure(  # what the model's test_step returned, the mean over the replicas
+                    lambda value: strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None), logs)
 
             self._eval_step = run
         self._eval_step.get_concrete_function(dataset.element_spec)
@@ -456,19 +742,24 @@ class KerasTraining:
         """Evaluate the current weights on at most `steps` batches of the distributed `dataset` (fewer when it
         ends first); returns {"loss": ..., metric: ..., "global_step": ...}. `should_stop` is asked between batches."""
         self.prepare_evaluation(dataset, per_replica_batch)
-        for entry in self._eval_metrics.values():
+        self.reset_model_metrics()
+        for entry in (self._eval_metrics or {}).values():
             _metric_of(entry).reset_state()
-        done = 0
+        done, logs = 0, None
         for batch in dataset:
             if done >= steps:
                 break
             if should_stop is not None and should_stop():
                 raise EvaluationInterrupted()
-            self._eval_step(batch)
+            logs = self._eval_step(batch)
             done += 1
-        results = {}
-        for key, entry in self._eval_metrics.items():
-            results[key] = float(_metric_of(entry).result().numpy())
+        if self.own_step:
+            # As Keras's evaluate(): the model's metrics when the test_step returned them, else its last batch's logs.
+            results = self.model.get_metrics_result()
+            returned = _flat_logs(logs) if isinstance(logs, dict) else {}
+            results = _plain_results(results if not returned or set(returned) == set(results) else returned)
+        else:
+            results = _plain_results({key: _metric_of(entry).result() for key, entry in self._eval_metrics.items()})
         results["global_step"] = self.step
         return results
 
@@ -511,6 +802,7 @@ def train_loop(training: KerasTraining, iterator, *, until: int, steps_per_call:
     step = training.step
     while step < until:
         steps = min(steps_per_call, until - step, every - step % every)  # a call ends on each checkpoint step
+        training.reset_model_metrics()
         loss, waited, step = run(iterator, tf.constant(steps))
         step = int(step)  # read with the call: a separate read of the variable costs a round trip per call
         if on_steps is not None:
@@ -535,6 +827,8 @@ def export_saved_model(training: KerasTraining, out_dir: str, label_names: List[
 
     @tf.function(input_signature=[specs] if not isinstance(specs, dict) else [specs])
     def serve(features):
+        if training.preprocess is not None:  # a KerasHub task's preprocessor, as its predict() applies it
+            features = training.preprocess(features)
         outputs = model(features, training=False)
         outputs = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), outputs)
         return _predictions(outputs, label_names, training.output_names)
