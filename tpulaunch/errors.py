@@ -24,7 +24,9 @@ class ExitCode(enum.IntEnum):
     USAGE = 2  # bad command line
     CLUSTER = 3  # the TPU could not be reached or is not usable
     NO_CAPACITY = 4  # no TPU to be had now: a stockout or no quota (RESOURCE_EXHAUSTED); retry later or elsewhere
+    LEASE_LOST = 5  # another run took model_dir's lease over: this run stopped writing there (fenced)
     INTERNAL = 70  # an unexpected error: a fault in tpulaunch or a library it called (sysexits' EX_SOFTWARE)
+    HANGUP = 129  # SIGHUP (the terminal or SSH session closed), handled as SIGTERM: checkpoint saved
     INTERRUPTED = 130  # Ctrl-C (SIGINT), checkpoint saved
     TERMINATED = 143  # SIGTERM, checkpoint saved
 

@@ -126,7 +126,9 @@ def test_a_lease_from_another_host_is_taken_over_once_stale(project, tmp_path):
     assert record["stale"] is True and record["gone"] is False and record["renewed_s_ago"] > 1.5
 
 
-def test_take_lease_takes_a_live_lease_at_once_and_the_old_holder_says_it_lost_it(project, tmp_path):
+def test_take_lease_takes_a_live_lease_at_once_and_the_old_holder_is_fenced(project, tmp_path):
+    """--take-lease: the old holder finds at its next renewal or checkpoint that the lease is no longer its own and
+    stops there (exit 5), naming the new holder; it leaves the new lease alone."""
     run_dir = tmp_path / "run"
     holder_env = cli_env(TPULAUNCH_LEASE_RENEW_S="0.2", TPULAUNCH_LEASE_STALE_S="600")
     first = _train(project, run_dir, *LONG, env=holder_env)
@@ -136,17 +138,22 @@ def test_take_lease_takes_a_live_lease_at_once_and_the_old_holder_says_it_lost_i
         taker = Run(["evaluate", str(project / "job.yaml"), "--local", "--set", f"run.model_dir={run_dir}",
                      "--set", "eval.every_steps=null", "--take-lease"], env=cli_env())
         taker.wait_for_line(lambda line: line.startswith("lease | took over"), stream="err")
-        line = first.wait_for_line(lambda line: line.startswith("lease | lost"), stream="err")
-        assert "took run.model_dir" in line
+        # Fenced: it stops on its own, at its next renewal (`lease | lost: ...`) or its next save's check.
+        assert first.finish() == 5, first.text()
         assert taker.finish() in (0, 1), taker.text()  # the evaluation itself may find no checkpoint yet
     finally:
-        first.process.send_signal(signal.SIGINT)
-    assert first.finish() == 130, first.text()
-    took = [line for line in taker.err if line.startswith("lease | took over")][0]
-    assert f"pid {first.pid}, run {held['run_id']}" in took and "at once (--take-lease)" in took, took
+        if first.process.poll() is None:
+            first.process.send_signal(signal.SIGINT)
+    taken = [line for line in taker.err if line.startswith("lease | took over")][0]
+    assert f"pid {first.pid}, run {held['run_id']}" in taken and "at once (--take-lease)" in taken, taken
+    fenced = "\n".join(first.err)
+    assert f"error: lease lost: host {held['host']}, pid {taker.pid}, run " in fenced, fenced
+    assert "Traceback" not in fenced
     now = _lease(run_dir)
     assert now["state"] == "released" and now["run_id"] != held["run_id"]  # the old holder left the new lease alone
     assert now["took_over"]["forced"] is True and now["took_over"]["pid"] == first.pid
+    outcomes = {record["run_id"]: record["outcome"] for record in _records(run_dir)}
+    assert outcomes[held["run_id"]] == f"fenced: lease lost to host {held['host']}, pid {taker.pid}, run {now['run_id']}"
 
 
 def test_a_model_dir_that_cannot_be_written_is_refused_clearly(project, tmp_path):
@@ -327,4 +334,27 @@ def test_a_train_on_a_live_gs_model_dir_is_refused_before_tensorflow_loads(proje
         assert leases.read_lease(model_dir)["run_id"] == "holder-run"
     finally:
         holder.release()
+    assert leases.read_lease(model_dir)["state"] == "released"
+
+
+def test_a_gs_holder_checks_the_generation_it_holds_before_it_writes(storage_emulator):
+    """The check before a save on gs://: the generation this run last wrote, against a server that enforces
+    preconditions. Taken over (--take-lease), the old holder raises LeaseLost naming the new one, and leaves
+    the new lease alone; until then the check passes (a renewal in between included)."""
+    model_dir = "gs://leases/fenced"
+    first = leases.acquire(model_dir, run_id="first-run", command="train")
+    first.ensure_held()
+    assert first.renew() is True
+    first.ensure_held()  # against the renewal's generation
+    second = leases.acquire(model_dir, run_id="second-run", command="train", take=True)
+    try:
+        with pytest.raises(leases.LeaseLost) as lost:
+            first.ensure_held()
+        assert lost.value.exit_code == 5 and lost.value.holder["run_id"] == "second-run"
+        assert f"took run.model_dir {model_dir} over while this run held it" in lost.value.message
+        first.release()
+        assert leases.read_lease(model_dir)["run_id"] == "second-run"
+        second.ensure_held()
+    finally:
+        second.release()
     assert leases.read_lease(model_dir)["state"] == "released"

@@ -68,15 +68,23 @@ def cli(ctx: click.Context, debug: bool, verbose: int):
 
 def main(argv=None):
     """Console-script entry point."""
+    import sys
     import warnings
 
+    from tpulaunch.run.signals import Terminated, handle_from_start
     from tpulaunch.run.started import mark_program_start
 
+    # First: a SIGTERM or SIGHUP from here on unwinds the run (lease released, record written) instead of killing it.
+    handle_from_start()
     mark_program_start()  # a run's wall time starts with the process
     # google-api-core (under the Cloud TPU and Cloud Storage clients) warns at import about Google's support
     # dates for the running Python: nothing a job can act on, and it would stand between tpulaunch's lines.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"google\.api_core\..*")
-    cli.main(args=argv, prog_name="tpulaunch", standalone_mode=True)
+    try:
+        cli.main(args=argv, prog_name="tpulaunch", standalone_mode=True)
+    except Terminated as stopped:  # outside training (which saves a checkpoint and says so itself)
+        print(f"stopped by {stopped.name}", file=sys.stderr, flush=True)
+        sys.exit(int(stopped.exit_code))
 
 
 if __name__ == "__main__":

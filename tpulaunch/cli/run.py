@@ -132,50 +132,51 @@ def _model_dir_lease(obj: Context, job, command: str, take: bool):
     """The run's lease on model_dir (`run/lease.py`), taken before anything is written or TensorFlow loads and
     released however the run ends; None for a worker that is not the chief (the chief holds it for all).
 
-    A takeover is said before the run's first line; a lease lost to another run during this one is said at
-    once and fails the run at its end (its checkpoints may be mixed with the other run's)."""
+    A takeover is said before the run's first line. A lease lost to another run during this one is said at once;
+    the engines stop before their next write to model_dir (`lease.ensure_held`, `lease.raise_if_lost`) and the
+    run ends with `LeaseLost` (exit 5), naming the new holder. Taking and releasing the lease are never cut in
+    half by a signal (`signals.deferred`): it is acted on when the change is written."""
+    from tpulaunch.run.signals import deferred
     from tpulaunch.run.workers import is_chief_worker
     from tpulaunch.run import lease as leases
 
     if not is_chief_worker():
         yield None
         return
-    lease = leases.acquire(job.run.model_dir, run_id=leases.new_run_id(), command=command, take=take)
     say = lambda text: obj.err.print(text, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
-    took = lease.took_over
-    if took:
-        why = ("at once (--take-lease)" if took["forced"] else
-               "its holder's process on this host is no longer running" if took.get("gone") else
-               f"its holder stopped renewing it (stale after {lease.stale_after_s:g} s)")
-        say(f"lease | took over run.model_dir {job.run.model_dir} from {leases.holder_text(took)}, last renewed "
-            f"{leases.age_text(took['renewed_s_ago'])} ago: {why}")
 
     def lost(now_holder: dict) -> None:
         say(f"lease | lost: {leases.holder_text(now_holder)} took run.model_dir {job.run.model_dir} over while this "
-            "run held it; both may be writing checkpoints there")
+            "run held it; this run writes nothing more there")
 
     def renew_failed(exc: BaseException) -> None:
         say(f"lease | could not renew the lease on {job.run.model_dir} ({type(exc).__name__}: {first_line(exc)}); "
             "retrying")
 
-    lease.start_renewing(on_lost=lost, on_error=renew_failed)
-    failed = False
+    lease = None
     try:
+        with deferred():  # a signal here is raised once the lease is taken: the `finally` below releases it
+            lease = leases.acquire(job.run.model_dir, run_id=leases.new_run_id(), command=command, take=take)
+            lease.start_renewing(on_lost=lost, on_error=renew_failed)
+        took = lease.took_over
+        if took:
+            why = ("at once (--take-lease)" if took["forced"] else
+                   "its holder's process on this host is no longer running" if took.get("gone") else
+                   f"its holder stopped renewing it (stale after {lease.stale_after_s:g} s)")
+            say(f"lease | took over run.model_dir {job.run.model_dir} from {leases.holder_text(took)}, last renewed "
+                f"{leases.age_text(took['renewed_s_ago'])} ago: {why}")
         yield lease
-    except BaseException:
-        failed = True
-        raise
     finally:
-        try:
-            lease.release()
-        except Exception as exc:  # left held, it goes stale: the next run takes it over
-            say(f"lease | not released ({type(exc).__name__}: {first_line(exc)}); it goes stale after "
-                f"{lease.stale_after_s:g} s")
-        if lease.lost is not None and not failed:
-            raise TpuLaunchError(
-                f"another run ({leases.holder_text(lease.lost)}) took run.model_dir {job.run.model_dir} over during "
-                "this run: the checkpoints there may be mixed from both runs",
-                hint="check model_dir's checkpoints and tpulaunch-runs.jsonl before trusting them")
+        if lease is not None:
+            with deferred():
+                try:
+                    lease.release()
+                except Exception as exc:  # left held, it goes stale: the next run takes it over
+                    say(f"lease | not released ({type(exc).__name__}: {first_line(exc)}); it goes stale after "
+                        f"{lease.stale_after_s:g} s")
+    if lease.lost is not None:  # after its last write (its record checked the lease): nothing of it is mixed
+        say(f"lease | {leases.holder_text(lease.lost)} took run.model_dir {job.run.model_dir} over as this run ended, "
+            "after its last write there")
 
 
 take_lease_option = click.option(
@@ -230,8 +231,9 @@ def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Option
     same model_dir is refused (exit 1) naming the holder, unless the holder stopped renewing it (then it
     is taken over) or --take-lease.
 
-    Ctrl-C (or SIGTERM) finishes the current step, saves a checkpoint there and exits 130 (143);
-    running the same command again continues from that step. A checkpoint that a preemption cut
+    Ctrl-C (or SIGTERM, SIGHUP) finishes the current step, saves a checkpoint there and exits 130 (143,
+    129); running the same command again continues from that step. A run whose lease another run took
+    over (it was frozen past the stale time, or --take-lease) stops before its next write there, exit 5. A checkpoint that a preemption cut
     in half is skipped: training resumes from the one before it.
 
     Each phase shows as it begins and ends (loading TensorFlow, building the graph, the first step,
@@ -274,6 +276,7 @@ def _train(obj: Context, job_file: str, checked, engine, began: float, sets, lea
            recreate: bool, profile, cpu_replicas: Optional[int]):
     from tpulaunch.cli.recorded import recorded_run
     from tpulaunch.data.input_help import input_help
+    from tpulaunch.run.lease import LeaseLost
     from tpulaunch.run.signals import EvaluationStopped, TrainingStopped
     from tpulaunch.run.watchdog import NodeLost
 
@@ -291,6 +294,10 @@ def _train(obj: Context, job_file: str, checked, engine, began: float, sets, lea
         try:
             engine.train(job, checked.plan, recorder=recorder, cluster_resolver=resolver, force=force, watch=watch,
                          profile=profile, **_replicas(engine, cpu_replicas, checked.plan))
+        except LeaseLost as lost:  # fenced: say where it stopped, and what it left
+            lost.message += (f", at step {recorder.step} (its last checkpoint there: "
+                             f"{recorder.last_checkpoint or 'none from this run'})")
+            raise
         except (TrainingStopped, NodeLost) as stopped:
             hint = stopped.hint
             if isinstance(stopped, EvaluationStopped):

@@ -464,9 +464,19 @@ PartitionOrAuto = Annotated[
     Discriminator(_partition_form)]
 
 
+class OnNan(Strict):
+    """What training does when its loss becomes NaN or Inf (default: stop, exit 1, naming the step and the last
+    good checkpoint)."""
+
+    rollback: int = Field(ge=0, description="restore the last good checkpoint and go on, at most this many "
+                                               "times in a run (each in the run record); then stop")
+
+
 class Train(Strict):
     batch_size: int = Field(ge=1, description="global batch size, over all replicas")
     steps: int = Field(ge=1, description="train until this global step")
+    on_nan: Optional[OnNan] = Field(None, description="a NaN or Inf loss: {rollback: N} restores the last good "
+                                                       "checkpoint and goes on, at most N times (default: stop, exit 1)")
 
 
 class Eval(Strict):

@@ -24,6 +24,12 @@ Every change is atomic, so two runs can never both win:
 A lease whose holder has not renewed it for `stale_after_s` (its holder was killed, its machine lost) is
 taken over with a message; `--take-lease` takes a live one at once. Times are the holders' wall clocks
 (UTC seconds): machines sharing a model_dir are assumed to keep time within seconds of each other.
+
+Fencing: a holder that was frozen (SIGSTOP, a paused VM, a partition) past the stale time and thaws must not
+write into the model_dir its successor now holds. `ensure_held(model_dir)` (before every checkpoint save and
+evaluation: a reread of the lease, on gs:// of its generation) and `raise_if_lost(model_dir)` (after every
+step: what the renewal thread found, no I/O) raise `LeaseLost`, so the window is at most a save already
+under way when the process froze, never the rest of the run.
 """
 
 from __future__ import annotations
@@ -33,23 +39,50 @@ import dataclasses
 import datetime
 import json
 import os
+import re
 import secrets
 import socket
 import threading
 import time
 from typing import Callable, Iterator, Optional, Tuple
 
-from tpulaunch.errors import TpuLaunchError, first_line
+from tpulaunch.errors import ExitCode, TpuLaunchError, first_line
 
 LEASE_FILE = "tpulaunch.lease"
 RENEW_ENV = "TPULAUNCH_LEASE_RENEW_S"
 STALE_ENV = "TPULAUNCH_LEASE_STALE_S"
 RENEW_EVERY_S = 30.0
 STALE_AFTER_S = 180.0  # six missed renewals: a slow filesystem or a short GCS outage does not lose the lease
+# Cloud Storage time budgets (each request's timeout, and its retries together). `status` reads with READ_BUDGET_S:
+# an unreachable bucket is said within seconds, not after the client's default two minutes of retries. A
+# running train's renewals and writes keep the client's patient defaults (a short outage must not fail the run);
+# its check before a save uses CHECK_BUDGET_S and lets the save go on when it cannot tell (the renewals stay
+# the backstop): a flaky network must not stop training.
+READ_BUDGET_S = 5.0
+CHECK_BUDGET_S = 10.0
 
 
 class LeaseRefused(TpuLaunchError):
     """model_dir is held by another live run (or its lease cannot be read or written)."""
+
+
+class LeaseLost(TpuLaunchError):
+    """Another run took model_dir's lease over while this run held it: this run stops writing there (fenced).
+
+    `holder`: the lease as the new holder wrote it ({"state": "missing"} when someone removed it)."""
+
+    exit_code = ExitCode.LEASE_LOST
+
+    def __init__(self, model_dir: str, holder: dict):
+        who = (holder_text(holder) if holder.get("host") else
+               "someone (the lease file was removed)" if holder.get("state") == "missing" else
+               "another run (its lease could not be read back)")
+        super().__init__(f"lease lost: {who} took run.model_dir {model_dir} over while this run held it; this run "
+                         "stopped without writing there again",
+                         hint="that run owns model_dir now; rerun this job with another --model-dir, or after that "
+                              "run ends (it resumes from the newest checkpoint there)")
+        self.model_dir = model_dir
+        self.holder = holder
 
 
 class _Conflict(Exception):
@@ -121,13 +154,18 @@ class LocalStore:
         return text, text  # the token: the content itself, compared again under the guard
 
     def _written(self, text: bytes) -> str:
-        """A temporary file in model_dir holding `text`, flushed to disk."""
+        """A temporary file in model_dir holding `text`, flushed to disk; removed when writing it fails (a full
+        disk, a quota), so a failed change leaves nothing behind."""
         temporary = f"{self.path}.{os.getpid()}.{secrets.token_hex(3)}.tmp"
         fd = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except BaseException:
+            _remove(temporary)
+            raise
         return temporary
 
     def create(self, text: bytes) -> object:
@@ -145,36 +183,97 @@ class LocalStore:
 
     def replace(self, text: bytes, token: object, stale_after_s: float) -> object:
         """Write `text` over the lease if it still holds `token` (what we last read or wrote)."""
-        with self._guarded(stale_after_s):
+        with self._guarded(stale_after_s) as still_mine:
             current, _ = self.read()
             if current != token:
                 raise _Conflict()
-            os.replace(self._written(text), self.path)  # atomic: a reader sees the old lease or the new one
+            temporary = self._written(text)
+            try:
+                if not still_mine():  # frozen inside this change past the stale time: another run removed our guard
+                    raise _Conflict()
+                os.replace(temporary, self.path)  # atomic: a reader sees the old lease or the new one
+            except BaseException:
+                _remove(temporary)
+                raise
         return text
 
+    def version(self, budget_s: Optional[float] = None) -> object:
+        """What `read` returns as the token, for comparing with the one last written."""
+        return self.read()[1]
+
     @contextlib.contextmanager
-    def _guarded(self, stale_after_s: float) -> Iterator[None]:
-        """Hold the guard file (an exclusive create) for one read-check-write; it is held for milliseconds, so
-        waiting a little is enough. A guard older than the stale time was left by a process killed inside
-        its change: removed."""
+    def _guarded(self, stale_after_s: float) -> Iterator[Callable[[], bool]]:
+        """Hold the guard file (an exclusive create, naming its holder) for one read-check-write; yields a check
+        that the guard is still this change's.
+
+        It is held for milliseconds, so waiting a few seconds is enough. A guard whose holder ran on this host and
+        is gone (killed inside its change), or older than the stale time (a holder elsewhere, killed or frozen), is
+        removed; a holder frozen inside its change finds its guard gone (the check) and leaves the lease alone.
+        A guard still held after the wait stops the change, naming its holder."""
+        mark = f"{socket.gethostname()} {os.getpid()} {secrets.token_hex(4)}".encode()
         deadline = time.monotonic() + 10.0
         while True:
             try:
-                os.close(os.open(self.guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-                break
+                fd = os.open(self.guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileNotFoundError:  # model_dir is gone, and the lease with it: not the one expected
+                raise _Conflict() from None
             except FileExistsError:
+                holder = self._guard_holder()
                 with contextlib.suppress(FileNotFoundError):
-                    if time.time() - os.stat(self.guard).st_mtime > stale_after_s:
+                    if _process_gone(holder) or time.time() - os.stat(self.guard).st_mtime > stale_after_s:
                         os.unlink(self.guard)
                         continue
                 if time.monotonic() > deadline:
-                    raise _Conflict() from None
+                    who = f"host {holder['host']}, pid {holder['pid']}" if holder.get("host") else "another process"
+                    raise LeaseRefused(
+                        f"{self.guard} is held by {who}, inside a change of the lease for over 10 s (frozen there?)",
+                        hint=f"it is removed once older than {stale_after_s:g} s; remove it by hand only when no "
+                             "run uses this model_dir") from None
                 time.sleep(0.01)
+                continue
+            try:
+                os.write(fd, mark)
+            except BaseException:
+                os.close(fd)
+                _remove(self.guard)
+                raise
+            os.close(fd)
+            break
+
+        def still_mine() -> bool:
+            try:
+                with open(self.guard, "rb") as handle:
+                    return handle.read() == mark
+            except FileNotFoundError:
+                return False
+
         try:
-            yield
+            yield still_mine
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.guard)
+            if still_mine():
+                _remove(self.guard)
+
+    def _guard_holder(self) -> dict:
+        """{"host", "pid"} of the guard's holder as it wrote them ({} when unreadable or not written yet)."""
+        try:
+            with open(self.guard, "rb") as handle:
+                host, pid, _ = handle.read().decode().split(" ")
+            return {"host": host, "pid": int(pid)}
+        except (OSError, ValueError):
+            return {}
+
+
+def _reason(exc: BaseException) -> str:
+    """An unreachable endpoint's reason in a few words ("ConnectionError: [Errno 111] Connection refused"), not the
+    HTTP library's nested retelling of the request."""
+    text = first_line(exc)
+    errno_said = re.findall(r"\[Errno -?\d+\] [^\"')\]]+", text)
+    return f"{type(exc).__name__}: {errno_said[-1] if errno_said else text[:200]}"
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def _storage_client(storage):
@@ -190,27 +289,70 @@ def _storage_client(storage):
 
 
 class GcsStore:
-    """The lease object in Cloud Storage; each change is conditional on the generation last read."""
+    """The lease object in Cloud Storage; each change is conditional on the generation last read.
 
-    def __init__(self, model_dir: str):
+    `read_budget_s`: the seconds a read may take, its retries included (None: the client's defaults, minutes);
+    a read that cannot reach the bucket within it raises `LeaseRefused` naming the bucket."""
+
+    def __init__(self, model_dir: str, read_budget_s: Optional[float] = None):
         from google.cloud import storage  # only for a gs:// model_dir: the package is not needed otherwise
 
         self.model_dir = model_dir
         self.path = lease_path(model_dir)
         bucket, _, name = self.path[len("gs://"):].partition("/")
-        self.blob_name = name
+        self.bucket_name, self.blob_name = bucket, name
+        self.read_budget_s = read_budget_s
         self.bucket = _storage_client(storage).bucket(bucket)
 
-    def read(self) -> Tuple[Optional[bytes], object]:
+    def _budget(self, budget_s: Optional[float]) -> dict:
+        """The timeout and retry arguments of a request that must answer within `budget_s` (None: defaults)."""
+        if budget_s is None:
+            return {}
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        retry = DEFAULT_RETRY.with_timeout(budget_s) if hasattr(DEFAULT_RETRY, "with_timeout") else \
+            DEFAULT_RETRY.with_deadline(budget_s)
+        return {"timeout": budget_s, "retry": retry}
+
+    @contextlib.contextmanager
+    def _reaching(self, budget_s: Optional[float]) -> Iterator[None]:
+        """A request that could not reach the bucket within its budget: said with the bucket's name."""
         from google.api_core import exceptions
 
-        blob = self.bucket.get_blob(self.blob_name)
-        if blob is None:
-            return None, 0
+        began = time.monotonic()
         try:
-            return blob.download_as_bytes(if_generation_match=blob.generation), blob.generation
-        except (exceptions.PreconditionFailed, exceptions.NotFound):
-            return self.read()  # changed between the two requests: read the new one
+            yield
+        except (exceptions.RetryError, exceptions.ServiceUnavailable, exceptions.GatewayTimeout,
+                exceptions.InternalServerError, ConnectionError, OSError) as exc:
+            if budget_s is None:
+                raise
+            cause = exc.cause if isinstance(exc, exceptions.RetryError) and exc.cause is not None else exc
+            raise LeaseRefused(
+                f"could not reach Cloud Storage bucket gs://{self.bucket_name} to read the lease {self.path} within "
+                f"{budget_s:g} s ({time.monotonic() - began:.1f} s tried): {_reason(cause)}",
+                hint="check this machine's network and the bucket's name; $STORAGE_EMULATOR_HOST, when set, "
+                     "redirects Cloud Storage") from None
+
+    def read(self, budget_s: Optional[float] = None) -> Tuple[Optional[bytes], object]:
+        from google.api_core import exceptions
+
+        budget_s = self.read_budget_s if budget_s is None else budget_s
+        with self._reaching(budget_s):
+            blob = self.bucket.get_blob(self.blob_name, **self._budget(budget_s))
+            if blob is None:
+                return None, 0
+            try:
+                return (blob.download_as_bytes(if_generation_match=blob.generation, **self._budget(budget_s)),
+                        blob.generation)
+            except (exceptions.PreconditionFailed, exceptions.NotFound):
+                pass
+        return self.read(budget_s)  # changed between the two requests: read the new one
+
+    def version(self, budget_s: Optional[float] = None) -> object:
+        """The lease object's generation (0: none), one metadata request: what a change of it is compared with."""
+        with self._reaching(budget_s):
+            blob = self.bucket.get_blob(self.blob_name, **self._budget(budget_s))
+        return 0 if blob is None else blob.generation
 
     def _write(self, text: bytes, generation: int) -> object:
         from google.api_core import exceptions
@@ -229,8 +371,8 @@ class GcsStore:
         return self._write(text, int(token))
 
 
-def store_for(model_dir: str):
-    return GcsStore(model_dir) if model_dir.startswith("gs://") else LocalStore(model_dir)
+def store_for(model_dir: str, read_budget_s: Optional[float] = None):
+    return GcsStore(model_dir, read_budget_s) if model_dir.startswith("gs://") else LocalStore(model_dir)
 
 
 def _decode(text: bytes, path: str) -> dict:
@@ -245,9 +387,11 @@ def _decode(text: bytes, path: str) -> dict:
     return data
 
 
-def read_lease(model_dir: str) -> Optional[dict]:
-    """The lease in model_dir as its holder wrote it, or None when there is none (for `status`)."""
-    store = store_for(model_dir)
+def read_lease(model_dir: str, budget_s: Optional[float] = READ_BUDGET_S) -> Optional[dict]:
+    """The lease in model_dir as its holder wrote it, or None when there is none (for `status`).
+
+    On gs:// the read answers within `budget_s` (retries included), else raises `LeaseRefused` naming the bucket."""
+    store = store_for(model_dir, budget_s)
     text, _ = store.read()
     return None if text is None else _decode(text, store.path)
 
@@ -265,6 +409,8 @@ class Lease:
     stale_after_s: float
     clock: Callable[[], float] = time.time
     lost: Optional[dict] = None  # the lease someone else wrote over ours
+    # When the lease was last known ours (time.monotonic(): a renewal written, a check passed).
+    _known_at: float = dataclasses.field(default_factory=time.monotonic)
     _stop: threading.Event = dataclasses.field(default_factory=threading.Event)
     _thread: Optional[threading.Thread] = None
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -285,10 +431,70 @@ class Lease:
         try:
             self._put({**self.data, "renewed": self.clock()})
         except _Conflict:
-            text, _ = self.store.read()
-            self.lost = _decode(text, self.store.path) if text else {"state": "missing"}
-            return False
+            with self._lock:
+                self._found_lost(reclaim=True)
+            if self.lost is not None:
+                return False
+        self._known_at = time.monotonic()
         return True
+
+    @property
+    def model_dir(self) -> str:
+        return self.store.model_dir
+
+    def raise_if_lost(self) -> None:
+        """Raise `LeaseLost` when the renewal thread found the lease taken over: after every step, without I/O
+        while renewals keep up. A renewal more than two intervals overdue means this process was frozen (or its
+        store is slow): the lease is reread before the next step (`ensure_held`, at most once an interval), so
+        a process that thaws stops after the step it was in, whichever of its threads runs first."""
+        if self.lost is not None:
+            raise LeaseLost(self.model_dir, self.lost)
+        if self._thread is not None and time.monotonic() - self._known_at > 2 * self.renew_every_s:
+            self.ensure_held()
+
+    def ensure_held(self) -> None:
+        """Reread the lease (on gs://: its generation) and raise `LeaseLost` when it is no longer the one this run
+        last wrote: before every checkpoint save and evaluation, so a run that thawed after being frozen past
+        the stale time writes nothing into its successor's model_dir. When the lease cannot be read (a network
+        error) the save goes on: the renewals, which retry, find a takeover. No lock is held while reading, so
+        a renewal slowed by an outage never holds training up here."""
+        if self.lost is None:
+            checked_at = time.monotonic()
+            if not self._version_is(self.token):
+                # A renewal may be between its write and its new token: under the lock it has finished.
+                with self._lock:
+                    if not self._version_is(self.token):
+                        self._found_lost(reclaim=True)
+            if self.lost is None:
+                self._known_at = max(self._known_at, checked_at)
+        if self.lost is not None:
+            raise LeaseLost(self.model_dir, self.lost)
+
+    def _version_is(self, token: object) -> bool:
+        """Whether the lease is still the one written with `token`; True when it cannot be read (a network error
+        is not a reason to stop training: the renewals, which retry, find a takeover)."""
+        try:
+            return self.store.version(CHECK_BUDGET_S) == token
+        except Exception:
+            return True
+
+    def _found_lost(self, reclaim: bool = False) -> None:
+        """The lease is not the one this run last wrote: `lost` says whose it is now. A lease file that is gone
+        (removed by hand, or with model_dir) is no other run's: with `reclaim` it is made again, ours (an
+        exclusive create: a run that made it first has taken it, and this one is lost)."""
+        try:
+            text, _ = self.store.read()
+            if text is None and reclaim:
+                try:
+                    self.token = self.store.create(_encode(self.data))
+                    return
+                except _Conflict:
+                    text, _ = self.store.read()
+                except Exception:  # model_dir cannot be written now: its own writes say so, naming it
+                    return
+            self.lost = _decode(text, self.store.path) if text else {"state": "missing"}
+        except Exception:  # changed, but unreadable now: lost all the same
+            self.lost = {"state": "unreadable"}
 
     def start_renewing(self, on_lost: Callable[[dict], None], on_error: Callable[[BaseException], None]) -> "Lease":
         def loop():
@@ -310,13 +516,14 @@ class Lease:
         if self._thread is not None:
             self._thread.join()
         _HELD_HERE.discard(self.data["run_id"])  # ended, even if the write below fails (a full disk, say)
+        if _FENCES.get(_fence_key(self.model_dir)) is self:
+            del _FENCES[_fence_key(self.model_dir)]
         if self.lost is not None:
             return
         try:
             self._put({**self.data, "state": "released", "renewed": self.clock()})
         except _Conflict:
-            text, _ = self.store.read()
-            self.lost = _decode(text, self.store.path) if text else {"state": "missing"}
+            self._found_lost()
 
 
 def _encode(data: dict) -> bytes:
@@ -339,7 +546,9 @@ def acquire(model_dir: str, *, run_id: str, command: str, take: bool = False,
     _HELD_HERE.add(run_id)
     try:
         store = store or store_for(model_dir)
-        return _acquire(store, model_dir, run_id, command, take, clock, renew, stale)
+        lease = _acquire(store, model_dir, run_id, command, take, clock, renew, stale)
+        _FENCES[_fence_key(lease.model_dir)] = lease
+        return lease
     except LeaseRefused:
         _HELD_HERE.discard(run_id)
         raise
@@ -388,6 +597,28 @@ def _acquire(store, model_dir, run_id, command, take, clock, renew, stale) -> Le
 # The run ids of the leases this process holds now: a lease that names this process but none of these was left
 # by a run of this process that ended without releasing it (its release could not be written).
 _HELD_HERE: set = set()
+# The lease this process holds on each model_dir, for the checks the engines make before they write there (they
+# are handed the job, not the lease: a worker that holds none, or a library call, checks nothing).
+_FENCES: dict = {}
+
+
+def _fence_key(model_dir: str) -> str:
+    return model_dir.rstrip("/")
+
+
+def ensure_held(model_dir: str) -> None:
+    """Before writing into model_dir (a checkpoint, an evaluation): raise `LeaseLost` when this process held its
+    lease and another run has taken it over (a reread of the lease; see `Lease.ensure_held`)."""
+    lease = _FENCES.get(_fence_key(model_dir))
+    if lease is not None:
+        lease.ensure_held()
+
+
+def raise_if_lost(model_dir: str) -> None:
+    """After a step: raise `LeaseLost` when the renewal thread found model_dir's lease taken over (no I/O)."""
+    lease = _FENCES.get(_fence_key(model_dir))
+    if lease is not None:
+        lease.raise_if_lost()
 
 
 def holder_gone(held: dict) -> bool:
@@ -398,6 +629,13 @@ def holder_gone(held: dict) -> bool:
         return False
     if held["pid"] == os.getpid():
         return held.get("run_id") not in _HELD_HERE
+    return _process_gone(held)
+
+
+def _process_gone(held: dict) -> bool:
+    """Whether `held` names another process on this host that no longer runs."""
+    if held.get("host") != socket.gethostname() or not isinstance(held.get("pid"), int) or held["pid"] == os.getpid():
+        return False
     try:
         os.kill(held["pid"], 0)
     except ProcessLookupError:

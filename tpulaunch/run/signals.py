@@ -1,22 +1,47 @@
-"""Ctrl-C and SIGTERM during a run: finish the current step, save a checkpoint there, then stop.
+"""SIGINT (Ctrl-C), SIGTERM and SIGHUP, from the process's first instant to its last.
 
-Python runs a signal handler only between session runs, so the handler just records the signal; the
-engine's stop hook sees the record after the step and asks the session to stop. The Estimator's
-CheckpointSaverHook then saves at the current step when the session ends, and the runner raises
-`TrainingStopped`, whose exit code is 130 (SIGINT) or 143 (SIGTERM). During an evaluation the
-evaluation is abandoned instead (its partial metrics are not reported) and the runner raises
-`EvaluationStopped`. A second Ctrl-C stops at once.
+From start (`handle_from_start`, called first thing by the CLI): SIGINT raises KeyboardInterrupt (Python's own
+rule) and SIGTERM / SIGHUP raise `Terminated` where the process is, so every `finally` on the way out runs: the
+model_dir lease is released and the run record written, before TensorFlow has loaded as well as after. Left to
+their defaults, SIGTERM and SIGHUP would kill the process outright: no record, the lease left held (a rerun on
+another host waits out its stale time). `deferred()` holds a signal back while a change must not be cut in
+half (taking or releasing the lease, writing the record): it is raised when the change is done.
+
+While training runs (`StopSignal`), a signal is only recorded: Python runs a handler only between session
+runs, and the engine's stop hook sees the record after the step and asks the session to stop. The Estimator's
+CheckpointSaverHook (the keras engine's loop) then saves at the current step, and the runner raises
+`TrainingStopped`, whose exit code is 130 (SIGINT), 143 (SIGTERM) or 129 (SIGHUP: a closed terminal or SSH
+session, handled as SIGTERM). During an evaluation the evaluation is abandoned instead (its partial metrics
+are not reported) and the runner raises `EvaluationStopped`. A second Ctrl-C stops at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from tpulaunch.errors import ExitCode, TpuLaunchError
 
-HANDLED = (signal.SIGINT, signal.SIGTERM)
+HANDLED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+_EXIT_CODES = {"SIGINT": ExitCode.INTERRUPTED, "SIGTERM": ExitCode.TERMINATED, "SIGHUP": ExitCode.HANGUP}
+
+
+def exit_code_of(signum: int) -> ExitCode:
+    """130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP (128 + the signal's number, as a shell reports it)."""
+    return _EXIT_CODES[signal.Signals(signum).name]
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP arrived outside training: raised like KeyboardInterrupt (not an Exception, so no
+    `except Exception` on the way swallows it); the CLI's entry point turns it into the signal's exit code."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+        self.exit_code = exit_code_of(signum)
+        super().__init__(f"stopped by {self.name}")
 
 
 class TrainingStopped(TpuLaunchError):
@@ -24,8 +49,7 @@ class TrainingStopped(TpuLaunchError):
 
     def __init__(self, message: str, *, signum: int, step: Optional[int], hint: Optional[str] = None,
                  summary: Any = None):
-        code = ExitCode.INTERRUPTED if signum == signal.SIGINT else ExitCode.TERMINATED
-        super().__init__(message, hint=hint, exit_code=code)
+        super().__init__(message, hint=hint, exit_code=exit_code_of(signum))
         self.signum = signum
         self.step = step
         self.summary = summary  # the events.TrainSummary up to the stop
@@ -46,8 +70,57 @@ class EvaluationStopped(TrainingStopped):
         self.final = final
 
 
+# ------------------------------------------------------------------------------ from the first instant
+
+_deferring = 0  # how many `deferred()` blocks are open (main thread only: handlers run there)
+_pending: Optional[int] = None  # a signal held back by them
+
+
+def _raised_for(signum: int) -> BaseException:
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+
+
+def _handle_early(signum, frame) -> None:
+    global _pending
+    if _deferring:
+        _pending = _pending or signum  # the first one is the one acted on
+        return
+    raise _raised_for(signum)
+
+
+def handle_from_start() -> None:
+    """Install the raising handlers (main thread only; elsewhere the defaults stay)."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in HANDLED:
+            signal.signal(signum, _handle_early)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM/SIGHUP back inside the block (a change that must be whole); raise it at its end."""
+    global _deferring, _pending
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+        if not _deferring and _pending is not None:
+            signum, _pending = _pending, None
+            if not _raising_already():
+                raise _raised_for(signum)
+
+
+def _raising_already() -> bool:
+    """Whether the block ends with a signal's exception already on its way out (its own would hide it)."""
+    import sys
+
+    return isinstance(sys.exc_info()[1], (KeyboardInterrupt, Terminated))
+
+
+# ------------------------------------------------------------------------------------- while training
+
 class StopSignal:
-    """Records SIGINT / SIGTERM while active (a context manager) instead of raising.
+    """Records SIGINT / SIGTERM / SIGHUP while active (a context manager) instead of raising.
 
     Outside the main thread signal handlers cannot be installed; the object then stays inert and
     the default behaviour applies.

@@ -235,3 +235,41 @@ def _numel(shape) -> int:
     for dim in shape:
         count *= int(dim)
     return count
+
+
+# ------------------------------------------------------------------------------ after a NaN or Inf loss
+
+def has_non_finite(prefix: str) -> Optional[str]:
+    """The first floating-point variable of the checkpoint that holds a NaN or Inf, or None when all are finite."""
+    import numpy as np
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(prefix)
+    dtypes = reader.get_variable_to_dtype_map()
+    for name in sorted(dtypes):
+        if dtypes[name].is_floating and not np.all(np.isfinite(reader.get_tensor(name))):
+            return name
+    return None
+
+
+def last_good_checkpoint(model_dir: str) -> Optional[Tuple[str, int]]:
+    """(path, step) of the newest complete checkpoint whose variables are all finite, or None.
+
+    A save at the step the loss became NaN holds the weights that step's update made NaN: it is passed over."""
+    for path in _candidates(model_dir):
+        if checkpoint_problem(path) is None and has_non_finite(path) is None:
+            step = checkpoint_step_of(path)
+            if step is not None:
+                return path, step
+    return None
+
+
+def roll_back_to(model_dir: str, path: str) -> None:
+    """Point the state file at `path`, leaving newer checkpoints out of it (their files stay, for inspection; the
+    next save of the same step overwrites them): a rerun, or the next session, restores `path`."""
+    import tensorflow as tf
+
+    state = _state(model_dir)
+    listed = list(state.all_model_checkpoint_paths) if state is not None else []
+    keep = sorted({p for p in listed if _step_key(p) < _step_key(path)} | {path}, key=_step_key)
+    tf.compat.v1.train.update_checkpoint_state(model_dir, path, all_model_checkpoint_paths=keep)

@@ -7,6 +7,10 @@ from the last complete checkpoint -> the run's summary.
 
 An engine supplies only a `TrainingSession` (how it builds, trains and evaluates); the loop owns the
 order, the wording and the stop, signal and lost-TPU rules, so both engines behave the same.
+
+Fencing: before each training segment (a new session writes into model_dir) and each evaluation the loop
+checks that this run still holds model_dir's lease (`run/lease.ensure_held`); the engines check before each
+checkpoint save and after each step. A run that lost it stops there with `LeaseLost`, writing nothing more.
 """
 
 from __future__ import annotations
@@ -17,12 +21,22 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 from tpulaunch.engine.core.lost_tpu import is_lost_tpu_error, recover
 from tpulaunch.engine.core.model_dir import checkpoint_step, model_dir_errors, repair_checkpoints, write_job_copy
 from tpulaunch.errors import TpuLaunchError
+from tpulaunch.run.lease import ensure_held
 from tpulaunch.run.signals import EvaluationStopped, StopSignal, TrainingStopped
 
 if TYPE_CHECKING:
     from tpulaunch.job.schema import Job
     from tpulaunch.run.events import RunRecorder, TrainSummary
     from tpulaunch.run.watchdog import WatchPlan
+
+
+class NonFiniteLoss(Exception):
+    """An engine saw the loss become NaN or Inf at global step `step` (raised before that step's save)."""
+
+    def __init__(self, step: int, loss: Optional[float] = None):
+        super().__init__(f"the loss became {loss if loss is not None else 'NaN'} at step {step}")
+        self.step = step
+        self.loss = loss
 
 
 class TrainingSession(Protocol):
@@ -85,7 +99,11 @@ def train(job: "Job", session_for: Callable[[Callable[[], bool]], TrainingSessio
     with stop:
         while True:
             with model_dir_errors(model_dir):
-                event = loop.segments(cluster_resolver)
+                try:
+                    event = loop.segments(cluster_resolver)
+                except NonFiniteLoss as nan:
+                    _roll_back(job, nan, recorder)  # or stop, exit 1
+                    continue
             if event is None:
                 return recorder.finish()
             cluster_resolver = recover(event, job, watch, recorder, stop, use_tpu)
@@ -105,7 +123,7 @@ class _Loop:
                 dog.start()
             with self.recorder.phase_scope():
                 return self._segments(cluster_resolver)
-        except (TrainingStopped, TpuLaunchError):
+        except (TrainingStopped, TpuLaunchError, NonFiniteLoss):
             raise
         except Exception as exc:  # only a lost TPU is handled here; anything else propagates unchanged
             if dog is None or not dog.record_error(exc):
@@ -146,11 +164,16 @@ class _Loop:
                     signum=stop.received, step=step, summary=recorder.finish(stopped_by=stop.name))
             return tripped
 
+        def train_to(step: int) -> int:
+            ensure_held(model_dir)
+            return session.train_to(step)
+
         def evaluate(step: int) -> None:
+            ensure_held(model_dir)
             if not session.evaluate():
                 raise evaluation_stopped(job, step, stop, recorder)
 
-        return train_and_evaluate(step, total, every, train_to=session.train_to,
+        return train_and_evaluate(step, total, every, train_to=train_to,
                                   evaluate=evaluate if evaluating else None, ended=ended)
 
 
@@ -166,3 +189,34 @@ def evaluation_stopped(job: "Job", step: int, stop: StopSignal, recorder: "RunRe
                    "reported; rerun the same command to resume training")
     return EvaluationStopped(message, signum=stop.received, step=step, summary=summary, final=final,
                              checkpoint=os.path.join(job.run.model_dir, f"model.ckpt-{step}"))
+
+
+def _roll_back(job: "Job", nan: NonFiniteLoss, recorder: "RunRecorder") -> None:
+    """The loss became NaN or Inf: point model_dir at its last good checkpoint (a rerun resumes there, never from
+    NaN weights), then go on from it while `train.on_nan.rollback` allows (each rollback noted and in the run
+    record, as TF Model Garden's recovery does), else stop with the job's error (exit 1)."""
+    from tpulaunch.engine.core.checkpoints import last_good_checkpoint, roll_back_to
+
+    model_dir = job.run.model_dir
+    good = last_good_checkpoint(model_dir)
+    if good is not None:
+        roll_back_to(model_dir, good[0])
+    where = f"the last good checkpoint is {good[0]} (step {good[1]})" if good else "no good checkpoint was saved"
+    # The record's list of rollbacks (cli/recorded.py writes it): kept on the recorder, which the record reads.
+    rollbacks = recorder.__dict__.setdefault("nan_rollbacks", [])
+    allowed = job.train.on_nan.rollback if job.train.on_nan is not None else 0
+    if len(rollbacks) < allowed:
+        rollbacks.append({"step": nan.step, "to_step": good[1] if good else 0, "checkpoint": good[0] if good else None})
+        recorder.note(f"nan | the loss became {_loss_text(nan)} at step {nan.step}; {where}: training goes on from "
+                      f"there (rollback {len(rollbacks)} of {allowed}, train.on_nan)")
+        return
+    tried = f" after {allowed} rollback{'s' if allowed != 1 else ''} (train.on_nan)" if allowed else ""
+    raise TpuLaunchError(
+        f"the loss became {_loss_text(nan)} at step {nan.step}{tried}; {where}",
+        hint=("a rerun resumes from it; the learning rate, the data or the model make the loss diverge there"
+              + ("" if allowed else "; train.on_nan: {rollback: N} restores that checkpoint and goes on, at most N "
+                                    "times")))
+
+
+def _loss_text(nan: NonFiniteLoss) -> str:
+    return "NaN" if nan.loss is None or nan.loss != nan.loss else f"{nan.loss:g}"

@@ -9,15 +9,18 @@ module imports TensorFlow: the runner imports it inside the functions that train
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from typing import Callable, Optional, Tuple
 
 import tensorflow as tf
 
+from tpulaunch.engine.core.loop import NonFiniteLoss
 from tpulaunch.engine.estimator.input_wait import input_initializers, input_wait_tensor
 from tpulaunch.run import phases
 from tpulaunch.run.events import RunRecorder
+from tpulaunch.run.lease import ensure_held, raise_if_lost
 
 
 
@@ -82,8 +85,10 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         if self._recorder.phases.open_phases()[-1:] == [phases.FIRST_STEP]:
             self._recorder.phase_switch(phases.TRAINING)
         wait = results.get("input_wait")
-        self._recorder.steps_run(step, float(results["loss"]) if "loss" in results else None,
-                                 float(wait) if wait is not None else None)
+        loss = float(results["loss"]) if "loss" in results else None
+        self._recorder.steps_run(step, loss, float(wait) if wait is not None else None)
+        if loss is not None and not math.isfinite(loss):  # NaN or Inf: TensorFlow's NanTensorHook sees NaN only
+            raise NonFiniteLoss(step, loss)
 
     def end(self, session):
         opened = [name for name in self._recorder.phases.open_phases() if name in _SESSION_PHASES]
@@ -99,13 +104,19 @@ _SESSION_PHASES = (phases.INITIALISE, phases.RESTORE, phases.FIRST_STEP, phases.
 
 class CheckpointListener(tf.compat.v1.train.CheckpointSaverListener):
     """Tells a recorder each checkpoint the Estimator saved, as `model_dir/model.ckpt-STEP`, and the
-    checkpoint phase while it is written."""
+    checkpoint phase while it is written.
+
+    Before each save (the CheckpointSaverHook's, at a session's start, every save_checkpoints_steps and at
+    its end) it checks that this run still holds model_dir's lease: a run another run took it over from
+    raises `LeaseLost` there, and the save does not happen."""
 
     def __init__(self, recorder: RunRecorder, model_dir: Optional[str]):
         self._recorder = recorder
         self._model_dir = model_dir
 
     def before_save(self, session, global_step_value):
+        if self._model_dir:
+            ensure_held(self._model_dir)
         self._recorder.phase_began(phases.CHECKPOINT)
 
     def after_save(self, session, global_step_value):
@@ -156,7 +167,7 @@ class RequestStopHook(tf.compat.v1.train.SessionRunHook):
     """Asks the session to stop after any run where `should_stop()` is true.
 
     The session then ends as after its last step: the Estimator's CheckpointSaverHook saves at the
-    current step. Ctrl-C/SIGTERM and the TPU watchdog stop training this way.
+    current step. Ctrl-C/SIGTERM/SIGHUP and the TPU watchdog stop training this way.
     """
 
     def __init__(self, should_stop: Callable[[], bool]):
@@ -165,6 +176,21 @@ class RequestStopHook(tf.compat.v1.train.SessionRunHook):
     def after_run(self, run_context, run_values):
         if self._should_stop():
             run_context.request_stop()
+
+
+class LeaseLostHook(tf.compat.v1.train.SessionRunHook):
+    """Ends the session at once, without its closing checkpoint, when the lease's renewal found model_dir
+    taken over by another run: `LeaseLost` raised from a hook skips the hooks' `end` (where the
+    CheckpointSaverHook would save). Checked before each session run (no step, no summary of it) and after it."""
+
+    def __init__(self, model_dir: str):
+        self._model_dir = model_dir
+
+    def before_run(self, run_context):
+        raise_if_lost(self._model_dir)
+
+    def after_run(self, run_context, run_values):
+        raise_if_lost(self._model_dir)
 
 
 # The port of a Cloud TPU Node worker's profiler service (Cloud TPU's `capture_tpu_profile` asks it).

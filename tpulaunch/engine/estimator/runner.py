@@ -22,6 +22,7 @@ from tpulaunch.job.schema import Job
 from tpulaunch.plan.build import Plan
 from tpulaunch.run import phases
 from tpulaunch.run.events import EvalResult, RunRecorder, TrainSummary
+from tpulaunch.run.lease import ensure_held
 from tpulaunch.run.signals import StopSignal
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ class _EstimatorSession:
         hook, self.listener = tf_hooks.progress_hooks(recorder, steps_per_run=steps_per_run, model_dir=model_dir,
                                                       on_tpu=use_tpu)
         self.hooks = [graph_checks_hook(job), hook, tf_hooks.RequestStopHook(self.should_stop),
-                      tf_hooks.skipped_records_hook(recorder)]
+                      tf_hooks.LeaseLostHook(model_dir), tf_hooks.skipped_records_hook(recorder)]
         if self.profile is not None:
             self.hooks += tf_hooks.profile_hooks(self.profile, recorder, start_step=start, total_steps=job.train.steps,
                                                  model_dir=model_dir, steps_per_run=steps_per_run,
@@ -126,10 +127,15 @@ class _EstimatorSession:
     def train_to(self, step: int) -> int:
         job = self.job
         # spec_errors: the model_fn's scaffold checks the builder's weights when the session starts.
+        import tensorflow as tf
+
         with naming_read_errors(job, "train"), spec_errors(), self.recorder.phase_scope():
             self.recorder.phase_began(phases.BUILD)  # the hooks take it from there (restore, first step, training)
-            self.estimator.train(self.train_input, max_steps=step, hooks=self.hooks,
-                                 saving_listeners=[self.listener])
+            try:
+                self.estimator.train(self.train_input, max_steps=step, hooks=self.hooks,
+                                     saving_listeners=[self.listener])
+            except tf.compat.v1.train.NanLossDuringTrainingError:  # the Estimator's NanTensorHook, after the step
+                raise loop.NonFiniteLoss(self.recorder.step) from None
         return checkpoint_step(job.run.model_dir) or 0
 
     def evaluate(self) -> bool:
@@ -170,6 +176,7 @@ def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None,
         raise TpuLaunchError(f"no checkpoint in {job.run.model_dir} to evaluate",
                              hint="train first, or pass --checkpoint PATH")
     estimator = make_estimator(job, plan, cluster_resolver=cluster_resolver, search_path=search_path)
+    ensure_held(job.run.model_dir)  # it writes its summaries into model_dir/eval
     return _evaluate_into(estimator, job, plan.on_tpu, search_path, recorder or RunRecorder(), checkpoint)
 
 

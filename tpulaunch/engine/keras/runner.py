@@ -3,12 +3,14 @@
 The same functions run on a TPU slice (TPUStrategy, with a cluster resolver), on several workers
 (MultiWorkerMirrored, from $TF_CONFIG), on several local GPUs (Mirrored) and on one device. What the
 run does is told to a `RunRecorder` with the same events as the estimator engine's, so progress, the
-run record, Ctrl-C / SIGTERM (a checkpoint at the current step, exit 130 / 143), the TPU watchdog and
-`--auto-resume` behave the same.
+run record, Ctrl-C / SIGTERM / SIGHUP (a checkpoint at the current step, exit 130 / 143 / 129), the TPU
+watchdog, `--auto-resume` and the fence of a run whose model_dir lease was taken over (no checkpoint after
+it, exit 5) behave the same.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
@@ -24,6 +26,7 @@ from tpulaunch.job.schema import Job
 from tpulaunch.plan.build import Plan
 from tpulaunch.run import phases
 from tpulaunch.run.events import EvalResult, RunRecorder, TrainSummary
+from tpulaunch.run.lease import ensure_held, raise_if_lost
 from tpulaunch.run.signals import StopSignal
 
 if TYPE_CHECKING:
@@ -189,6 +192,10 @@ def _train_to(job: Job, training, iterator, until: int, recorder: RunRecorder, s
     tracer = _Profiler(profile, job.run.model_dir, recorder) if profile else None
 
     def on_steps(step: int, loss: float, input_wait: Optional[float]) -> None:
+        raise_if_lost(job.run.model_dir)  # the lease's renewal found model_dir taken over: no further step or save
+        if not math.isfinite(loss):  # before this step's save: its weights are the NaN update's
+            recorder.steps_run(step, loss, input_wait)
+            raise loop.NonFiniteLoss(step, loss)
         if first[0]:
             recorder.phase_switch(phases.TRAINING)
             first[0] = False
@@ -205,7 +212,8 @@ def _train_to(job: Job, training, iterator, until: int, recorder: RunRecorder, s
         with naming_read_errors(job, "train"):
             step = standalone.train_loop(training, iterator, until=until, steps_per_call=steps_per_call,
                                          on_steps=on_steps, should_stop=should_stop, on_checkpoint=on_checkpoint,
-                                         time_input=not use_tpu)
+                                         time_input=not use_tpu,
+                                         before_save=lambda step: ensure_held(job.run.model_dir))
     finally:
         if tracer is not None:
             tracer.close()

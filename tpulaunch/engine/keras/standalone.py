@@ -652,7 +652,15 @@ class KerasTraining:
             gradients = self.optimizer.get_unscaled_gradients(gradients)
         self.optimizer.apply_gradients(zip(gradients, variables))  # sums the gradients over the replicas
         self.global_step.assign_add(1)
-        return total
+        if self.policy == "mixed_float16":  # its loss scale skips steps with non-finite gradients by design
+            return total
+        # A NaN or Inf gradient turns the weights NaN; a loss that clips its probabilities stays finite all the
+        # same. The step's loss says so: NaN, which the loop stops on before saving these weights.
+        checks = [tf.reduce_all(tf.math.is_finite(g.values if isinstance(g, tf.IndexedSlices) else g))
+                  for g in gradients if g is not None]
+        if not checks:
+            return total
+        return tf.where(tf.reduce_all(tf.stack(checks)), total, tf.constant(float("nan"), total.dtype))
 
     def train_step_fn(self, *, time_input: bool = False) -> Callable:
         """`run(iterator, steps)`: `steps` training steps in one compiled call; returns (the last step's loss, the
@@ -780,12 +788,14 @@ class EvaluationInterrupted(Exception):
 def train_loop(training: KerasTraining, iterator, *, until: int, steps_per_call: int,
                on_steps: Optional[Callable[[int, float, Optional[float]], None]] = None,
                should_stop: Optional[Callable[[], bool]] = None,
-               on_checkpoint: Optional[Callable[[int, str], None]] = None, time_input: bool = False) -> int:
+               on_checkpoint: Optional[Callable[[int, str], None]] = None, time_input: bool = False,
+               before_save: Optional[Callable[[int], None]] = None) -> int:
     """Train until global step `until` (checkpointing every save_checkpoints_steps and at the end); returns the step.
 
     Each call runs `steps_per_call` steps (fewer at the end); `on_steps(step, loss, input_wait)` follows
     each call (`input_wait`: seconds the call waited for its batches with `time_input`, else None);
     `should_stop()` is asked after each call: when it says so, a checkpoint is saved and the loop ends.
+    `before_save(step)` is called before each checkpoint: what it raises ends the loop without that save.
     """
     run = training.train_step_fn(time_input=time_input)
     every = training.save_checkpoints_steps
@@ -799,6 +809,8 @@ def train_loop(training: KerasTraining, iterator, *, until: int, steps_per_call:
             on_steps(step, float(loss.numpy()), float(waited.numpy()) if time_input else None)
         stopping = should_stop is not None and should_stop()
         if stopping or step >= until or step % every == 0:
+            if before_save is not None:
+                before_save(step)
             path = training.save()
             if on_checkpoint is not None:
                 on_checkpoint(step, path)

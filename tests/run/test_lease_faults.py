@@ -1,0 +1,134 @@
+"""The lease when its store fails: a full disk leaves no temporary file of the lease behind, and `status` says
+within seconds that a gs:// model_dir's bucket cannot be reached (naming it), instead of retrying for minutes."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gcs_fake import free_port
+from lease_runs import cli_env
+from tpulaunch.run import lease as leases
+
+JOB = """\
+name: tiny
+model: {builder: tpulaunch.models.cnn:build, params: {num_classes: 2}}
+data:
+  train: data/train.tfrecord
+  features: {image: {shape: [8, 8, 1]}}
+  labels: {label: {shape: [], dtype: int64}}
+train: {batch_size: 8, steps: 2}
+run: {model_dir: runs/tiny}
+"""
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """(a directory on a full disk, how): a 64 KiB tmpfs filled to the last byte where this machine lets us mount
+    one (root); elsewhere a directory whose fsync fails with ENOSPC (what a full disk says at the flush)."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)], capture_output=True).returncode == 0
+    if not mounted:
+        yield mount_point, "injected"
+        return
+    try:
+        yield mount_point, "tmpfs"
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def _fill(directory: Path) -> None:
+    fd = os.open(directory / f"filler-{len(list(directory.iterdir()))}", os.O_CREAT | os.O_WRONLY)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+
+
+def _disk_full(directory: Path, how: str, monkeypatch) -> None:
+    if how == "tmpfs":
+        _fill(directory)
+    else:
+        def no_space(fd):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(os, "fsync", no_space)
+
+
+def _leftovers(directory: Path) -> list:
+    return sorted(path.name for path in directory.iterdir() if path.name.startswith(leases.LEASE_FILE + "."))
+
+
+def test_a_full_disk_leaves_no_temporary_lease_file(full_disk, monkeypatch):
+    directory, how = full_disk
+    model_dir = directory / "run"
+    # A renewal and a release that cannot be written: the lease stays as it was, and no temporary file is left.
+    lease = leases.acquire(str(model_dir), run_id="r-1", command="train")
+    _disk_full(directory, how, monkeypatch)
+    with pytest.raises(OSError) as failed:
+        lease.renew()
+    assert failed.value.errno == errno.ENOSPC
+    with pytest.raises(OSError):
+        lease.release()
+    assert _leftovers(model_dir) == [], how
+    assert leases.read_lease(str(model_dir))["state"] == "held"
+
+    # Taking a lease on a full disk: refused, naming the cause, nothing left behind.
+    (model_dir / leases.LEASE_FILE).unlink()
+    _disk_full(directory, how, monkeypatch)  # what the lease file held is free again: fill it
+    with pytest.raises(leases.LeaseRefused) as refused:
+        leases.acquire(str(model_dir), run_id="r-2", command="train")
+    assert "No space left on device" in refused.value.message, refused.value.message
+    assert _leftovers(model_dir) == [] and not (model_dir / leases.LEASE_FILE).exists(), how
+
+
+def test_status_says_within_seconds_that_a_gs_bucket_cannot_be_reached(tmp_path):
+    """A closed local port stands for an unreachable Cloud Storage: without a budget the client retries for two
+    minutes; `status` answers within its read budget (5 s) and Python's start, naming the bucket."""
+    (tmp_path / "job.yaml").write_text(JOB)
+    closed = free_port()  # nothing listens there
+    env = cli_env(STORAGE_EMULATOR_HOST=f"http://127.0.0.1:{closed}")
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "tpulaunch", "status", str(tmp_path / "job.yaml"),
+                           "--set", "run.model_dir=gs://far-bucket/runs/tiny"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    took = time.monotonic() - began
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = [line for line in done.stdout.splitlines() if line.startswith("model_dir lease ")]
+    assert line and line[0].startswith("model_dir lease (gs://far-bucket/runs/tiny): unknown (could not reach Cloud "
+                                       "Storage bucket gs://far-bucket to read the lease "), done.stdout
+    assert f"within {leases.READ_BUDGET_S:g} s" in line[0] and "Connection refused" in line[0], line
+    assert "Traceback" not in done.stderr
+    assert took < leases.READ_BUDGET_S + 15, took
+
+
+def test_a_lease_file_removed_under_a_live_run_is_made_again_not_taken_as_a_takeover(tmp_path):
+    """model_dir (or the lease file) removed by hand while a run holds it: no other run holds it, so the run is
+    not fenced; its next renewal makes the lease again, and a second run is refused as before."""
+    model_dir = tmp_path / "run"
+    lease = leases.acquire(str(model_dir), run_id="r-1", command="train")
+    try:
+        (model_dir / leases.LEASE_FILE).unlink()
+        lease.ensure_held()  # no LeaseLost
+        assert leases.read_lease(str(model_dir))["run_id"] == "r-1"
+        for path in model_dir.iterdir():
+            path.unlink()
+        model_dir.rmdir()
+        assert lease.renew() is True and lease.lost is None
+        assert leases.read_lease(str(model_dir))["run_id"] == "r-1"
+        with pytest.raises(leases.LeaseRefused, match="is in use"):
+            leases.acquire(str(model_dir), run_id="r-2", command="train")
+    finally:
+        lease.release()
+    assert leases.read_lease(str(model_dir))["state"] == "released"
