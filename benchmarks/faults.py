@@ -48,11 +48,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import interrupts  # noqa: E402  (the tiny job, its records and the output reader)
 
+from tpulaunch.errors import ExitCode  # noqa: E402
+
+FENCED_EXIT = int(ExitCode.LEASE_LOST)  # a run that lost model_dir's lease (docs/running.md)
+
 SIGNAL_KINDS = {"sigkill": signal.SIGKILL, "sigint": signal.SIGINT, "sigterm": signal.SIGTERM,
                 "sighup": signal.SIGHUP}
 KINDS = (*SIGNAL_KINDS, "sigstop", "disk-full", "corrupt-shard", "nan")
 EXPECTED_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129, signal.SIGKILL: -signal.SIGKILL}
-FENCED_EXIT = 6  # tpulaunch's exit code for a run that lost model_dir's lease (docs/running.md)
 RECORDS = "tpulaunch-runs.jsonl"
 LEASE = "tpulaunch.lease"
 # The lease's timing for the sigstop fault: renewed every 0.5 s, stale after 3 s.
@@ -73,6 +76,7 @@ class Fault:
     steps_lost: int = 0
     records_lost: int = 0
     mixed_files: int = 0
+    stray_files: int = 0  # files of no listed checkpoint, written by a fenced run finishing a save as it thawed
     skipped: Optional[str] = None
     landed: bool = True  # False: the run had ended before the fault could land
     failures: List[str] = field(default_factory=list)
@@ -177,7 +181,9 @@ class Campaign:
         fault.exit_code = child.returncode
         if fault.landed and reader.done.is_set() and child.returncode in (0, -signum):
             fault.landed = False  # training ended just as the signal came
-        expected = {EXPECTED_EXIT[signum]} | ({0} if not fault.landed else set())
+        # A signal after the run's end (its record written, its lease released) may come during the interpreter's
+        # own exit, where Python has put the default action back: nothing is left to lose then.
+        expected = {EXPECTED_EXIT[signum]} | ({0, -signum} if not fault.landed else set())
         if child.returncode not in expected:
             fault.failures.append(f"exit {child.returncode}, expected {sorted(expected)}: {stderr[-1200:]}")
         if "Traceback" in stderr or "error: unexpected" in stderr:
@@ -190,7 +196,7 @@ class Campaign:
             fault.failures.append(f"SIGKILL lost {fault.steps_lost} steps (> save_checkpoints_steps {self.every})")
         return fault
 
-    def sigstop_fault(self) -> Fault:
+    def sigstop_fault(self, rng: random.Random) -> Fault:
         """Freeze the holder past the stale time, let a second run take over and finish, thaw the first."""
         fault = Fault("sigstop")
         model_dir = self.model_dir("sigstop")
@@ -201,12 +207,17 @@ class Campaign:
         reader.start()
         errors: list = []
         threading.Thread(target=lambda: errors.append(first.stderr.read()), daemon=True).start()
-        if not _wait(lambda: reader.snapshot()[0] >= 1 or first.poll() is not None, 300):
+        freeze_at = rng.randint(1, self.steps * 3 // 4)
+        if not _wait(lambda: reader.snapshot()[0] >= freeze_at or first.poll() is not None, 300):
             first.kill()
             fault.failures.append("the first run never started training")
             return fault
         first.send_signal(signal.SIGSTOP)
         fault.last_step_seen = reader.snapshot()[0]
+        # The second run starts once the frozen holder's lease has gone stale, as a relaunch on another host would.
+        stale_after = float(FAST_LEASE["TPULAUNCH_LEASE_STALE_S"]) + 0.5
+        if not _wait(lambda: time.time() - (_lease(model_dir) or {}).get("renewed", time.time()) > stale_after, 60):
+            fault.failures.append(f"the frozen run's lease never went stale: {_lease(model_dir)}")
         second = subprocess.run(self.command(model_dir), capture_output=True, text=True, env=env, timeout=600)
         if second.returncode != 0:
             fault.failures.append(f"the second run exited {second.returncode}: {second.stderr[-1500:]}")
@@ -224,11 +235,17 @@ class Campaign:
             fault.failures.append(f"the thawed run exited {first.returncode}, expected {FENCED_EXIT} (fenced): "
                                   f"{''.join(errors)[-1200:]}")
         after = _checkpoint_files(model_dir)
-        fault.mixed_files = len({name for name in after if after[name] != before.get(name)})
-        if fault.mixed_files:
-            fault.failures.append(f"the fenced run wrote {fault.mixed_files} checkpoint files after the takeover")
+        changed = sorted(name for name in after if after[name] != before.get(name))
+        listed = _listed_checkpoints(model_dir)
+        # Mixed: a file of the winner's overwritten, or a new file of a checkpoint the state file lists. A stray: a
+        # new file of no listed checkpoint (a save under way when the process froze, finished as it thawed).
+        mixed = [n for n in changed if n in before or _checkpoint_prefix(n) in listed]
+        fault.mixed_files = len(mixed)
+        fault.stray_files = len(changed) - len(mixed)
+        if mixed:
+            fault.failures.append(f"the fenced run wrote {mixed} after the takeover")
         fault.resumed_from, fault.final_step = _resumed_and_final(second.stdout.splitlines())
-        fault.steps_lost = max(0, fault.last_step_seen - fault.resumed_from) if fault.resumed_from else 0
+        self.at_most_a_checkpoint_lost(fault, "the frozen run")  # what it trained after its last checkpoint
         if fault.final_step != self.steps:
             fault.failures.append(f"the second run ended at step {fault.final_step}, not {self.steps}")
         self.check_model_dir(fault, model_dir, runs_recorded=_records_written(model_dir), final=True)
@@ -360,15 +377,19 @@ def _records_written(model_dir: str) -> int:
     return len(read_records(model_dir)[0])
 
 
-def lease_state(model_dir: str) -> Optional[str]:
-    path = os.path.join(model_dir, LEASE)
-    if not os.path.exists(path):
-        return None
+def _lease(model_dir: str) -> Optional[dict]:
     try:
-        with open(path) as handle:
-            return json.load(handle).get("state")
+        with open(os.path.join(model_dir, LEASE)) as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        return None
     except ValueError:
-        return "unreadable"
+        return {"state": "unreadable"}
+
+
+def lease_state(model_dir: str) -> Optional[str]:
+    lease = _lease(model_dir)
+    return None if lease is None else lease.get("state")
 
 
 def _checkpoint_files(model_dir: str) -> Dict[str, tuple]:
@@ -378,6 +399,20 @@ def _checkpoint_files(model_dir: str) -> Dict[str, tuple]:
             stat = os.stat(os.path.join(model_dir, name))
             files[name] = (stat.st_size, stat.st_mtime_ns)
     return files
+
+
+def _listed_checkpoints(model_dir: str) -> set:
+    """The checkpoint prefixes (model.ckpt-N) the state file lists."""
+    path = os.path.join(model_dir, "checkpoint")
+    if not os.path.exists(path):
+        return set()
+    with open(path) as handle:
+        return set(re.findall(r'"(?:.*/)?([^/"]+)"', handle.read()))
+
+
+def _checkpoint_prefix(name: str) -> Optional[str]:
+    found = re.match(r"(model\.ckpt-\d+)", name)
+    return found.group(1) if found else name
 
 
 def _listdir(path: str) -> List[str]:
@@ -438,7 +473,7 @@ def run_campaign(root: str, *, engine: str, kinds, per_kind: int, seed: int, ste
             if kind in SIGNAL_KINDS:
                 fault = campaign.signal_fault(kind, rng.uniform(0.0, window))
             elif kind == "sigstop":
-                fault = campaign.sigstop_fault()
+                fault = campaign.sigstop_fault(rng)
             elif kind == "disk-full":
                 fault = campaign.disk_full_fault()
             elif kind == "corrupt-shard":
@@ -465,28 +500,28 @@ def _line(fault: Fault) -> str:
     at = f" at +{fault.at_s:5.2f}s" if fault.at_s is not None else ""
     return (f"{fault.kind:13s}{at}: exit {fault.exit_code}, seen step {fault.last_step_seen}, resumed from "
             f"{fault.resumed_from}, final {fault.final_step}, lost {fault.steps_lost} steps, "
-            f"{fault.records_lost} records, {fault.mixed_files} mixed{'' if fault.landed else ' (ended before the fault)'}"
+            f"{fault.records_lost} records, {fault.mixed_files} mixed, {fault.stray_files} stray{'' if fault.landed else ' (ended before the fault)'}"
             + ("" if fault.ok else "  FAIL\n    " + "\n    ".join(f.replace("\n", "\n    ") for f in fault.failures)))
 
 
 def table(faults: List[Fault]) -> str:
     by = collections.OrderedDict((kind, [f for f in faults if f.kind == kind]) for kind in KINDS)
-    rows = ["| fault | injected | landed | survived | steps lost (total/max) | records lost | data mixed |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| fault | injected | landed | survived | steps lost (total/max) | records lost | data mixed | stray files |",
+            "|---|---|---|---|---|---|---|---|"]
     for kind, group in by.items():
         if not group:
             continue
         if all(f.skipped for f in group):
-            rows.append(f"| {kind} | skipped: {group[0].skipped} | | | | | |")
+            rows.append(f"| {kind} | skipped: {group[0].skipped} | | | | | | |")
             continue
         lost = [f.steps_lost for f in group]
         rows.append(f"| {kind} | {len(group)} | {sum(f.landed for f in group)} | {sum(f.ok for f in group)} | "
                     f"{sum(lost)}/{max(lost, default=0)} | {sum(f.records_lost for f in group)} | "
-                    f"{sum(f.mixed_files for f in group)} |")
+                    f"{sum(f.mixed_files for f in group)} | {sum(f.stray_files for f in group)} |")
     done = [f for f in faults if not f.skipped]
     rows.append(f"| all | {len(done)} | {sum(f.landed for f in done)} | {sum(f.ok for f in done)} | "
                 f"{sum(f.steps_lost for f in done)} | {sum(f.records_lost for f in done)} | "
-                f"{sum(f.mixed_files for f in done)} |")
+                f"{sum(f.mixed_files for f in done)} | {sum(f.stray_files for f in done)} |")
     return "\n".join(rows)
 
 

@@ -71,11 +71,13 @@ def main(argv=None):
     import sys
     import warnings
 
+    from tpulaunch.cli.base import storage_errors_in_threads_said_in_one_line
     from tpulaunch.run.signals import Terminated, handle_from_start
     from tpulaunch.run.started import mark_program_start
 
     # First: a SIGTERM or SIGHUP from here on unwinds the run (lease released, record written) instead of killing it.
     handle_from_start()
+    storage_errors_in_threads_said_in_one_line()
     mark_program_start()  # a run's wall time starts with the process
     # google-api-core (under the Cloud TPU and Cloud Storage clients) warns at import about Google's support
     # dates for the running Python: nothing a job can act on, and it would stand between tpulaunch's lines.

@@ -67,6 +67,29 @@ class Context:
 pass_obj = click.make_pass_decorator(Context, ensure=True)
 
 
+def _may_be_storage(exc: BaseException) -> bool:
+    """OSErrors, TensorFlow's errors, and the RuntimeError TensorFlow's event writer raises for a failed flush."""
+    return isinstance(exc, (OSError, RuntimeError)) or is_graph_error(exc)
+
+
+def storage_errors_in_threads_said_in_one_line() -> None:
+    """A background writer of TensorFlow's (the summary writer's thread) that fails for a full disk or a refused
+    permission prints one line naming it, not a thread traceback; other thread failures keep Python's report."""
+    import sys
+    import threading
+
+    previous = threading.excepthook
+
+    def hook(args) -> None:
+        storage = storage_error(args.exc_value) if _may_be_storage(args.exc_value) else None
+        if storage is None:
+            previous(args)
+            return
+        print(f"{args.thread.name if args.thread else 'a thread'}: {storage.text()}", file=sys.stderr, flush=True)
+
+    threading.excepthook = hook
+
+
 def _invoke_mapped(ctx: click.Context, invoke):
     """Run a command; a TpuLaunchError becomes its message and exit code, an internal error one line."""
     try:
@@ -98,7 +121,7 @@ def _invoke_mapped(ctx: click.Context, invoke):
     except Exception as exc:  # a bug in tpulaunch or an unexpected library error
         if ctx.ensure_object(Context).debug:
             raise
-        storage = storage_error(exc) if isinstance(exc, OSError) or is_graph_error(exc) else None
+        storage = storage_error(exc) if _may_be_storage(exc) else None
         if storage is not None:  # a full disk, a quota, a read-only filesystem, permissions: said so, with the path
             click.echo(f"error: {storage.text()}", err=True)
             click.echo(f"  hint: {storage.hint}", err=True)
