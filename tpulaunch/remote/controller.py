@@ -225,25 +225,10 @@ class Controller:
         said), conditional on the lease read: the new VM then takes it at once instead of after the stale time."""
         if not status or status.get("train_pid") is None:
             return False
-        from tpulaunch.run import lease as leases
+        from tpulaunch.run.lease import release_lost_holder
 
-        held = leases.store_for(self.model_dir)
-        text, token = held.read()
-        if text is None:
-            return False
-        try:
-            data = json.loads(text)
-        except ValueError:
-            return False
-        if data.get("state") != "held" or data.get("host") != status.get("host") or data.get("pid") != status["train_pid"]:
-            return False
-        released = {**data, "state": "released", "renewed": time.time(),
-                    "released_by": f"tpulaunch run: VM {status.get('attempt')} of the run was lost"}
-        try:
-            held.replace((json.dumps(released, indent=1) + "\n").encode(), token, float(data.get("stale_after_s") or 180))
-        except leases._Conflict:  # the lease changed since it was read: someone else's now, left alone
-            return False
-        return True
+        return release_lost_holder(self.model_dir, host=status.get("host"), pid=status["train_pid"],
+                                   why=f"tpulaunch run: VM {status.get('attempt')} of the run was lost")
 
     def _recover(self, cause: str) -> None:
         self._read()  # all the lost VM wrote: the step and checkpoint it reached

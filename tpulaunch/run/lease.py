@@ -602,6 +602,28 @@ _HELD_HERE: set = set()
 _FENCES: dict = {}
 
 
+def release_lost_holder(model_dir: str, *, host: str, pid: int, why: str, clock: Callable[[], float] = time.time) -> bool:
+    """Mark model_dir's lease released on behalf of a holder that is gone with its machine (a preempted VM), when the
+    lease still names that holder (its host and pid), conditional on what was read: a lease changed since, someone
+    else's now, is left alone. True when it was released; the next run then takes it at once, not after the stale time."""
+    store = store_for(model_dir)
+    text, token = store.read()
+    if text is None:
+        return False
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False
+    if data.get("state") != "held" or data.get("host") != host or data.get("pid") != pid:
+        return False
+    released = {**data, "state": "released", "renewed": clock(), "released_by": why}
+    try:
+        store.replace(_encode(released), token, float(data.get("stale_after_s") or STALE_AFTER_S))
+    except _Conflict:
+        return False
+    return True
+
+
 def _fence_key(model_dir: str) -> str:
     return model_dir.rstrip("/")
 
