@@ -97,8 +97,14 @@ def _env(**extra) -> dict:
 
 
 def rehearse(job: Path, *args: str, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tpulaunch", "rehearse", str(job), *args], cwd=job.parent,
-                          env=_env(**env), capture_output=True, text=True, timeout=300)
+    try:
+        return subprocess.run([sys.executable, "-m", "tpulaunch", "rehearse", str(job), *args], cwd=job.parent,
+                              env=_env(**env), capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired as hung:  # say where it stood, and what each host last wrote
+        said = [(hung.stdout or b"").decode(errors="replace")[-3000:], (hung.stderr or b"").decode(errors="replace")[-3000:]]
+        for log in sorted(job.parent.glob("runs/q/tpulaunch-remote/attempts/*/*")):
+            said.append(f"--- {log.relative_to(job.parent)}\n" + log.read_text(errors="replace")[-1500:])
+        raise AssertionError("rehearse did not end within 300 s:\n" + "\n".join(said)) from None
 
 
 def _record(job: Path) -> dict:

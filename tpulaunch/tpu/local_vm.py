@@ -128,6 +128,9 @@ class LocalVms:
                 [f"127.0.0.1:{_free_port()}" for i in range(count)])
         short = node["name"].rsplit("/", 1)[-1]
         script = vm.metadata.get("startup-script")
+        with self._lock:  # its metadata is served before any host starts: a host's first act is to read it
+            self.vms[vm.vm_id] = vm
+            self.booted.append(vm.vm_id)
         for worker in range(count):
             disk = os.path.join(self.root, f"{short}-{vm.vm_id}", f"worker-{worker}")
             os.makedirs(disk, exist_ok=True)
@@ -147,9 +150,6 @@ class LocalVms:
                 process = subprocess.Popen(command, cwd=disk, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                            stderr=subprocess.STDOUT, start_new_session=True)
             vm.hosts.append(Host(worker, disk, process))
-        with self._lock:
-            self.vms[vm.vm_id] = vm
-            self.booted.append(vm.vm_id)
         return vm
 
     def halt(self, node_name: str) -> int:
@@ -189,7 +189,7 @@ class LocalVms:
             return None
         with self._lock:
             vm = self.vms.get(parts[0])
-        if vm is None or int(parts[1]) >= len(vm.hosts):
+        if vm is None or int(parts[1]) >= len(vm.endpoints):  # every host of the slice, started or starting
             return None
         rest = parts[4]
         worker = int(parts[1])
