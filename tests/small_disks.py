@@ -1,7 +1,7 @@
 """Real disks that fail a write, for the tests: a small tmpfs (full after a few KiB) or a read-only one where this
 machine lets the test mount one (root, in a container allowed to mount), else a directory made read-only with
-chmod for a user that is not root (root writes through any mode bits). Where neither is possible the test is
-skipped with the reason, never faked."""
+chmod for a user that is not root (root writes through any mode bits). Where neither is possible the test
+fails with the reason (the machines this suite runs on run it as root, allowed to mount), never faked."""
 
 from __future__ import annotations
 
@@ -17,15 +17,15 @@ import pytest
 @contextlib.contextmanager
 def tmpfs(mount_point: Path, size: str = "16k", read_only: bool = False) -> Iterator[str]:
     """A tmpfs of `size` mounted at `mount_point` (read-only when asked) while the block runs; skips when this
-    machine refuses the mount."""
+    machine refuses the mount (failing, with the reason)."""
     mount_point.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root here")
+        pytest.fail("mounting a tmpfs needs root here")
     options = f"size={size}" + (",ro" if read_only else "")
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
                              capture_output=True, text=True)
     if mounted.returncode != 0:
-        pytest.skip(f"this machine refuses to mount a tmpfs ({mounted.stderr.strip() or mounted.returncode})")
+        pytest.fail(f"this machine refuses to mount a tmpfs ({mounted.stderr.strip() or mounted.returncode})")
     try:
         yield str(mount_point)
     finally:

@@ -84,15 +84,15 @@ def test_readers_skip_what_is_not_a_record():
 
 @pytest.fixture
 def full_disk(tmp_path):
-    """A 16 KiB tmpfs filled to its last bytes (root on a machine that lets us mount), else a skip."""
+    """A 16 KiB tmpfs filled to its last bytes (the machines this suite runs on run it as root, allowed to mount)."""
     mount_point = tmp_path / "full"
     mount_point.mkdir()
     if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root: a real full disk cannot be made here")
+        pytest.fail("mounting a small tmpfs needs root: a real full disk cannot be made here")
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mount_point)],
                              capture_output=True, text=True)
     if mounted.returncode != 0:
-        pytest.skip(f"this machine refuses to mount a tmpfs ({mounted.stderr.strip()}): no real full disk here")
+        pytest.fail(f"this machine refuses to mount a tmpfs ({mounted.stderr.strip()}): no real full disk here")
     try:
         yield str(mount_point)
     finally:
