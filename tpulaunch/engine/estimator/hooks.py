@@ -129,7 +129,7 @@ class CheckpointListener(tf.compat.v1.train.CheckpointSaverListener):
 class SkippedRecordsHook(tf.compat.v1.train.SessionRunHook):
     """Reports the sum of the input pipelines' skip counters (data.skip_corrupt): on_count(count, session_ended).
 
-    The counters are the ones `tpulaunch.data.pipeline` keeps in the graph (one per input pipeline:
+    The counters are the ones `tpulaunch.engine.pipeline` keeps in the graph (one per input pipeline:
     one per host on a TPU slice). In a graph without counters (no data.skip_corrupt, or the job's own
     input_fn) nothing is counted, and nothing is reported.
     """
@@ -140,7 +140,7 @@ class SkippedRecordsHook(tf.compat.v1.train.SessionRunHook):
         self._total = None
 
     def begin(self):
-        from tpulaunch.data.pipeline import SKIPPED_RECORDS
+        from tpulaunch.engine.pipeline import SKIPPED_RECORDS
 
         counters = tf.compat.v1.get_collection(SKIPPED_RECORDS)
         self._total = tf.add_n([c.read_value() for c in counters]) if counters else None

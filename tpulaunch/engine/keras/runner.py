@@ -14,7 +14,7 @@ import math
 import os
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
-from tpulaunch.data.pipeline import naming_read_errors
+from tpulaunch.engine.pipeline import naming_read_errors
 from tpulaunch.engine.core import loop
 from tpulaunch.engine.core.build_failures import build_errors
 from tpulaunch.engine.core.model_dir import checkpoint_step, model_dir_errors
@@ -86,7 +86,7 @@ def _global_batch(plan: Plan, mode: str) -> int:
 
 
 def _dataset(job: Job, plan: Plan, training, mode: str):
-    from tpulaunch.data.pipeline import make_input_fn
+    from tpulaunch.engine.pipeline import make_input_fn
     from tpulaunch.engine.keras import standalone
 
     return standalone.distributed_dataset(training.strategy, make_input_fn(job, mode, use_tpu=plan.on_tpu),
