@@ -9,8 +9,10 @@ checkpoint under a staging prefix, `model_dir/.tpulaunch-saving-<pid>-<hex>/mode
 checkpoint by its index). A run fenced there removes its staged files and raises `LeaseLost`: nothing of the
 successor's is touched.
 
-What is left of the window is the moves themselves, after the reread: renames on a local disk; on gs://, where
-a rename is a copy, seconds for a large checkpoint.
+The lease is reread once more after the moves, right before the caller records the checkpoint in the
+`checkpoint` state file (and deletes the oldest): a run frozen during the moves neither names its checkpoint nor
+deletes one. What is left of the window is the moves themselves (renames on a local disk; on gs://, where a
+rename is a copy, seconds for a large checkpoint) and the instant between the last reread and the state's write.
 
 TensorFlow's filesystem throughout (model_dir may be gs://); TensorFlow is imported inside the functions.
 """
@@ -45,8 +47,9 @@ def staged_write(write: Callable[[str], object], prefix: str) -> str:
         write(staged)
         ensure_held(model_dir)
         names = sorted(tf.io.gfile.glob(glob_escape(staged) + ".*"), key=lambda path: path.endswith(".index"))
-        for name in names:  # data shards first, the index last
+        for name in names:  # data shards (and a meta graph) first, the index last
             tf.io.gfile.rename(name, prefix + name[len(staged):], overwrite=True)
+        ensure_held(model_dir)  # once more before the caller names it in the checkpoint state (at once, no I/O between)
     except LeaseLost:
         _remove(staging)
         raise

@@ -138,25 +138,39 @@ class CheckpointListener(tf.compat.v1.train.CheckpointSaverListener):
 
 
 class StagedSaver(tf.compat.v1.train.Saver):
-    """TensorFlow's Saver, writing each checkpoint under a staging prefix and moving it into model_dir only after
-    rereading the lease (`engine/core/staged_save`): a run frozen mid-save that thaws fenced leaves its
-    successor's checkpoints untouched. Everything else (the state file, old checkpoints deleted, the meta graph)
-    is the Saver's own, after the move."""
+    """TensorFlow's Saver, writing each checkpoint (its meta graph included) under a staging prefix and moving it
+    into model_dir only while the run holds the lease (`engine/core/staged_save`): a run frozen mid-save that
+    thaws fenced leaves its successor's checkpoints untouched. The state file and the deletion of old checkpoints
+    are the Saver's own, right after the move and its second reread of the lease."""
 
-    def save(self, sess, save_path, *args, **kwargs):
-        if not tf.executing_eagerly() and self.saver_def is not None:
-            sess = _StagedSaveSession(sess, self.saver_def)
-        return super().save(sess, save_path, *args, **kwargs)
+    def save(self, sess, save_path, global_step=None, latest_filename=None, meta_graph_suffix="meta",
+             write_meta_graph=True, write_state=True, strip_default_attrs=False, save_debug_info=False):
+        if tf.executing_eagerly() or self.saver_def is None:
+            return super().save(sess, save_path, global_step, latest_filename, meta_graph_suffix, write_meta_graph,
+                                write_state, strip_default_attrs, save_debug_info)
+
+        def write_meta_graph_to(staged: str) -> None:  # staged with the checkpoint's files, moved with them
+            if write_meta_graph:
+                with sess.graph.as_default():
+                    self.export_meta_graph(f"{staged}.{meta_graph_suffix}", strip_default_attrs=strip_default_attrs,
+                                           save_debug_info=save_debug_info)
+
+        staged_session = _StagedSaveSession(sess, self.saver_def, write_meta_graph_to)
+        return super().save(staged_session, save_path, global_step, latest_filename, meta_graph_suffix,
+                            write_meta_graph=False, write_state=write_state, strip_default_attrs=strip_default_attrs,
+                            save_debug_info=save_debug_info)
 
 
 class _StagedSaveSession(SessionInterface):  # the Saver checks for a SessionInterface
     """The session a StagedSaver saves through: its one run of the save op writes to a staging prefix (the
-    filename is fed), and returns the checkpoint's real prefix once the files are moved there."""
+    filename is fed), then `also(staged_prefix)` writes beside it; it returns the checkpoint's real prefix once
+    the files are moved there."""
 
-    def __init__(self, session, saver_def):
+    def __init__(self, session, saver_def, also: Callable[[str], None]):
         self._session = session
         self._filename = saver_def.filename_tensor_name
         self._save = saver_def.save_tensor_name
+        self._also = also
 
     @property
     def graph(self):
@@ -171,8 +185,12 @@ class _StagedSaveSession(SessionInterface):  # the Saver checks for a SessionInt
             return self._session.run(fetches, feed_dict, options, run_metadata)
         prefix = feed_dict[self._filename]
         prefix = prefix.decode() if isinstance(prefix, bytes) else prefix
-        return staged_write(lambda staged: self._session.run(fetches, {**feed_dict, self._filename: staged},
-                                                             options, run_metadata), prefix)
+
+        def write(staged: str) -> None:
+            self._session.run(fetches, {**feed_dict, self._filename: staged}, options, run_metadata)
+            self._also(staged)
+
+        return staged_write(write, prefix)
 
     def partial_run_setup(self, *args, **kwargs):
         return self._session.partial_run_setup(*args, **kwargs)
