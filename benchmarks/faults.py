@@ -117,8 +117,8 @@ class Campaign:
 
     def rerun_and_compare(self, fault: Fault, model_dir: str, *, runs_recorded: int, env: Optional[dict] = None) -> None:
         """The rerun to completion, then what an uninterrupted run would have left."""
-        rerun = subprocess.run(self.command(model_dir), capture_output=True, text=True, env=env or interrupts._env(),
-                               timeout=600)
+        rerun = subprocess.run(self.command(model_dir, "--set", f"train.steps={self.steps}"), capture_output=True,
+                               text=True, env=env or interrupts._env(), timeout=600)
         lines = rerun.stdout.splitlines()
         if rerun.returncode != 0:
             fault.failures.append(f"rerun exited {rerun.returncode}: {rerun.stderr[-1500:]}")

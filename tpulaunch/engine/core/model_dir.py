@@ -109,14 +109,20 @@ def model_dir_errors(model_dir: str):
 
 
 def _remove_failed_save(model_dir: str, path: str) -> None:
-    """Remove the `model.ckpt-N_temp` directory of a save that failed writing `path` (TensorFlow's sharded
-    save writes there, then renames): left behind it is only debris, never a checkpoint to resume from."""
+    """Remove what a save that failed writing `path` left in model_dir: TensorFlow's `model.ckpt-N_temp` folder
+    (a sharded save writes there, then renames) or its `checkpoint.tmp<hex>` (the state file is written to a
+    temporary name, then renamed). Left behind they are only debris, never a checkpoint to resume from."""
     import tensorflow as tf
 
-    match = re.match(re.escape(model_dir.rstrip("/")) + r"/(model\.ckpt-\d+_temp)(?:/|$)", path)
+    match = re.match(re.escape(model_dir.rstrip("/")) + r"/(model\.ckpt-\d+_temp|checkpoint\.tmp[0-9a-f]{32})(?:/|$)",
+                     path)
     if match:
+        debris = os.path.join(model_dir, match.group(1))
         with contextlib.suppress(Exception):  # best effort: the error itself is what the user must see
-            tf.io.gfile.rmtree(os.path.join(model_dir, match.group(1)))
+            if tf.io.gfile.isdir(debris):
+                tf.io.gfile.rmtree(debris)
+            else:
+                tf.io.gfile.remove(debris)
 
 
 def _about(model_dir: str, text: str) -> bool:
