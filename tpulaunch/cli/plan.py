@@ -17,10 +17,13 @@ from tpulaunch.errors import AlreadyReported
                    "--no-memory keeps plan static and TensorFlow-free).")
 @click.option("--xla", is_flag=True, help="Also compile one training step with XLA on the CPU and show its own "
                                           "buffer-assignment total (float32, no TPU tiling; minutes for big models).")
+@click.option("--tpu-compiler/--no-tpu-compiler", "tpu_compiler", default=True, show_default=True,
+              help="Ask XLA's TPU compiler (where installed: requirements/xla.txt, TPULAUNCH_XLA_PYTHON) whether the "
+                   "job's step fits, compiled for its TPU type on this machine; else the estimate answers.")
 @click.option("--tf", "use_tf", is_flag=True, help="Also build the graphs with TensorFlow's own TPUEstimator for the "
                                                    "declared slice (offline) and show the pieces it cut.")
 @pass_obj
-def plan(obj: Context, job_file, overrides, fmt, memory, xla, use_tf):
+def plan(obj: Context, job_file, overrides, fmt, memory, xla, tpu_compiler, use_tf):
     """Show how the job lands on the TPU: tiles per core, replicas, batch arithmetic, memory per core.
 
     \b
@@ -49,7 +52,7 @@ def plan(obj: Context, job_file, overrides, fmt, memory, xla, use_tf):
         from tpulaunch.tf_env import import_tensorflow
 
         import_tensorflow()  # before the job's builder imports it: its start-up lines stay off the terminal
-        add_memory(the_plan, checked.job, engine_for(checked.job).step_tensors, xla=xla)
+        add_memory(the_plan, checked.job, engine_for(checked.job).step_tensors, xla=xla, tpu_compiler=tpu_compiler)
     built = None
     if use_tf:
         built = _tensorflow_verdict(obj, job_file, overrides)

@@ -1,0 +1,47 @@
+"""What XLA's TPU compiler said of the job's step (`MemoryPlan.xla_tpu`), in `plan`'s memory section and in
+validate's refusal: one wording for both."""
+
+from __future__ import annotations
+
+from tpulaunch.cli.render.units import human_bytes
+
+
+def figures_text(xla: dict) -> str:
+    """XLA's per-core figures, or its out-of-memory numbers."""
+    where = f"{xla['topology']}, {xla['partitions']} core(s) per replica, {xla['per_replica_batch']} examples per replica"
+    if xla.get("dims"):
+        where += f", input split {xla['dims']}"
+    if not xla["fits"]:
+        return (f"XLA's TPU compiler ({where}): does not fit: {xla['message']} "
+                f"(needs {human_bytes(xla['required_bytes'])} of {human_bytes(xla['available_bytes'])})")
+    parts = ", ".join(f"{name} {human_bytes(xla[name])}" for name in
+                      ("arguments", "outputs", "aliased", "temporaries", "generated_code") if xla.get(name))
+    return (f"XLA's TPU compiler ({where}): fits, {human_bytes(xla['per_core_bytes'])} per core ({parts}); "
+            f"exported in {xla['export_seconds']} s, compiled in {xla['compile_seconds']} s")
+
+
+def nearest_text(nearest: dict) -> str:
+    """The largest batch XLA fits, and how it was found."""
+    how = (f"estimated from compiles at {nearest['from_batches'][0]} and {nearest['from_batches'][1]} examples per "
+           "replica (a linear fit)" if nearest.get("estimated") else "compiled")
+    return (f"up to {nearest['per_replica_batch']} examples per replica fit (train.batch_size: "
+            f"{nearest['global_batch']}, ~{human_bytes(nearest['per_core_bytes'])} per core; {how})")
+
+
+def lines(memory: dict) -> list:
+    """The memory section's lines about XLA's TPU compiler: its answer, or why the estimate answered."""
+    xla = memory.get("xla_tpu")
+    if not xla:
+        return []
+    if xla.get("answered") != "xla":
+        out = [f"answered by the estimate: {xla['reason']}"]
+        if xla.get("hint"):
+            out.append(xla["hint"])
+        return out
+    out = [f"answered by XLA: {figures_text(xla)}",
+           f"the estimate says {memory.get('estimate_verdict')} at {human_bytes(memory['per_core_bytes'])}"]
+    if xla.get("nearest"):
+        out.append("XLA: " + nearest_text(xla["nearest"]))
+    elif not xla["fits"] and "nearest" in xla:
+        out.append("XLA: not even the smallest batch tried fits; split the input (partition:) or use a larger TPU")
+    return out
