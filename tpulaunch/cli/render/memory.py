@@ -57,7 +57,7 @@ def render_memory(console: Console, memory: dict) -> None:
         console.print(f"memory: {VERDICT_TEXT[memory['verdict']]}{by}", highlight=False)
     else:
         console.print(f"memory: unknown ({escape(memory.get('reason') or '')})", highlight=False)
-    from tpulaunch.cli.render.xla import lines as xla_lines
+    from tpulaunch.plan.xla_words import lines as xla_lines
 
     for line in xla_lines(memory):
         console.print(f"    {escape(line)}", highlight=False, soft_wrap=True)

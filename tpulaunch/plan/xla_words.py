@@ -3,7 +3,12 @@ validate's refusal: one wording for both."""
 
 from __future__ import annotations
 
-from tpulaunch.cli.render.units import human_bytes
+GiB = 1024 ** 3
+
+
+def human_bytes(n: int) -> str:
+    """XLA's way: its out-of-memory messages' G is GiB, and so is ours."""
+    return f"{n / GiB:.2f} GiB" if n >= GiB / 10 else f"{n / 1024 ** 2:.2f} MiB"
 
 
 def figures_text(xla: dict) -> str:
