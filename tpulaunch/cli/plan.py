@@ -52,7 +52,11 @@ def plan(obj: Context, job_file, overrides, fmt, memory, xla, tpu_compiler, use_
         from tpulaunch.tf_env import import_tensorflow
 
         import_tensorflow()  # before the job's builder imports it: its start-up lines stay off the terminal
-        add_memory(the_plan, checked.job, engine_for(checked.job).step_tensors, xla=xla, tpu_compiler=tpu_compiler)
+        add_memory(the_plan, checked.job, engine_for(checked.job).step_tensors, xla=xla)
+        if tpu_compiler:
+            from tpulaunch.plan.xla_tpu import add_xla_answer
+
+            add_xla_answer(the_plan, checked.job)
     built = None
     if use_tf:
         built = _tensorflow_verdict(obj, job_file, overrides)

@@ -515,8 +515,9 @@ def _xla_child() -> None:
 
     request = json.load(sys.stdin)
     if request.get("export"):
-        from tpulaunch.plan.xla_export import export_step
+        from tpulaunch.plan.xla_export import export_step, set_precision
 
+        set_precision(request.get("precision", "float32"))  # before the model's layers are made
         print(json.dumps(export_step(request, _child_model(request))), flush=True)
         return
     dump = tempfile.mkdtemp(prefix="tpulaunch-xla-")
@@ -577,20 +578,13 @@ def _xla_step(request: dict, dump: str) -> None:
     print(json.dumps({"total_bytes": max(totals), "input_shape": input_shape}))
 
 
-def add_memory(plan: "Plan", job: Job, build_step: BuildStep, xla: bool = False, tpu_compiler: bool = True) -> "Plan":
+def add_memory(plan: "Plan", job: Job, build_step: BuildStep, xla: bool = False) -> "Plan":
     """Add the per-core memory section (builds the model's layer shapes with the engine's `build_step`).
 
-    With `tpu_compiler`, XLA's TPU compiler answers where it is installed (`plan/xla_tpu.py`), beside the estimate.
-    With `xla`, also XLA's own buffer-assignment total for one training step on the CPU (slow).
+    With `xla`, also XLA's own buffer-assignment total for one training step on the CPU (slow). XLA's TPU
+    compiler's answer is added by `plan/xla_tpu.py`'s `add_xla_answer`.
     """
     section = plan_memory(job, plan, build_step)
-    if tpu_compiler and plan.slice is not None and section.per_core_bytes is not None:
-        from tpulaunch.plan.xla_tpu import ask_xla
-
-        section.xla_tpu = ask_xla(job, plan, slots=section.optimizer_slots)
-        if section.xla_tpu.get("answered") == "xla":
-            section.answered_by, section.estimate_verdict = "xla", section.verdict
-            section.verdict = section.xla_tpu["verdict"]
     if xla and section.tile is not None:
         tile = Tile(section.tile[0], tuple(section.tile[1:]), 1, None)
         try:

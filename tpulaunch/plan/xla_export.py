@@ -17,6 +17,14 @@ import os
 import tempfile
 
 
+def set_precision(precision: str) -> None:
+    """The job's precision as a TPU run sets it (bfloat16: Keras's mixed_bfloat16, float32 weights and bfloat16
+    compute), before the model is built."""
+    from tpulaunch.engine.portable import policy_name, set_precision_policy
+
+    set_precision_policy(policy_name(precision, use_tpu=True))
+
+
 def export_step(request: dict, model) -> dict:
     """Write the HLO of one functional training step of `model` at `request["batch"]` examples.
 

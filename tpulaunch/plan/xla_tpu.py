@@ -93,7 +93,7 @@ def compile_step(job: Job, plan: "Plan", per_replica_batch: int, slots: Optional
     with tempfile.TemporaryDirectory(prefix="tpulaunch-xla-") as scratch:
         shape = tuple(job.data.features[feature].shape)
         request = dict(step_request(job, Tile(per_replica_batch, shape, plan.cores_per_replica, None), slots),
-                       export=True, dir=scratch)
+                       export=True, dir=scratch, precision=job.model.precision)
         try:
             exported = run_step_child(request, timeout=EXPORT_TIMEOUT_S)
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
@@ -165,3 +165,16 @@ def ask_xla(job: Job, plan: "Plan", slots: Optional[float] = None, nearest: bool
         answer["nearest"] = found
     return answer
 
+
+
+def add_xla_answer(plan: "Plan", job: Job) -> "Plan":
+    """XLA's TPU compiler's answer in the plan's memory section (`MemoryPlan.xla_tpu`), beside the estimate: where
+    XLA answered, its verdict is the section's (`answered_by` "xla", the estimate's kept as `estimate_verdict`)."""
+    section = plan.memory
+    if plan.slice is None or not section or section.get("per_core_bytes") is None:
+        return plan
+    section["xla_tpu"] = ask_xla(job, plan, slots=section.get("optimizer_slots"))
+    if section["xla_tpu"].get("answered") == "xla":
+        section["answered_by"], section["estimate_verdict"] = "xla", section["verdict"]
+        section["verdict"] = section["xla_tpu"]["verdict"]
+    return plan
