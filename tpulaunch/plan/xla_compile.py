@@ -41,16 +41,20 @@ def out_of_memory(message: str) -> Optional[dict]:
 
 
 def first_line(message: str) -> str:
-    """The line of a compile error that says what went wrong (libtpu appends source traces)."""
-    for line in message.splitlines():
-        if line.strip() and "Source Location" not in line:
-            return line.strip()
-    return message.strip()
+    """The line of a compile error that says what went wrong (libtpu appends source traces), with MLIR's own
+    first error where it gives one."""
+    lines = [line.strip() for line in message.splitlines() if line.strip() and "Source Location" not in line]
+    if not lines:
+        return message.strip()
+    detail = next((line.split("error: ", 1)[1] for line in lines[1:] if "error: " in line), None)
+    return f"{lines[0]} {detail}" if detail else lines[0]
 
 
 def _quiet_libtpu() -> None:
     # With no TPU here, libtpu warns about the accelerator type and worker hostnames it cannot find; the
-    # compile-only client needs neither.
+    # compile-only client needs neither. Nor does it hold a TPU, so several compiles at once (parallel tests,
+    # two users) may each load libtpu: without this, the second is refused at /tmp/libtpu_lockfile.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", "")
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -110,23 +114,43 @@ def compile_for_topology(module, topology: str, partitions: int = 1) -> dict:
     return dict(figures, fits=True)
 
 
-def _annotate(module, shardings: Sequence[Optional[str]], aliases: dict) -> None:
-    """Put each parameter's sharding and the output it is updated into (donated, as a training step's weights and
-    optimizer slots are) on the module's entry function."""
+def _without_copies(module) -> int:
+    """Drop the `mhlo.copy` ops TensorFlow's export leaves where a variable is read and then updated in place (a
+    batch norm's moving averages in training, `assign`): a copy is its operand's value, and the TPU pipeline
+    refuses the op ("failed to legalize operation 'mhlo.copy'"). Returns how many were dropped."""
+    from jax._src.lib.mlir import ir
+
+    copies = []
+
+    def visit(op):
+        if op.name == "mhlo.copy":
+            copies.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    for op in copies:
+        op.result.replace_all_uses_with(op.operands[0])
+        op.erase()
+    return len(copies)
+
+
+def _annotate(module, shardings: Sequence[Optional[str]], donated: Sequence[int]) -> None:
+    """Put each parameter's sharding, and whether its buffer is donated (a training step's weights, optimizer
+    slots and moving averages: XLA reuses it for the output of the same shape), on the module's entry function."""
     from jax._src.lib.mlir import ir
 
     main = next(op for op in module.body.operations
                 if "sym_name" in op.attributes and ir.StringAttr(op.attributes["sym_name"]).value == "main")
     function_type = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
-    i32 = ir.IntegerType.get_signless(32)
+    donated = set(donated)
     arguments = []
     for index in range(len(function_type.inputs)):
         attrs = {}
         if any(shardings):
             attrs["mhlo.sharding"] = ir.StringAttr.get(shardings[index] if index < len(shardings) and shardings[index]
                                                        else "{replicated}")
-        if index in aliases:
-            attrs["tf.aliasing_output"] = ir.IntegerAttr.get(i32, aliases[index])
+        if index in donated:
+            attrs["jax.buffer_donor"] = ir.BoolAttr.get(True)
         arguments.append(ir.DictAttr.get(attrs))
     main.attributes["arg_attrs"] = ir.ArrayAttr.get(arguments)
     if any(shardings):  # a step's outputs (loss, new weights and slots) are whole on every device of the replica
@@ -135,10 +159,10 @@ def _annotate(module, shardings: Sequence[Optional[str]], aliases: dict) -> None
 
 
 def compile_hlo(hlo: bytes, topology: str, partitions: int = 1, shardings: Sequence[Optional[str]] = (),
-                aliases: Optional[dict] = None) -> dict:
+                donated: Sequence[int] = ()) -> dict:
     """`compile_for_topology` for a serialized HLO module (what TensorFlow's `experimental_get_compiler_ir(...)
     (stage="hlo_serialized")` gives), with per-parameter shardings (HLO sharding text, None = replicated) and
-    aliases {parameter index: output index}."""
+    the indices of the parameters whose buffers the step may reuse (`donated`)."""
     _quiet_libtpu()
     from jax._src.interpreters import mlir
     from jax._src.lib import xla_client as xc
@@ -150,7 +174,8 @@ def compile_hlo(hlo: bytes, topology: str, partitions: int = 1, shardings: Seque
         raise ValueError(f"the exported step cannot be converted for XLA's TPU compiler: {first_line(str(exc))}") from None
     with mlir.make_ir_context():
         module = ir.Module.parse(text)
-        _annotate(module, shardings, aliases or {})
+        _without_copies(module)
+        _annotate(module, shardings, donated)
         return compile_for_topology(module, topology, partitions)
 
 
@@ -161,7 +186,7 @@ def main() -> None:
         with open(request["hlo"], "rb") as f:
             hlo = f.read()
         result = compile_hlo(hlo, request["topology"], request.get("partitions", 1), request.get("shardings") or (),
-                             {int(k): v for k, v in (request.get("aliases") or {}).items()})
+                             request.get("donated") or ())
     except ValueError as exc:
         result = {"error": str(exc)}
     print(json.dumps(result), flush=True)

@@ -4,8 +4,8 @@
 The step is written functionally: weights and optimizer slots in, their new values out (forward, loss,
 gradients, the slots' and weights' updates). An in-place step (`optimizer.apply_gradients`, `assign`) exports
 copies that jaxlib's `hlo_to_stablehlo` cannot convert ("failed to legalize operation 'mhlo.copy'"); the
-functional step has the same buffers, and the compiler is told which output each weight and slot becomes
-(aliases, as a donated buffer), so it is charged once, as the in-place step charges it.
+functional step has the same buffers, and the compiler is told that the variables' buffers are donated (XLA
+reuses each for the output of its shape), so each is charged once, as the in-place step charges it.
 
 `tf.function(jit_compile=True).experimental_get_compiler_ir(...)(stage="hlo_serialized")` gives the HLO;
 captured variables become its parameters after the step's own inputs, in the concrete function's capture order.
@@ -32,7 +32,7 @@ def export_step(request: dict, model) -> dict:
     real loss would (the label tensors a real loss reads are small beside the activations).
 
     Returns:
-        {"hlo": path, "inputs": the step's own inputs, "aliases": {parameter: output}, "parameters": count,
+        {"hlo": path, "inputs": the step's own inputs, "donated": the parameters it updates, "parameters": count,
          "input_shape": per example, as built}.
     """
     import tensorflow as tf
@@ -60,20 +60,11 @@ def export_step(request: dict, model) -> dict:
     specs = [tf.TensorSpec([request["batch"], *t.shape[1:]], t.dtype) for t in inputs]
     concrete = step.get_concrete_function(*specs)
     hlo = step.experimental_get_compiler_ir(*specs)(stage="hlo_serialized")
-    # Parameters: the step's own inputs, then the captured variables in capture order; outputs: the loss, the new
-    # weights, then each slot's new values.
-    output_of = {}
-    for i, w in enumerate(weights):
-        output_of[id(w.handle)] = 1 + i
-    for k, slot in enumerate(slots):
-        for i, v in enumerate(slot):
-            output_of[id(v.handle)] = 1 + len(weights) * (k + 1) + i
-    aliases = {}
-    for j, captured in enumerate(concrete.captured_inputs):
-        if id(captured) in output_of:
-            aliases[str(len(specs) + j)] = output_of[id(captured)]
+    # Parameters: the step's own inputs, then the captured variables (weights, slots, a batch norm's moving
+    # averages), each updated by the step: donated, as the in-place step updates them.
+    donated = list(range(len(specs), len(specs) + len(concrete.captured_inputs)))
     fd, path = tempfile.mkstemp(prefix="tpulaunch-step-", suffix=".hlo.pb", dir=request.get("dir"))
     with os.fdopen(fd, "wb") as f:
         f.write(hlo)
-    return {"hlo": path, "inputs": len(specs), "aliases": aliases, "parameters": len(specs) + len(concrete.captured_inputs),
+    return {"hlo": path, "inputs": len(specs), "donated": donated, "parameters": len(specs) + len(concrete.captured_inputs),
             "input_shape": [int(d) for d in inputs[0].shape[1:]]}

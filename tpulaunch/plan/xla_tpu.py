@@ -105,7 +105,7 @@ def compile_step(job: Job, plan: "Plan", per_replica_batch: int, slots: Optional
         started = time.monotonic()
         result = _compile(python, {"hlo": exported["hlo"], "topology": target.topology,
                                    "partitions": target.partitions, "shardings": shardings,
-                                   "aliases": exported["aliases"]})
+                                   "donated": exported["donated"]})
     result.update(topology=target.topology, partitions=target.partitions, per_replica_batch=per_replica_batch,
                   dims=list(dims) if dims else None, export_seconds=exported["seconds"],
                   compile_seconds=round(time.monotonic() - started, 1))
