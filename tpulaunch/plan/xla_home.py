@@ -14,10 +14,11 @@ from typing import Optional
 
 # The interpreter of the compiler's environment; "off" (or "") turns asking XLA off.
 ENV_VAR = "TPULAUNCH_XLA_PYTHON"
-DEFAULT_HOME = Path("~/.tpulaunch/xla").expanduser()
+HOME_AS_WRITTEN = "~/.tpulaunch/xla"
+DEFAULT_HOME = Path(HOME_AS_WRITTEN).expanduser()
 # The versions it was checked on (requirements/xla.txt holds the same pins; tests/plan/test_xla_tpu.py keeps them so).
 PINS = ("jax[tpu]==0.10.2", "jaxlib==0.10.2", "libtpu==0.0.42.1")
-INSTALL = (f"python3 -m venv {DEFAULT_HOME} && {DEFAULT_HOME}/bin/pip install "
+INSTALL = (f"python3 -m venv {HOME_AS_WRITTEN} && {HOME_AS_WRITTEN}/bin/pip install "
            + " ".join(f"'{pin}'" for pin in PINS))
 
 
@@ -35,7 +36,7 @@ def compiler_python() -> Optional[str]:
 
 def how_to_install() -> str:
     """One line: how to get XLA's own answer."""
-    return f"for XLA's own answer install its TPU compiler (no TPU needed): {INSTALL} (or set {ENV_VAR})"
+    return f"for XLA's own answer (no TPU needed): {INSTALL} (or set {ENV_VAR})"
 
 
 def not_found_reason() -> str:

@@ -38,11 +38,8 @@ def lines(memory: dict) -> list:
     xla = memory.get("xla_tpu")
     if not xla:
         return []
-    if xla.get("answered") != "xla":
-        out = [f"answered by the estimate: {xla['reason']}"]
-        if xla.get("hint"):
-            out.append(xla["hint"])
-        return out
+    if xla.get("answered") != "xla":  # one line: why the estimate answered, and how to get XLA's answer
+        return [f"answered by the estimate ({xla['reason']})" + (f"; {xla['hint']}" if xla.get("hint") else "")]
     out = [f"answered by XLA: {figures_text(xla)}",
            f"the estimate says {memory.get('estimate_verdict')} at {human_bytes(memory['per_core_bytes'])}"]
     if xla.get("nearest"):
