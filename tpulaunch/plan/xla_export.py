@@ -60,9 +60,11 @@ def export_step(request: dict, model) -> dict:
     specs = [tf.TensorSpec([request["batch"], *t.shape[1:]], t.dtype) for t in inputs]
     concrete = step.get_concrete_function(*specs)
     hlo = step.experimental_get_compiler_ir(*specs)(stage="hlo_serialized")
-    # Parameters: the step's own inputs, then the captured variables (weights, slots, a batch norm's moving
-    # averages), each updated by the step: donated, as the in-place step updates them.
-    donated = list(range(len(specs), len(specs) + len(concrete.captured_inputs)))
+    # Parameters: the step's own inputs, then the captured variables in capture order. The weights and slots the
+    # step returns anew are donated, as the in-place step updates them; what the forward pass assigns itself (a
+    # batch norm's moving averages) TensorFlow's export already aliases.
+    returned = {id(v.handle) for v in weights} | {id(v.handle) for slot in slots for v in slot}
+    donated = [len(specs) + j for j, captured in enumerate(concrete.captured_inputs) if id(captured) in returned]
     fd, path = tempfile.mkstemp(prefix="tpulaunch-step-", suffix=".hlo.pb", dir=request.get("dir"))
     with os.fdopen(fd, "wb") as f:
         f.write(hlo)
