@@ -114,3 +114,17 @@ def test_the_pins_it_names_are_the_requirements_files():
     pinned = [line.strip() for line in (REPO / "requirements" / "xla.txt").read_text().splitlines()
               if line.strip() and not line.startswith("#")]
     assert tuple(pinned) == xla_home.PINS
+
+
+def test_a_model_fn_job_falls_back_to_the_estimate_and_says_why(compiler):
+    from tpulaunch.job.schema import Job
+    from tpulaunch.plan.build import build_plan
+    from tpulaunch.plan.xla_tpu import ask_xla
+
+    job = Job.model_validate({
+        "name": "own", "model": {"model_fn": "model_fns:momentum"},
+        "data": {"features": {"image": {"shape": [32, 32, 3]}}, "labels": {"label": {"shape": [], "dtype": "int64"}}},
+        "tpu": {"type": "v3-8"}, "train": {"batch_size": 64, "steps": 10}, "run": {"model_dir": "gs://bucket/run"}})
+    answer = ask_xla(job, build_plan(job))
+    assert answer["answered"] == "estimate" and "model.model_fn" in answer["reason"]
+    assert "TPU rewrite" in answer["reason"] and "hint" not in answer  # the compiler is there: no install line
