@@ -91,7 +91,8 @@ def row(name: str) -> str:
     try:
         xla = compile_step(the_job, plan, plan.per_replica_batch, section.optimizer_slots)
     except XlaUnavailable as exc:
-        return f"| {name} | {published} | {section.verdict}, {section.per_core_bytes / GiB:.2f} GiB | no answer: {exc} | | |"
+        return (f"| {name} | {published} | {section.verdict}, {section.per_core_bytes / GiB:.2f} GiB "
+                f"| no answer: {exc} | | |")
     seconds = time.monotonic() - started
     need = xla["per_core_bytes"] if xla["fits"] else xla["required_bytes"]
     said = (f"fits, {need / GiB:.2f} GiB" if xla["fits"]

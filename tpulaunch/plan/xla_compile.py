@@ -171,7 +171,8 @@ def compile_hlo(hlo: bytes, topology: str, partitions: int = 1, shardings: Seque
     try:
         text = xc._xla.mlir.hlo_to_stablehlo(hlo)
     except Exception as exc:  # noqa: BLE001
-        raise ValueError(f"the exported step cannot be converted for XLA's TPU compiler: {first_line(str(exc))}") from None
+        raise ValueError("the exported step cannot be converted for XLA's TPU compiler: "
+                         + first_line(str(exc))) from None
     with mlir.make_ir_context():
         module = ir.Module.parse(text)
         _without_copies(module)

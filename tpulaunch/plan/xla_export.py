@@ -68,5 +68,6 @@ def export_step(request: dict, model) -> dict:
     fd, path = tempfile.mkstemp(prefix="tpulaunch-step-", suffix=".hlo.pb", dir=request.get("dir"))
     with os.fdopen(fd, "wb") as f:
         f.write(hlo)
-    return {"hlo": path, "inputs": len(specs), "donated": donated, "parameters": len(specs) + len(concrete.captured_inputs),
+    return {"hlo": path, "inputs": len(specs), "donated": donated,
+            "parameters": len(specs) + len(concrete.captured_inputs),
             "input_shape": [int(d) for d in inputs[0].shape[1:]]}

@@ -2,8 +2,9 @@
 devices one replica's step is compiled for.
 
 Shared by every engine that asks XLA (the exported TensorFlow step here, a JAX engine's own step tomorrow).
-The topology is the smallest Cloud TPU slice of the generation (of at least 4 chips, one host's 2x2) that holds one replica (XLA compiles the
-replica's program; every replica runs the same one), laid out as TensorFlow lays out slices (`tpu/topology.py`).
+The topology is the smallest Cloud TPU slice of the generation (of at least 4 chips, one host's 2x2) that
+holds one replica (XLA compiles the replica's program; every replica runs the same one), laid out as TensorFlow
+lays out slices (`tpu/topology.py`).
 """
 
 from __future__ import annotations

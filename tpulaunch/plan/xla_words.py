@@ -13,7 +13,8 @@ def human_bytes(n: int) -> str:
 
 def figures_text(xla: dict) -> str:
     """XLA's per-core figures, or its out-of-memory numbers."""
-    where = f"{xla['topology']}, {xla['partitions']} core(s) per replica, {xla['per_replica_batch']} examples per replica"
+    where = (f"{xla['topology']}, {xla['partitions']} core(s) per replica, "
+             f"{xla['per_replica_batch']} examples per replica")
     if xla.get("dims"):
         where += f", input split {xla['dims']}"
     if not xla["fits"]:
