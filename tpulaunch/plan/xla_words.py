@@ -27,11 +27,10 @@ def figures_text(xla: dict) -> str:
 
 
 def nearest_text(nearest: dict) -> str:
-    """The largest batch XLA fits, and how it was found."""
-    how = (f"estimated from compiles at {nearest['from_batches'][0]} and {nearest['from_batches'][1]} examples per "
-           "replica (a linear fit)" if nearest.get("estimated") else "compiled")
-    return (f"up to {nearest['per_replica_batch']} examples per replica fit (train.batch_size: "
-            f"{nearest['global_batch']}, ~{human_bytes(nearest['per_core_bytes'])} per core; {how})")
+    """The largest batch XLA was found to fit: every batch named was compiled."""
+    tried = f", nor does {nearest['tried']}" if nearest.get("tried") else ""
+    return (f"{nearest['per_replica_batch']} examples per replica fit (train.batch_size: {nearest['global_batch']}, "
+            f"{human_bytes(nearest['per_core_bytes'])} per core; compiled: {nearest['fails_at']} does not fit{tried})")
 
 
 def lines(memory: dict) -> list:
