@@ -480,8 +480,11 @@ def run_step_child(request: dict, timeout: int = XLA_TIMEOUT_S) -> dict:
                           input=json.dumps(request), capture_output=True, text=True, timeout=timeout)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise RuntimeError("XLA compile failed: " + " | ".join(tail))
+        said = (done.stderr or done.stdout).strip().splitlines()
+        # TensorFlow's own words for an op XLA has no kernel for, else the traceback's end.
+        unsupported = [line for line in said if "Detected unsupported operations" in line]
+        raise RuntimeError("XLA compile failed: " + (unsupported[0].split(": ", 1)[-1][:400] if unsupported
+                                                     else " | ".join(said[-3:])))
     result = json.loads(lines[-1])
     result["seconds"] = round(time.monotonic() - started, 1)
     return result
