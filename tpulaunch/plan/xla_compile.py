@@ -55,6 +55,8 @@ def _quiet_libtpu() -> None:
     # compile-only client needs neither. Nor does it hold a TPU, so several compiles at once (parallel tests,
     # two users) may each load libtpu: without this, the second is refused at /tmp/libtpu_lockfile.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # Each load of libtpu otherwise leaves its driver logs in /tmp/tpu_logs: a plan is not a TPU run.
+    os.environ.setdefault("TPU_LOG_DIR", "disabled")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", "")
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
