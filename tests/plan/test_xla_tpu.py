@@ -60,6 +60,7 @@ def test_plan_reports_xlas_per_core_figures_and_says_xla_answered(tmp_path, comp
     xla = memory["xla_tpu"]
     assert memory["answered_by"] == "xla" and xla["answered"] == "xla"
     assert xla["topology"] == "v3:2x2" and xla["per_replica_batch"] == 8 and xla["fits"]
+    assert xla["usable_bytes"] == int(15.48 * 1024 ** 3)
     # Weights and Adam's two slots are donated into the step's outputs: charged once, not twice.
     assert xla["aliased"] > 3 * 94538 * 4
     assert xla["per_core_bytes"] == (xla["arguments"] + xla["outputs"] - xla["aliased"] + xla["temporaries"]
