@@ -129,3 +129,30 @@ def test_a_model_fn_job_falls_back_to_the_estimate_and_says_why(compiler):
     answer = ask_xla(job, build_plan(job))
     assert answer["answered"] == "estimate" and "model.model_fn" in answer["reason"]
     assert "TPU rewrite" in answer["reason"] and "hint" not in answer  # the compiler is there: no install line
+
+
+def test_a_step_xla_cannot_be_given_is_a_located_warning_and_the_estimate_answers(tmp_path, compiler):
+    from tpulaunch.checks.xla_fit import xla_fit_problems
+    from tpulaunch.job.load import load_job
+    from tpulaunch.plan.build import build_plan
+
+    (tmp_path / "upsampling.py").write_text(textwrap.dedent("""\
+        import tensorflow as tf
+
+
+        def build(input_shape=(16, 16, 3)):  # nearest-neighbour upsampling: its gradient has no XLA CPU kernel
+            inputs = tf.keras.Input(shape=tuple(input_shape))
+            x = tf.keras.layers.Conv2D(4, 3, padding="same")(inputs)
+            x = tf.keras.layers.UpSampling2D(2)(x)
+            return tf.keras.Model(inputs, tf.keras.layers.Dense(10)(tf.keras.layers.GlobalAveragePooling2D()(x)))
+        """))
+    job_file = cnn_job(tmp_path, image=16, batch=16)
+    with open(job_file) as f:
+        text = f.read().replace("tpulaunch.models.cnn:build", "upsampling:build").replace("params: {num_classes: 10}",
+                                                                                           "params: {}")
+    with open(job_file, "w") as f:
+        f.write(text)
+    loaded = load_job(job_file)
+    problems = xla_fit_problems(loaded, build_plan(loaded.job))
+    assert [(p.code, p.path, p.severity) for p in problems] == [("xla-no-answer", "model.builder", "warning")]
+    assert "ResizeNearestNeighborGrad" in problems[0].message

@@ -25,7 +25,16 @@ def xla_fit_problems(loaded: "LoadedJob", plan: "Plan") -> list:
     try:
         result = compile_step(job, plan, plan.per_replica_batch)
     except XlaUnavailable as exc:
-        return [loaded.problem(("model", "builder"), "xla-no-answer", f"XLA's TPU compiler could not answer: {exc}",
+        said = str(exc)
+        # Where the cause lies: the slice XLA was asked to compile for, else the step the model makes (a key the
+        # file leaves out is placed at its section).
+        if "libtpu does not know the topology" in said:
+            path = ("tpu", "type")
+        elif "devices, fewer than" in said:
+            path = ("tpu", "cores_per_replica")
+        else:
+            path = ("model", "builder")
+        return [loaded.problem(path, "xla-no-answer", f"XLA's TPU compiler could not answer: {said}",
                                "plan shows the estimate instead", severity="warning")]
     if result["fits"]:
         return []
