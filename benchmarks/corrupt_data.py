@@ -177,7 +177,7 @@ def check_pipeline(job: str, damaged: str, kind: str, *, skip: bool) -> tuple:
     """Iterate the eval input_fn: ("named", "skipped" or "clean") and the failures."""
     import tensorflow as tf
 
-    from tpulaunch.data import pipeline as data
+    from tpulaunch.engine import pipeline as data
     from tpulaunch.errors import TpuLaunchError
     from tpulaunch.job.load import load_job
 

@@ -36,7 +36,7 @@ def quiet_tensorflow(verbose: int = 0) -> None:
 def set_engine_environment() -> None:
     """What the engines the installed TensorFlow runs need in the environment before TensorFlow is imported
     (each engine's `EngineAbout.environment`; on TensorFlow 2.16+, TF_USE_LEGACY_KERAS, so tf.keras is Keras 2)."""
-    from tpulaunch.engine.registry import set_environment
+    from tpulaunch.seam.registry import set_environment
 
     set_environment()
 

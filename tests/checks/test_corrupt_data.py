@@ -15,7 +15,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import corrupt_data  # noqa: E402
 
-from tpulaunch.data import pipeline as data  # noqa: E402
+from tpulaunch.engine import pipeline as data  # noqa: E402
 from tpulaunch.errors import TpuLaunchError  # noqa: E402
 from tpulaunch.job.load import load_job  # noqa: E402
 from tpulaunch.checks.validate import validate_job  # noqa: E402

@@ -212,7 +212,7 @@ def test_plan_for_keras_shows_layout_and_engine(tmp_path):
 
 def test_the_engine_the_installed_tensorflow_lacks_is_refused_before_anything_is_built(tmp_path):
     """validate locates it at run.engine with the extra to install; train stops before building, naming it too."""
-    from tpulaunch.engine.registry import default_name
+    from tpulaunch.seam.registry import default_name
 
     other = "keras" if default_name() == "estimator" else "estimator"
     path = write_job(tmp_path, engine=other, image="128, 128, 128, 1", tpu_type="v3-8", cores=1,

@@ -183,3 +183,27 @@ def test_model_that_does_not_fit_the_labels_is_located_at_the_builder(tmp_path):
         "the model_fn failed while TensorFlow built the train graph for v3-8: loss 'sparse_categorical_crossentropy' "
         "cannot score label 'mask' (int64 [] per example) against the model's output (float32 [8, 8, 2] per example): ")
     assert [(info["accepted"], info["model"]) for info in built.values()] == [(False, "job"), (False, "job")]
+
+
+def test_plan_tf_gives_tensorflow_s_verdict_on_the_job_the_gate_checked(tmp_path):
+    """`plan --tf` asks TensorFlow about the job and Plan its one gate checked: what TensorFlow built is in the plan,
+    and what TensorFlow refuses refuses the plan, located in the job file."""
+    import json
+
+    from click.testing import CliRunner
+
+    from tpulaunch.cli.app import cli
+
+    good = _job(tmp_path).file
+    result = CliRunner().invoke(cli, ["plan", good, "--no-memory", "--tf", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["engine"] == "estimator"
+    assert [(mode, info["accepted"], info["replicas"]) for mode, info in doc["tensorflow"].items()] == [
+        ("train", True, 2), ("eval", True, 2)]
+
+    bad = _job(tmp_path, builder="needs_rgb").file
+    refused = CliRunner().invoke(cli, ["plan", bad, "--no-memory", "--tf"])
+    assert refused.exit_code == 1, refused.output
+    assert f"{bad}:3:12: model.builder: the job's model could not be built for the train graph" in refused.output
+    assert f"not planning {bad}: fix the problems above (tpulaunch validate {bad} --tf)" in refused.output

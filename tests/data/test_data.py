@@ -1,4 +1,4 @@
-"""tpulaunch.data.pipeline: real TFRecords written by TensorFlow, parsed by the input_fn a job describes."""
+"""tpulaunch.engine.pipeline: real TFRecords written by TensorFlow, parsed by the input_fn a job describes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from records import write_examples
 
-from tpulaunch.data.pipeline import make_input_fn, parse_example_fn
+from tpulaunch.engine.pipeline import make_input_fn, parse_example_fn
 from tpulaunch.engine.portable import host_shard
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.schema import Job

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from paths import REPO
 from tpulaunch.data import synth
 from tpulaunch.cli.data import data
-from tpulaunch.data.pipeline import make_input_fn
+from tpulaunch.engine.pipeline import make_input_fn
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.data.inspect_records import inspect
 from tpulaunch.job.load import load_job

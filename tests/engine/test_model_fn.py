@@ -13,7 +13,7 @@ from records import write_examples
 from tpulaunch.engine.estimator import runner
 from tpulaunch.engine.estimator.make import make_estimator, run_config
 from tpulaunch.engine.estimator.plain import partition_dims
-from tpulaunch.data.pipeline import make_input_fn
+from tpulaunch.engine.pipeline import make_input_fn
 from tpulaunch.job.schema import Job
 from tpulaunch.engine.estimator.offline import TensorDecl, TfCase, run_cases_in_subprocess
 from tpulaunch.plan.build import build_plan

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpulaunch.data.pipeline import make_input_fn
+from tpulaunch.engine.pipeline import make_input_fn
 from tpulaunch.job.load import load_job
 from tpulaunch.engine.estimator.offline import run_case
 from tpulaunch.engine.estimator.verdict import cases_for_job

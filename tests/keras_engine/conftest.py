@@ -5,12 +5,10 @@ missing there fails them instead of hiding them."""
 
 import os
 
-from tpulaunch.engine.installed import installed_tensorflow
-from tpulaunch.engine.registry import runs_on
+from tpulaunch.seam.registry import installed, runnable
 from tpulaunch.tf_env import set_engine_environment
 
-_tensorflow = installed_tensorflow()
-if _tensorflow is not None and not runs_on("keras", _tensorflow):
+if installed("keras") is not None and not runnable("keras"):
     collect_ignore_glob = ["test_*.py"]
 else:
     set_engine_environment()  # as `tpulaunch` does before importing TensorFlow: tf.keras is then tf-keras (Keras 2)

@@ -16,7 +16,7 @@ import pytest
 
 from paths import REPO
 from tpulaunch.plan import memory
-from tpulaunch.engine.registry import engine_for
+from tpulaunch.seam.registry import engine_for
 from tpulaunch.plan.build import build_plan
 from tpulaunch.job.schema import Job, Partition
 

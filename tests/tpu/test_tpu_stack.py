@@ -130,8 +130,7 @@ def api(tpu_api, monkeypatch):
 
 
 def test_status_refuses_a_node_whose_runtime_runs_another_tensorflow(api, tmp_path):
-    from tpulaunch.engine.installed import installed_tensorflow
-    from tpulaunch.engine.registry import default_name
+    from tpulaunch.seam.registry import default_name, installed
 
     # The engine this machine's TensorFlow runs, so the node is held to the TensorFlow installed here.
     engine = default_name()
@@ -147,7 +146,7 @@ def test_status_refuses_a_node_whose_runtime_runs_another_tensorflow(api, tmp_pa
         return
     result = run("status", job)
     assert result.exit_code == 1, result.output
-    major, minor = installed_tensorflow()
+    major, minor = installed(engine)
     assert (f"{job}:9:9: tpu.name: TPU node 'my-tpu' runs tpu-vm-tf-2.12.0 runs TensorFlow 2.12, this machine has "
             f"TensorFlow {major}.{minor}") in result.output
     assert "hint: use tpu-vm-tf-" in result.output and "-se: recreate the node" in result.output
@@ -176,7 +175,7 @@ def test_train_on_a_tpu_refuses_a_machine_whose_tensorflow_cannot_drive_it_and_v
     validate (run on workstations and in CI) says the same as a warning. Judged for whichever TensorFlow is
     installed: 2.15 (the estimator talks to the node's own TensorFlow server: nothing to refuse) and 2.21
     (no TPU build: refused)."""
-    from tpulaunch.engine.registry import about, engine_name
+    from tpulaunch.seam.registry import about, engine_name
 
     job = write_job(tmp_path)
     gs = ["--set", "run.model_dir=gs://my-bucket/runs/x", "--set", "data.train=gs://my-bucket/data/train.tfrecord"]

@@ -8,15 +8,19 @@ the record index and, for corruption, the byte offset TensorFlow reports.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from tpulaunch.data.pipeline import CORRUPT_RECORD_AT
 from tpulaunch.checks.paths import as_list, has_glob
 from tpulaunch.errors import first_line
 from tpulaunch.job.schema import DTYPE_BYTES, TensorSpec
 from tpulaunch.job.load import LoadedJob
+
+# Where TensorFlow's reader says a record is bad ("corrupted record at 1234"): read here and by the engines' input
+# pipeline (`engine/pipeline.py`), which names the file and record behind a read error.
+CORRUPT_RECORD_AT = re.compile(r"(corrupted|truncated) record at (\d+)")
 
 # At most this many files are opened when sampling (spread over the list); --all-records opens all.
 MAX_SAMPLED_FILES = 16

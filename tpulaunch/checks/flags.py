@@ -1,6 +1,6 @@
 """`validate`'s flag check: every key under `flags:` is a flag the job's modules define, and takes its value.
 
-The same code as a run uses (`engine.flags.set_flags`), so validate leaves the flags set
+The same code as a run uses (`job.flags.set_flags`), so validate leaves the flags set
 as the run will see them: the model and input checks that follow call the job's functions with them.
 """
 
@@ -16,7 +16,7 @@ def flag_problems(loaded: LoadedJob, search_path: Sequence[str] = ()) -> list:
     model, data = loaded.section("model"), loaded.section("data")
     if model is None or data is None or not loaded.usable("flags"):
         return []
-    from tpulaunch.engine.flags import set_flags
+    from tpulaunch.job.flags import set_flags
 
     run = loaded.section("run") if loaded.usable("run") else None
     findings = set_flags(model, data, loaded.section("flags") or {}, search_path, strict=False,

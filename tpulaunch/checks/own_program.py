@@ -8,7 +8,6 @@ about. Pure Python and fast: no TensorFlow.
 
 from __future__ import annotations
 
-from tpulaunch.checks.engine_rules import job_engine_about
 from tpulaunch.job.load import LoadedJob
 from tpulaunch.job.schema import InputFns
 
@@ -36,7 +35,7 @@ def model_fn_key_problems(loaded: LoadedJob) -> list:
                 "remove it; pass values your model_fn reads through model.params (params[...]) or flags:",
                 at_key=True))
     for key in model.params:
-        if key in job_engine_about(loaded).params_set_by_tensorflow:
+        if key in loaded.engine_about.params_set_by_tensorflow:
             problems.append(loaded.problem(
                 ("model", "params", key), "params-set-by-tensorflow",
                 f"params['{key}'] is set by TPUEstimator itself",
@@ -59,7 +58,7 @@ def eval_params_problems(loaded: LoadedJob) -> list:
     return [loaded.problem(("eval", "params", key), "params-set-by-tensorflow",
                            f"params['{key}'] is set by TPUEstimator itself",
                            "use another name; the batch size comes from eval.batch_size", at_key=True)
-            for key in evaluation.params if key in job_engine_about(loaded).params_set_by_tensorflow]
+            for key in evaluation.params if key in loaded.engine_about.params_set_by_tensorflow]
 
 
 def input_fn_problems(loaded: LoadedJob) -> list:

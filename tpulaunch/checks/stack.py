@@ -1,6 +1,6 @@
-"""The TensorFlow stack a `tpu:` job runs on, checked before a TPU is touched: the installed TensorFlow (from
-package metadata, no import), the slice's generation and `tpu.runtime_version`, against `tpu/stack.py`'s
-facts. Jobs checked for this machine (`--local`) have no TPU and skip it, and so does a machine whose
+"""The framework stack a `tpu:` job runs on, checked before a TPU is touched: the installed framework (from
+package metadata, no import), the slice's generation and `tpu.runtime_version`, against the facts of the job's
+engine's stack (`EngineAbout.tpu_stack`: `tpu/stack.py` for TensorFlow's engines). Jobs checked for this machine (`--local`) have no TPU and skip it, and so does a machine whose
 TensorFlow is not the job's engine's (validate says that the job's engine is not installed)."""
 
 from __future__ import annotations
@@ -19,13 +19,12 @@ def stack_problems(loaded: LoadedJob, installed: Optional[Mapping[str, str]] = N
     that drives the TPU). Without it (validate, plan: run on laptops and in CI, `--tf` on a CPU) only the job's
     own stack is checked: its generation and runtime version against its engine."""
     job_tpu = loaded.section("tpu")
-    if job_tpu is None:
+    if job_tpu is None or loaded.engine_about.tpu_stack is None:  # an engine on no TPU refuses tpu: itself
         return []
-    from tpulaunch.tpu import stack
     from tpulaunch.tpu.types import lookup
 
     about, installed, found, tensorflow = _installed_for(loaded, installed)
-    api = about.tpu_runtime
+    stack, api = about.stack(), about.tpu_runtime
     problems = []
     if this_machine and (len(found) > 1 or tensorflow is not None):
         problems += _located(loaded, ("tpu",), stack.installed_verdict(installed, api))
@@ -45,13 +44,12 @@ def stack_problems(loaded: LoadedJob, installed: Optional[Mapping[str, str]] = N
 def _installed_for(loaded: LoadedJob, installed: Optional[Mapping[str, str]]) -> tuple:
     """(the job's engine, the installed distributions, its TensorFlow ones, the TensorFlow version when it is
     the one installed TensorFlow and the engine runs on it, else None)."""
-    from tpulaunch.checks.engine_rules import job_engine_about
-    from tpulaunch.engine.registry import runs_on
-    from tpulaunch.tpu import stack
+    from tpulaunch.seam.registry import runs_on
 
-    about = job_engine_about(loaded)
+    about = loaded.engine_about
+    stack = about.stack()
     installed = stack.installed_distributions() if installed is None else installed
-    found = stack.tensorflow_distributions(installed)
+    found = stack.framework_distributions(installed)
     tensorflow = stack.version_tuple(next(iter(found.values()))) if len(found) == 1 else None
     if tensorflow is not None and not runs_on(about.name, tensorflow[:2]):
         tensorflow = None
@@ -70,14 +68,13 @@ def node_problems(loaded: LoadedJob, node_name: str, runtime: Optional[str],
     """The node's own runtime version (its runtimeVersion) against the installed TensorFlow and the job's engine,
     located at tpu.runtime_version when the job sets one, else at tpu.name (the key that names the node)."""
     job_tpu = loaded.section("tpu")
-    if job_tpu is None or not runtime:
+    if job_tpu is None or not runtime or loaded.engine_about.tpu_stack is None:
         return []
-    from tpulaunch.tpu import stack
     from tpulaunch.tpu.types import lookup
 
     about, installed, _found, tensorflow = _installed_for(loaded, installed)
     slice_type = lookup(job_tpu.type)
-    verdict = stack.runtime_verdict(runtime, about.tpu_runtime, tensorflow, installed,
+    verdict = about.stack().runtime_verdict(runtime, about.tpu_runtime, tensorflow, installed,
                                     hosts=slice_type.hosts if slice_type else None,
                                     generation=slice_type.generation.name if slice_type else None)
     if verdict is None:

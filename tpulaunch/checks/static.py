@@ -23,9 +23,7 @@ PADDING_WARN_BYTES = 1 << 20
 def even_splits(loaded: LoadedJob) -> bool:
     """The job's engine splits inputs only evenly (its `EngineAbout.even_splits`): uneven pieces are its own
     rules' errors, not padding to warn about, and `partition: auto` picks only even splits."""
-    from tpulaunch.checks.engine_rules import job_engine_about
-
-    return job_engine_about(loaded).even_splits
+    return loaded.engine_about.even_splits
 
 
 def known_slice(loaded: LoadedJob):

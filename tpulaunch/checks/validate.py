@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
 
@@ -58,11 +59,9 @@ def validate_job(
     except JobFileError as exc:
         return Validation(filename, None, exc.problems, ["file"])
     loaded.local = local
-    from tpulaunch.checks.engine_rules import job_engine_about
-
     # Which engine's rules the job is checked against is part of what was checked (run.engine as written,
-    # or the installed TensorFlow's engine): the one answer every rule below gets too.
-    about = job_engine_about(loaded)
+    # or the installed framework's engine): worked out once, the one answer every rule and the Plan get.
+    about = loaded.engine_about
     result = Validation(filename, loaded, list(loaded.problems), ["schema", about.display])
     if not isinstance(loaded.data, dict):
         return result
@@ -78,11 +77,11 @@ def validate_job(
         from tpulaunch.checks.static import layout_padding_problems
         from tpulaunch.plan.build import build_plan
 
-        result.plan = build_plan(loaded.job, local=local)
+        result.plan = build_plan(loaded.job, local=local, engine=loaded.engine)
         result.problems.extend(layout_padding_problems(loaded, result.plan))
 
     if not static:
-        from tpulaunch.engine.registry import missing_for
+        from tpulaunch.seam.registry import missing_for
 
         missing = missing_for(about.name)
         if missing:  # every check below runs the engine's own TensorFlow code
@@ -99,6 +98,8 @@ def validate_job(
         search_path = loaded.search_path
         from tpulaunch.tf_env import import_tensorflow
 
+        os.environ.update(about.process_environment)  # the engine's own, before the job's code loads
+
         import_tensorflow()  # before the job's own modules import it: its start-up lines stay off the terminal
         result.problems.extend(code_problems(loaded, search_path, result.checked, prior_ok=result.ok, stage=stage))
         if loaded.usable("run", "model", "data") and loaded.section("run") and loaded.section("run").warm_start:
@@ -110,9 +111,9 @@ def validate_job(
             result.checked.append("warm_start")
         if result.plan is not None and result.ok:
             stage("build")  # the engine's own graphs, as train builds them: what fails here fails there
-            from tpulaunch.engine.registry import engine_for
+            from tpulaunch.seam.registry import engine
 
-            result.problems.extend(engine_for(loaded.job).check_build(loaded, result.plan))
+            result.problems.extend(engine(result.plan.engine).check_build(loaded, result.plan))
             result.checked.append("build")
             if not local and result.ok:
                 from tpulaunch.checks.xla_fit import xla_fit_problems
@@ -132,14 +133,21 @@ def validate_job(
             result.checked.append("data")
     if use_tf and result.plan is not None and result.ok:
         stage("TensorFlow's own TPUEstimator checks")
-        from tpulaunch.engine.registry import engine_for
-
-        problems, built = engine_for(loaded.job).preflight(loaded, result.plan)
+        problems, built = tensorflow_verdict(loaded, result.plan)
         result.problems.extend(problems)
         result.extra["tensorflow"] = built
         result.checked.append("tensorflow")
     result.problems = _sorted(_dedupe(result.problems))
     return result
+
+
+def tensorflow_verdict(loaded: LoadedJob, plan: "Plan") -> tuple:
+    """`--tf`: the job's engine builds its graphs for the declared slice with TensorFlow's own code, offline (a
+    job that passed the static checks, its Plan); returns (the problems, sorted, what was built per mode)."""
+    from tpulaunch.seam.registry import engine
+
+    problems, built = engine(plan.engine).preflight(loaded, plan)
+    return _sorted(_dedupe(problems)), built
 
 
 def code_problems(loaded, search_path: Sequence[str], checked: list, *, prior_ok: bool = True,
@@ -162,10 +170,9 @@ def code_problems(loaded, search_path: Sequence[str], checked: list, *, prior_ok
         checked.append("model")
     ok = prior_ok and not any(p.is_error for p in problems)
     if loaded.job is not None and loaded.job.data.input_fn is not None and ok:
-        from tpulaunch.checks.engine_rules import job_engine_about
-        from tpulaunch.engine.base import load_attribute
+        from tpulaunch.seam.about import load_attribute
 
-        for name, check in job_engine_about(loaded).code_checks:  # the engine's own contract for the job's code
+        for name, check in loaded.engine_about.code_checks:  # the engine's own contract for the job's code
             stage(name)
             problems.extend(load_attribute(check)(loaded, search_path))
             checked.append(name)

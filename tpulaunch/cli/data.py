@@ -146,13 +146,12 @@ def bench(obj: Context, job_file: str, local: bool, overrides, seconds: float, f
     """
     from tpulaunch.cli.gate import load_checked
     from tpulaunch.data.bench import bench_input, compare
-    from tpulaunch.engine.registry import engine_for
     from tpulaunch.run.record import RECORD_FILE, last_training, read_records, skipped_text
     from tpulaunch.tf_env import quiet_tensorflow
 
     checked = load_checked(job_file, overrides, local=local, err=obj.err)
     quiet_tensorflow(obj.verbose)
-    job, engine = checked.job, engine_for(checked.job)
+    job, engine = checked.job, checked.engine
     with obj.err.status("loading TensorFlow"):
         engine.load()
     with obj.err.status(f"timing the input pipeline for {seconds:g} s"):

@@ -8,7 +8,7 @@ import os
 import click
 
 from tpulaunch.cli.base import Context, command, job_argument, pass_obj, set_option
-from tpulaunch.engine.registry import names as engine_names
+from tpulaunch.seam.registry import names as engine_names
 from tpulaunch.errors import TpuLaunchError
 
 # What to do instead when a job names TPUEstimator's own functions and another engine's program is asked for.
@@ -50,7 +50,6 @@ def explain(obj: Context, job_file: str, overrides, engine, output):
     TPUEstimator's own functions, have no keras program). Writing the program imports no TensorFlow.
     """
     from tpulaunch.cli.gate import JobRefused, load_checked
-    from tpulaunch.engine.registry import engine_for
 
     # The job is checked under the engine's rules, as `tpulaunch train` would check it on that engine.
     sets = [*overrides, f"run.engine={engine}"] if engine else list(overrides)
@@ -60,7 +59,7 @@ def explain(obj: Context, job_file: str, overrides, engine, output):
         if engine:
             _refuse_estimator_only(job_file, engine, exc)
         raise
-    script = engine_for(checked.job).program(checked.loaded, checked.plan)
+    script = checked.engine.program(checked.loaded, checked.plan)
     if output is None:
         click.echo(script, nl=False)
         return

@@ -24,6 +24,14 @@ class CheckedJob:
     warnings: list
     local: bool
 
+    @property
+    def engine(self):
+        """The job's Engine (`tpulaunch.engine.base.Engine`): the one its Plan was built for, worked out once by the
+        checks."""
+        from tpulaunch.seam.registry import engine
+
+        return engine(self.plan.engine)
+
 
 class JobRefused(TpuLaunchError):
     """The job has errors: they are printed, located, then one line says what was not done."""

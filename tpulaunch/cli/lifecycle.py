@@ -74,7 +74,6 @@ def up(obj, job_file: str, overrides, timeout_s: float):
       tpulaunch up job.yaml --set tpu.spot=true --set tpu.name=try-spot
       tpulaunch up job.yaml && tpulaunch train job.yaml && tpulaunch down job.yaml
     """
-    from tpulaunch.checks.engine_rules import job_engine
     from tpulaunch.tpu.lifecycle import Lifecycle, spec_for
     from tpulaunch.tpu.prices import price_text
 
@@ -82,7 +81,7 @@ def up(obj, job_file: str, overrides, timeout_s: float):
 
     loaded, job_tpu, ref = _node_of(job_file, overrides, "creating the TPU of", "create")
     refuse_unless_runnable(loaded, job_file, "creating the TPU of")  # a node this machine cannot drive costs money
-    spec = spec_for(job_tpu, job_engine(loaded))
+    spec = spec_for(job_tpu, loaded.engine)
 
     def progress(text: str) -> None:
         obj.err.print(text, highlight=False, markup=False, soft_wrap=True)

@@ -35,7 +35,6 @@ def plan(obj: Context, job_file, overrides, fmt, memory, xla, tpu_compiler, use_
       tpulaunch plan job.yaml --tf               # and TensorFlow's own per-core pieces
     """
     from tpulaunch.cli.gate import JobRefused, load_checked
-    from tpulaunch.engine.registry import engine_for
     from tpulaunch.plan.memory import add_memory
 
     try:
@@ -52,14 +51,14 @@ def plan(obj: Context, job_file, overrides, fmt, memory, xla, tpu_compiler, use_
         from tpulaunch.tf_env import import_tensorflow
 
         import_tensorflow()  # before the job's builder imports it: its start-up lines stay off the terminal
-        add_memory(the_plan, checked.job, engine_for(checked.job).step_tensors, xla=xla)
+        add_memory(the_plan, checked.job, checked.engine.step_tensors, xla=xla)
         if tpu_compiler:
             from tpulaunch.plan.xla_tpu import add_xla_answer
 
             add_xla_answer(the_plan, checked.job)
     built = None
     if use_tf:
-        built = _tensorflow_verdict(obj, job_file, overrides)
+        built = _tensorflow_verdict(checked)
     if fmt == "json":
         import json
 
@@ -75,13 +74,15 @@ def plan(obj: Context, job_file, overrides, fmt, memory, xla, tpu_compiler, use_
             render_tf_built(obj.out, built)
 
 
-def _tensorflow_verdict(obj: Context, job_file: str, overrides) -> dict:
-    """TensorFlow's own build of the job for its slice (validate --tf's stage); its rejections refuse the plan."""
-    from tpulaunch.checks.validate import validate_job
+def _tensorflow_verdict(checked) -> dict:
+    """TensorFlow's own build of the checked job for its slice (validate --tf's stage, on the job and Plan the gate
+    checked once); its rejections refuse the plan."""
+    from tpulaunch.checks.validate import tensorflow_verdict
     from tpulaunch.cli.gate import JobRefused
 
-    result = validate_job(job_file, overrides, static=True, use_tf=True)
-    if not result.ok:
-        raise JobRefused(f"not planning {job_file}: fix the problems above (tpulaunch validate {job_file} --tf)",
-                         problems=[p for p in result.problems if p.is_error])
-    return result.extra.get("tensorflow") or {}
+    problems, built = tensorflow_verdict(checked.loaded, checked.plan)
+    errors = [p for p in problems if p.is_error]
+    if errors:
+        raise JobRefused(f"not planning {checked.file}: fix the problems above (tpulaunch validate {checked.file} --tf)",
+                         problems=errors)
+    return built or {}

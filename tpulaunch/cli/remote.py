@@ -77,7 +77,6 @@ def _controller(obj: Context, job_file: str, overrides, *, target: str, api_endp
                 secrets_url: Optional[str] = None,
                 on_step=None):
     """The job checked (validate's static checks for its TPU), staged, and a Controller for it."""
-    from tpulaunch.checks.engine_rules import job_engine
     from tpulaunch.remote.controller import Controller, RunRecord
     from tpulaunch.remote.stage import stage_job
     from tpulaunch.remote.startup import startup_script
@@ -95,7 +94,7 @@ def _controller(obj: Context, job_file: str, overrides, *, target: str, api_endp
         raise TpuLaunchError(f"{job_file} has no tpu: section: there is no TPU to run it on",
                              hint="add tpu: {name: ..., zone: ..., project: ..., type: ...}; "
                                   "`tpulaunch train --local` runs it on this machine")
-    engine = job_engine(checked.loaded)
+    engine = checked.plan.engine
     ref = resolve_node(job.tpu)
     spec = spec_for(job.tpu, engine)
     secrets = secret_manager.require(checked.loaded, job, secret_refs, ref.project, job_file=job_file, url=secrets_url,

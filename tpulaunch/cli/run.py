@@ -3,7 +3,7 @@
 TensorFlow is imported only after the job has passed the static checks (and after its log level has
 been set), so a broken job is refused in a fraction of a second. From there a run says which phase
 it is in (the first line comes before TensorFlow loads) and `train`/`evaluate` leave a run record in
-model_dir (`cli/recorded.py`).
+model_dir (`cli/recorded.py`, `run/run_record.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import click
 
 from tpulaunch.cli.base import (Context, checkpoint_option, command, cpu_replicas_option, job_argument, local_option,
                                 pass_obj, set_option, wait_option)
-from tpulaunch.errors import AlreadyReported, TpuLaunchError, first_line
+from tpulaunch.errors import AlreadyReported, TpuLaunchError
 from tpulaunch.tf_env import quiet_tensorflow
 
 
@@ -127,56 +127,12 @@ class StepRange(click.ParamType):
         return steps
 
 
-@contextlib.contextmanager
 def _model_dir_lease(obj: Context, job, command: str, take: bool):
-    """The run's lease on model_dir (`run/lease.py`), taken before anything is written or TensorFlow loads and
-    released however the run ends; None for a worker that is not the chief (the chief holds it for all).
+    """The run's lease on model_dir (`run/model_dir_lease.py`), its changes said on stderr."""
+    from tpulaunch.run.model_dir_lease import held_lease
 
-    A takeover is said before the run's first line. A lease lost to another run during this one is said at once;
-    the engines stop before their next write to model_dir (`lease.ensure_held`, `lease.raise_if_lost`) and the
-    run ends with `LeaseLost` (exit 5), naming the new holder. Taking and releasing the lease are never cut in
-    half by a signal (`signals.deferred`): it is acted on when the change is written."""
-    from tpulaunch.run.signals import deferred
-    from tpulaunch.run.workers import is_chief_worker
-    from tpulaunch.run import lease as leases
-
-    if not is_chief_worker():
-        yield None
-        return
     say = lambda text: obj.err.print(text, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
-
-    def lost(now_holder: dict) -> None:
-        say(f"lease | lost: {leases.holder_text(now_holder)} took run.model_dir {job.run.model_dir} over while this "
-            "run held it; this run writes nothing more there")
-
-    def renew_failed(exc: BaseException) -> None:
-        say(f"lease | could not renew the lease on {job.run.model_dir} ({type(exc).__name__}: {first_line(exc)}); "
-            "retrying")
-
-    lease = None
-    try:
-        with deferred():  # a signal here is raised once the lease is taken: the `finally` below releases it
-            lease = leases.acquire(job.run.model_dir, run_id=leases.new_run_id(), command=command, take=take)
-            lease.start_renewing(on_lost=lost, on_error=renew_failed)
-        took = lease.took_over
-        if took:
-            why = ("at once (--take-lease)" if took["forced"] else
-                   "its holder's process on this host is no longer running" if took.get("gone") else
-                   f"its holder stopped renewing it (stale after {lease.stale_after_s:g} s)")
-            say(f"lease | took over run.model_dir {job.run.model_dir} from {leases.holder_text(took)}, last renewed "
-                f"{leases.age_text(took['renewed_s_ago'])} ago: {why}")
-        yield lease
-    finally:
-        if lease is not None:
-            with deferred():
-                try:
-                    lease.release()
-                except Exception as exc:  # left held, it goes stale: the next run takes it over
-                    say(f"lease | not released ({type(exc).__name__}: {first_line(exc)}); it goes stale after "
-                        f"{lease.stale_after_s:g} s")
-    if lease.lost is not None:  # after its last write (its record checked the lease): nothing of it is mixed
-        say(f"lease | {leases.holder_text(lease.lost)} took run.model_dir {job.run.model_dir} over as this run ended, "
-            "after its last write there")
+    return held_lease(job.run.model_dir, command, take=take, say=say)
 
 
 take_lease_option = click.option(
@@ -257,13 +213,13 @@ def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Option
       tpulaunch train job.yaml --local --profile 20-25   # a TensorBoard profile of steps 20 to 25
       tpulaunch train job.yaml --local --cpu-replicas 2  # keras engine: two replicas on this CPU
     """
-    from tpulaunch.engine.registry import engine_for, require
+    from tpulaunch.seam.registry import require
     from tpulaunch.run.started import run_started
 
     began = run_started()
     sets = [*overrides, *_model_dir_override(model_dir)]
     checked = _checked(obj, job_file, sets, local=local)
-    job, engine = checked.job, engine_for(checked.job)
+    job, engine = checked.job, checked.engine
     require(engine.name)  # a run that cannot start takes no lease
     with _model_dir_lease(obj, job, "train", take_lease) as lease:
         _train(obj, job_file, checked, engine, began, sets, lease, local=local, force=force, wait_s=wait_s,
@@ -313,20 +269,10 @@ def _train(obj: Context, job_file: str, checked, engine, began: float, sets, lea
 
 
 def _replicas(engine, cpu_replicas: Optional[int], plan) -> dict:
-    """`cpu_replicas` for the engine, when asked: only the keras engine runs them, and only on this machine."""
-    from tpulaunch.errors import TpuLaunchError
+    """`cpu_replicas` for the engine, when asked (`checks/run_options.py` holds the rule)."""
+    from tpulaunch.checks.run_options import cpu_replicas_for
 
-    if cpu_replicas is None:
-        return {}
-    from tpulaunch.engine.registry import about, names
-
-    if not about(engine.name).cpu_replicas:
-        able = " or ".join(name for name in names() if about(name).cpu_replicas)
-        raise TpuLaunchError(f"--cpu-replicas needs an engine that splits this machine into replicas ({able})",
-                             hint=f"set run.engine: {able}, or drop --cpu-replicas")
-    if plan.on_tpu:
-        raise TpuLaunchError("--cpu-replicas runs on this machine", hint="add --local, or drop --cpu-replicas")
-    return {"cpu_replicas": cpu_replicas}
+    return cpu_replicas_for(engine.name, cpu_replicas, plan)
 
 
 def _resolving(recorder, job, *, local: bool, watch_node: bool):
@@ -360,12 +306,12 @@ def evaluate(obj: Context, job_file: str, local: bool, overrides, checkpoint: Op
       tpulaunch evaluate job.yaml --local --checkpoint runs/cnn/model.ckpt-300
     """
     from tpulaunch.cli.recorded import recorded_run
-    from tpulaunch.engine.registry import engine_for, require
+    from tpulaunch.seam.registry import require
     from tpulaunch.run.started import run_started
 
     began = run_started()
     checked = _checked(obj, job_file, overrides, local=local)
-    job, engine = checked.job, engine_for(checked.job)
+    job, engine = checked.job, checked.engine
     require(engine.name)  # a run that cannot start takes no lease
     with _model_dir_lease(obj, job, "evaluate", take_lease) as lease:
         recorder = _recorder(obj.out, started_at=began, model_dir=job.run.model_dir)
@@ -395,13 +341,12 @@ def export(obj: Context, job_file: str, out_dir: str, overrides, checkpoint: Opt
       saved_model_cli show --dir exported/<timestamp> --all
     """
     from tpulaunch.cli.recorded import recorded_run
-    from tpulaunch.engine.registry import engine_for
     from tpulaunch.run import phases
     from tpulaunch.run.started import run_started
 
     began = run_started()
     checked = _checked(obj, job_file, overrides, local=True)  # export builds a CPU serving graph
-    engine = engine_for(checked.job)
+    engine = checked.engine
     recorder = _recorder(obj.out, started_at=began)
     with recorded_run(obj, recorder, engine, checked, "export", record=False), recorder.phase(phases.EXPORT):
         path = engine.export(checked.job, checked.plan, out_dir, checkpoint=checkpoint)

@@ -81,7 +81,7 @@ def bench_input(job, plan, *, seconds: float, search_path=(), get_time: Callable
     """
     import tensorflow as tf
 
-    from tpulaunch.data.pipeline import naming_read_errors
+    from tpulaunch.engine.pipeline import naming_read_errors
 
     if job.data.train is None and not job.data.input_fn:
         raise TpuLaunchError("data bench: the job has no data.train", hint="set data.train to TFRecord files")
@@ -123,7 +123,7 @@ def _input_fn(job, plan, search_path):
         from tpulaunch.job.imports import resolve
 
         return resolve(job.data.input_fn, search_path=search_path, what="data.input_fn")
-    from tpulaunch.data.pipeline import make_input_fn
+    from tpulaunch.engine.pipeline import make_input_fn
 
     return make_input_fn(job, "train", use_tpu=plan.on_tpu)
 

@@ -182,7 +182,7 @@ def inspect(pattern, *, records: int = 5, compression: Optional[str] = None) -> 
     import tensorflow as tf
     from google.protobuf.message import DecodeError
 
-    from tpulaunch.data.pipeline import expand_files
+    from tpulaunch.engine.pipeline import expand_files
 
     if records < 1:
         raise TpuLaunchError(f"records must be at least 1, got {records}")

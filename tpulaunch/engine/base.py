@@ -1,10 +1,10 @@
 """The engine seam: what the verbs ask of a way of training, whichever library does the training.
 
-validate, plan, train, evaluate, export and explain reach TensorFlow only through an `Engine`; the
-job, its checks and its Plan (computed once, in plan/) are the same for every engine. TPUEstimator
+validate, plan, train, evaluate, export and explain reach the training library only through an `Engine`;
+the job, its checks and its Plan (computed once, in plan/) are the same for every engine. TPUEstimator
 (`engine/estimator/`) and Keras + tf.distribute (`engine/keras/`) implement it; each declares what it is
-and can do in an `EngineAbout` (its folder's about.py, no TensorFlow), and `engine/registry.py` finds
-both by name — the one place that lists the engines.
+and can do in an `EngineAbout` (its folder's about.py, read without its library; the class is in
+`seam/about.py`), and `seam/registry.py` finds both by name — the one place that lists the engines.
 
 Every method takes the checked job and its Plan for the target (`plan.on_tpu` says TPU or this
 machine); what a method needs beyond them comes as keyword arguments.
@@ -13,64 +13,13 @@ machine); what a method needs beyond them comes as keyword arguments.
 from __future__ import annotations
 
 import abc
-import functools
-import importlib
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 if TYPE_CHECKING:
     from tpulaunch.job.load import LoadedJob
     from tpulaunch.job.schema import Job
     from tpulaunch.plan.build import Plan
     from tpulaunch.run.events import RunRecorder
-
-
-@dataclass(frozen=True)
-class EngineAbout:
-    """What an engine is and can do, read by the checks, the plan and the CLI without TensorFlow.
-
-    The rest of tpulaunch asks these questions instead of testing an engine's name.
-    """
-
-    name: str  # run.engine's value
-    engine: str  # "package.module:Class" of its Engine, imported when TensorFlow work starts
-    title: str  # what trains, as `plan` says it (on a TPU slice)
-    local_title: str  # ... and on this machine
-    install_hint: str  # how to install what it needs
-    tensorflow: Tuple[Optional[Tuple[int, int]], Optional[Tuple[int, int]]]  # [first, first without) it runs on
-    packages: Tuple[Tuple[str, str], ...] = ()  # (module, what it is) it needs beside TensorFlow
-    environment: Dict[str, str] = field(default_factory=dict)  # set before TensorFlow is imported
-    static_rules: Optional[str] = None  # "module:function(loaded) -> problems": its own rules, no TensorFlow
-    # (stage, "module:function(loaded, search_path) -> problems"): its checks of the job's own code that need
-    # TensorFlow but build nothing, after the flags and the model's import paths
-    code_checks: Tuple[Tuple[str, str], ...] = ()
-    even_splits: bool = False  # spatial splits must be even (uneven ones are errors; partition: auto picks even)
-    device_assignment: bool = False  # a replica is a block of the slice's topology (plan: its DeviceAssignment)
-    batches_per_replica: bool = False  # its input pipeline batches per replica (else per input_fn call)
-    cpu_replicas: bool = False  # can split this machine's CPU into replicas (--cpu-replicas)
-    tpu_runtime: str = "pjrt"  # the Cloud TPU runtime it needs: tpu-vm-tf-X.Y.Z-{se|pjrt} (cloud.google.com/tpu/docs/runtimes)
-    tpu_extra: str = ""  # tpulaunch's extra (setup.cfg) that runs it on a TPU VM (`tpulaunch run` installs it there)
-    # Which hosts of a multi-host TPU VM slice run `tpulaunch train` (`tpulaunch run`'s startup script asks):
-    # "chief": worker 0 alone, its TensorFlow driving every host's chips; "every": each host runs it, worker 0 the
-    # chief (the lease, model_dir's shared files). On a one-host slice both are worker 0 alone.
-    tpu_hosts: str = "chief"
-    params_set_by_tensorflow: Tuple[str, ...] = ()  # model.params keys its framework sets itself
-
-    @property
-    def display(self) -> str:
-        return f"{self.name} engine"
-
-    def rules(self) -> Callable:
-        """Its own static rules (none: no problems)."""
-        if not self.static_rules:
-            return lambda loaded: []
-        return load_attribute(self.static_rules)
-
-
-def load_attribute(path: str) -> Any:
-    """The object a "package.module:attribute.sub" path names (imported now)."""
-    module, _, attribute = path.partition(":")
-    return functools.reduce(getattr, attribute.split("."), importlib.import_module(module))
 
 
 class Engine(abc.ABC):

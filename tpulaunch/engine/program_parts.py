@@ -18,7 +18,7 @@ import textwrap
 from importlib.machinery import PathFinder
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
-from tpulaunch.engine.flags import MODEL_DIR_FLAG, job_import_paths
+from tpulaunch.job.flags import MODEL_DIR_FLAG, job_import_paths
 from tpulaunch.engine.sources import module_source
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.load import LoadedJob

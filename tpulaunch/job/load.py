@@ -8,6 +8,7 @@ fail, so the cross-section checks can still report everything they can.
 
 from __future__ import annotations
 
+import functools
 import os
 import typing
 from dataclasses import dataclass, field
@@ -49,6 +50,26 @@ class LoadedJob:
 
     def usable(self, *names: str) -> bool:
         return not any(n in self.invalid for n in names)
+
+    @functools.cached_property
+    def engine(self) -> str:
+        """The engine that runs this job, worked out once (read when loading is done): `run.engine`, else the one
+        this machine's framework runs; a `run:` section with a mistake elsewhere still names it (as written)."""
+        from tpulaunch.seam import registry
+
+        run = self.section("run")
+        if run is None and isinstance(self.data, dict) and isinstance(self.data.get("run"), dict):
+            written = self.data["run"].get("engine")
+            if written in registry.names():
+                return written
+        return registry.engine_name(run)
+
+    @property
+    def engine_about(self):
+        """What the job's engine is and can do (`seam.about.EngineAbout`): every rule asks it."""
+        from tpulaunch.seam import registry
+
+        return registry.about(self.engine)
 
     def problem(self, path: Sequence, code: str, message: str, hint: Optional[str] = None, *,
                 severity: str = "error", at_key: bool = False) -> Problem:

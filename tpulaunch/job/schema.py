@@ -16,7 +16,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Di
 from pydantic_core import PydanticCustomError
 from typing_extensions import Annotated
 
-from tpulaunch.engine.registry import names as _engine_names
+from tpulaunch.seam.registry import names as _engine_names
 
 ENGINE_NAMES = _engine_names()  # run.engine's values: the registry's engines
 

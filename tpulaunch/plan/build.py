@@ -14,7 +14,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
-from tpulaunch.engine import registry
+from tpulaunch.seam import registry
 from tpulaunch.job.schema import DTYPE_BYTES, Job, Partition
 from tpulaunch.plan import partition as rules
 from tpulaunch.plan.auto import auto_partition
@@ -195,8 +195,9 @@ def tensor_plans(job: Job, per_replica_batch: int, feed: Optional[Partition]) ->
     return out
 
 
-def build_plan(job: Job, *, local: bool = False) -> Plan:
-    """The plan for a job that passed the checks; `local`: for this machine (no TPU, one replica, no partitioning)."""
+def build_plan(job: Job, *, local: bool = False, engine: Optional[str] = None) -> Plan:
+    """The plan for a job that passed the checks; `local`: for this machine (no TPU, one replica, no partitioning);
+    `engine`: the job's engine as the checks worked it out (None: worked out here, from `run.engine`)."""
     tpu = None if local else job.tpu
     tpu_type = tpu_type_for(tpu)
     layout = layout_for(tpu)
@@ -209,7 +210,7 @@ def build_plan(job: Job, *, local: bool = False) -> Plan:
             input_fn_calls_per_host=layout.input_fn_calls_per_host,
             usable_bytes_per_device=tpu_type.usable_bytes_per_device,
         )
-    engine = registry.engine_name(job.run)
+    engine = engine or registry.engine_name(job.run)
     about = registry.about(engine)
     assigned = _device_assignment(job, tpu_type) if about.device_assignment and layout is not None else None
     if assigned is not None:

@@ -136,7 +136,7 @@ def existing(project: str, names: Sequence[str], url: Optional[str] = None) -> D
 
 
 def _recorded(document, path: tuple) -> bool:
-    """Whether train's copy of the job in model_dir (`engine/core/model_dir.job_document`) holds the value at
+    """Whether train's copy of the job in model_dir (`job/document.job_document`) holds the value at
     `path` as it is, rather than masked (only values under secret-looking keys of free-form mappings are)."""
     from tpulaunch.job.yamlfile import SECRET_MASK
 
@@ -159,7 +159,8 @@ def require(loaded, job, refs: Sequence[Reference], project: str, *, job_file: s
     the VM's `train` would write into model_dir with the job (a key that does not look secret)."""
     if not refs:
         return []
-    from tpulaunch.engine.core.model_dir import JOB_COPY, job_document
+    from tpulaunch.engine.core.model_dir import JOB_COPY
+    from tpulaunch.job.document import job_document
 
     found = existing(project, [ref.name for ref in refs], url)
     document = job_document(job)

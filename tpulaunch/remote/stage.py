@@ -211,7 +211,7 @@ def stage_job(checked, job_file: str, overrides: Sequence[str], *, engine: str, 
 
     `secrets`: which secrets the VM reads into train's environment (`secret_manager.require`), by name only."""
     from tpulaunch import __version__
-    from tpulaunch.engine.registry import about
+    from tpulaunch.seam.registry import about
 
     assert target in TARGETS
     loaded, job = checked.loaded, checked.job

@@ -69,11 +69,10 @@ def default_runtime(accelerator_type: str, engine: str, tf_version: Optional[str
     (`tpu/stack.py` holds those facts)."""
     if not tf_version or not re.match(r"^\d+\.\d+\.\d+$", tf_version):
         return None
-    from tpulaunch.engine.registry import about
-    from tpulaunch.tpu import stack
+    from tpulaunch.seam.registry import about
     from tpulaunch.tpu.types import lookup
 
-    found = lookup(accelerator_type)
+    found, stack = lookup(accelerator_type), about(engine).stack()
     return stack.default_runtime(about(engine).tpu_runtime, stack.version_tuple(tf_version),
                                  hosts=found.hosts if found else None,
                                  generation=found.generation.name if found else None)

@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import Mapping, Optional, Tuple
 
+from tpulaunch.seam.about import Framework
+
 Version = Tuple[int, ...]
 
 # ------------------------------------------------------------------------------------------------ the facts
@@ -59,6 +61,10 @@ FACTS = {
     "default_base_image": {"v5e": "v2-alpha-tpuv5-lite"},
     "base_image": "tpu-ubuntu2204-base",
 }
+
+# TensorFlow as the engines that train with it declare it (`EngineAbout.framework`): its version is read from
+# whichever of these distributions installed the `tensorflow` package.
+TENSORFLOW = Framework("TensorFlow", "tensorflow", FACTS["tensorflow_distributions"])
 
 _RUNTIME = re.compile(r"^tpu-vm-tf-(\d+)\.(\d+)\.(\d+)(-pod)?(?:-(se|pjrt|v4))?$")
 
@@ -104,6 +110,9 @@ def tensorflow_distributions(installed: Mapping[str, str]) -> dict:
     """The installed distributions (normalised name -> version) that install the `tensorflow` package."""
     names = {_normal(n): v for n, v in installed.items()}
     return {n: names[n] for n in FACTS["tensorflow_distributions"] if n in names}
+
+
+framework_distributions = tensorflow_distributions  # by the name `EngineAbout.tpu_stack` modules share
 
 
 def installed_verdict(installed: Mapping[str, str], api: str) -> Optional[Verdict]:

@@ -14,7 +14,7 @@ from tpulaunch.cli.render.units import human_bytes
 
 
 def render_plan(console: Console, plan: Plan) -> None:
-    from tpulaunch.engine.registry import about
+    from tpulaunch.seam.registry import about
 
     engine = about(plan.engine)
     console.print(f"[bold]{escape(plan.job)}[/]", highlight=False)

@@ -168,7 +168,7 @@ def _raising_frame(exc: BaseException):
 
 def _library_dirs() -> tuple:
     """The directories of tpulaunch and of the libraries it runs the job's code with (TensorFlow, Keras, absl, ...)."""
-    from tpulaunch.engine.flags import LIBRARY_PACKAGES
+    from tpulaunch.job.flags import LIBRARY_PACKAGES
 
     dirs = [path for name in (*LIBRARY_PACKAGES, "numpy", "google", "six")
             for path in (getattr(sys.modules.get(name), "__path__", None) or ())]

@@ -202,7 +202,7 @@ def _roll_back(job: "Job", nan: NonFiniteLoss, recorder: "RunRecorder") -> None:
     if good is not None:
         roll_back_to(model_dir, good[0])
     where = f"the last good checkpoint is {good[0]} (step {good[1]})" if good else "no good checkpoint was saved"
-    # The record's list of rollbacks (cli/recorded.py writes it): kept on the recorder, which the record reads.
+    # The record's list of rollbacks (run/run_record.py writes it): kept on the recorder, which the record reads.
     rollbacks = recorder.__dict__.setdefault("nan_rollbacks", [])
     allowed = job.train.on_nan.rollback if job.train.on_nan is not None else 0
     if len(rollbacks) < allowed:

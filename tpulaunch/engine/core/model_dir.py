@@ -9,9 +9,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from tpulaunch.errors import TpuLaunchError, first_line, storage_error
+from tpulaunch.job.document import job_document, value_at
 from tpulaunch.job.schema import Job
 
 if TYPE_CHECKING:
@@ -41,23 +42,6 @@ def checkpoint_step(model_dir: str) -> Optional[int]:
     return None
 
 
-# Where a job holds mappings of the user's own keys: the only places a secret-looking name can be
-# (everywhere else the schema fixes the key names, and `key` there is a TFRecord feature key).
-_FREE_FORM = (("model", "params"), ("model", "optimizer", "args"), ("flags",))
-
-
-def job_document(job: Job) -> dict:
-    """The resolved job as plain data, with values under secret-looking keys in free-form mappings masked."""
-    from tpulaunch.job.yamlfile import mask_secrets
-
-    document = job.model_dump(mode="json", exclude_none=True)
-    for keys in _FREE_FORM:
-        parent = _get(document, keys[:-1])
-        if isinstance(parent, dict) and keys[-1] in parent:
-            parent[keys[-1]] = mask_secrets(parent[keys[-1]])
-    return document
-
-
 def write_job_copy(job: Job, model_dir: str, *, force: bool = False) -> str:
     """Write the resolved job into model_dir, after checking it matches the one already there.
 
@@ -73,7 +57,7 @@ def write_job_copy(job: Job, model_dir: str, *, force: bool = False) -> str:
     if not force and tf.io.gfile.exists(path) and checkpoint_step(model_dir) is not None:
         with tf.io.gfile.GFile(path) as handle:
             previous = yaml.safe_load(handle.read()) or {}
-        changed = [".".join(keys) for keys in _IDENTITY if _get(previous, keys) != _get(document, keys)]
+        changed = [".".join(keys) for keys in _IDENTITY if value_at(previous, keys) != value_at(document, keys)]
         if changed:
             raise TpuLaunchError(
                 f"{model_dir} holds checkpoints of a job with a different {', '.join(changed)}",
@@ -92,14 +76,6 @@ def write_job_copy(job: Job, model_dir: str, *, force: bool = False) -> str:
             tf.io.gfile.remove(temporary)
         raise
     return path
-
-
-def _get(document: Any, keys: tuple):
-    for key in keys:
-        if not isinstance(document, dict):
-            return None
-        document = document.get(key)
-    return document
 
 
 @contextlib.contextmanager
@@ -155,9 +131,12 @@ def _about(model_dir: str, text: str) -> bool:
 
 
 def repair_checkpoints(model_dir: str, recorder: "RunRecorder"):
-    """Point the checkpoint state at the newest complete checkpoint, saying what was skipped."""
+    """Point the checkpoint state at the newest complete checkpoint, saying what was skipped, and remove what
+    saves that never finished left in staging (called by the run that holds model_dir's lease)."""
     from tpulaunch.engine.core.checkpoints import describe_repair, repair_checkpoint_state
+    from tpulaunch.engine.core.staged_save import sweep_staging
 
+    sweep_staging(model_dir)
     repair = repair_checkpoint_state(model_dir)
     for line in describe_repair(repair):
         recorder.note(line)

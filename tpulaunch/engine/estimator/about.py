@@ -1,6 +1,7 @@
-"""What the estimator engine is and can do (read without TensorFlow; `engine/registry.py` lists it)."""
+"""What the estimator engine is and can do (read without TensorFlow; `seam/registry.py` lists it)."""
 
-from tpulaunch.engine.base import EngineAbout
+from tpulaunch.seam.about import EngineAbout
+from tpulaunch.tpu.stack import TENSORFLOW
 
 ABOUT = EngineAbout(
     name="estimator",
@@ -8,7 +9,9 @@ ABOUT = EngineAbout(
     title="TPUEstimator (TensorFlow 2.15)",
     local_title="TPUEstimator (TensorFlow 2.15)",
     install_hint="pip install 'tpulaunch[cpu]' (or [tpu]): TensorFlow 2.15 with tensorflow-estimator, Python 3.9-3.11",
-    tensorflow=(None, (2, 16)),  # TensorFlow 2.16 removed tf.estimator
+    framework=TENSORFLOW,
+    tpu_stack="tpulaunch.tpu.stack",
+    versions=(None, (2, 16)),  # TensorFlow 2.16 removed tf.estimator
     packages=(("tensorflow_estimator", "tensorflow-estimator"),),
     tpu_runtime="se",  # TPUEstimator's sessions run on the stream executor runtime
     tpu_extra="tpu",

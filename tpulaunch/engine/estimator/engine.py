@@ -14,7 +14,7 @@ class EstimatorEngine(Engine):
     name = ABOUT.name
 
     def load(self) -> None:
-        from tpulaunch.engine.registry import require
+        from tpulaunch.seam.registry import require
         from tpulaunch.tf_env import import_tensorflow
 
         require(ABOUT.name)

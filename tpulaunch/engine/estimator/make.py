@@ -66,7 +66,7 @@ def input_fn_for(job: Job, mode: str, use_tpu: bool, search_path: Sequence[str],
     if job.data.input_fn:
         # Resolved here rather than in data.py: the job file's directory must be on the search path.
         from tpulaunch.engine.estimator.locate import input_fn_key, located
-        from tpulaunch.engine.flags import apply_flags
+        from tpulaunch.job.flags import apply_flags
         from tpulaunch.job.imports import resolve_input_fn
 
         if job.data.input_fn_for(mode) is None:
@@ -75,6 +75,6 @@ def input_fn_for(job: Job, mode: str, use_tpu: bool, search_path: Sequence[str],
         apply_flags(job, search_path=search_path)  # a factory may read FLAGS as it builds the input_fn
         return located(resolve_input_fn(job.data, mode, search_path=search_path), job, mode,
                        input_fn_key(job.data, mode))
-    from tpulaunch.data.pipeline import make_input_fn
+    from tpulaunch.engine.pipeline import make_input_fn
 
     return make_input_fn(job, mode, use_tpu=use_tpu, unread_files=unread_files)

@@ -18,7 +18,7 @@ from tpulaunch.engine.core.build_failures import build_errors
 from tpulaunch.engine.estimator.locate import located, located_metric_fn
 from tpulaunch.engine.estimator.plain import model_settings
 from tpulaunch.engine.plain import optimizer_settings
-from tpulaunch.engine.flags import apply_flags
+from tpulaunch.job.flags import apply_flags
 from tpulaunch.engine.job_code import apply_precision, job_builder, job_functions
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.imports import make_call, resolve

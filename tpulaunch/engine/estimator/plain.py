@@ -1,7 +1,7 @@
 """The boundary to `standalone.py`: the plain values it runs with, converted from a Job in one place,
 and its errors turned into TpuLaunchError.
 
-The engine (data/pipeline.py, model_fn.py, runner.py) passes these values to standalone.py;
+The engine (engine/pipeline.py, model_fn.py, runner.py) passes these values to standalone.py;
 `tpulaunch explain` writes the same values into the program, each under the upper-case name of its
 keyword, commented with the job key in `SOURCES`. Pure Python: TensorFlow is not imported here.
 """

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
-from tpulaunch.data.pipeline import naming_read_errors
+from tpulaunch.engine.pipeline import naming_read_errors
 from tpulaunch.engine.core import loop
 from tpulaunch.engine.core.model_dir import checkpoint_step
 from tpulaunch.engine.estimator.make import input_fn_for, make_estimator

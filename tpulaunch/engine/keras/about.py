@@ -1,6 +1,7 @@
-"""What the keras engine is and can do (read without TensorFlow; `engine/registry.py` lists it)."""
+"""What the keras engine is and can do (read without TensorFlow; `seam/registry.py` lists it)."""
 
-from tpulaunch.engine.base import EngineAbout
+from tpulaunch.seam.about import EngineAbout
+from tpulaunch.tpu.stack import TENSORFLOW
 
 ABOUT = EngineAbout(
     name="keras",
@@ -10,7 +11,9 @@ ABOUT = EngineAbout(
     local_title=("Keras + tf.distribute (MultiWorkerMirrored with several workers in TF_CONFIG, Mirrored over "
                  "several GPUs, else one device)"),
     install_hint="pip install 'tpulaunch[keras]': current TensorFlow with tf-keras",
-    tensorflow=((2, 16), None),
+    framework=TENSORFLOW,
+    tpu_stack="tpulaunch.tpu.stack",
+    versions=((2, 16), None),
     # Nothing besides TensorFlow: it brings Keras 3, and tf-keras (Keras 2) is needed only by builders written with
     # it (an install without it, such as tensorflow-tpu's, trains Keras 3 models).
     packages=(),

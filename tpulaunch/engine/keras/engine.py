@@ -14,8 +14,8 @@ class KerasEngine(Engine):
     name = ABOUT.name
 
     def load(self) -> None:
-        from tpulaunch.engine.installed import installed_module
-        from tpulaunch.engine.registry import require
+        from tpulaunch.seam.installed import installed_module
+        from tpulaunch.seam.registry import require
         from tpulaunch.tf_env import import_tensorflow
 
         require(ABOUT.name)

@@ -32,7 +32,7 @@ class JobParts(NamedTuple):
 
 def job_parts(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -> JobParts:
     """Resolve the job's code (after setting its flags), with failures located at their job key."""
-    from tpulaunch.engine.flags import apply_flags
+    from tpulaunch.job.flags import apply_flags
     from tpulaunch.engine.job_code import apply_precision, job_builder, job_functions
 
     apply_flags(job, search_path=search_path)

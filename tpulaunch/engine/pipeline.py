@@ -14,6 +14,7 @@ import re
 import time
 from typing import Callable, List, Optional, Tuple
 
+from tpulaunch.checks.data import CORRUPT_RECORD_AT
 from tpulaunch.checks.paths import as_list
 from tpulaunch.engine.plain import features_as_dict, input_settings, spec_errors, tensor_specs
 from tpulaunch.errors import TpuLaunchError, first_line
@@ -124,7 +125,6 @@ def make_input_fn(job: Job, mode: str, *, use_tpu: bool, unread_files: bool = Fa
 FIND_BAD_FILE_SECONDS = 120.0
 
 # TensorFlow's DataLossError text for a bad record: what went wrong and the byte offset.
-CORRUPT_RECORD_AT = re.compile(r"(corrupted|truncated) record at (\d+)")
 
 
 def find_bad_record(job: Job, mode: str, *, offset: Optional[int] = None,

@@ -1,5 +1,5 @@
-"""The TensorFlow this machine has, read without importing it (the CLI's fast path uses this): which
-engine runs a job follows from it (`engine/registry.py`)."""
+"""The libraries this machine has, read without importing them (the CLI's fast path uses this): which engine
+runs a job follows from them (`seam/registry.py`)."""
 
 from __future__ import annotations
 
@@ -9,21 +9,20 @@ import os
 import re
 from typing import Optional, Tuple
 
-# The distributions that install the `tensorflow` package.
-TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tensorflow-macos", "tf-nightly")
+from tpulaunch.seam.about import Framework
 
 
 @functools.lru_cache(maxsize=None)
-def installed_tensorflow() -> Optional[Tuple[int, int]]:
-    """(major, minor) of the installed TensorFlow, or None when there is none.
+def installed_version(framework: Framework) -> Optional[Tuple[int, int]]:
+    """(major, minor) of the installed `framework`, or None when there is none.
 
-    Read from the `*.dist-info` folder beside the `tensorflow` package, found without importing it:
-    `importlib.metadata` alone costs more than the rest of `validate --static`'s imports together.
+    Read from the `*.dist-info` folder beside its package, found without importing it: `importlib.metadata`
+    alone costs more than the rest of `validate --static`'s imports together.
     """
-    origin = _package_dir("tensorflow")
+    origin = _package_dir(framework.module)
     if origin is None:
         return None
-    names = {name.replace("-", "_") for name in TENSORFLOW_DISTRIBUTIONS}
+    names = {name.replace("-", "_") for name in framework.distributions}
     for entry in sorted(os.listdir(os.path.dirname(origin))):
         match = _DIST_INFO.match(entry)
         if match and match.group(1).lower() in names:

@@ -1,0 +1,27 @@
+"""The rules of train's and evaluate's own options, held against the job's engine and Plan before the run starts."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from tpulaunch.errors import TpuLaunchError
+
+
+def cpu_replicas_for(engine: str, cpu_replicas: Optional[int], plan) -> dict:
+    """`--cpu-replicas`, as the engine's keyword argument ({} when not asked): only an engine that splits this
+    machine into replicas (`EngineAbout.cpu_replicas`) runs them, and only on this machine.
+
+    Raises:
+        TpuLaunchError: the job's engine cannot, or the run is on a TPU.
+    """
+    if cpu_replicas is None:
+        return {}
+    from tpulaunch.seam.registry import about, names
+
+    if not about(engine).cpu_replicas:
+        able = " or ".join(name for name in names() if about(name).cpu_replicas)
+        raise TpuLaunchError(f"--cpu-replicas needs an engine that splits this machine into replicas ({able})",
+                             hint=f"set run.engine: {able}, or drop --cpu-replicas")
+    if plan.on_tpu:
+        raise TpuLaunchError("--cpu-replicas runs on this machine", hint="add --local, or drop --cpu-replicas")
+    return {"cpu_replicas": cpu_replicas}

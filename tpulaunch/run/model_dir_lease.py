@@ -1,0 +1,60 @@
+"""A run's lease on model_dir from its first write to its end (`lease.py` is the lease itself): taken before
+anything is written or the framework loads, renewed while the run goes on, released however it ends, and each
+change said as it happens (`say`, one line each)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator, Optional
+
+from tpulaunch.errors import first_line
+from tpulaunch.run import lease as leases
+from tpulaunch.run.signals import deferred
+from tpulaunch.run.workers import is_chief_worker
+
+
+@contextlib.contextmanager
+def held_lease(model_dir: str, command: str, *, take: bool, say: Callable[[str], None]) -> Iterator[Optional[object]]:
+    """The run's lease on `model_dir` (`leases.Lease`) for the block; None for a worker that is not the chief (the
+    chief holds it for all).
+
+    A takeover is said before the run's first line. A lease lost to another run during this one is said at once;
+    the engines stop before their next write to model_dir (`lease.ensure_held`, `lease.raise_if_lost`) and the
+    run ends with `LeaseLost` (exit 5), naming the new holder. Taking and releasing the lease are never cut in
+    half by a signal (`signals.deferred`): it is acted on when the change is written."""
+    if not is_chief_worker():
+        yield None
+        return
+
+    def lost(now_holder: dict) -> None:
+        say(f"lease | lost: {leases.holder_text(now_holder)} took run.model_dir {model_dir} over while this "
+            "run held it; this run writes nothing more there")
+
+    def renew_failed(exc: BaseException) -> None:
+        say(f"lease | could not renew the lease on {model_dir} ({type(exc).__name__}: {first_line(exc)}); "
+            "retrying")
+
+    lease = None
+    try:
+        with deferred():  # a signal here is raised once the lease is taken: the `finally` below releases it
+            lease = leases.acquire(model_dir, run_id=leases.new_run_id(), command=command, take=take)
+            lease.start_renewing(on_lost=lost, on_error=renew_failed)
+        took = lease.took_over
+        if took:
+            why = ("at once (--take-lease)" if took["forced"] else
+                   "its holder's process on this host is no longer running" if took.get("gone") else
+                   f"its holder stopped renewing it (stale after {lease.stale_after_s:g} s)")
+            say(f"lease | took over run.model_dir {model_dir} from {leases.holder_text(took)}, last renewed "
+                f"{leases.age_text(took['renewed_s_ago'])} ago: {why}")
+        yield lease
+    finally:
+        if lease is not None:
+            with deferred():
+                try:
+                    lease.release()
+                except Exception as exc:  # left held, it goes stale: the next run takes it over
+                    say(f"lease | not released ({type(exc).__name__}: {first_line(exc)}); it goes stale after "
+                        f"{lease.stale_after_s:g} s")
+    if lease.lost is not None:  # after its last write (its record checked the lease): nothing of it is mixed
+        say(f"lease | {leases.holder_text(lease.lost)} took run.model_dir {model_dir} over as this run ended, "
+            "after its last write there")

@@ -1,0 +1,92 @@
+"""What an engine declares about itself: `EngineAbout`, read by the job's schema, the checks, the plan, the TPU's
+lifecycle and the CLI without importing the library the engine trains with. Each engine's folder has an about.py
+with its `ABOUT`; `seam/registry.py` lists them.
+
+Nothing here names a library: an engine says which one it trains with (`Framework`), which of its versions it
+runs on, what else it needs, and how it reaches a TPU; tpulaunch's shared code asks these questions instead of
+testing an engine's name.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Optional, Tuple
+
+Version = Tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Framework:
+    """The library an engine trains with, as this machine has it installed (found without importing it)."""
+
+    name: str  # as messages say it ("TensorFlow")
+    module: str  # the package it is imported as ("tensorflow")
+    distributions: Tuple[str, ...]  # the distributions that install that package (their *.dist-info says the version)
+
+
+@dataclass(frozen=True)
+class EngineAbout:
+    """What an engine is and can do, read by the checks, the plan and the CLI without its library.
+
+    The rest of tpulaunch asks these questions instead of testing an engine's name.
+    """
+
+    name: str  # run.engine's value
+    engine: str  # "package.module:Class" of its Engine, imported when its training work starts
+    title: str  # what trains, as `plan` says it (on a TPU slice)
+    local_title: str  # ... and on this machine
+    install_hint: str  # how to install what it needs
+    framework: Framework  # the library it trains with
+    versions: Tuple[Optional[Version], Optional[Version]]  # [first, first without) of its framework's versions it runs on
+    # The module of its framework's TPU stack facts and their verdicts (`tpu/stack.py` for TensorFlow), read by the
+    # checks of the job's TPU stack and by `up`: installed_distributions(), framework_distributions(installed),
+    # version_tuple(text), installed_verdict, generation_verdict, runtime_verdict, default_runtime. None: it runs on
+    # no TPU (its own rules refuse tpu:), and the stack checks pass it by.
+    tpu_stack: Optional[str]
+    packages: Tuple[Tuple[str, str], ...] = ()  # (module, what it is) it needs beside its framework
+    environment: Dict[str, str] = field(default_factory=dict)  # set before its framework is imported
+    # Set only in a process that runs a job on this engine, before the job's code or the framework loads (by
+    # validate before the code checks, by its own load()): what would change another engine's job if set for every
+    # engine this machine runs, as `environment` is (a Keras 3 on JAX engine's KERAS_BACKEND=jax).
+    process_environment: Dict[str, str] = field(default_factory=dict)
+    static_rules: Optional[str] = None  # "module:function(loaded) -> problems": its own rules, pure Python
+    # (stage, "module:function(loaded, search_path) -> problems"): its checks of the job's own code that need
+    # its framework but build nothing, after the flags and the model's import paths
+    code_checks: Tuple[Tuple[str, str], ...] = ()
+    even_splits: bool = False  # spatial splits must be even (uneven ones are errors; partition: auto picks even)
+    device_assignment: bool = False  # a replica is a block of the slice's topology (plan: its DeviceAssignment)
+    batches_per_replica: bool = False  # its input pipeline batches per replica (else per input_fn call)
+    cpu_replicas: bool = False  # can split this machine's CPU into replicas (--cpu-replicas)
+    # How it reaches a TPU, as its stack facts name it (TensorFlow's, `tpu/stack.py`: the "se" or "pjrt" runtime of
+    # tpu-vm-tf-X.Y.Z-{se|pjrt}, cloud.google.com/tpu/docs/runtimes)
+    tpu_runtime: str = "pjrt"
+    tpu_extra: str = ""  # tpulaunch's extra (setup.cfg) that runs it on a TPU VM (`tpulaunch run` installs it there)
+    # Which hosts of a multi-host TPU VM slice run `tpulaunch train` (`tpulaunch run`'s startup script asks):
+    # "chief": worker 0 alone, its framework driving every host's chips; "every": each host runs it, worker 0 the
+    # chief (the lease, model_dir's shared files). On a one-host slice both are worker 0 alone.
+    tpu_hosts: str = "chief"
+    params_set_by_tensorflow: Tuple[str, ...] = ()  # model.params keys its framework sets itself (TPUEstimator's)
+
+    @property
+    def display(self) -> str:
+        return f"{self.name} engine"
+
+    def stack(self) -> Any:
+        """Its TPU stack facts and verdicts (`tpu_stack`, imported now)."""
+        return importlib.import_module(self.tpu_stack)
+
+    def rules(self) -> Callable:
+        """Its own static rules (none: no problems)."""
+        if not self.static_rules:
+            return lambda loaded: []
+        return load_attribute(self.static_rules)
+
+
+def load_attribute(path: str) -> Any:
+    """The object a "package.module:attribute.sub" path names (imported now)."""
+    module, _, attribute = path.partition(":")
+    return functools.reduce(getattr, attribute.split("."), importlib.import_module(module))
+
+
