@@ -14,15 +14,21 @@ captured variables become its parameters after the step's own inputs, in the con
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 
 
 def set_precision(precision: str) -> None:
-    """The job's precision as a TPU run sets it (bfloat16: Keras's mixed_bfloat16, float32 weights and bfloat16
-    compute), before the model is built."""
-    from tpulaunch.engine.portable import policy_name, set_precision_policy
+    """The job's precision as a TPU run sets it, before the model is built: bfloat16 is Keras's mixed_bfloat16
+    (float32 weights, bfloat16 compute). The engines' rule is `engine/portable.py`'s `policy_name(..., use_tpu=True)`,
+    which plan/ may not import (it sits below the engines); this is its TPU branch."""
+    import tensorflow as tf
 
-    set_precision_policy(policy_name(precision, use_tpu=True))
+    policy = precision if precision in ("float32", "mixed_float16") else "mixed_bfloat16"
+    kerases = [module for name, module in sys.modules.items() if name in ("tf_keras", "keras") and
+               hasattr(module, "mixed_precision")]
+    for keras in kerases or [tf.keras]:
+        keras.mixed_precision.set_global_policy(policy)
 
 
 def export_step(request: dict, model) -> dict:
