@@ -18,6 +18,8 @@ def test_ci_runs_the_readme_test_command_verbatim():
 
 def test_the_test_command_sets_up_and_tests_both_engines():
     command = _sh_block_after("Tests")
+    # XLA's TPU compiler first: tests/plan/test_xla_tpu.py compiles with .venv-xla's jax and libtpu
+    assert command.startswith("python3 -m venv .venv-xla && .venv-xla/bin/pip install -q -r requirements/xla.txt && ")
     assert "pip install -q -e '.[cpu,test]'" in command and "pip install -q -e '.[keras,test]'" in command
     assert command.index(" .venv/bin/python -m pytest -q") < command.index(" .venv-keras/bin/python -m pytest -q")
     assert command.endswith("tests/keras_engine tests/checks/test_engine_rules.py")

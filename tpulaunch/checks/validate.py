@@ -115,6 +115,14 @@ def validate_job(
 
             result.problems.extend(engine(result.plan.engine).check_build(loaded, result.plan))
             result.checked.append("build")
+            if not local and result.ok:
+                from tpulaunch.checks.xla_fit import xla_fit_problems
+                from tpulaunch.plan.xla_home import compiler_python
+
+                if compiler_python() is not None:  # XLA's TPU compiler's own verdict on the step, where installed
+                    stage("XLA's TPU compiler")
+                    result.problems.extend(xla_fit_problems(loaded, result.plan))
+                    result.checked.append("xla")
         if loaded.usable("data", "tpu", "train", "eval"):
             stage("data")
             from tpulaunch.checks.data import dry_run

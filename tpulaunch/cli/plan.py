@@ -17,10 +17,13 @@ from tpulaunch.errors import AlreadyReported
                    "--no-memory keeps plan static and TensorFlow-free).")
 @click.option("--xla", is_flag=True, help="Also compile one training step with XLA on the CPU and show its own "
                                           "buffer-assignment total (float32, no TPU tiling; minutes for big models).")
+@click.option("--tpu-compiler/--no-tpu-compiler", "tpu_compiler", default=True, show_default=True,
+              help="Ask XLA's TPU compiler (where installed: requirements/xla.txt, TPULAUNCH_XLA_PYTHON) whether the "
+                   "job's step fits, compiled for its TPU type on this machine; else the estimate answers.")
 @click.option("--tf", "use_tf", is_flag=True, help="Also build the graphs with TensorFlow's own TPUEstimator for the "
                                                    "declared slice (offline) and show the pieces it cut.")
 @pass_obj
-def plan(obj: Context, job_file, overrides, fmt, memory, xla, use_tf):
+def plan(obj: Context, job_file, overrides, fmt, memory, xla, tpu_compiler, use_tf):
     """Show how the job lands on the TPU: tiles per core, replicas, batch arithmetic, memory per core.
 
     \b
@@ -49,6 +52,10 @@ def plan(obj: Context, job_file, overrides, fmt, memory, xla, use_tf):
 
         import_tensorflow()  # before the job's builder imports it: its start-up lines stay off the terminal
         add_memory(the_plan, checked.job, checked.engine.step_tensors, xla=xla)
+        if tpu_compiler:
+            from tpulaunch.plan.xla_tpu import add_xla_answer
+
+            add_xla_answer(the_plan, checked.job)
     built = None
     if use_tf:
         built = _tensorflow_verdict(checked)

@@ -369,6 +369,10 @@ class MemoryPlan:
     auto_partition: Optional[dict] = None  # the dims `partition: auto` chose
     reason: Optional[str] = None  # why the verdict is unknown
     xla: Optional[dict] = None  # plan --xla: XLA's CPU buffer assignment for one step (float32)
+    # XLA's TPU compiler's answer for the step on the job's slice (`plan/xla_tpu.py`), or why the estimate answered
+    xla_tpu: Optional[dict] = None
+    answered_by: str = "estimate"  # "xla" when XLA's TPU compiler gave the verdict
+    estimate_verdict: Optional[str] = None  # the estimate's own verdict, where XLA's replaced it
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -441,6 +445,51 @@ def plan_memory(job: Job, plan: "Plan", build_step: BuildStep) -> MemoryPlan:
 XLA_TIMEOUT_S = 900
 
 
+def step_request(job: Job, tile: Tile, slots: Optional[float] = None) -> dict:
+    """What the step child builds: the job's model (its builder and arguments, at the tile's shape when the
+    builder takes `input_shape`), the batch, and the optimizer's slot variables per weight (the memory plan's
+    count; default: assumed from its name)."""
+    from tpulaunch.job.builder_args import builder_kwargs
+    from tpulaunch.job.imports import resolve
+
+    kwargs = builder_kwargs(resolve(job.model.builder, search_path=job.search_path, what="model builder"),
+                            job.model.params, job.data.features)
+    if len(job.data.features) == 1 and _builder_takes_input_shape(job):
+        kwargs["input_shape"] = list(tile.shape)
+    return {"builder": job.model.builder, "kwargs": kwargs, "batch": tile.batch, "search_path": job.search_path,
+            "slots": int(round(slots)) if slots is not None else optimizer_slots(job.model.optimizer.name,
+                                                                                  job.model.optimizer.args)}
+
+
+def run_step_child(request: dict, timeout: int = XLA_TIMEOUT_S) -> dict:
+    """Run the step child (`_xla_child`) on `request`; its JSON answer, with the seconds it took.
+
+    The step is built in a child process: XLA reads its flags once per process, and the job's model is built
+    in a graph of its own that nothing in this process keeps.
+
+    Raises:
+        RuntimeError: the child failed or answered nothing.
+    """
+    import json
+    import subprocess
+    import sys
+    import time
+
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", "from tpulaunch.plan.memory import _xla_child; _xla_child()"],
+                          input=json.dumps(request), capture_output=True, text=True, timeout=timeout)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        # TensorFlow's own words for an op XLA has no kernel for, else the traceback's end.
+        unsupported = [line for line in said if "Detected unsupported operations" in line]
+        raise RuntimeError("XLA compile failed: " + (unsupported[0].split(": ", 1)[-1][:400] if unsupported
+                                                     else " | ".join(said[-3:])))
+    result = json.loads(lines[-1])
+    result["seconds"] = round(time.monotonic() - started, 1)
+    return result
+
+
 def xla_step_bytes(job: Job, tile: Tile, timeout: int = XLA_TIMEOUT_S, slots: Optional[float] = None) -> dict:
     """XLA's buffer-assignment total for one training step of the job's model on the tile, on the CPU.
 
@@ -455,46 +504,40 @@ def xla_step_bytes(job: Job, tile: Tile, timeout: int = XLA_TIMEOUT_S, slots: Op
     Raises:
         RuntimeError: the compile failed or wrote no buffer assignment.
     """
-    import json
-    import subprocess
-    import sys
-    import time
-
-    from tpulaunch.job.builder_args import builder_kwargs
-    from tpulaunch.job.imports import resolve
-
-    kwargs = builder_kwargs(resolve(job.model.builder, search_path=job.search_path, what="model builder"),
-                            job.model.params, job.data.features)
-    if len(job.data.features) == 1 and _builder_takes_input_shape(job):
-        kwargs["input_shape"] = list(tile.shape)
-    request = {"builder": job.model.builder, "kwargs": kwargs, "batch": tile.batch, "search_path": job.search_path,
-               "slots": int(round(slots)) if slots is not None else optimizer_slots(job.model.optimizer.name,
-                                                                                     job.model.optimizer.args)}
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", "from tpulaunch.plan.memory import _xla_child; _xla_child()"],
-                          input=json.dumps(request), capture_output=True, text=True, timeout=timeout)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise RuntimeError("XLA compile failed: " + " | ".join(tail))
-    result = json.loads(lines[-1])
-    result["seconds"] = round(time.monotonic() - started, 1)
-    return result
+    return run_step_child(step_request(job, tile, slots), timeout)
 
 
 def _xla_child() -> None:
-    """Child process of `xla_step_bytes`: request JSON on stdin, result JSON on stdout."""
+    """Child process of `run_step_child`: request JSON on stdin, result JSON on stdout. A request with
+    "export" writes the functional step's HLO for XLA's TPU compiler (`plan/xla_export.py`); else the CPU
+    buffer-assignment total."""
     import json
     import shutil
     import sys
     import tempfile
 
     request = json.load(sys.stdin)
+    if request.get("export"):
+        from tpulaunch.plan.xla_export import export_step, set_precision
+
+        set_precision(request.get("precision", "float32"))  # before the model's layers are made
+        print(json.dumps(export_step(request, _child_model(request))), flush=True)
+        return
     dump = tempfile.mkdtemp(prefix="tpulaunch-xla-")
     try:
         _xla_step(request, dump)
     finally:  # XLA's dump is this child's scratch: nothing of it stays, however the step ends
         shutil.rmtree(dump, ignore_errors=True)
+
+
+def _child_model(request: dict):
+    """The job's model, built by its builder in the step child."""
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from tpulaunch.job.imports import resolve
+
+    return resolve(request["builder"], search_path=request["search_path"], what="model builder")(**request["kwargs"])
 
 
 def _xla_step(request: dict, dump: str) -> None:
@@ -505,12 +548,9 @@ def _xla_step(request: dict, dump: str) -> None:
     import re
 
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}").strip()
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
-    from tpulaunch.job.imports import resolve
-
-    model = resolve(request["builder"], search_path=request["search_path"], what="model builder")(**request["kwargs"])
+    model = _child_model(request)
     weights = model.trainable_weights
     slots = [[tf.Variable(tf.zeros_like(w), trainable=False) for w in weights] for _ in range(request["slots"])]
 
@@ -544,7 +584,8 @@ def _xla_step(request: dict, dump: str) -> None:
 def add_memory(plan: "Plan", job: Job, build_step: BuildStep, xla: bool = False) -> "Plan":
     """Add the per-core memory section (builds the model's layer shapes with the engine's `build_step`).
 
-    With `xla`, also XLA's own buffer-assignment total for one training step on the CPU (slow).
+    With `xla`, also XLA's own buffer-assignment total for one training step on the CPU (slow). XLA's TPU
+    compiler's answer is added by `plan/xla_tpu.py`'s `add_xla_answer`.
     """
     section = plan_memory(job, plan, build_step)
     if xla and section.tile is not None:

@@ -53,16 +53,22 @@ def render_memory(console: Console, memory: dict) -> None:
     table.add_row("lower bound (rematerialised)", _gib(memory.get("lower_bound_bytes")))
     console.print(table)
     if memory["verdict"] in VERDICT_TEXT:
-        console.print(f"memory: {VERDICT_TEXT[memory['verdict']]}", highlight=False)
+        by = " (XLA's TPU compiler)" if memory.get("answered_by") == "xla" else ""
+        console.print(f"memory: {VERDICT_TEXT[memory['verdict']]}{by}", highlight=False)
     else:
         console.print(f"memory: unknown ({escape(memory.get('reason') or '')})", highlight=False)
+    from tpulaunch.plan.xla_words import lines as xla_lines
+
+    for line in xla_lines(memory):
+        console.print(f"    {escape(line)}", highlight=False, soft_wrap=True)
     if memory.get("optimizer_source") not in (None, "counted"):
         console.print(f"    optimizer slots {escape(memory['optimizer_source'])}", highlight=False, soft_wrap=True)
     if memory.get("auto_partition"):
         console.print("    partition: auto chose the dims shown above", highlight=False)
     rec = memory.get("recommendation")
     if rec:
-        console.print(f"    [cyan]recommendation:[/] {escape(recommendation_text(rec))}", highlight=False, soft_wrap=True)
+        whose = "the estimate's recommendation" if memory.get("answered_by") == "xla" else "recommendation"
+        console.print(f"    [cyan]{whose}:[/] {escape(recommendation_text(rec))}", highlight=False, soft_wrap=True)
     xla = memory.get("xla")
     if xla:
         if "error" in xla:
