@@ -141,7 +141,7 @@ class StagedSaver(tf.compat.v1.train.Saver):
     """TensorFlow's Saver, writing each checkpoint (its meta graph included) under a staging prefix and moving it
     into model_dir only while the run holds the lease (`engine/core/staged_save`): a run frozen mid-save that
     thaws fenced leaves its successor's checkpoints untouched. The state file and the deletion of old checkpoints
-    are the Saver's own, right after the move and its second reread of the lease."""
+    are the Saver's own, right after the move and its second reread of the lease (and a third before deleting)."""
 
     def save(self, sess, save_path, global_step=None, latest_filename=None, meta_graph_suffix="meta",
              write_meta_graph=True, write_state=True, strip_default_attrs=False, save_debug_info=False):
@@ -155,10 +155,16 @@ class StagedSaver(tf.compat.v1.train.Saver):
                     self.export_meta_graph(f"{staged}.{meta_graph_suffix}", strip_default_attrs=strip_default_attrs,
                                            save_debug_info=save_debug_info)
 
+        self._model_dir = os.path.dirname(save_path)
         staged_session = _StagedSaveSession(sess, self.saver_def, write_meta_graph_to)
         return super().save(staged_session, save_path, global_step, latest_filename, meta_graph_suffix,
                             write_meta_graph=False, write_state=write_state, strip_default_attrs=strip_default_attrs,
                             save_debug_info=save_debug_info)
+
+    def _MaybeDeleteOldCheckpoints(self, meta_graph_suffix="meta"):  # noqa: N802 (TensorFlow's name)
+        if getattr(self, "_model_dir", None):  # a run frozen while naming its checkpoint deletes none of its successor's
+            ensure_held(self._model_dir)
+        super()._MaybeDeleteOldCheckpoints(meta_graph_suffix)
 
 
 class _StagedSaveSession(SessionInterface):  # the Saver checks for a SessionInterface

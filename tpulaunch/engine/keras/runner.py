@@ -78,7 +78,8 @@ def make_training(job: Job, plan: Plan, *, use_tpu: Optional[bool] = None, clust
         return standalone.KerasTraining(parts.builder, parts.builder_kwargs, strategy=strategy, policy=parts.policy,
                                         make_optimizer=parts.make_optimizer, custom_loss=parts.whole_loss,
                                         custom_losses=parts.custom_losses, custom_metrics=parts.custom_metrics,
-                                        write_through=staged_write, **settings)
+                                        write_through=staged_write,
+                                        fence=lambda: ensure_held(settings["model_dir"]), **settings)
 
 
 def _global_batch(plan: Plan, mode: str) -> int:

@@ -374,6 +374,24 @@ def _checkpoint_class(write_through: Optional[Callable[[Callable[[str], Any], st
     return WrittenThrough
 
 
+def _checkpoint_manager_class(fence: Optional[Callable[[], None]]):
+    """tf.train.CheckpointManager, or one that calls `fence` before each write of its state file and each
+    deletion of old checkpoints (a run that thaws after its lease was taken over names and deletes nothing)."""
+    if fence is None:
+        return tf.train.CheckpointManager
+
+    class Fenced(tf.train.CheckpointManager):
+        def _record_state(self):
+            fence()
+            super()._record_state()
+
+        def _sweep(self):
+            fence()
+            super()._sweep()
+
+    return Fenced
+
+
 class KerasTraining:
     """The job's model, optimizer and global step under a strategy, their checkpoints, and the compiled
     training and evaluation steps.
@@ -395,6 +413,8 @@ class KerasTraining:
         model_dir, keep_checkpoint_max, save_checkpoints_steps: where and how often to checkpoint.
         write_through: each checkpoint is written by `write_through(write, prefix)`, `write(any_prefix)` writing
             it (tpulaunch: under a staging prefix, moved to `prefix` while the run holds model_dir's lease).
+        fence: called before each write of the checkpoint state and each deletion of old checkpoints; raises when
+            this run may no longer write there (tpulaunch: model_dir's lease was taken over).
         feature_dims, label_dims: per tensor name, the dims to split it into over the logical devices
             of a replica (TPU spatial partitioning); None or a missing name: not split.
         outputs: what each label's output holds, "logits" or "probabilities", where the job declares it.
@@ -415,7 +435,8 @@ class KerasTraining:
                  feature_dims: Optional[Dict[str, Optional[list]]] = None,
                  label_dims: Optional[Dict[str, Optional[list]]] = None,
                  outputs: Optional[Dict[str, str]] = None, given: Optional[List[str]] = None,
-                 write_through: Optional[Callable[[Callable[[str], Any], str], str]] = None):
+                 write_through: Optional[Callable[[Callable[[str], Any], str], str]] = None,
+                 fence: Optional[Callable[[], None]] = None):
         self.strategy = strategy
         self.policy = policy
         self.loss = loss
@@ -465,7 +486,7 @@ class KerasTraining:
         self.checkpoint = _checkpoint_class(write_through)(model=self.model, optimizer=self.optimizer,
                                                            global_step=self.global_step)
         self.model_dir = model_dir
-        self.manager = tf.train.CheckpointManager(
+        self.manager = _checkpoint_manager_class(fence)(
             self.checkpoint, self._checkpoint_dir(model_dir), max_to_keep=keep_checkpoint_max,
             checkpoint_name=CHECKPOINT_NAME)
         self.save_checkpoints_steps = save_checkpoints_steps
