@@ -126,9 +126,9 @@ def freeze_mid_save(run: Run, model_dir, limit_s: float = 300) -> int:
     is in model_dir and no file of that checkpoint has reached its name, and outside a change of its lease.
     Returns the step of the checkpoint it was saving.
 
-    The wait is on the staging folder's appearance (model_dir listed every few milliseconds; a save of the
-    WIDE_MODELS model takes a good part of a second). A save that ended before the signal landed is let go, and
-    the next one is tried."""
+    The wait is on the staging folder's files (model_dir listed every few milliseconds; a save of the WIDE_MODELS
+    model takes tens of milliseconds or more). A save that ended before the signal landed is let go, and the next
+    one is tried."""
     import re
     import signal
 
@@ -140,12 +140,16 @@ def freeze_mid_save(run: Run, model_dir, limit_s: float = 300) -> int:
             raise AssertionError(f"exited {run.process.returncode} before it was frozen mid-save:\n" + run.text())
         staging = [path for path in (model_dir.iterdir() if model_dir.is_dir() else ())
                    if path.name.startswith(".tpulaunch-saving-")]
-        if not staging:
+
+        def saving() -> set:  # the steps whose files are in the staging folders (none yet: a folder just made)
+            return {int(match.group(1)) for folder in staging for name in _names(folder)
+                    for match in [re.match(r"model\.ckpt-(\d+)", name)] if match}
+
+        if not saving():
             time.sleep(0.002)
             continue
         run.process.send_signal(signal.SIGSTOP)
-        steps = {int(match.group(1)) for folder in staging if folder.is_dir()
-                 for name in _names(folder) for match in [re.match(r"model\.ckpt-(\d+)", name)] if match}
+        steps = saving()
         if len(steps) == 1 and not guard.exists():
             step = steps.pop()
             if step > 0 and not list(model_dir.glob(f"model.ckpt-{step}.*")):
