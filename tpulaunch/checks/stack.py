@@ -19,7 +19,7 @@ def stack_problems(loaded: LoadedJob, installed: Optional[Mapping[str, str]] = N
     that drives the TPU). Without it (validate, plan: run on laptops and in CI, `--tf` on a CPU) only the job's
     own stack is checked: its generation and runtime version against its engine."""
     job_tpu = loaded.section("tpu")
-    if job_tpu is None:
+    if job_tpu is None or loaded.engine_about.tpu_stack is None:  # an engine on no TPU yet refuses tpu: itself
         return []
     from tpulaunch.tpu.types import lookup
 
@@ -68,7 +68,7 @@ def node_problems(loaded: LoadedJob, node_name: str, runtime: Optional[str],
     """The node's own runtime version (its runtimeVersion) against the installed TensorFlow and the job's engine,
     located at tpu.runtime_version when the job sets one, else at tpu.name (the key that names the node)."""
     job_tpu = loaded.section("tpu")
-    if job_tpu is None or not runtime:
+    if job_tpu is None or not runtime or loaded.engine_about.tpu_stack is None:
         return []
     from tpulaunch.tpu.types import lookup
 
