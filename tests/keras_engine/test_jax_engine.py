@@ -52,11 +52,12 @@ def _env(devices: int = 1) -> dict:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
-    """A small Keras 3 classifier on 8x8 images, 64 training records in one file read without shuffling (every
-    run reads one order)."""
+    """A small Keras 3 classifier on 8x8 images. The training file holds one batch, 8 records, read without
+    shuffling: every step trains on the same examples in the same order, whatever order the pipeline's parallel
+    parse hands its batches out in (it is not deterministic while training)."""
     root = tmp_path_factory.mktemp("jax_job")
     specs = {**corpus.IMAGE, **corpus.CLASS}
-    corpus.write_records(root / "train.tfrecord", specs, 64, seed=1)
+    corpus.write_records(root / "train.tfrecord", specs, 8, seed=1)
     corpus.write_records(root / "eval.tfrecord", specs, 32, seed=2)
     (root / "k3models.py").write_text(KERAS3_MODELS)
     job = {
@@ -107,6 +108,9 @@ def test_data_parallel_over_8_devices_equals_one_device_and_evaluate_reads_it(pr
     assert evaluated.returncode == 0, evaluated.stderr
     assert re.search(r"^eval \| step 3 \| accuracy [0-9.]+ \| loss [0-9.]+$", evaluated.stdout, re.MULTILINE), \
         evaluated.stdout
+    missing = _run("evaluate", project, "--set", f"run.model_dir={one}", "--checkpoint", str(one / "model.ckpt-4"))
+    assert missing.returncode == 1, missing.stderr
+    assert f"--checkpoint {one}/model.ckpt-4 cannot be restored: no .index file" in missing.stderr
 
 
 def test_sigint_saves_a_checkpoint_and_the_rerun_resumes_from_it(project, tmp_path):

@@ -32,10 +32,12 @@ def make_training(job: Job, *, search_path: Sequence[str] = ()):
     with build_errors(job, "train"), spec_errors():
         whole_loss, _losses, _metrics = job_functions(job, search_path=search_path)
         training = JaxTraining(job, builder, kwargs, custom_loss=whole_loss)
-    batch = job.train.batch_size if job.train else job.eval.batch_size
-    if batch % len(training.devices):
-        raise TpuLaunchError(f"train.batch_size {batch} does not divide over this machine's {len(training.devices)} "
-                             "devices", hint=f"use a multiple of {len(training.devices)}")
+    devices = len(training.devices)
+    for split in ("train", "eval"):
+        spec = getattr(job, split)
+        if spec is not None and spec.batch_size % devices:  # DataParallel splits each batch evenly over them
+            raise TpuLaunchError(f"{split}.batch_size {spec.batch_size} does not divide over this machine's {devices} "
+                                 "devices", hint=f"use a multiple of {devices} (each device gets the same share)")
     return training
 
 

@@ -131,10 +131,23 @@ class JaxTraining:
         """The latest checkpoint in model_dir (or `path`) into the model and optimizer; the step it holds (0: none)."""
         import tensorflow as tf
 
+        if path is not None:
+            from tpulaunch.engine.core.checkpoints import checkpoint_problem
+
+            problem = checkpoint_problem(path)
+            if problem:
+                raise TpuLaunchError(f"--checkpoint {path} cannot be restored: {problem}",
+                                     hint=f"name one of {self.model_dir}'s model.ckpt-STEP, without its extension")
         path = path or tf.train.latest_checkpoint(self.model_dir)
         if path is None:
             return 0
-        self._tf_checkpoint().read(path).assert_existing_objects_matched()
+        try:
+            self._tf_checkpoint().read(path).assert_existing_objects_matched()
+        except (AssertionError, ValueError, tf.errors.OpError) as exc:  # another engine's, or another model's
+            raise TpuLaunchError(f"{path} does not hold this model's variables as the jax engine saves them "
+                                 f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})",
+                                 hint="train into another run.model_dir (--model-dir), or evaluate it with the engine "
+                                      "that wrote it") from None
         for mirror, variable in zip(self._mirrors, self._variables()):
             variable.assign(mirror.numpy())
         self.step = int(self._global_step.numpy())
