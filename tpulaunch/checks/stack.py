@@ -19,7 +19,7 @@ def stack_problems(loaded: LoadedJob, installed: Optional[Mapping[str, str]] = N
     that drives the TPU). Without it (validate, plan: run on laptops and in CI, `--tf` on a CPU) only the job's
     own stack is checked: its generation and runtime version against its engine."""
     job_tpu = loaded.section("tpu")
-    if job_tpu is None or loaded.engine_about.tpu_stack is None:  # an engine on no TPU yet refuses tpu: itself
+    if job_tpu is None or loaded.engine_about.tpu_stack is None:  # an engine on no TPU refuses tpu: itself
         return []
     from tpulaunch.tpu.types import lookup
 

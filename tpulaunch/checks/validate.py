@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
 
@@ -95,11 +96,9 @@ def validate_job(
 
             result.problems.extend(machine_warnings(loaded))  # what `train` here would refuse
         search_path = loaded.search_path
-        import os
-
         from tpulaunch.tf_env import import_tensorflow
 
-        os.environ.update(about.process_environment)  # before the job's code loads (a Keras backend, say)
+        os.environ.update(about.process_environment)  # the engine's own, before the job's code loads
 
         import_tensorflow()  # before the job's own modules import it: its start-up lines stay off the terminal
         result.problems.extend(code_problems(loaded, search_path, result.checked, prior_ok=result.ok, stage=stage))

@@ -43,12 +43,13 @@ class EngineAbout:
     # The module of its framework's TPU stack facts and their verdicts (`tpu/stack.py` for TensorFlow), read by the
     # checks of the job's TPU stack and by `up`: installed_distributions(), framework_distributions(installed),
     # version_tuple(text), installed_verdict, generation_verdict, runtime_verdict, default_runtime. None: it runs on
-    # no TPU yet (its own rules refuse tpu:).
+    # no TPU (its own rules refuse tpu:), and the stack checks pass it by.
     tpu_stack: Optional[str]
     packages: Tuple[Tuple[str, str], ...] = ()  # (module, what it is) it needs beside its framework
     environment: Dict[str, str] = field(default_factory=dict)  # set before its framework is imported
-    # Set in a process that runs a job on this engine (validate's code checks, train, evaluate), before the job's
-    # code or the framework loads, and only there: what would change another engine's job (KERAS_BACKEND=jax).
+    # Set only in a process that runs a job on this engine, before the job's code or the framework loads (by
+    # validate before the code checks, by its own load()): what would change another engine's job if set for every
+    # engine this machine runs, as `environment` is (a Keras 3 on JAX engine's KERAS_BACKEND=jax).
     process_environment: Dict[str, str] = field(default_factory=dict)
     static_rules: Optional[str] = None  # "module:function(loaded) -> problems": its own rules, pure Python
     # (stage, "module:function(loaded, search_path) -> problems"): its checks of the job's own code that need
