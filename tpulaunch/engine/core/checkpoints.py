@@ -219,14 +219,15 @@ def _data_shards(prefix: str) -> dict:
     import tensorflow as tf
 
     shards: dict = {}
-    for name in tf.io.gfile.glob(_glob_escape(prefix) + ".data-?????-of-?????"):
+    for name in tf.io.gfile.glob(glob_escape(prefix) + ".data-?????-of-?????"):
         match = _DATA_SHARD.search(name)
         if match:
             shards.setdefault(int(match.group(2)), {})[int(match.group(1))] = tf.io.gfile.stat(name).length
     return shards
 
 
-def _glob_escape(path: str) -> str:
+def glob_escape(path: str) -> str:
+    """`path` as a glob pattern that matches only itself."""
     return re.sub(r"([*?\[])", r"[\1]", path)
 
 

@@ -131,9 +131,12 @@ def _about(model_dir: str, text: str) -> bool:
 
 
 def repair_checkpoints(model_dir: str, recorder: "RunRecorder"):
-    """Point the checkpoint state at the newest complete checkpoint, saying what was skipped."""
+    """Point the checkpoint state at the newest complete checkpoint, saying what was skipped, and remove what
+    saves that never finished left in staging (called by the run that holds model_dir's lease)."""
     from tpulaunch.engine.core.checkpoints import describe_repair, repair_checkpoint_state
+    from tpulaunch.engine.core.staged_save import sweep_staging
 
+    sweep_staging(model_dir)
     repair = repair_checkpoint_state(model_dir)
     for line in describe_repair(repair):
         recorder.note(line)

@@ -15,8 +15,10 @@ import threading
 from typing import Callable, Optional, Tuple
 
 import tensorflow as tf
+from tensorflow.python.client.session import SessionInterface
 
 from tpulaunch.engine.core.loop import NonFiniteLoss
+from tpulaunch.engine.core.staged_save import staged_write
 from tpulaunch.engine.estimator.input_wait import input_initializers, input_wait_tensor
 from tpulaunch.run import phases
 from tpulaunch.run.events import RunRecorder
@@ -114,6 +116,15 @@ class CheckpointListener(tf.compat.v1.train.CheckpointSaverListener):
         self._recorder = recorder
         self._model_dir = model_dir
 
+    def begin(self):
+        # The Estimator makes its Saver itself (after the model_fn, with the RunConfig's settings) and puts it in
+        # the SAVERS collection, whence the CheckpointSaverHook takes it: made a StagedSaver in place, it keeps
+        # every one of those settings. A model_fn's own Saver (in its scaffold, not the collection) is left as is.
+        if self._model_dir:
+            for saver in tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS):
+                if type(saver) is tf.compat.v1.train.Saver:
+                    saver.__class__ = StagedSaver
+
     def before_save(self, session, global_step_value):
         if self._model_dir:
             ensure_held(self._model_dir)
@@ -124,6 +135,68 @@ class CheckpointListener(tf.compat.v1.train.CheckpointSaverListener):
         step = int(global_step_value)
         path = os.path.join(self._model_dir, f"model.ckpt-{step}") if self._model_dir else None
         self._recorder.checkpoint_saved(step, path)
+
+
+class StagedSaver(tf.compat.v1.train.Saver):
+    """TensorFlow's Saver, writing each checkpoint (its meta graph included) under a staging prefix and moving it
+    into model_dir only while the run holds the lease (`engine/core/staged_save`): a run frozen mid-save that
+    thaws fenced leaves its successor's checkpoints untouched. The state file and the deletion of old checkpoints
+    are the Saver's own, right after the move and its second reread of the lease."""
+
+    def save(self, sess, save_path, global_step=None, latest_filename=None, meta_graph_suffix="meta",
+             write_meta_graph=True, write_state=True, strip_default_attrs=False, save_debug_info=False):
+        if tf.executing_eagerly() or self.saver_def is None:
+            return super().save(sess, save_path, global_step, latest_filename, meta_graph_suffix, write_meta_graph,
+                                write_state, strip_default_attrs, save_debug_info)
+
+        def write_meta_graph_to(staged: str) -> None:  # staged with the checkpoint's files, moved with them
+            if write_meta_graph:
+                with sess.graph.as_default():
+                    self.export_meta_graph(f"{staged}.{meta_graph_suffix}", strip_default_attrs=strip_default_attrs,
+                                           save_debug_info=save_debug_info)
+
+        staged_session = _StagedSaveSession(sess, self.saver_def, write_meta_graph_to)
+        return super().save(staged_session, save_path, global_step, latest_filename, meta_graph_suffix,
+                            write_meta_graph=False, write_state=write_state, strip_default_attrs=strip_default_attrs,
+                            save_debug_info=save_debug_info)
+
+
+class _StagedSaveSession(SessionInterface):  # the Saver checks for a SessionInterface
+    """The session a StagedSaver saves through: its one run of the save op writes to a staging prefix (the
+    filename is fed), then `also(staged_prefix)` writes beside it; it returns the checkpoint's real prefix once
+    the files are moved there."""
+
+    def __init__(self, session, saver_def, also: Callable[[str], None]):
+        self._session = session
+        self._filename = saver_def.filename_tensor_name
+        self._save = saver_def.save_tensor_name
+        self._also = also
+
+    @property
+    def graph(self):
+        return self._session.graph
+
+    @property
+    def sess_str(self):
+        return self._session.sess_str
+
+    def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+        if fetches != self._save or not feed_dict or self._filename not in feed_dict:
+            return self._session.run(fetches, feed_dict, options, run_metadata)
+        prefix = feed_dict[self._filename]
+        prefix = prefix.decode() if isinstance(prefix, bytes) else prefix
+
+        def write(staged: str) -> None:
+            self._session.run(fetches, {**feed_dict, self._filename: staged}, options, run_metadata)
+            self._also(staged)
+
+        return staged_write(write, prefix)
+
+    def partial_run_setup(self, *args, **kwargs):
+        return self._session.partial_run_setup(*args, **kwargs)
+
+    def partial_run(self, *args, **kwargs):
+        return self._session.partial_run(*args, **kwargs)
 
 
 class SkippedRecordsHook(tf.compat.v1.train.SessionRunHook):

@@ -18,6 +18,7 @@ from tpulaunch.engine.pipeline import naming_read_errors
 from tpulaunch.engine.core import loop
 from tpulaunch.engine.core.build_failures import build_errors
 from tpulaunch.engine.core.model_dir import checkpoint_step, model_dir_errors
+from tpulaunch.engine.core.staged_save import staged_write
 from tpulaunch.engine.plain import log_every_steps, spec_errors
 from tpulaunch.engine.keras import plain
 from tpulaunch.run.workers import is_chief_worker, worker_task
@@ -77,7 +78,7 @@ def make_training(job: Job, plan: Plan, *, use_tpu: Optional[bool] = None, clust
         return standalone.KerasTraining(parts.builder, parts.builder_kwargs, strategy=strategy, policy=parts.policy,
                                         make_optimizer=parts.make_optimizer, custom_loss=parts.whole_loss,
                                         custom_losses=parts.custom_losses, custom_metrics=parts.custom_metrics,
-                                        **settings)
+                                        write_through=staged_write, **settings)
 
 
 def _global_batch(plan: Plan, mode: str) -> int:

@@ -21,6 +21,8 @@ The input pipeline is the same `make_input_fn` TPUEstimator runs, called once pe
 (`tf.train.CheckpointManager`), named `model.ckpt-STEP` in the model directory.
 """
 
+import copy
+import inspect
 import json
 import os
 import re
@@ -350,6 +352,28 @@ def _plain_results(results: dict) -> dict:
     return out
 
 
+def _checkpoint_class(write_through: Optional[Callable[[Callable[[str], Any], str], str]]):
+    """tf.train.Checkpoint, or one whose every write (CheckpointManager's saves included) goes through
+    `write_through`."""
+    if write_through is None:
+        return tf.train.Checkpoint
+
+    class WrittenThrough(tf.train.Checkpoint):
+        def _write(self, file_prefix, options=None):
+            # TensorFlow 2.16 and later: CheckpointManager records its state in a write callback, given the path
+            # written. Run after the write has gone through, they name the checkpoint where it is in the end.
+            callbacks = list(getattr(options, "experimental_write_callbacks", None) or ())
+            if callbacks:
+                options = copy.copy(options)
+                options.experimental_write_callbacks = None
+            path = write_through(lambda prefix: tf.train.Checkpoint._write(self, prefix, options=options), file_prefix)
+            for callback in callbacks:
+                callback(*[path][:len(inspect.signature(callback).parameters)])  # 0 or 1 parameters, as TF calls them
+            return path
+
+    return WrittenThrough
+
+
 class KerasTraining:
     """The job's model, optimizer and global step under a strategy, their checkpoints, and the compiled
     training and evaluation steps.
@@ -369,6 +393,8 @@ class KerasTraining:
         features: the feature specs (as for make_input_fn): the shapes a lazily built model is built for.
         make_optimizer: `make_optimizer(keras)` returns an optimizer of the model's Keras (keras_optimizer_factory).
         model_dir, keep_checkpoint_max, save_checkpoints_steps: where and how often to checkpoint.
+        write_through: each checkpoint is written by `write_through(write, prefix)`, `write(any_prefix)` writing
+            it (tpulaunch: under a staging prefix, moved to `prefix` while the run holds model_dir's lease).
         feature_dims, label_dims: per tensor name, the dims to split it into over the logical devices
             of a replica (TPU spatial partitioning); None or a missing name: not split.
         outputs: what each label's output holds, "logits" or "probabilities", where the job declares it.
@@ -388,7 +414,8 @@ class KerasTraining:
                  custom_metrics: Optional[Dict[str, Callable]] = None,
                  feature_dims: Optional[Dict[str, Optional[list]]] = None,
                  label_dims: Optional[Dict[str, Optional[list]]] = None,
-                 outputs: Optional[Dict[str, str]] = None, given: Optional[List[str]] = None):
+                 outputs: Optional[Dict[str, str]] = None, given: Optional[List[str]] = None,
+                 write_through: Optional[Callable[[Callable[[str], Any], str], str]] = None):
         self.strategy = strategy
         self.policy = policy
         self.loss = loss
@@ -435,7 +462,8 @@ class KerasTraining:
                 self.optimizer.build(self.model.trainable_variables)  # slots exist before a restore fills them
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
                                            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, global_step=self.global_step)
+        self.checkpoint = _checkpoint_class(write_through)(model=self.model, optimizer=self.optimizer,
+                                                           global_step=self.global_step)
         self.model_dir = model_dir
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, self._checkpoint_dir(model_dir), max_to_keep=keep_checkpoint_max,
