@@ -12,8 +12,9 @@ ABOUT = EngineAbout(
     install_hint="pip install 'tpulaunch[keras]' 'jax[cpu]': Keras 3 on JAX (TensorFlow's tf.data reads the records)",
     framework=JAX,
     versions=((0, 4), None),
-    # No TPU yet: its rules refuse tpu: (the jax-tpu stack, its runtimes and generations, are still to come).
-    tpu_stack=None,
+    # Which generations and runtime versions JAX runs on, checked at tpu.type and tpu.runtime_version; training on
+    # a TPU itself is still refused at tpu: by its rules.
+    tpu_stack="tpulaunch.engine.jax.stack",
     packages=(("keras", "Keras 3"), ("tensorflow", "TensorFlow (its tf.data reads the job's TFRecords)")),
     # Only in the process of a job on this engine: set for every engine this machine runs, it would turn the keras
     # engine's Keras 3 models into JAX ones. Keras reads it once, at its first import.
