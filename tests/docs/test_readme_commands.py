@@ -18,7 +18,7 @@ def test_ci_runs_the_readme_test_command_verbatim():
 
 def test_the_test_command_sets_up_and_tests_both_engines():
     command = _sh_block_after("Tests")
-    assert "pip install -q -e '.[cpu,test]'" in command and "pip install -q -e '.[keras,test]'" in command
+    assert "pip install -q -e '.[cpu,test]'" in command and "pip install -q -e '.[keras,jax,test]'" in command
     assert command.index(" .venv/bin/python -m pytest -q") < command.index(" .venv-keras/bin/python -m pytest -q")
     assert command.endswith("tests/keras_engine tests/checks/test_engine_rules.py")
 
