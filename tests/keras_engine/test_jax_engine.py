@@ -1,6 +1,7 @@
 """The jax engine (Keras 3 on JAX) trains the same job file for real on this CPU: data-parallel over 8 devices
-(XLA's host platform split) equals one device on the same examples, Ctrl-C saves a checkpoint the rerun resumes
-from, evaluate reads it, and what it does not run is refused at its key. Each run is a `tpulaunch` process of its
+(XLA's host platform split) equals one device on the same examples, evaluate reads a checkpoint, export writes a
+SavedModel that TensorFlow serves, Ctrl-C saves a checkpoint the rerun resumes from, and what it does not run is
+refused at its key. Each run is a `tpulaunch` process of its
 own: Keras chooses its backend once per process, and this pytest process's Keras is on TensorFlow."""
 
 from __future__ import annotations
@@ -80,37 +81,60 @@ def _run(verb: str, project: Path, *args: str, devices: int = 1) -> subprocess.C
                           env=_env(devices), timeout=300, cwd=project)
 
 
-def _variables(model_dir: Path) -> dict:
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(model_dir)))
+def _variables(model_dir: Path, checkpoint: str = "") -> dict:
+    reader = tf.train.load_checkpoint(checkpoint or tf.train.latest_checkpoint(str(model_dir)))
     return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
             if name.endswith("/.ATTRIBUTES/VARIABLE_VALUE")}
 
 
-def test_data_parallel_over_8_devices_equals_one_device_and_evaluate_reads_it(project, tmp_path):
+def _keras3_classifier_with(variables: dict):
+    """The job's classifier built by this process's Keras 3 (on TensorFlow) holding a checkpoint's weights: the
+    jax engine saves the model's weights first, in their order, as variables/0, variables/1, ..."""
+    import keras
+
+    namespace = {}
+    exec(KERAS3_MODELS, namespace)
+    model = namespace["classifier"](num_classes=3)
+    model.set_weights([variables[f"variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"] for i in range(len(model.weights))])
+    assert isinstance(model, keras.Model)
+    return model
+
+
+def test_data_parallel_over_8_devices_equals_one_device_evaluates_and_exports_a_savedmodel_that_serves(project,
+                                                                                                      tmp_path):
     one, eight = tmp_path / "one", tmp_path / "eight"
-    for run, devices in ((one, 1), (eight, 8)):
-        result = _run("train", project, "--model-dir", str(run), devices=devices)
+    for run, devices, more in ((one, 1, ()), (eight, 8, ("--set", "eval=null"))):
+        result = _run("train", project, "--model-dir", str(run), *more, devices=devices)
         assert result.returncode == 0, result.stderr
         assert f"checkpoint | step 6 | {run}/model.ckpt-6" in result.stdout
         assert f"jax | data-parallel over {devices} cpu device{'s' if devices > 1 else ''}" in result.stdout
+        if devices == 1:  # the run's own evaluation at its end
+            assert re.search(r"^eval \| step 6 \| accuracy [0-9.]+ \| loss [0-9.]+$", result.stdout, re.MULTILINE)
     first, second = _variables(one), _variables(eight)
     assert sorted(first) == sorted(second)
     assert first["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == 6
     for name in first:
         np.testing.assert_allclose(first[name], second[name], rtol=1e-5, atol=1e-5, err_msg=name)
-    # The first step changed the weights: the two runs agree on a training that happened.
-    start = _run("train", project, "--model-dir", str(tmp_path / "start"), "--set", "train.steps=1", "--set", "eval=null")
-    assert start.returncode == 0, start.stderr
-    assert any(not np.allclose(first[name], value) for name, value in _variables(tmp_path / "start").items()
-               if "global_step" not in name)
+    # Steps 4 to 6 changed the weights: the two runs agree on a training that happened.
+    third = _variables(one, str(one / "model.ckpt-3"))
+    assert any(not np.allclose(first[name], value) for name, value in third.items() if "global_step" not in name)
 
     evaluated = _run("evaluate", project, "--set", f"run.model_dir={one}", "--checkpoint", str(one / "model.ckpt-3"))
     assert evaluated.returncode == 0, evaluated.stderr
     assert re.search(r"^eval \| step 3 \| accuracy [0-9.]+ \| loss [0-9.]+$", evaluated.stdout, re.MULTILINE), \
         evaluated.stdout
-    missing = _run("evaluate", project, "--set", f"run.model_dir={one}", "--checkpoint", str(one / "model.ckpt-4"))
-    assert missing.returncode == 1, missing.stderr
-    assert f"--checkpoint {one}/model.ckpt-4 cannot be restored: no .index file" in missing.stderr
+
+    # The export of the 8-device run serves without JAX: TensorFlow loads it and answers what the checkpoint's
+    # model answers, built here by Keras 3 on TensorFlow.
+    exported = _run("export", project, str(tmp_path / "exported"), "--set", f"run.model_dir={eight}", devices=8)
+    assert exported.returncode == 0, exported.stderr
+    path = re.search(r"^exported (\S+)$", exported.stdout, re.MULTILINE).group(1)
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    images = np.random.default_rng(0).random((5, 8, 8, 1), dtype=np.float32)
+    served = serve(image=tf.constant(images))
+    assert list(served) == ["outputs"]
+    np.testing.assert_allclose(served["outputs"].numpy(), _keras3_classifier_with(second)(images).numpy(),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_sigint_saves_a_checkpoint_and_the_rerun_resumes_from_it(project, tmp_path):

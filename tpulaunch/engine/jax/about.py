@@ -9,7 +9,7 @@ ABOUT = EngineAbout(
     engine="tpulaunch.engine.jax.engine:JaxEngine",
     title="Keras 3 on JAX (keras.distribution.DataParallel)",
     local_title="Keras 3 on JAX, data-parallel over this machine's devices (keras.distribution.DataParallel)",
-    install_hint="pip install 'tpulaunch[keras]' 'jax[cpu]': Keras 3 on JAX (TensorFlow's tf.data reads the records)",
+    install_hint="pip install 'tpulaunch[jax]': Keras 3 on JAX (TensorFlow's tf.data reads the records)",
     framework=JAX,
     versions=((0, 4), None),
     # Which generations and runtime versions JAX runs on, checked at tpu.type and tpu.runtime_version; training on

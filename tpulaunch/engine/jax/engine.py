@@ -1,5 +1,5 @@
 """Keras 3 on JAX as an `Engine`: the job's Keras 3 model compiled for the JAX backend, data-parallel over this
-machine's devices, trained in the loop every engine runs. What it does not do yet (export, explain, plan's memory,
+machine's devices, trained in the loop every engine runs, exported as a SavedModel. What it does not do yet (explain, plan's memory,
 `--tf`, TPU slices, spatial partitioning) it refuses with a clear message."""
 
 from __future__ import annotations
@@ -72,7 +72,13 @@ class JaxEngine(Engine):
                                    search_path=job.search_path)
 
     def export(self, job, plan, out_dir: str, *, checkpoint: Optional[str] = None) -> str:
-        raise _not_yet("export a SavedModel", "train and export it with run.engine: keras")
+        from tpulaunch.engine.jax import runner
+        from tpulaunch.engine.job_code import as_given
+
+        given, out_dir, checkpoint = out_dir, command_line_path(out_dir), command_line_path(checkpoint)
+        with running_job_code(job):
+            path = runner.export(job, plan, out_dir, checkpoint=checkpoint, search_path=job.search_path)
+        return as_given(path, given)
 
     def append_run_record(self, model_dir: str, line: str) -> str:
         from tpulaunch.engine.core.records import append_record

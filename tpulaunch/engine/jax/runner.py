@@ -158,3 +158,24 @@ def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None, recorder
     with recorder.phase(phases.RESTORE):
         training.restore(checkpoint)
     return _evaluate_into(training, job, recorder)
+
+
+# ----------------------------------------------------------------------------------------- export
+
+def export(job: Job, plan: Plan, out_dir: str, *, checkpoint: Optional[str] = None,
+           search_path: Sequence[str] = ()) -> str:
+    """A SavedModel of model_dir's latest checkpoint (or `checkpoint`) under `out_dir/<timestamp>`; nothing left
+    on failure."""
+    import tensorflow as tf
+
+    if checkpoint is None and checkpoint_step(job.run.model_dir) is None:
+        raise TpuLaunchError(f"no checkpoint in {job.run.model_dir} to export", hint="train first")
+    training = make_training(job, search_path=search_path)
+    training.restore(checkpoint)
+    existed = tf.io.gfile.exists(out_dir)
+    try:
+        return training.export(out_dir, list(job.data.labels))
+    except BaseException:
+        if not existed and tf.io.gfile.exists(out_dir):
+            tf.io.gfile.rmtree(out_dir)
+        raise

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Optional
 
 import numpy as np
@@ -101,6 +102,31 @@ class JaxTraining:
             features, labels = next(batches)
             logs = self.model.test_on_batch(features, labels, return_dict=True)
         return {name: float(value) for name, value in logs.items()}
+
+    # ------------------------------------------------------------------------------ export
+    def export(self, out_dir: str, label_names) -> str:
+        """A SavedModel of the model under `out_dir/<timestamp>`, serving the features by name with a free batch
+        dimension, as the other engines' exports do. Keras 3 converts the JAX model's call for TensorFlow
+        (`keras.export.ExportArchive`), so the SavedModel serves without JAX."""
+        import tensorflow as tf
+
+        from tpulaunch.engine.portable import _predictions
+
+        specs = {name: tf.TensorSpec([None, *spec.shape], "float32" if spec.dtype == "bfloat16" else spec.dtype,
+                                     name=name) for name, spec in self.job.data.features.items()}
+        model, output_names = self.model, list(getattr(self.model, "output_names", []) or [])
+
+        def serve(features):
+            return _predictions(model(features, training=False), list(label_names), output_names)
+
+        archive = self.keras.export.ExportArchive()
+        archive.track(model)
+        # One feature: the model takes a lone tensor (as the input pipeline gives it), served under its name.
+        archive.add_endpoint("serving_default", serve,
+                             input_signature=[next(iter(specs.values())) if len(specs) == 1 else specs])
+        path = os.path.join(out_dir, str(int(time.time())))
+        archive.write_out(path, verbose=False)
+        return path
 
     # ------------------------------------------------------------------------------ checkpoints
     def _variables(self):
