@@ -36,7 +36,15 @@ FACTS = {
     "default_image": {"v5e": "v2-alpha-tpuv5-lite", "v5p": "v2-alpha-tpuv5", "v6e": "v2-alpha-tpuv6e"},
     "base_image": "tpu-ubuntu2204-base",
 }
-GENERATIONS_TEXT = "v4, v5e, v5p, v6e or TPU7x"
+
+
+def _listed(names) -> str:
+    names = [FACTS["gke_only"].get(name, name).split(" ")[0] for name in names]  # TPU7x, not tpu7x
+    return f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+GENERATIONS_TEXT = _listed(FACTS["generations"])  # v4, v5e, v5p, v6e or TPU7x
+CREATABLE_TEXT = _listed([name for name in FACTS["generations"] if name not in FACTS["gke_only"]])
 
 
 def installed_distributions() -> dict:
@@ -84,7 +92,7 @@ def type_verdict(family: str) -> Optional[Verdict]:
     if family not in FACTS["gke_only"]:
         return None
     return Verdict("generation-gke-only", f"{FACTS['gke_only'][family]} is offered through Google Kubernetes "
-                   "Engine only, not as a TPU VM that tpulaunch can create", "choose a v4, v5e, v5p or v6e type")
+                   "Engine only, not as a TPU VM that tpulaunch can create", f"choose a {CREATABLE_TEXT} type")
 
 
 def runtime_verdict(runtime: str, api: str, version, installed: Mapping[str, str], hosts: Optional[int] = None,
