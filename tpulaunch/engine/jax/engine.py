@@ -1,6 +1,6 @@
 """Keras 3 on JAX as an `Engine`: the job's Keras 3 model compiled for the JAX backend, data-parallel over this
-machine's devices, trained in the loop every engine runs, exported as a SavedModel. What it does not do yet (explain, plan's memory,
-`--tf`, TPU slices, spatial partitioning) it refuses with a clear message."""
+machine's devices, trained in the loop every engine runs, exported as a SavedModel. What it does not do yet
+(explain, plan's memory, `--tf`, TPU slices, spatial partitioning) it refuses with a clear message."""
 
 from __future__ import annotations
 
