@@ -54,14 +54,15 @@ class JaxTraining:
             keras.distribution.set_distribution(keras.distribution.DataParallel(devices=self.devices))
         if job.run.seed is not None:
             keras.utils.set_random_seed(job.run.seed)
-        self.model = builder(**builder_kwargs)
+        try:
+            self.model = builder(**builder_kwargs)
+        except ImportError as exc:  # tf.keras is tf-keras (TF_USE_LEGACY_KERAS, for the keras engine), not installed
+            if "Keras cannot be imported" not in str(exc):
+                raise
+            raise _keras2_model(job, "uses tf.keras, which is Keras 2 (the tf-keras package, not installed here)")
         if not isinstance(self.model, keras.Model):  # a tf.keras (Keras 2) model: its variables are TensorFlow's
-            raise TpuLaunchError(
-                f"model builder {job.model.builder!r} returned {type(self.model).__name__} of "
-                f"{type(self.model).__module__.split('.')[0]}, a tf.keras (Keras 2) model; the jax engine trains Keras 3 "
-                "models", code="jax-engine-keras2-model",
-                hint="train it on the keras engine (run.engine: keras), or `import keras` (Keras 3) in the builder's "
-                     "module instead of tf.keras")
+            raise _keras2_model(job, f"returned {type(self.model).__name__} of "
+                                     f"{type(self.model).__module__.split('.')[0]}, a tf.keras (Keras 2) model")
         self.model.compile(optimizer=self._optimizer(), loss=custom_loss or self._loss(),
                            metrics=list(job.model.metrics or []), jit_compile=True)
         self.model.optimizer.build(self.model.trainable_variables)
@@ -178,6 +179,13 @@ class JaxTraining:
             variable.assign(mirror.numpy())
         self.step = int(self._global_step.numpy())
         return self.step
+
+
+def _keras2_model(job: Job, what: str) -> TpuLaunchError:
+    return TpuLaunchError(f"model builder {job.model.builder!r} {what}; the jax engine trains Keras 3 models",
+                          code="jax-engine-keras2-model",
+                          hint="train it on the keras engine (run.engine: keras), or `import keras` (Keras 3) in the "
+                               "builder's module instead of tf.keras")
 
 
 def _class_name(loss: str) -> str:
