@@ -20,7 +20,7 @@ def test_the_test_command_sets_up_and_tests_both_engines():
     command = _sh_block_after("Tests")
     # XLA's TPU compiler first: tests/plan/test_xla_tpu.py compiles with .venv-xla's jax and libtpu
     assert command.startswith("python3 -m venv .venv-xla && .venv-xla/bin/pip install -q -r requirements/xla.txt && ")
-    assert "pip install -q -e '.[cpu,test]'" in command and "pip install -q -e '.[keras,test]'" in command
+    assert "pip install -q -e '.[cpu,test]'" in command and "pip install -q -e '.[keras,jax,test]'" in command
     assert command.index(" .venv/bin/python -m pytest -q") < command.index(" .venv-keras/bin/python -m pytest -q")
     assert command.endswith("tests/keras_engine tests/checks/test_engine_rules.py")
 

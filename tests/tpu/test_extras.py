@@ -77,10 +77,10 @@ def unmet(record: dict, extra: str) -> list:
 def test_the_record_answers_setup_cfg_as_it_is_now_on_this_python(record):
     assert record["declared"] == resolve_extras.declared(), f"setup.cfg's requirements changed: {REFRESH}"
     assert record["python"].split(".")[:2] == list(platform.python_version_tuple()[:2]), REFRESH
-    assert set(record["extras"]) >= {"cpu", "tpu", "keras", "keras-tpu", "test"}
+    assert set(record["extras"]) >= {"cpu", "tpu", "keras", "keras-tpu", "jax", "test"}
 
 
-@pytest.mark.parametrize("extra", ["cpu", "tpu", "keras", "keras-tpu", "test"])
+@pytest.mark.parametrize("extra", ["cpu", "tpu", "keras", "keras-tpu", "jax", "test"])
 def test_each_resolution_is_complete_and_consistent(record, extra):
     assert unmet(record, extra) == []
 

@@ -100,7 +100,7 @@ def machine_warnings(loaded: LoadedJob) -> list:
         if problem.is_error and problem not in own:
             warnings.append(replace(problem.with_severity("warning"), hint=(
                 f"{problem.hint}; `tpulaunch train` on this machine refuses the job for this, so run it where "
-                "the TPU's TensorFlow is installed (the TPU VM)")))
+                f"the TPU's {loaded.engine_about.framework.name} is installed (the TPU VM)")))
     return warnings
 
 

@@ -46,8 +46,21 @@ def check_slice(loaded: LoadedJob) -> list:
     try:
         parse_tpu_type(tpu.type)
     except UnknownTpuType as exc:
+        verdict = _engine_type_verdict(loaded, tpu.type)
+        if verdict is not None:  # a generation the job's engine runs on that tpulaunch cannot create (TPU7x on JAX)
+            return [loaded.problem(("tpu", "type"), f"tpu-stack-{verdict.code}", verdict.message, verdict.fix)]
         return [loaded.problem(("tpu", "type"), "unknown-tpu-type", str(exc), getattr(exc, "hint", None))]
     return []
+
+
+def _engine_type_verdict(loaded: LoadedJob, name: str):
+    """The job's engine's own verdict on a type name tpulaunch's TPU types do not list (its stack's
+    `type_verdict`, by the name's family), or None."""
+    about = loaded.engine_about
+    if about is None or about.tpu_stack is None:
+        return None
+    judge = getattr(about.stack(), "type_verdict", None)
+    return judge(str(name).strip().split("-")[0].lower()) if judge else None
 
 
 def located(loaded: LoadedJob, path, finding, *, index_path: bool = False):

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 ENGINES = {
     "estimator": "tpulaunch.engine.estimator.about:ABOUT",
     "keras": "tpulaunch.engine.keras.about:ABOUT",
+    "jax": "tpulaunch.engine.jax.about:ABOUT",
 }
 
 

@@ -171,7 +171,8 @@ def _library_dirs() -> tuple:
     from tpulaunch.job.flags import LIBRARY_PACKAGES
 
     dirs = [path for name in (*LIBRARY_PACKAGES, "numpy", "google", "six")
-            for path in (getattr(sys.modules.get(name), "__path__", None) or ())]
+            for path in (getattr(sys.modules.get(name), "__path__", None) or ())
+            if isinstance(path, str)]  # a package whose import failed halfway (tf.keras without tf-keras) has None
     return tuple(os.path.join(os.path.realpath(d), "") for d in dirs)
 
 

@@ -1,0 +1,179 @@
+"""The jax engine (Keras 3 on JAX) trains the same job file for real on this CPU: data-parallel over 8 devices
+(XLA's host platform split) equals one device on the same examples, evaluate reads a checkpoint, export writes a
+SavedModel that TensorFlow serves, Ctrl-C saves a checkpoint the rerun resumes from, and what it does not run is
+refused at its key. Each run is a `tpulaunch` process of its
+own: Keras chooses its backend once per process, and this pytest process's Keras is on TensorFlow."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import yaml
+
+import test_user_models as corpus
+from paths import REPO
+
+TPULAUNCH = [sys.executable, "-m", "tpulaunch"]
+
+KERAS3_MODELS = textwrap.dedent('''
+    import keras
+
+
+    def classifier(num_classes=3):
+        inputs = keras.Input(shape=(8, 8, 1), name="image")
+        x = keras.layers.Conv2D(4, 3, padding="same", activation="relu")(inputs)
+        x = keras.layers.GlobalAveragePooling2D()(x)
+        return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
+
+
+    def tf_keras_classifier(num_classes=3):
+        import tf_keras
+
+        inputs = tf_keras.Input(shape=(8, 8, 1), name="image")
+        x = tf_keras.layers.Flatten()(inputs)
+        return tf_keras.Model(inputs, tf_keras.layers.Dense(num_classes)(x))
+''')
+
+
+def _env(devices: int = 1) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "KERAS_BACKEND")}
+    path = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return dict(env, PYTHONUNBUFFERED="1", CI="1", PYTHONPATH=path,
+                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    """A small Keras 3 classifier on 8x8 images. The training file holds one batch, 8 records, read without
+    shuffling: every step trains on the same examples in the same order, whatever order the pipeline's parallel
+    parse hands its batches out in (it is not deterministic while training)."""
+    root = tmp_path_factory.mktemp("jax_job")
+    specs = {**corpus.IMAGE, **corpus.CLASS}
+    corpus.write_records(root / "train.tfrecord", specs, 8, seed=1)
+    corpus.write_records(root / "eval.tfrecord", specs, 32, seed=2)
+    (root / "k3models.py").write_text(KERAS3_MODELS)
+    job = {
+        "name": "jax-engine",
+        "model": {"builder": "k3models:classifier", "params": {"num_classes": 3},
+                  "loss": "sparse_categorical_crossentropy", "optimizer": {"name": "sgd", "learning_rate": 0.05},
+                  "metrics": ["accuracy"]},
+        "data": {"train": "train.tfrecord", "eval": "eval.tfrecord", "features": corpus.IMAGE, "labels": corpus.CLASS,
+                 "shuffle_buffer": 0},
+        "train": {"batch_size": 8, "steps": 6},
+        "eval": {"batch_size": 8, "steps": 2},
+        "run": {"model_dir": "runs/j", "save_checkpoints_steps": 3, "log_every_steps": 1, "seed": 3, "engine": "jax"},
+    }
+    (root / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    return root
+
+
+def _run(verb: str, project: Path, *args: str, devices: int = 1) -> subprocess.CompletedProcess:
+    return subprocess.run([*TPULAUNCH, verb, str(project / "job.yaml"), *args], capture_output=True, text=True,
+                          env=_env(devices), timeout=300, cwd=project)
+
+
+def _variables(model_dir: Path, checkpoint: str = "") -> dict:
+    reader = tf.train.load_checkpoint(checkpoint or tf.train.latest_checkpoint(str(model_dir)))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if name.endswith("/.ATTRIBUTES/VARIABLE_VALUE")}
+
+
+def _keras3_classifier_with(variables: dict):
+    """The job's classifier built by this process's Keras 3 (on TensorFlow) holding a checkpoint's weights: the
+    jax engine saves the model's weights first, in their order, as variables/0, variables/1, ..."""
+    import keras
+
+    namespace = {}
+    exec(KERAS3_MODELS, namespace)
+    model = namespace["classifier"](num_classes=3)
+    model.set_weights([variables[f"variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"] for i in range(len(model.weights))])
+    assert isinstance(model, keras.Model)
+    return model
+
+
+def test_data_parallel_over_8_devices_equals_one_device_evaluates_and_exports_a_savedmodel_that_serves(project,
+                                                                                                      tmp_path):
+    one, eight = tmp_path / "one", tmp_path / "eight"
+    for run, devices, more in ((one, 1, ()), (eight, 8, ("--set", "eval=null"))):
+        result = _run("train", project, "--model-dir", str(run), *more, devices=devices)
+        assert result.returncode == 0, result.stderr
+        assert f"checkpoint | step 6 | {run}/model.ckpt-6" in result.stdout
+        assert f"jax | data-parallel over {devices} cpu device{'s' if devices > 1 else ''}" in result.stdout
+        if devices == 1:  # the run's own evaluation at its end
+            assert re.search(r"^eval \| step 6 \| accuracy [0-9.]+ \| loss [0-9.]+$", result.stdout, re.MULTILINE)
+    first, second = _variables(one), _variables(eight)
+    assert sorted(first) == sorted(second)
+    assert first["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == 6
+    for name in first:
+        np.testing.assert_allclose(first[name], second[name], rtol=1e-5, atol=1e-5, err_msg=name)
+    # Steps 4 to 6 changed the weights: the two runs agree on a training that happened.
+    third = _variables(one, str(one / "model.ckpt-3"))
+    assert any(not np.allclose(first[name], value) for name, value in third.items() if "global_step" not in name)
+
+    evaluated = _run("evaluate", project, "--set", f"run.model_dir={one}", "--checkpoint", str(one / "model.ckpt-3"))
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert re.search(r"^eval \| step 3 \| accuracy [0-9.]+ \| loss [0-9.]+$", evaluated.stdout, re.MULTILINE), \
+        evaluated.stdout
+
+    # The export of the 8-device run serves without JAX: TensorFlow loads it and answers what the checkpoint's
+    # model answers, built here by Keras 3 on TensorFlow.
+    exported = _run("export", project, str(tmp_path / "exported"), "--set", f"run.model_dir={eight}", devices=8)
+    assert exported.returncode == 0, exported.stderr
+    path = re.search(r"^exported (\S+)$", exported.stdout, re.MULTILINE).group(1)
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    images = np.random.default_rng(0).random((5, 8, 8, 1), dtype=np.float32)
+    served = serve(image=tf.constant(images))
+    assert list(served) == ["outputs"]
+    np.testing.assert_allclose(served["outputs"].numpy(), _keras3_classifier_with(second)(images).numpy(),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_sigint_saves_a_checkpoint_and_the_rerun_resumes_from_it(project, tmp_path):
+    """Ctrl-C once a progress line shows training under way, in a run far longer than the test lasts."""
+    run = tmp_path / "run"
+    child = subprocess.Popen([*TPULAUNCH, "train", str(project / "job.yaml"), "--model-dir", str(run), "--set",
+                              "eval=null", "--set", "train.steps=1000000", "--set", "run.log_every_steps=10",
+                              "--set", "run.save_checkpoints_steps=100000"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=project)
+    line = child.stdout.readline()
+    while line and not line.startswith("train | step "):
+        line = child.stdout.readline()
+    assert line.startswith("train | step 10/1000000 | "), child.stderr.read()
+    child.send_signal(signal.SIGINT)
+    _out, err = child.communicate(timeout=120)
+
+    assert child.returncode == 130, err
+    stopped = re.search(r"stopped at step (\d+), checkpoint saved; rerun the same command to resume", err)
+    assert stopped, err
+    step = int(stopped.group(1))
+    assert _variables(run)["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == step >= 10
+
+    rerun = _run("train", project, "--model-dir", str(run), "--set", "eval=null", "--set", f"train.steps={step + 3}")
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"resumed from step {step} ({run})" in rerun.stdout.splitlines()
+    assert _variables(run)["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == step + 3
+
+
+def test_what_the_jax_engine_does_not_run_is_refused_at_its_key(project):
+    static = _run("validate", project, "--static", "--set", "model.model_fn=k3models:classifier",
+                  "--set", "model.builder=null", "--set", "data.skip_corrupt=true")
+    assert static.returncode == 1, static.stdout + static.stderr
+    assert "model.model_fn: a TPUEstimator model_fn runs only on the estimator engine; this job runs on the jax " \
+           "engine" in static.stdout + static.stderr
+    assert "data.skip_corrupt: the jax engine does not skip corrupt records yet" in static.stdout + static.stderr
+
+    keras2 = _run("validate", project, "--set", "model.builder=k3models:tf_keras_classifier")
+    said = keras2.stdout + keras2.stderr
+    assert keras2.returncode == 1, said
+    assert "--set:1:1: model.builder: building the train model: model builder 'k3models:tf_keras_classifier' " \
+           "returned Functional of tf_keras, a tf.keras (Keras 2) model; the jax engine trains Keras 3 models" in said
+    assert "[jax-engine-keras2-model]" in said and "Traceback" not in said

@@ -1,0 +1,54 @@
+"""The jax engine's TPU stack (engine/jax/stack.py): the generations and runtime versions JAX runs on, checked at
+tpu.type and tpu.runtime_version with the engine named, beside its refusal of a TPU slice at tpu: (training on one
+is not built yet); `up` refuses such a job before the TPU API creates anything. Pure Python: no JAX needed."""
+
+import pytest
+
+from tpulaunch.engine.jax import stack
+from tpulaunch.tpu.types import GENERATIONS
+
+from test_tpu_stack import api, run, write_job  # noqa: F401  (api: the local Cloud TPU API server fixture)
+
+NOT_YET = "tpu: the jax engine runs on this machine's devices only so far: no TPU slice yet [jax-engine-unsupported]"
+
+
+def test_every_generation_it_lists_is_a_tpu_type_tpulaunch_knows_or_one_it_cannot_create():
+    assert set(stack.FACTS["generations"]) - set(GENERATIONS) == {"tpu7x"} <= set(stack.FACTS["gke_only"])
+    assert stack.installed_verdict({"jax": "0.10.2"}, "pjrt").code == "jax-without-tpu"
+    assert stack.installed_verdict({"jax": "0.10.2", "libtpu": "0.0.21"}, "pjrt") is None
+
+
+@pytest.mark.parametrize("tpu_type, runtime, expected", [
+    # a generation JAX runs on, with its base image: only the refusal of a TPU slice itself
+    ("v6e-8", "v2-alpha-tpuv6e", []),
+    ("v4-8", "tpu-ubuntu2204-base", []),
+    ("v5litepod-8", None, []),
+    # a generation it does not run on, and a TensorFlow image, each at its key
+    ("v3-8", "tpu-vm-tf-2.15.1-pjrt", [
+        "tpu.type: the jax engine runs on TPU v4, v5e, v5p, v6e or TPU7x, not v3 [tpu-stack-generation-without-jax]",
+        "hint: choose a v4, v5e, v5p, v6e or TPU7x type, or train on this generation with run.engine: estimator "
+        "or keras (TensorFlow)",
+        "tpu.runtime_version: tpu-vm-tf-2.15.1-pjrt is a TensorFlow image (its own TensorFlow server and libtpu); "
+        "the jax engine runs on a base image, where jax[tpu] brings JAX and libtpu [tpu-stack-runtime-tensorflow-image]",
+        "^ hint: use tpu-ubuntu2204-base"]),
+    ("v5p-8", "tpu-vm-tf-2.18.0-pjrt", ["[tpu-stack-runtime-tensorflow-image]", "^ hint: use v2-alpha-tpuv5 "]),
+    # TPU7x runs JAX (not TensorFlow) but only through GKE: said as that, not as "runs no TensorFlow"
+    ("tpu7x-8", None, ["tpu.type: TPU7x (Ironwood) is offered through Google Kubernetes Engine only, not as a TPU "
+                       "VM that tpulaunch can create [tpu-stack-generation-gke-only]"]),
+])
+def test_validate_holds_a_jax_job_to_the_generations_and_runtimes_jax_runs_on(tmp_path, tpu_type, runtime, expected):
+    result = run("validate", "--static", write_job(tmp_path, tpu_type, runtime, engine="jax"))
+    assert result.exit_code == 1, result.output
+    assert NOT_YET in result.output
+    for said in expected:
+        assert said in result.output
+    if not expected:
+        assert "tpu-stack" not in result.output
+    assert "runs no TensorFlow" not in result.output and "Traceback" not in result.output
+
+
+def test_up_refuses_a_jax_job_before_creating_anything(api, tmp_path):  # noqa: F811
+    result = run("up", write_job(tmp_path, "v6e-8", "v2-alpha-tpuv6e", engine="jax"))
+    assert result.exit_code == 1, result.output
+    assert NOT_YET in result.output
+    assert api.created == []

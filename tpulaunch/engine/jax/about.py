@@ -1,0 +1,27 @@
+"""What the jax engine is and can do (read without JAX; `seam/registry.py` lists it)."""
+
+from tpulaunch.seam.about import EngineAbout, Framework
+
+JAX = Framework("JAX", "jax", ("jax",))
+
+ABOUT = EngineAbout(
+    name="jax",
+    engine="tpulaunch.engine.jax.engine:JaxEngine",
+    title="Keras 3 on JAX (keras.distribution.DataParallel)",
+    local_title="Keras 3 on JAX, data-parallel over this machine's devices (keras.distribution.DataParallel)",
+    install_hint="pip install 'tpulaunch[jax]': Keras 3 on JAX (TensorFlow's tf.data reads the records)",
+    framework=JAX,
+    versions=((0, 4), None),
+    # Which generations and runtime versions JAX runs on, checked at tpu.type and tpu.runtime_version; training on
+    # a TPU itself is still refused at tpu: by its rules.
+    tpu_stack="tpulaunch.engine.jax.stack",
+    packages=(("keras", "Keras 3"), ("tensorflow", "TensorFlow (its tf.data reads the job's TFRecords)")),
+    # Only in the process of a job on this engine: set for every engine this machine runs, it would turn the keras
+    # engine's Keras 3 models into JAX ones. Keras reads it once, at its first import.
+    process_environment={"KERAS_BACKEND": "jax"},
+    static_rules="tpulaunch.engine.jax.rules:problems",
+    even_splits=True,
+    batches_per_replica=False,  # one pipeline makes the global batch; DataParallel splits it over the devices
+    tpu_extra="jax-tpu",
+    tpu_hosts="every",
+)

@@ -1,0 +1,99 @@
+"""Keras 3 on JAX as an `Engine`: the job's Keras 3 model compiled for the JAX backend, data-parallel over this
+machine's devices, trained in the loop every engine runs, exported as a SavedModel. What it does not do yet
+(explain, plan's memory, `--tf`, TPU slices, spatial partitioning) it refuses with a clear message."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from tpulaunch.engine.base import Engine
+from tpulaunch.engine.jax.about import ABOUT
+from tpulaunch.engine.job_code import command_line_path, running_job_code
+from tpulaunch.errors import TpuLaunchError
+
+
+def _not_yet(what: str, hint: str) -> TpuLaunchError:
+    return TpuLaunchError(f"the jax engine does not {what} yet", hint=hint)
+
+
+class JaxEngine(Engine):
+    name = ABOUT.name
+
+    def load(self) -> None:
+        from tpulaunch.engine.jax.training import load_keras
+        from tpulaunch.seam.registry import require
+        from tpulaunch.tf_env import import_tensorflow
+
+        require(ABOUT.name)
+        load_keras()  # KERAS_BACKEND=jax before Keras first loads in this process
+        import_tensorflow()  # its tf.data reads the records
+
+    def check_build(self, loaded, plan) -> list:
+        from tpulaunch.engine.core.build_failures import BuildError
+        from tpulaunch.engine.jax.runner import make_training
+
+        with running_job_code(loaded.job):
+            try:
+                make_training(loaded.job, search_path=loaded.job.search_path)
+            except BuildError as failure:
+                return [loaded.problem(failure.key, failure.code or "model-build-failed",
+                                       f"building the train model: {failure.detail}", failure.hint)]
+            except TpuLaunchError as failure:
+                return [loaded.problem(("model", "builder"), failure.code or "build-failed", failure.message,
+                                       failure.hint)]
+        return []
+
+    def step_tensors(self, job, *, use_tpu: bool):
+        raise _not_yet("estimate memory per device", "plan --no-memory")
+
+    def preflight(self, loaded, plan) -> tuple:
+        path = ("run", "engine") if loaded.section("run") is not None and loaded.section("run").engine else ("run",)
+        return [loaded.problem(path, "jax-engine-unsupported", "--tf asks TensorFlow's TPU code, which the jax "
+                               "engine does not run", "drop --tf")], {}
+
+    def train(self, job, plan, *, recorder, cluster_resolver=None, force=False, watch=None, profile=None,
+              cpu_replicas: Optional[int] = None):
+        from tpulaunch.engine.jax import runner
+        from tpulaunch.run.workers import worker_task
+
+        if profile:
+            raise _not_yet("profile", "drop --profile")
+        if worker_task() is not None:  # each worker would train alone and write the same model_dir
+            raise _not_yet("train over several processes ($TF_CONFIG names workers)", "unset TF_CONFIG")
+        with running_job_code(job):
+            return runner.train(job, plan, recorder=recorder, search_path=job.search_path, force=force)
+
+    def evaluate(self, job, plan, *, recorder, checkpoint: Optional[str] = None, cluster_resolver: Any = None,
+                 cpu_replicas: Optional[int] = None):
+        from tpulaunch.engine.jax import runner
+
+        with running_job_code(job):
+            return runner.evaluate(job, plan, checkpoint=command_line_path(checkpoint), recorder=recorder,
+                                   search_path=job.search_path)
+
+    def export(self, job, plan, out_dir: str, *, checkpoint: Optional[str] = None) -> str:
+        from tpulaunch.engine.jax import runner
+        from tpulaunch.engine.job_code import as_given
+
+        given, out_dir, checkpoint = out_dir, command_line_path(out_dir), command_line_path(checkpoint)
+        with running_job_code(job):
+            path = runner.export(job, plan, out_dir, checkpoint=checkpoint, search_path=job.search_path)
+        return as_given(path, given)
+
+    def append_run_record(self, model_dir: str, line: str) -> str:
+        from tpulaunch.engine.core.records import append_record
+
+        return append_record(model_dir, line)
+
+    def run_record_lines(self, model_dir: str):
+        from tpulaunch.engine.core.records import record_lines
+
+        return record_lines(model_dir)
+
+    def program(self, loaded, plan) -> str:
+        raise _not_yet("print its program (explain)", "tpulaunch explain --engine keras")
+
+    def log_every_steps(self, job) -> int:
+        from tpulaunch.engine.plain import log_every_steps
+
+        return log_every_steps(job)

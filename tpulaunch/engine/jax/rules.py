@@ -1,0 +1,77 @@
+"""The jax engine's own static rules: the keys it does not honour yet, each refused at its key with what runs it.
+Pure Python (`validate --static` runs them)."""
+
+from __future__ import annotations
+
+from tpulaunch.checks.engine_rules import ESTIMATOR_ONLY
+from tpulaunch.job.load import LoadedJob
+
+NOT_YET = "jax-engine-unsupported"
+# The job's optimizer names, as Keras optimizers; `momentum` is SGD with momentum (as on the other engines).
+OPTIMIZERS = {"sgd": ("SGD", {}), "momentum": ("SGD", {"momentum": 0.9}), "adam": ("Adam", {}),
+              "adagrad": ("Adagrad", {}), "rmsprop": ("RMSprop", {})}
+# The job's metric names Keras 3 compiles as they are.
+METRICS = ("accuracy", "mean_squared_error", "mean_absolute_error")
+
+
+def problems(loaded: LoadedJob) -> list:
+    model, data, run = loaded.section("model"), loaded.section("data"), loaded.section("run")
+    found = []
+
+    def refuse(path, code, message, hint):
+        found.append(loaded.problem(path, code, message, hint))
+
+    if model is not None and model.model_fn:
+        refuse(("model", "model_fn"), ESTIMATOR_ONLY,
+               "a TPUEstimator model_fn runs only on the estimator engine; this job runs on the jax engine",
+               "set run.engine: estimator, or give model.builder (a function returning a Keras 3 model)")
+    if model is not None and model.serving_input_fn:
+        refuse(("model", "serving_input_fn"), ESTIMATOR_ONLY,
+               "a TPUEstimator serving_input_receiver_fn is used only by the estimator engine's export",
+               "set run.engine: estimator, or remove model.serving_input_fn")
+    if data is not None and data.input_fn:
+        refuse(("data", "input_fn"), ESTIMATOR_ONLY,
+               "data.input_fn is a TPUEstimator input_fn(params); the jax engine reads data.train/data.eval records "
+               "with its own input pipeline",
+               "set run.engine: estimator, or remove data.input_fn and name the TFRecords in data.train/data.eval")
+    if model is not None:
+        found += _model_problems(loaded, model)
+    if data is not None and len(data.labels) != 1:
+        refuse(("data", "labels"), NOT_YET, f"the jax engine trains models of one label so far; this job has "
+               f"{len(data.labels)}", "set run.engine: keras")
+    if data is not None and data.skip_corrupt:
+        refuse(("data", "skip_corrupt"), NOT_YET, "the jax engine does not skip corrupt records yet",
+               "remove data.skip_corrupt (a bad record then stops the run, naming its file), or set run.engine: "
+               "estimator")
+    if run is not None and run.warm_start:
+        refuse(("run", "warm_start"), NOT_YET, "the jax engine does not warm-start yet",
+               "remove run.warm_start, or set run.engine: keras")
+    if loaded.section("tpu") is not None:  # (none under --local: the job then runs on this machine)
+        refuse(("tpu",), NOT_YET, "the jax engine runs on this machine's devices only so far: no TPU slice yet",
+               "train it here (--local, or remove tpu:), or set run.engine: keras for a TPU")
+    if loaded.section("partition") is not None:
+        refuse(("partition",), NOT_YET, "the jax engine does not split inputs spatially yet",
+               "remove partition:, or set run.engine: estimator or keras")
+    return found
+
+
+def _model_problems(loaded: LoadedJob, model) -> list:
+    """A loss by name or one import path, an optimizer by name, metrics by the names Keras 3 compiles, float32."""
+    found = []
+    if isinstance(model.loss, dict):
+        found.append(loaded.problem(("model", "loss"), NOT_YET, "the jax engine takes one loss for the model so far",
+                                    "give model.loss one name or import path"))
+    if model.optimizer.name not in OPTIMIZERS:
+        found.append(loaded.problem(("model", "optimizer", "name"), NOT_YET,
+                                    "the jax engine makes its optimizer by name only so far",
+                                    f"use one of {', '.join(OPTIMIZERS)}"))
+    metrics = model.metrics or []
+    if isinstance(metrics, dict) or any(name not in METRICS for name in metrics):
+        found.append(loaded.problem(("model", "metrics"), NOT_YET,
+                                    "the jax engine compiles metrics by these names only so far: "
+                                    f"{', '.join(METRICS)}", "list only those, or set run.engine: keras"))
+    if model.precision != "float32":
+        found.append(loaded.problem(("model", "precision"), NOT_YET,
+                                    f"the jax engine trains in float32 only so far, not {model.precision}",
+                                    "remove model.precision"))
+    return found

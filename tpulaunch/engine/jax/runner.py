@@ -1,0 +1,181 @@
+"""The jax engine's train (with periodic evaluation) and evaluate, around `training.JaxTraining`: the loop every
+engine runs (`engine/core/loop.py`: resume, evaluation boundaries, signals, the lease's fence, NaN rollbacks), told
+to a `RunRecorder` with the same events as the other engines, so progress, phases and the run record are theirs."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Optional, Sequence
+
+from tpulaunch.engine.core import loop
+from tpulaunch.engine.core.build_failures import build_errors
+from tpulaunch.engine.core.model_dir import checkpoint_step
+from tpulaunch.engine.pipeline import make_input_fn, naming_read_errors
+from tpulaunch.engine.plain import log_every_steps, spec_errors
+from tpulaunch.errors import TpuLaunchError
+from tpulaunch.job.schema import Job
+from tpulaunch.plan.build import Plan
+from tpulaunch.run import phases
+from tpulaunch.run.events import EvalResult, RunRecorder, TrainSummary
+from tpulaunch.run.lease import ensure_held, raise_if_lost
+from tpulaunch.run.signals import StopSignal
+
+
+def make_training(job: Job, *, search_path: Sequence[str] = ()):
+    """The job's JaxTraining, failures located at their job key."""
+    from tpulaunch.engine.jax.training import JaxTraining, load_keras
+    from tpulaunch.engine.job_code import job_builder, job_functions
+
+    load_keras()
+    builder, kwargs = job_builder(job, search_path=search_path, keras3=True)
+    with build_errors(job, "train"), spec_errors():
+        whole_loss, _losses, _metrics = job_functions(job, search_path=search_path)
+        training = JaxTraining(job, builder, kwargs, custom_loss=whole_loss)
+    devices = len(training.devices)
+    for split in ("train", "eval"):
+        spec = getattr(job, split)
+        if spec is not None and spec.batch_size % devices:  # DataParallel splits each batch evenly over them
+            raise TpuLaunchError(f"{split}.batch_size {spec.batch_size} does not divide over this machine's {devices} "
+                                 "devices", hint=f"use a multiple of {devices} (each device gets the same share)")
+    return training
+
+
+def _batches(job: Job, mode: str):
+    """The mode's batches (global batch size) as NumPy: the records read by the same tf.data pipeline as the
+    other engines'."""
+    spec = job.train if mode == "train" else (job.eval or job.train)
+    with naming_read_errors(job, mode):
+        dataset = make_input_fn(job, mode, use_tpu=False)({"batch_size": spec.batch_size})
+    return dataset.as_numpy_iterator()
+
+
+# ------------------------------------------------------------------------------------------ train
+
+def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop: Optional[StopSignal] = None,
+          search_path: Sequence[str] = (), force: bool = False) -> TrainSummary:
+    """Train to `job.train.steps`, resuming from model_dir's latest complete checkpoint, evaluating as the job says."""
+    loop.check_trainable(job)
+    recorder = recorder or RunRecorder(total_steps=job.train.steps, batch_size=plan.train_batch_size,
+                                       log_every_steps=log_every_steps(job), model_dir=job.run.model_dir)
+
+    def session_for(should_stop):
+        return _JaxSession(job, recorder, should_stop, search_path=search_path)
+
+    return loop.train(job, session_for, recorder=recorder, stop=stop or StopSignal(), watch=None, use_tpu=False,
+                      force=force)
+
+
+class _JaxSession:
+    """JaxTraining in the loop (`core/loop.TrainingSession`)."""
+
+    def __init__(self, job: Job, recorder: RunRecorder, should_stop, *, search_path: Sequence[str]):
+        self.job, self.recorder, self.should_stop, self.search_path = job, recorder, should_stop, search_path
+        self.training = self.batches = None
+        self.noted = False
+
+    def start(self, cluster_resolver) -> int:
+        self.recorder.phase_began(phases.BUILD)
+        self.training = make_training(self.job, search_path=self.search_path)
+        if not self.noted:
+            devices = self.training.devices
+            self.recorder.note(f"jax | data-parallel over {len(devices)} {devices[0].platform} "
+                               f"device{'s' if len(devices) > 1 else ''}")
+            self.noted = True
+        restoring = checkpoint_step(self.job.run.model_dir) is not None
+        self.recorder.phase_switch(phases.RESTORE if restoring else phases.INITIALISE)
+        return self.training.restore()
+
+    def prepare_evaluation(self) -> None:
+        self.recorder.phase_switch(phases.BUILD_EVALUATION)
+        _batches(self.job, "eval")  # the eval files are listed and the pipeline built: a run that cannot evaluate stops here
+
+    def train_to(self, until: int) -> int:
+        job, training, recorder = self.job, self.training, self.recorder
+        if self.batches is None:
+            self.batches = _batches(job, "train")
+        every = job.run.save_checkpoints_steps
+        recorder.phase_switch(phases.FIRST_STEP, "XLA compiles the step")
+        recorder.session_began(training.step)
+        first = True
+        try:
+            with naming_read_errors(job, "train"):
+                while training.step < until and not self.should_stop():
+                    began = time.perf_counter()
+                    features, labels = next(self.batches)
+                    waited = time.perf_counter() - began
+                    with build_errors(job, "train"), spec_errors():  # the first call traces the job's code
+                        loss = training.train_step(features, labels)
+                    raise_if_lost(job.run.model_dir)  # model_dir taken over: no further step or save
+                    if not math.isfinite(loss):  # before this step's save: its weights are the NaN update's
+                        recorder.steps_run(training.step, loss, waited)
+                        raise loop.NonFiniteLoss(training.step, loss)
+                    if first:
+                        recorder.phase_switch(phases.TRAINING)
+                        first = False
+                    recorder.steps_run(training.step, loss, waited)
+                    if training.step % every == 0 and training.step < until:
+                        self._save()
+            self._save()
+        finally:
+            opened = [name for name in recorder.phases.open_phases() if name in (phases.FIRST_STEP, phases.TRAINING)]
+            if opened:
+                recorder.phase_ended(opened[0])
+            recorder.session_ended()
+        return training.step
+
+    def _save(self) -> None:
+        ensure_held(self.job.run.model_dir)
+        self.recorder.checkpoint_saved(self.training.step, self.training.save())
+
+    def evaluate(self) -> bool:
+        return _evaluate_into(self.training, self.job, self.recorder, self.should_stop) is not None
+
+
+# --------------------------------------------------------------------------------------- evaluate
+
+def _evaluate_into(training, job: Job, recorder: RunRecorder, should_stop=None) -> Optional[EvalResult]:
+    with recorder.phase(phases.EVALUATION):
+        batches = _batches(job, "eval")
+        with naming_read_errors(job, "eval"), build_errors(job, "eval"), spec_errors():
+            results = training.evaluate(batches, job.eval.steps, should_stop=should_stop)
+    if results is None:
+        return None
+    return recorder.evaluated(training.step, {**results, "global_step": training.step})
+
+
+def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None, recorder: Optional[RunRecorder] = None,
+             search_path: Sequence[str] = ()) -> EvalResult:
+    """Evaluate model_dir's latest checkpoint (or `checkpoint`) for `eval.steps` batches."""
+    if not loop.evaluates(job):
+        raise TpuLaunchError("the job has nothing to evaluate", hint="add an eval: section and data.eval")
+    if checkpoint is None and checkpoint_step(job.run.model_dir) is None:
+        raise TpuLaunchError(f"no checkpoint in {job.run.model_dir} to evaluate",
+                             hint="train first, or pass --checkpoint PATH")
+    recorder = recorder or RunRecorder()
+    with recorder.phase(phases.BUILD):
+        training = make_training(job, search_path=search_path)
+    with recorder.phase(phases.RESTORE):
+        training.restore(checkpoint)
+    return _evaluate_into(training, job, recorder)
+
+
+# ----------------------------------------------------------------------------------------- export
+
+def export(job: Job, plan: Plan, out_dir: str, *, checkpoint: Optional[str] = None,
+           search_path: Sequence[str] = ()) -> str:
+    """A SavedModel of model_dir's latest checkpoint (or `checkpoint`) under `out_dir/<timestamp>`; nothing left
+    on failure."""
+    import tensorflow as tf
+
+    if checkpoint is None and checkpoint_step(job.run.model_dir) is None:
+        raise TpuLaunchError(f"no checkpoint in {job.run.model_dir} to export", hint="train first")
+    training = make_training(job, search_path=search_path)
+    training.restore(checkpoint)
+    existed = tf.io.gfile.exists(out_dir)
+    try:
+        return training.export(out_dir, list(job.data.labels))
+    except BaseException:
+        if not existed and tf.io.gfile.exists(out_dir):
+            tf.io.gfile.rmtree(out_dir)
+        raise
