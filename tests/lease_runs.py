@@ -160,12 +160,13 @@ def freeze_mid_save(run: Run, model_dir, limit_s: float = 300) -> int:
     raise AssertionError("no save was caught in the middle within the limit:\n" + run.text())
 
 
-def check_fenced_mid_save(train: Callable[..., Run], run_dir: Path) -> None:
+def check_fenced_mid_save(train: Callable[..., Run], run_dir: Path, builder: str = "wide_models:wide") -> None:
     """The freeze lands inside a save (its files written under a staging prefix, none at its name yet). The
     successor (`--take-lease`) resumes from the checkpoint before and saves that same step itself; the first,
     thawed, must not finish its save over the successor's files nor its `checkpoint` state: it stops fenced
-    (exit 5, its record says so), its staged files gone. `train(run_dir, *args)` starts a `train` of a job whose
-    builder is WIDE_MODELS's `wide_models:wide`, the lease renewed fast and stale only after minutes."""
+    (exit 5, its record says so), its staged files gone. `train(run_dir, *args)` starts a `train` of the job with
+    `builder` (WIDE_MODELS's `wide_models:wide`, or as wide a model), the lease renewed fast and stale only after
+    minutes."""
     import hashlib
     import json
     import signal
@@ -179,7 +180,7 @@ def check_fenced_mid_save(train: Callable[..., Run], run_dir: Path) -> None:
                 for path in sorted(run_dir.rglob("*")) if path.is_file()
                 and path.name not in (leases.LEASE_FILE, RECORD_FILE) and not path.name.startswith("events.out")}
 
-    wide = ("--set", "model.builder=wide_models:wide", "--set", "eval=null")
+    wide = ("--set", f"model.builder={builder}", "--set", "eval=null")
     first = train(run_dir, *wide, "--set", "train.steps=100000", "--set", "run.save_checkpoints_steps=10")
     second = None
     try:

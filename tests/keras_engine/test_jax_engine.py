@@ -35,6 +35,15 @@ KERAS3_MODELS = textwrap.dedent('''
         return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
 
 
+    def wide(num_classes=3):
+        # About 4.3 million weights: a save takes long enough for a freeze to land in it.
+        inputs = keras.Input(shape=(8, 8, 1), name="image")
+        x = keras.layers.Flatten()(inputs)
+        x = keras.layers.Dense(2048, activation="relu")(x)
+        x = keras.layers.Dense(2048, activation="relu")(x)
+        return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
+
+
     def tf_keras_classifier(num_classes=3):
         import tf_keras
 
@@ -177,3 +186,11 @@ def test_what_the_jax_engine_does_not_run_is_refused_at_its_key(project):
     assert "--set:1:1: model.builder: building the train model: model builder 'k3models:tf_keras_classifier' " \
            "returned Functional of tf_keras, a tf.keras (Keras 2) model; the jax engine trains Keras 3 models" in said
     assert "[jax-engine-keras2-model]" in said and "Traceback" not in said
+
+
+def test_a_jax_run_frozen_in_the_middle_of_a_save_leaves_its_successors_checkpoint_alone(project, tmp_path):
+    from lease_runs import Run, check_fenced_mid_save
+
+    env = dict(_env(), TPULAUNCH_LEASE_RENEW_S="0.2", TPULAUNCH_LEASE_STALE_S="600")
+    check_fenced_mid_save(lambda run_dir, *args: Run(["train", str(project / "job.yaml"), "--model-dir", str(run_dir),
+                                                      *args], env=env), tmp_path / "run", builder="k3models:wide")

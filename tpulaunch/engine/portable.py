@@ -18,6 +18,7 @@ TPU needs:
 """
 
 import copy
+import inspect
 import math
 import sys
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -771,3 +772,46 @@ def train_and_evaluate(step: int, steps: int, every: Optional[int], *, train_to:
         if evaluate is not None and (every or boundary == steps):
             evaluate(step)
     return None
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+
+def checkpoint_class(write_through: Optional[Callable[[Callable[[str], Any], str], str]]):
+    """tf.train.Checkpoint, or one whose every write (CheckpointManager's saves included) goes through
+    `write_through(write, prefix)`, `write(any_prefix)` writing it (tpulaunch: under a staging prefix, moved to
+    `prefix` while the run holds model_dir's lease; engine/core/staged_save.py)."""
+    if write_through is None:
+        return tf.train.Checkpoint
+
+    class WrittenThrough(tf.train.Checkpoint):
+        def _write(self, file_prefix, options=None):
+            # TensorFlow 2.16 and later: CheckpointManager records its state in a write callback, given the path
+            # written. Run after the write has gone through, they name the checkpoint where it is in the end.
+            callbacks = list(getattr(options, "experimental_write_callbacks", None) or ())
+            if callbacks:
+                options = copy.copy(options)
+                options.experimental_write_callbacks = None
+            path = write_through(lambda prefix: tf.train.Checkpoint._write(self, prefix, options=options), file_prefix)
+            for callback in callbacks:
+                callback(*[path][:len(inspect.signature(callback).parameters)])  # 0 or 1 parameters, as TF calls them
+            return path
+
+    return WrittenThrough
+
+
+def checkpoint_manager_class(fence: Optional[Callable[[], None]]):
+    """tf.train.CheckpointManager, or one that calls `fence` before each write of its state file and each
+    deletion of old checkpoints (a run that thaws after its lease was taken over names and deletes nothing)."""
+    if fence is None:
+        return tf.train.CheckpointManager
+
+    class Fenced(tf.train.CheckpointManager):
+        def _record_state(self):
+            fence()
+            super()._record_state()
+
+        def _sweep(self):
+            fence()
+            super()._sweep()
+
+    return Fenced

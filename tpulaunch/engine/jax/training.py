@@ -141,9 +141,16 @@ class JaxTraining:
             self._mirrors = [tf.Variable(np.asarray(v.value), name=f"v{i}", trainable=False)
                              for i, v in enumerate(self._variables())]
             self._global_step = tf.Variable(0, dtype=tf.int64, name="global_step", trainable=False)
-            self._checkpoint = tf.train.Checkpoint(global_step=self._global_step, variables=self._mirrors)
-            self._manager = tf.train.CheckpointManager(self._checkpoint, self.model_dir, checkpoint_name="model.ckpt",
-                                                       max_to_keep=self.job.run.keep_checkpoint_max)
+            # Staged, then moved while the run holds model_dir's lease; its state and deletions fenced (as the
+            # other engines save: engine/core/staged_save.py).
+            from tpulaunch.engine.core.staged_save import staged_write
+            from tpulaunch.engine.portable import checkpoint_class, checkpoint_manager_class
+            from tpulaunch.run.lease import ensure_held
+
+            self._checkpoint = checkpoint_class(staged_write)(global_step=self._global_step, variables=self._mirrors)
+            self._manager = checkpoint_manager_class(lambda: ensure_held(self.model_dir))(
+                self._checkpoint, self.model_dir, checkpoint_name="model.ckpt",
+                max_to_keep=self.job.run.keep_checkpoint_max)
         return self._checkpoint
 
     def save(self) -> str:

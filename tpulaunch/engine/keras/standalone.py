@@ -21,8 +21,6 @@ The input pipeline is the same `make_input_fn` TPUEstimator runs, called once pe
 (`tf.train.CheckpointManager`), named `model.ckpt-STEP` in the model directory.
 """
 
-import copy
-import inspect
 import json
 import os
 import re
@@ -33,8 +31,9 @@ import tensorflow as tf
 
 from tpulaunch.engine.portable import (  # explain: the program defines these above this module
     _CROSSENTROPY, _REGRESSION, Head, SpecError, _classes, _losses_by_label, _output_kind, _predictions,
-    _values_like_labels, compiled_with, compute_loss, head_for, imported_kerases, is_keras3, keras_base, keras_of,
-    metrics_by_label, outputs_by_label, own_fit_methods, pair_heads, probabilities_of)
+    _values_like_labels, checkpoint_class, checkpoint_manager_class, compiled_with, compute_loss, head_for,
+    imported_kerases, is_keras3, keras_base, keras_of, metrics_by_label, outputs_by_label, own_fit_methods, pair_heads,
+    probabilities_of)
 
 CHECKPOINT_NAME = "model.ckpt"  # checkpoints are model_dir/model.ckpt-STEP, as TPUEstimator names them
 
@@ -352,46 +351,6 @@ def _plain_results(results: dict) -> dict:
     return out
 
 
-def _checkpoint_class(write_through: Optional[Callable[[Callable[[str], Any], str], str]]):
-    """tf.train.Checkpoint, or one whose every write (CheckpointManager's saves included) goes through
-    `write_through`."""
-    if write_through is None:
-        return tf.train.Checkpoint
-
-    class WrittenThrough(tf.train.Checkpoint):
-        def _write(self, file_prefix, options=None):
-            # TensorFlow 2.16 and later: CheckpointManager records its state in a write callback, given the path
-            # written. Run after the write has gone through, they name the checkpoint where it is in the end.
-            callbacks = list(getattr(options, "experimental_write_callbacks", None) or ())
-            if callbacks:
-                options = copy.copy(options)
-                options.experimental_write_callbacks = None
-            path = write_through(lambda prefix: tf.train.Checkpoint._write(self, prefix, options=options), file_prefix)
-            for callback in callbacks:
-                callback(*[path][:len(inspect.signature(callback).parameters)])  # 0 or 1 parameters, as TF calls them
-            return path
-
-    return WrittenThrough
-
-
-def _checkpoint_manager_class(fence: Optional[Callable[[], None]]):
-    """tf.train.CheckpointManager, or one that calls `fence` before each write of its state file and each
-    deletion of old checkpoints (a run that thaws after its lease was taken over names and deletes nothing)."""
-    if fence is None:
-        return tf.train.CheckpointManager
-
-    class Fenced(tf.train.CheckpointManager):
-        def _record_state(self):
-            fence()
-            super()._record_state()
-
-        def _sweep(self):
-            fence()
-            super()._sweep()
-
-    return Fenced
-
-
 class KerasTraining:
     """The job's model, optimizer and global step under a strategy, their checkpoints, and the compiled
     training and evaluation steps.
@@ -483,10 +442,10 @@ class KerasTraining:
                 self.optimizer.build(self.model.trainable_variables)  # slots exist before a restore fills them
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
                                            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-        self.checkpoint = _checkpoint_class(write_through)(model=self.model, optimizer=self.optimizer,
+        self.checkpoint = checkpoint_class(write_through)(model=self.model, optimizer=self.optimizer,
                                                            global_step=self.global_step)
         self.model_dir = model_dir
-        self.manager = _checkpoint_manager_class(fence)(
+        self.manager = checkpoint_manager_class(fence)(
             self.checkpoint, self._checkpoint_dir(model_dir), max_to_keep=keep_checkpoint_max,
             checkpoint_name=CHECKPOINT_NAME)
         self.save_checkpoints_steps = save_checkpoints_steps
