@@ -65,13 +65,18 @@ class Engine(abc.ABC):
     def export(self, job: "Job", plan: "Plan", out_dir: str, *, checkpoint: Optional[str] = None) -> str:
         """Write a SavedModel for serving; returns its directory."""
 
-    @abc.abstractmethod
     def append_run_record(self, model_dir: str, line: str) -> str:
-        """Append one JSON line to model_dir's run record (`run.record`); returns the file's path."""
+        """Append one JSON line to model_dir's run record (`run.record`); returns the file's path. Written through
+        TensorFlow's filesystem (gs:// too); an engine whose workers share one run overrides it."""
+        from tpulaunch.engine.core.records import append_record
 
-    @abc.abstractmethod
+        return append_record(model_dir, line)
+
     def run_record_lines(self, model_dir: str) -> List[str]:
         """The lines of model_dir's run record; none when it has none."""
+        from tpulaunch.engine.core.records import record_lines
+
+        return record_lines(model_dir)
 
     @abc.abstractmethod
     def program(self, loaded: "LoadedJob", plan: "Plan") -> str:

@@ -56,6 +56,16 @@ def as_given(path: str, given: str) -> str:
     return path if absolute == given else os.path.join(given, os.path.relpath(path, absolute))
 
 
+def export_from_command_line(export: Callable[..., str], job: Job, plan, out_dir: str, checkpoint: Optional[str]) -> str:
+    """An engine runner's `export(job, plan, out_dir, checkpoint=, search_path=)` with the job's code running
+    (`running_job_code`) and the command line's paths kept relative to where tpulaunch started; the SavedModel's
+    directory as the user wrote `out_dir`."""
+    given, out_dir, checkpoint = out_dir, command_line_path(out_dir), command_line_path(checkpoint)
+    with running_job_code(job):
+        path = export(job, plan, out_dir, checkpoint=checkpoint, search_path=job.search_path)
+    return as_given(path, given)
+
+
 def apply_precision(precision: str, *, use_tpu: bool) -> str:
     """Set the process-wide Keras policy for this job (only when it changes) in every Keras imported (the
     builder's module has imported its own by now) and return its name."""

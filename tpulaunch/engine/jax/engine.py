@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from tpulaunch.engine.base import Engine
 from tpulaunch.engine.jax.about import ABOUT
-from tpulaunch.engine.job_code import command_line_path, running_job_code
+from tpulaunch.engine.job_code import command_line_path, export_from_command_line, running_job_code
 from tpulaunch.errors import TpuLaunchError
 
 
@@ -73,22 +73,8 @@ class JaxEngine(Engine):
 
     def export(self, job, plan, out_dir: str, *, checkpoint: Optional[str] = None) -> str:
         from tpulaunch.engine.jax import runner
-        from tpulaunch.engine.job_code import as_given
 
-        given, out_dir, checkpoint = out_dir, command_line_path(out_dir), command_line_path(checkpoint)
-        with running_job_code(job):
-            path = runner.export(job, plan, out_dir, checkpoint=checkpoint, search_path=job.search_path)
-        return as_given(path, given)
-
-    def append_run_record(self, model_dir: str, line: str) -> str:
-        from tpulaunch.engine.core.records import append_record
-
-        return append_record(model_dir, line)
-
-    def run_record_lines(self, model_dir: str):
-        from tpulaunch.engine.core.records import record_lines
-
-        return record_lines(model_dir)
+        return export_from_command_line(runner.export, job, plan, out_dir, checkpoint)
 
     def program(self, loaded, plan) -> str:
         raise _not_yet("print its program (explain)", "tpulaunch explain --engine keras")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from tpulaunch.engine.base import Engine
-from tpulaunch.engine.job_code import as_given, command_line_path, running_job_code
+from tpulaunch.engine.job_code import command_line_path, export_from_command_line, running_job_code
 from tpulaunch.engine.keras.about import ABOUT
 
 
@@ -67,23 +67,14 @@ class KerasEngine(Engine):
     def export(self, job, plan, out_dir: str, *, checkpoint: Optional[str] = None) -> str:
         from tpulaunch.engine.keras import runner
 
-        given, out_dir, checkpoint = out_dir, command_line_path(out_dir), command_line_path(checkpoint)
-        with running_job_code(job):
-            path = runner.export(job, plan, out_dir, checkpoint=checkpoint, search_path=job.search_path)
-        return as_given(path, given)
+        return export_from_command_line(runner.export, job, plan, out_dir, checkpoint)
 
     def append_run_record(self, model_dir: str, line: str) -> str:
-        from tpulaunch.engine.core.records import append_record
         from tpulaunch.run.workers import is_chief_worker
 
         if not is_chief_worker():  # one record per run, the chief's: every worker would append its own
             return ""
-        return append_record(model_dir, line)
-
-    def run_record_lines(self, model_dir: str):
-        from tpulaunch.engine.core.records import record_lines
-
-        return record_lines(model_dir)
+        return super().append_run_record(model_dir, line)
 
     def program(self, loaded, plan) -> str:
         from tpulaunch.engine.keras.program import explain_script
