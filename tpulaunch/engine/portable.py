@@ -20,6 +20,8 @@ TPU needs:
 import copy
 import inspect
 import math
+import os
+import secrets
 import sys
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -807,8 +809,31 @@ def checkpoint_manager_class(fence: Optional[Callable[[], None]]):
 
     class Fenced(tf.train.CheckpointManager):
         def _record_state(self):
+            # TensorFlow's own state file, as its _record_state writes it, but to a temporary name first: the fence
+            # comes after that write, right before the rename (a run frozen while writing names nothing).
+            from google.protobuf import text_format
+
             fence()
-            super()._record_state()
+            filenames, timestamps = zip(*self._maybe_delete.items())
+
+            def relative(path):  # as update_checkpoint_state_internal(save_relative_paths=True) writes them
+                return os.path.relpath(path, self.directory) if os.path.isabs(path) else path
+
+            state = tf.compat.v1.train.generate_checkpoint_state_proto(
+                self.directory, relative(self.latest_checkpoint),
+                all_model_checkpoint_paths=[relative(path) for path in filenames],
+                all_model_checkpoint_timestamps=timestamps, last_preserved_timestamp=self._last_preserved_timestamp)
+            path = os.path.join(self.directory, "checkpoint")
+            temporary = f"{path}.tmp{secrets.token_hex(16)}"  # TensorFlow's temporary name for it
+            try:
+                with tf.io.gfile.GFile(temporary, "w") as handle:
+                    handle.write(text_format.MessageToString(state))
+                fence()
+                tf.io.gfile.rename(temporary, path, overwrite=True)
+            except BaseException:
+                if tf.io.gfile.exists(temporary):
+                    tf.io.gfile.remove(temporary)
+                raise
 
         def _sweep(self):
             fence()
