@@ -85,6 +85,14 @@ class Run:
     def text(self) -> str:
         return "\n".join(["--- stdout", *self.out, "--- stderr", *self.err])
 
+    def end(self) -> None:
+        """Thaw (a frozen run) and kill the process if it still runs: a test's clean-up, whatever happened."""
+        import signal
+
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.kill()
+
     def kill(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
@@ -197,9 +205,8 @@ def check_fenced_mid_save(train: Callable[..., Run], run_dir: Path, builder: str
         assert first.finish() == ExitCode.LEASE_LOST, first.text()
     finally:
         for run in (first, second):
-            if run is not None and run.process.poll() is None:
-                run.process.send_signal(signal.SIGCONT)
-                run.kill()
+            if run is not None:
+                run.end()
     assert files() == before
     assert (run_dir / "checkpoint").read_text() == state_before
     assert not list(run_dir.glob(".tpulaunch-saving-*")), sorted(p.name for p in run_dir.iterdir())

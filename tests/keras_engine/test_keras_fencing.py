@@ -49,9 +49,8 @@ def test_a_keras_run_that_thaws_after_take_lease_writes_no_checkpoint(project, t
         assert first.finish() == ExitCode.LEASE_LOST, first.text()
     finally:
         for run in (first, second):
-            if run is not None and run.process.poll() is None:
-                run.process.send_signal(signal.SIGCONT)
-                run.kill()
+            if run is not None:
+                run.end()
     assert _files(run_dir) == before  # no checkpoint, no `checkpoint` state from the first after the takeover
     new = leases.read_lease(str(run_dir))
     err = "\n".join(first.err)

@@ -105,9 +105,8 @@ def test_a_run_that_thaws_after_its_lease_was_taken_over_writes_nothing_more(pro
         assert first.finish() == ExitCode.LEASE_LOST == 5, first.text()
     finally:
         for run in (first, second):
-            if run is not None and run.process.poll() is None:
-                run.process.send_signal(signal.SIGCONT)
-                run.kill()
+            if run is not None:
+                run.end()
 
     # Nothing the first could write after the takeover: no checkpoint, no `checkpoint` state, no step after the
     # one it was frozen in (its summaries included).

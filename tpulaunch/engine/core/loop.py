@@ -67,6 +67,16 @@ def evaluates(job: "Job") -> bool:
     return job.eval is not None and (job.data.eval is not None or bool(job.data.input_fn))
 
 
+def check_evaluable(job: "Job", checkpoint: Optional[str]) -> None:
+    """Refuse an evaluation with nothing to evaluate: no eval section or data, or no checkpoint (none given, none in
+    model_dir)."""
+    if not evaluates(job):
+        raise TpuLaunchError("the job has nothing to evaluate", hint="add an eval: section and data.eval")
+    if checkpoint is None and checkpoint_step(job.run.model_dir) is None:
+        raise TpuLaunchError(f"no checkpoint in {job.run.model_dir} to evaluate",
+                             hint="train first, or pass --checkpoint PATH")
+
+
 def train(job: "Job", session_for: Callable[[Callable[[], bool]], TrainingSession], *, recorder: "RunRecorder",
           stop: StopSignal, watch: Optional["WatchPlan"], use_tpu: bool, cluster_resolver: Any = None,
           force: bool = False, writes_model_dir: bool = True) -> "TrainSummary":

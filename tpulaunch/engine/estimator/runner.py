@@ -170,11 +170,7 @@ def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None,
     Raises:
         TpuLaunchError: no eval section or data, or no checkpoint to evaluate.
     """
-    if not loop.evaluates(job):
-        raise TpuLaunchError("the job has nothing to evaluate", hint="add an eval: section and data.eval")
-    if checkpoint is None and checkpoint_step(job.run.model_dir) is None:
-        raise TpuLaunchError(f"no checkpoint in {job.run.model_dir} to evaluate",
-                             hint="train first, or pass --checkpoint PATH")
+    loop.check_evaluable(job, checkpoint)
     estimator = make_estimator(job, plan, cluster_resolver=cluster_resolver, search_path=search_path)
     ensure_held(job.run.model_dir)  # it writes its summaries into model_dir/eval
     return _evaluate_into(estimator, job, plan.on_tpu, search_path, recorder or RunRecorder(), checkpoint)

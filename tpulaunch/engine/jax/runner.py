@@ -147,11 +147,7 @@ def _evaluate_into(training, job: Job, recorder: RunRecorder, should_stop=None) 
 def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None, recorder: Optional[RunRecorder] = None,
              search_path: Sequence[str] = ()) -> EvalResult:
     """Evaluate model_dir's latest checkpoint (or `checkpoint`) for `eval.steps` batches."""
-    if not loop.evaluates(job):
-        raise TpuLaunchError("the job has nothing to evaluate", hint="add an eval: section and data.eval")
-    if checkpoint is None and checkpoint_step(job.run.model_dir) is None:
-        raise TpuLaunchError(f"no checkpoint in {job.run.model_dir} to evaluate",
-                             hint="train first, or pass --checkpoint PATH")
+    loop.check_evaluable(job, checkpoint)
     recorder = recorder or RunRecorder()
     with recorder.phase(phases.BUILD):
         training = make_training(job, search_path=search_path)

@@ -284,11 +284,7 @@ def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None, recorder
              cluster_resolver: Any = None, search_path: Sequence[str] = (),
              cpu_replicas: Optional[int] = None) -> EvalResult:
     """Evaluate model_dir's latest checkpoint (or `checkpoint`) for `eval.steps` batches."""
-    if not loop.evaluates(job):
-        raise TpuLaunchError("the job has nothing to evaluate", hint="add an eval: section and data.eval")
-    if checkpoint is None and checkpoint_step(job.run.model_dir) is None:
-        raise TpuLaunchError(f"no checkpoint in {job.run.model_dir} to evaluate",
-                             hint="train first, or pass --checkpoint PATH")
+    loop.check_evaluable(job, checkpoint)
     recorder = recorder or RunRecorder()
     with recorder.phase(phases.BUILD):
         _refuse_estimator_checkpoints(job.run.model_dir)
