@@ -24,4 +24,5 @@ ABOUT = EngineAbout(
     batches_per_replica=False,  # one pipeline makes the global batch; DataParallel splits it over the devices
     tpu_extra="jax-tpu",
     tpu_hosts="every",
+    step_exporter="tpulaunch.engine.jax.memory_plan:export_step",  # Keras 3's train step lowered by JAX itself
 )
