@@ -126,6 +126,7 @@ def _kept(loss, weights, others: tuple) -> list:
     """The residuals JAX saves for the backward pass of `loss` with respect to `weights`, per example, classed by
     what reads them in the backward pass."""
     import jax
+    from jax.extend import core as jax_core
 
     treedef = {}
 
@@ -143,6 +144,8 @@ def _kept(loss, weights, others: tuple) -> list:
     readers = _readers(backward.jaxpr)
     out, seen = [], set()
     for source, read_as in zip(forward_jaxpr.outvars[1:], backward.jaxpr.invars[:len(residuals)]):
+        if isinstance(source, jax_core.Literal):  # a constant the backward pass reads: no memory of the step's
+            continue
         aval = source.aval
         per_example = bool(aval.shape) and aval.shape[0] == PROBE_BATCH
         floating_or_mask = jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact) or aval.dtype == bool
