@@ -10,7 +10,8 @@ optimizer and metrics variables in, their new values out), the job's loss, optim
   `engine/core/step_tensors.py` classes TensorFlow's gradient ops: a convolution's or a matmul's operand and a
   normalisation's input (a product in JAX's backward) are required; a ReLU's mask and a max-pool's input (a
   select) could be recomputed (the lower bound); what only an elementwise chain of the loss reads, and the
-  step's own inputs, are not charged.
+  step's own inputs, are not charged. Beside them the backward pass holds a buffer of its own at its peak: the
+  gradient of the largest activation kept, charged once.
 - XLA's answer (`export_step`, in the step child of `plan/memory.py`): the same train step under `jax.jit`,
   lowered for the TPU (`jax.export`, platform "tpu") at the per-replica batch as StableHLO, its variables'
   buffers donated, the features first among its parameters; `plan/xla_compile.py` compiles it for the job's
@@ -160,7 +161,19 @@ def _kept(loss, weights, others: tuple) -> list:
         else:
             continue  # read only by an elementwise chain (a loss's), which XLA fuses and recomputes
         out.append(KeptTensor(tuple(int(d) for d in aval.shape[1:]), aval.dtype.itemsize, required))
-    return out
+    return out + _largest_cotangent(out)
+
+
+def _largest_cotangent(kept: list) -> list:
+    """The backward pass's own buffer at its peak: the gradient of the largest activation it keeps, live beside the
+    residuals while the layer that made it is differentiated (a mask's gradient is its activation's)."""
+    import math
+
+    activations = [k for k in kept if k.bytes_per_element > 1]
+    if not activations:
+        return []
+    largest = max(activations, key=lambda k: math.prod(k.shape) * k.bytes_per_element)
+    return [KeptTensor(largest.shape, largest.bytes_per_element, True)]
 
 
 def _readers(jaxpr) -> dict:
