@@ -78,7 +78,7 @@ def test_plan_shows_xlas_figures_for_the_jax_engines_own_step_beside_its_estimat
     assert "the estimate says fits at" in out and "memory: fits (XLA's TPU compiler)" in out, out
 
 
-def test_validate_refuses_a_jax_step_xla_cannot_fit_with_its_words_and_a_batch_that_fits(tmp_path, compiler):  # noqa: F811
+def test_validate_refuses_a_jax_step_xla_cannot_fit_with_its_words_and_a_fitting_batch(tmp_path, compiler):  # noqa: F811
     from tpulaunch.checks.xla_fit import xla_fit_problems
     from tpulaunch.job.load import load_job
     from tpulaunch.plan.build import build_plan

@@ -42,7 +42,7 @@ def _one_device_host() -> None:
 
 
 def _training(job, search_path: Sequence[str], builder_kwargs=None):
-    """The job's JaxTraining (its model, loss, optimizer, metrics), on one device; the builder's arguments as the
+    """The job's JaxTraining (its model, loss, optimizer, metrics), as `train` makes it; the builder's arguments as the
     plan asks for them (`builder_kwargs`: at the tile's shape) where given."""
     from tpulaunch.engine.jax.training import JaxTraining, load_keras
     from tpulaunch.engine.job_code import job_builder, job_functions
