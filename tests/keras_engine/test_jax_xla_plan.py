@@ -62,7 +62,7 @@ def jax_job(tmp_path, *, image: int, batch: int, tpu_type: str) -> str:
     return path
 
 
-def test_plan_shows_xlas_figures_for_the_jax_engines_own_step_beside_its_estimate(tmp_path, compiler):  # noqa: F811
+def test_plan_shows_xlas_figures_for_the_jax_engines_step_beside_its_estimate(tmp_path, compiler):  # noqa: F811
     job = jax_job(tmp_path, image=32, batch=64, tpu_type="v5litepod-4")  # 16 examples per v5e chip
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
@@ -78,7 +78,7 @@ def test_plan_shows_xlas_figures_for_the_jax_engines_own_step_beside_its_estimat
     assert "the estimate says fits at" in out and "memory: fits (XLA's TPU compiler)" in out, out
 
 
-def test_validate_refuses_a_jax_step_xla_cannot_fit_with_its_words_and_a_fitting_batch(tmp_path, compiler):  # noqa: F811
+def test_validate_refuses_a_jax_step_xla_cannot_fit_with_its_words_and_a_batch(tmp_path, compiler):  # noqa: F811
     from tpulaunch.checks.xla_fit import xla_fit_problems
     from tpulaunch.job.load import load_job
     from tpulaunch.plan.build import build_plan
