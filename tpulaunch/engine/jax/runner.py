@@ -44,10 +44,11 @@ def make_training(job: Job, *, search_path: Sequence[str] = ()):
 def _batches(job: Job, mode: str):
     """The mode's batches (global batch size) as NumPy: the records read by the same tf.data pipeline as the
     other engines'."""
+    from tpulaunch.engine.jax.standalone import numpy_batches
+
     spec = job.train if mode == "train" else (job.eval or job.train)
     with naming_read_errors(job, mode):
-        dataset = make_input_fn(job, mode, use_tpu=False)({"batch_size": spec.batch_size})
-    return dataset.as_numpy_iterator()
+        return numpy_batches(make_input_fn(job, mode, use_tpu=False), spec.batch_size)
 
 
 # ------------------------------------------------------------------------------------------ train
