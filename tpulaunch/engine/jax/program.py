@@ -84,6 +84,9 @@ def explain_script(loaded: LoadedJob, plan: "Plan") -> str:
         "# Keras chooses its backend once, when it (or TensorFlow, which loads part of it) is first imported: JAX, set",
         "# before anything imports either.",
         'os.environ["KERAS_BACKEND"] = "jax"',
+        "# tf.keras is tf-keras (Keras 2), as under tpulaunch: a builder written with tf.keras is told apart from a",
+        "# Keras 3 one (`import keras`), the one kind this program trains.",
+        'os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")',
         "",
         "import argparse  # noqa: E402",
         "import math  # noqa: E402",
@@ -126,8 +129,13 @@ def _tail(inputs: dict, training: dict) -> str:
 
 def job_training():
     """JaxTraining: the job's model compiled on JAX over this machine's devices, and its checkpoints."""
-    training = {call("JaxTraining", ["build_model", "BUILDER_KWARGS", "custom_loss=custom_loss",
-                                      *keywords(training)], 4)}
+    try:
+        training = {call("JaxTraining", ["build_model", "BUILDER_KWARGS", "custom_loss=custom_loss",
+                                          *keywords(training)], 8)}
+    except (NotKeras3Model, ImportError) as exc:  # a tf.keras model, or tf.keras without tf-keras installed
+        if isinstance(exc, ImportError) and "Keras cannot be imported" not in str(exc):
+            raise
+        raise SystemExit(f"the model builder: {{exc}}; this program trains Keras 3 models (`import keras`)") from None
     devices = training.devices
     for name, batch in (("train", TRAIN_BATCH_SIZE), ("eval", EVAL_BATCH_SIZE)):
         if batch and batch % len(devices):  # DataParallel splits each batch evenly over them
