@@ -22,6 +22,7 @@ the times its recorder emits each step (`StepsRun`: after the step's loss came b
 taken after each step call returns, and at K and N after its loss is ready.
 
     PYTHONPATH=. .venv-keras/bin/python benchmarks/jax_engine.py [--steps 200] [--rounds 3] [--skip 20]
+        [--hand-sync window|step]
 
 It also prints each side's CPU ms per step (this process's CPU time over the same window).
 
@@ -53,8 +54,11 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 
-def hand_written(build, data_dir: str, model_dir: str, steps: int, save_every: int, skip: int) -> list:
-    """Train `steps` steps with the hand-written Keras 3 JAX loop; (wall, CPU) times as each step's call returned."""
+def hand_written(build, data_dir: str, model_dir: str, steps: int, save_every: int, skip: int,
+                 sync: str = "window") -> list:
+    """Train `steps` steps with the hand-written Keras 3 JAX loop; (wall, CPU) times as each step's call returned.
+    `sync`: "window" waits for the loss only at the window's ends (JAX dispatches steps ahead), "step" after every
+    step (as a loop that reads each step's loss does)."""
     spec = {"image": tf.io.FixedLenFeature([32, 32, 3], tf.float32), "label": tf.io.FixedLenFeature([], tf.int64)}
     files = tf.data.Dataset.list_files(os.path.join(data_dir, "train-*.tfrecord"), shuffle=True).repeat()
     dataset = files.interleave(tf.data.TFRecordDataset, cycle_length=tf.data.AUTOTUNE,
@@ -88,7 +92,7 @@ def hand_written(build, data_dir: str, model_dir: str, steps: int, save_every: i
     for step in range(1, steps + 1):
         x, y = next(batches)
         loss, state = train_step(state, x, y)
-        if step in (skip, steps):
+        if sync == "step" or step in (skip, steps):
             loss.block_until_ready()
         ends.append((time.perf_counter(), time.process_time()))
         if step % save_every == 0 or step == steps:
@@ -135,6 +139,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip", type=int, default=20, help="steps left out at the start (start-up, compile)")
     parser.add_argument("--save-every", type=int, default=100, help="checkpoint cadence, both sides")
+    parser.add_argument("--hand-sync", choices=("window", "step"), default="window",
+                        help="the hand-written loop waits for its loss at the window's ends only, or after every step")
     args = parser.parse_args()
     tf.get_logger().setLevel("ERROR")
     from tpulaunch.data.synth import write_example
@@ -156,7 +162,8 @@ def main() -> int:
                 model_dir = os.path.join(tmp, f"run-{round_}-{name.split()[0]}")
                 keras.backend.clear_session()
                 if name.startswith("hand"):
-                    ends = hand_written(keras3_cnn.build, data_dir, model_dir, args.steps, args.save_every, args.skip)
+                    ends = hand_written(keras3_cnn.build, data_dir, model_dir, args.steps, args.save_every, args.skip,
+                                        args.hand_sync)
                 else:
                     ends = with_tpulaunch("keras3_cnn:build", data_dir, model_dir, args.steps, args.save_every, tmp)
                 rate, cpu_ms, _median = steady(ends, args.skip)
@@ -170,7 +177,8 @@ def main() -> int:
     ratios = [ours / hand for hand, ours in zip(rates[names[0]], rates[names[1]])]
     best = {name: max(values) for name, values in rates.items()}
     print(f"quickstart CNN (Keras 3 on JAX, {jax.devices()[0].platform}, 1 device), batch {BATCH}, "
-          f"{os.cpu_count()} CPU cores; steps {args.skip}-{args.steps}, a checkpoint every {args.save_every} steps")
+          f"{os.cpu_count()} CPU cores; steps {args.skip}-{args.steps}, a checkpoint every {args.save_every} steps; "
+          f"hand-written loop waits for its loss: {'every step' if args.hand_sync == 'step' else 'at the window ends'}")
     for name in names:
         print(f"{name:<18} best {best[name]:7.2f} steps/s (all: {', '.join(f'{r:.2f}' for r in rates[name])}); "
               f"CPU ms/step median {statistics.median(cpu[name]):.2f}")
