@@ -205,8 +205,8 @@ def tensor_plans(job: Job, per_replica_batch: int, feed: Optional[Partition]) ->
 
 
 def build_plan(job: Job, *, local: bool = False, engine: Optional[str] = None) -> Plan:
-    """The plan for a job that passed the checks; `local`: for this machine (no TPU, one replica; no partitioning but on an engine that splits inputs over this
-    machine's devices, `EngineAbout.partition_on_devices`);
+    """The plan for a job that passed the checks; `local`: for this machine (no TPU, one replica, no partitioning
+    but on an engine that splits inputs over this machine's devices, `EngineAbout.partition_on_devices`);
     `engine`: the job's engine as the checks worked it out (None: worked out here, from `run.engine`)."""
     tpu = None if local else job.tpu
     tpu_type = tpu_type_for(tpu)
@@ -234,7 +234,9 @@ def build_plan(job: Job, *, local: bool = False, engine: Optional[str] = None) -
             continue
         share = per_replica(spec.batch_size, layout)
         batches.append(BatchPlan(split, spec.batch_size, share, per_host=share * replicas_per_host, params_batch_size=share))
-    cores = tpu.cores_per_replica if tpu is not None else device_cores(job.partition) if about.partition_on_devices else 1
+    cores = tpu.cores_per_replica if tpu is not None else 1
+    if tpu is None and about.partition_on_devices:  # its replicas span partition:'s devices on this machine
+        cores = device_cores(job.partition)
     plan = Plan(job.name, tpu is not None, slice_plan, batches, [], cores_per_replica=cores, engine=engine,
                 device_assignment=assigned)
     if cores > 1 and job.partition is not None:

@@ -174,7 +174,8 @@ def device_layout(split: Optional[SpatialSplit], devices: list) -> DeviceLayout:
         hint = (f"split over {' or '.join(map(str, fewer))} devices per replica (dims whose product divides {count})"
                 if fewer else "remove partition: (this machine has one device)")
         if platform == "cpu":
-            hint += f", or split the CPU into more devices: XLA_FLAGS=--xla_force_host_platform_device_count={split.cores}"
+            hint += (", or split the CPU into more devices: "
+                     f"XLA_FLAGS=--xla_force_host_platform_device_count={split.cores}")
         raise BuildError(("partition",), "train", f"a replica spans {split.cores} devices (the product of the dims of "
                          f"'{split.main}'), which do not divide this machine's {count} {platform} device"
                          f"{'s' if count > 1 else ''}", hint, code="partition-devices")
@@ -185,13 +186,14 @@ def check_batches(job, layout: DeviceLayout) -> None:
     """Each mode's global batch splits evenly over the batch shards (replicas, and a split batch axis)."""
     shards = layout.batch_shards()
     over = (f"this machine's {shards} devices" if layout.split is None else
-            f"its {shards} shards ({layout.replicas} replicas of {layout.split.cores} devices over this machine's "
-            f"{len(layout.devices)})")
+            f"{shards} batch shards ({layout.replicas} replicas of {layout.split.cores} devices each, of this "
+            f"machine's {len(layout.devices)})")
     for mode in ("train", "eval"):
         spec = getattr(job, mode)
         if spec is not None and spec.batch_size % shards:  # each device gets the same share
             raise TpuLaunchError(f"{mode}.batch_size {spec.batch_size} does not divide over {over}",
-                                 hint=f"use a multiple of {shards} (each device gets the same share)")
+                                 hint=f"use a multiple of {shards} (each "
+                                      f"{'device' if layout.split is None else 'shard'} gets the same share)")
 
 
 def distribution(layout: DeviceLayout, job):
