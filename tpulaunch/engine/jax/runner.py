@@ -66,8 +66,8 @@ class _JaxSession:
     """JaxTraining in the loop (`core/loop.TrainingSession`)."""
 
     def __init__(self, job: Job, plan: Plan, recorder: RunRecorder, should_stop, *, search_path: Sequence[str]):
-        self.job, self.plan, self.recorder, self.should_stop, self.search_path = job, plan, recorder, should_stop, \
-            search_path
+        self.job, self.plan, self.recorder = job, plan, recorder
+        self.should_stop, self.search_path = should_stop, search_path
         self.training = self.batches = None
         self.noted = False
 
