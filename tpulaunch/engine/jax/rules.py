@@ -4,6 +4,7 @@ Pure Python (`validate --static` runs them)."""
 from __future__ import annotations
 
 from tpulaunch.checks.engine_rules import ESTIMATOR_ONLY
+from tpulaunch.engine.jax.mesh import mesh_problems
 from tpulaunch.job.load import LoadedJob
 
 NOT_YET = "jax-engine-unsupported"
@@ -49,9 +50,7 @@ def problems(loaded: LoadedJob) -> list:
     if loaded.section("tpu") is not None:  # (none under --local: the job then runs on this machine)
         refuse(("tpu",), NOT_YET, "the jax engine runs on this machine's devices only so far: no TPU slice yet",
                "train it here (--local, or remove tpu:), or set run.engine: keras for a TPU")
-    if loaded.section("partition") is not None:
-        refuse(("partition",), NOT_YET, "the jax engine does not split inputs spatially yet",
-               "remove partition:, or set run.engine: estimator or keras")
+    found += mesh_problems(loaded)  # partition: over a device mesh
     return found
 
 

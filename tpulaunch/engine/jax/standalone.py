@@ -64,20 +64,24 @@ def make_loss(keras, loss: str, model):
 class JaxTraining:
     """The job's model compiled on JAX over this machine's devices, its global step and its checkpoints.
 
-    `write_through` and `fence` (None: plain TensorFlow) make every checkpoint write go through a staging step and
+    `distribution`: the Keras distribution to train under (None: DataParallel over the devices when there are
+    several; tpulaunch passes a device mesh's for a spatial split). `write_through` and `fence` (None: plain
+    TensorFlow) make every checkpoint write go through a staging step and
     the state file's writes and deletions of old checkpoints wait on a check (`portable.checkpoint_class`,
     `portable.checkpoint_manager_class`): tpulaunch passes its lease's.
     """
 
     def __init__(self, build_model: Callable, builder_kwargs: dict, *, optimizer: str, learning_rate: float,
                  optimizer_args: dict, loss: Optional[str], metrics: List[str], seed: Optional[int], model_dir: str,
-                 keep_checkpoint_max: int, custom_loss: Optional[Callable] = None,
+                 keep_checkpoint_max: int, custom_loss: Optional[Callable] = None, distribution=None,
                  write_through: Optional[Callable] = None, fence: Optional[Callable[[], None]] = None):
         keras, jax = keras_on_jax()
         self.keras = keras
         self.devices = jax.devices()
-        if len(self.devices) > 1:
-            keras.distribution.set_distribution(keras.distribution.DataParallel(devices=self.devices))
+        if distribution is None and len(self.devices) > 1:
+            distribution = keras.distribution.DataParallel(devices=self.devices)
+        if distribution is not None:  # before the model is built: its variables are laid out by it
+            keras.distribution.set_distribution(distribution)
         if seed is not None:
             keras.utils.set_random_seed(seed)
         self.model = build_model(**builder_kwargs)

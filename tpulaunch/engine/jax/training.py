@@ -1,6 +1,6 @@
 """The jax engine's training: `standalone.py`'s JaxTraining (Keras 3 on JAX, data-parallel over this machine's
-devices, its steps and checkpoints; the code `tpulaunch explain` prints) on the job's values, with its failures
-told at the job's keys, and the SavedModel export.
+devices, or over the device mesh of a spatial split, `mesh.py`; its steps and checkpoints; the code `tpulaunch
+explain` prints) on the job's values, with its failures told at the job's keys, and the SavedModel export.
 
 Checkpoints are TensorFlow's object-based format under model_dir, named as on the other engines (`model.ckpt-STEP`,
 the `checkpoint` state file, `global_step` inside), so resume, `--checkpoint`, evaluate, the job copy's check and
@@ -42,18 +42,20 @@ class JaxTraining:
     its failures told at the job's keys, its checkpoints staged and fenced by model_dir's lease, and its export.
     Its steps, evaluation, save and attributes (model, devices, step) are the standalone training's."""
 
-    def __init__(self, job: Job, builder, builder_kwargs: dict, *, custom_loss=None):
-        load_keras()  # before standalone imports TensorFlow: TensorFlow's import would settle Keras's backend
+    def __init__(self, job: Job, builder, builder_kwargs: dict, *, custom_loss=None, split=None):
+        _keras, jax = load_keras()  # before standalone imports TensorFlow: its import would settle Keras's backend
         from tpulaunch.engine.core.staged_save import staged_write
-        from tpulaunch.engine.jax import standalone
+        from tpulaunch.engine.jax import mesh, standalone
         from tpulaunch.engine.jax.plain import training_settings
         from tpulaunch.run.lease import ensure_held
 
         self.job = job
+        self.layout = mesh.device_layout(split, jax.devices())  # `split`: partition:'s (mesh.split_of(plan))
         try:
             # Staged, then moved while the run holds model_dir's lease; its state and deletions fenced (as the
             # other engines save: engine/core/staged_save.py).
             self.core = standalone.JaxTraining(builder, builder_kwargs, custom_loss=custom_loss,
+                                               distribution=mesh.distribution(self.layout, job),
                                                write_through=staged_write, fence=lambda: ensure_held(job.run.model_dir),
                                                **training_settings(job))
         except ImportError as exc:  # tf.keras is tf-keras (TF_USE_LEGACY_KERAS, for the keras engine), not installed
