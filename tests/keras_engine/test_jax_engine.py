@@ -239,6 +239,12 @@ def test_what_the_jax_engine_does_not_run_is_refused_at_its_key(project):
            "returned Functional of tf_keras, a tf.keras (Keras 2) model; the jax engine trains Keras 3 models" in said
     assert "[jax-engine-keras2-model]" in said and "Traceback" not in said
 
+    # explain's program trains data-parallel only: a spatial split gets none yet (its mesh is tpulaunch's own).
+    split = _run("explain", project, "--set", "partition={features: {image: [1, 2, 2, 1]}}")
+    said = split.stdout + split.stderr
+    assert split.returncode == 1 and "Traceback" not in said, said
+    assert "this job trains split spatially (partition:), which its program does not do yet" in said
+
 
 def test_a_jax_run_frozen_in_the_middle_of_a_save_leaves_its_successors_checkpoint_alone(project, tmp_path):
     from lease_runs import Run, check_fenced_mid_save
