@@ -20,6 +20,7 @@ from tpulaunch.run import phases
 from tpulaunch.run.events import EvalResult, RunRecorder, TrainSummary
 from tpulaunch.run.lease import ensure_held, raise_if_lost
 from tpulaunch.run.signals import StopSignal
+from tpulaunch.run.workers import is_chief_worker
 
 
 def make_training(job: Job, *, search_path: Sequence[str] = ()):
@@ -42,11 +43,16 @@ def make_training(job: Job, *, search_path: Sequence[str] = ()):
 
 
 def _batches(job: Job, mode: str):
-    """The mode's batches (global batch size) as NumPy: the records read by the same tf.data pipeline as the
-    other engines'."""
+    """The mode's batches as NumPy: the records read by the same tf.data pipeline as the other engines'. Over
+    several hosts each process reads its own share of the records and makes its share of the global batch
+    (`hosts.py`); DataParallel puts the shares together."""
+    from tpulaunch.engine.jax.hosts import InputShare, share
+
     spec = job.train if mode == "train" else (job.eval or job.train)
+    index, count = share()
     with naming_read_errors(job, mode):
-        dataset = make_input_fn(job, mode, use_tpu=False)({"batch_size": spec.batch_size})
+        dataset = make_input_fn(job, mode, use_tpu=False)({"batch_size": spec.batch_size // count,
+                                                          "context": InputShare(index, count)})
     return dataset.as_numpy_iterator()
 
 
@@ -63,7 +69,7 @@ def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop:
         return _JaxSession(job, recorder, should_stop, search_path=search_path)
 
     return loop.train(job, session_for, recorder=recorder, stop=stop or StopSignal(), watch=None, use_tpu=False,
-                      force=force)
+                      force=force, writes_model_dir=is_chief_worker())
 
 
 class _JaxSession:
@@ -78,9 +84,12 @@ class _JaxSession:
         self.recorder.phase_began(phases.BUILD)
         self.training = make_training(self.job, search_path=self.search_path)
         if not self.noted:
-            devices = self.training.devices
+            from tpulaunch.engine.jax.hosts import share
+
+            devices, (index, count) = self.training.devices, share()
             self.recorder.note(f"jax | data-parallel over {len(devices)} {devices[0].platform} "
-                               f"device{'s' if len(devices) > 1 else ''}")
+                               f"device{'s' if len(devices) > 1 else ''}"
+                               + (f" on {count} hosts (this is host {index})" if count > 1 else ""))
             self.noted = True
         restoring = checkpoint_step(self.job.run.model_dir) is not None
         self.recorder.phase_switch(phases.RESTORE if restoring else phases.INITIALISE)
@@ -125,6 +134,8 @@ class _JaxSession:
         return training.step
 
     def _save(self) -> None:
+        if not is_chief_worker():  # over several hosts the chief alone writes model_dir (the same weights)
+            return
         ensure_held(self.job.run.model_dir)
         self.recorder.checkpoint_saved(self.training.step, self.training.save())
 

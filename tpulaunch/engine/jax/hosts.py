@@ -1,0 +1,66 @@
+"""The jax engine over several hosts: every host runs `tpulaunch train`, joins the others through
+`jax.distributed.initialize()` before anything asks JAX for its devices, feeds its own share of each batch, and
+only process 0 (the chief) writes model_dir.
+
+Which process this is comes from $TF_CONFIG, the multi-worker convention `run/workers.py` reads and `remote/host.py`
+gives every host of a multi-host slice (an "every" engine), so the keras engine's workers and this engine's hosts
+agree on who is the chief. On a TPU VM JAX finds its peers itself (the TPU's metadata); anywhere else (a rehearsal,
+the tests) the coordinator is the first worker's address in $TF_CONFIG, and CPU devices talk through gloo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import List, Optional, Tuple
+
+_JOINED: List[bool] = []  # jax.distributed.initialize() runs once per process
+
+
+def workers() -> Optional[Tuple[List[str], int]]:
+    """(the workers' addresses, this process's index) when $TF_CONFIG names several workers; None otherwise."""
+    from tpulaunch.run.workers import worker_task
+
+    task = worker_task()
+    if task is None:
+        return None
+    cluster = json.loads(os.environ["TF_CONFIG"]).get("cluster", {})
+    addresses = list(cluster.get("chief", [])) + list(cluster.get("worker", []))
+    if len(addresses) < 2:
+        return None
+    kind, index = task
+    return addresses, index + (len(cluster.get("chief", [])) if kind == "worker" else 0)
+
+
+def join(*, on_tpu: bool) -> int:
+    """Join the other hosts (once per process, before JAX picks its devices); how many processes train."""
+    import jax
+
+    found = workers()
+    if found is None:
+        return 1
+    addresses, index = found
+    if _JOINED:
+        return len(addresses)
+    if on_tpu:
+        jax.distributed.initialize()  # the TPU VM's metadata names the coordinator, the count and this host
+    else:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices across processes
+        jax.distributed.initialize(coordinator_address=addresses[0], num_processes=len(addresses), process_id=index)
+    _JOINED.append(True)
+    return len(addresses)
+
+
+def share() -> Tuple[int, int]:
+    """(this process's index, how many processes feed the batch): each reads and feeds 1/count of it."""
+    import jax
+
+    return jax.process_index(), jax.process_count()
+
+
+class InputShare:
+    """What the input pipeline reads for this process (`portable.host_shard`'s InputContext form): every
+    count-th file, or every count-th record when there are fewer files than processes."""
+
+    def __init__(self, index: int, count: int):
+        self.input_pipeline_id, self.num_input_pipelines = index, count
