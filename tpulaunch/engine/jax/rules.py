@@ -46,9 +46,6 @@ def problems(loaded: LoadedJob) -> list:
     if run is not None and run.warm_start:
         refuse(("run", "warm_start"), NOT_YET, "the jax engine does not warm-start yet",
                "remove run.warm_start, or set run.engine: keras")
-    if loaded.section("tpu") is not None:  # (none under --local: the job then runs on this machine)
-        refuse(("tpu",), NOT_YET, "the jax engine runs on this machine's devices only so far: no TPU slice yet",
-               "train it here (--local, or remove tpu:), or set run.engine: keras for a TPU")
     if loaded.section("partition") is not None:
         refuse(("partition",), NOT_YET, "the jax engine does not split inputs spatially yet",
                "remove partition:, or set run.engine: estimator or keras")
