@@ -96,8 +96,13 @@ def install_requirements(extra: str) -> Optional[List[str]]:
 
     try:
         declared = metadata.requires("tpulaunch") or []
+        provided = metadata.metadata("tpulaunch").get_all("Provides-Extra") or []
     except metadata.PackageNotFoundError:
         return None
+    if extra and extra not in provided:  # installed before the extra existed: the VM would miss its framework
+        raise TpuLaunchError(f"this installation's tpulaunch metadata has no [{extra}] extra (installed before it "
+                             "was added), so the TPU VM cannot be told what to install",
+                             hint="reinstall tpulaunch (pip install -e . in a checkout)", exit_code=ExitCode.PROBLEMS)
     wanted = []
     for requirement in declared:
         text, _, marker = requirement.partition(";")
