@@ -37,7 +37,8 @@ def make_training(job: Job, *, search_path: Sequence[str] = ()):
     for split in ("train", "eval"):
         spec = getattr(job, split)
         if spec is not None and spec.batch_size % devices:  # DataParallel splits each batch evenly over them
-            raise TpuLaunchError(f"{split}.batch_size {spec.batch_size} does not divide over this machine's {devices} "
+            where = "this machine's" if len(training.devices) == len(training.local_devices) else "the slice's"
+            raise TpuLaunchError(f"{split}.batch_size {spec.batch_size} does not divide over {where} {devices} "
                                  "devices", hint=f"use a multiple of {devices} (each device gets the same share)")
     return training
 

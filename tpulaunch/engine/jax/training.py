@@ -49,7 +49,8 @@ class JaxTraining:
     def __init__(self, job: Job, builder, builder_kwargs: dict, *, custom_loss=None):
         keras, jax = load_keras()
         self.job, self.keras = job, keras
-        self.devices = jax.devices()
+        self.devices = jax.devices()  # every host's, over several hosts (hosts.py)
+        self.local_devices = jax.local_devices()
         if len(self.devices) > 1:
             keras.distribution.set_distribution(keras.distribution.DataParallel(devices=self.devices))
         if job.run.seed is not None:
