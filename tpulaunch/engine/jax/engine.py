@@ -57,7 +57,7 @@ class JaxEngine(Engine):
 
         if profile:
             raise _not_yet("profile", "drop --profile")
-        hosts.join(on_tpu=plan.on_tpu)  # several hosts ($TF_CONFIG): before JAX picks its devices
+        hosts.join(on_tpu=plan.on_tpu, say=recorder.note)  # several hosts ($TF_CONFIG): before JAX picks devices
         with running_job_code(job):
             return runner.train(job, plan, recorder=recorder, search_path=job.search_path, force=force)
 
@@ -65,7 +65,7 @@ class JaxEngine(Engine):
                  cpu_replicas: Optional[int] = None):
         from tpulaunch.engine.jax import hosts, runner
 
-        hosts.join(on_tpu=plan.on_tpu)
+        hosts.join(on_tpu=plan.on_tpu, say=recorder.note)
         with running_job_code(job):
             return runner.evaluate(job, plan, checkpoint=command_line_path(checkpoint), recorder=recorder,
                                    search_path=job.search_path)

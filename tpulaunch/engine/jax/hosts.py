@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 _JOINED: List[bool] = []  # jax.distributed.initialize() runs once per process
 
@@ -32,9 +32,14 @@ def workers() -> Optional[Tuple[List[str], int]]:
     return addresses, index + (len(cluster.get("chief", [])) if kind == "worker" else 0)
 
 
-def join(*, on_tpu: bool) -> int:
-    """Join the other hosts (once per process, before JAX picks its devices); how many processes train."""
+def join(*, on_tpu: bool, say: Callable[[str], None] = lambda text: None) -> int:
+    """Join the other hosts (once per process, before JAX picks its devices); how many processes train. It waits
+    for all of them, and a peer that never comes makes JAX end this process itself after its timeout (5 minutes,
+    "Terminating process because the JAX distributed service detected fatal errors"), so it says first what it
+    waits for."""
     import jax
+
+    from tpulaunch.errors import TpuLaunchError, first_line
 
     found = workers()
     if found is None:
@@ -42,11 +47,20 @@ def join(*, on_tpu: bool) -> int:
     addresses, index = found
     if _JOINED:
         return len(addresses)
-    if on_tpu:
-        jax.distributed.initialize()  # the TPU VM's metadata names the coordinator, the count and this host
-    else:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices across processes
-        jax.distributed.initialize(coordinator_address=addresses[0], num_processes=len(addresses), process_id=index)
+    coordinator = "the TPU VM's metadata" if on_tpu else addresses[0]
+    say(f"jax | joining {len(addresses)} hosts as host {index} ($TF_CONFIG), coordinator {coordinator}")
+    try:
+        if on_tpu:
+            jax.distributed.initialize()  # the TPU VM's metadata names the coordinator, the count and this host
+        else:
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices across processes
+            jax.distributed.initialize(coordinator_address=addresses[0], num_processes=len(addresses),
+                                       process_id=index)
+    except Exception as exc:  # what JAX raises rather than ending the process (an address it cannot use)
+        raise TpuLaunchError(f"host {index} could not join the other {len(addresses) - 1} through jax.distributed "
+                             f"(coordinator {coordinator}): {type(exc).__name__}: {first_line(exc)[:300]}",
+                             hint="every host of $TF_CONFIG's cluster must run the job; unset TF_CONFIG to train "
+                                  "on this machine alone") from None
     _JOINED.append(True)
     return len(addresses)
 
