@@ -116,3 +116,17 @@ def test_jax_tpu_is_jax_with_libtpu_beside_a_tensorflow_without_a_tpu_runtime(re
     # The verdict validate gives this machine's JAX, fed the resolutions instead of the installed metadata.
     assert jax_stack.installed_verdict(tpu_build, "pjrt") is None
     assert jax_stack.installed_verdict(here, "pjrt").code == "jax-without-tpu"
+
+
+def test_a_jax_jobs_tpu_vm_is_told_to_install_the_jax_tpu_extra_and_a_missing_extra_is_refused():
+    """What `run`'s stage tells the VM to install (`stage.install_requirements`), from this installation's metadata."""
+    from tpulaunch.errors import TpuLaunchError
+    from tpulaunch.remote.stage import install_requirements
+    from tpulaunch.seam.registry import about
+
+    wanted = install_requirements(about("jax").tpu_extra)
+    assert "jax[tpu]>=0.4" in wanted and "tensorflow-cpu>=2.16" in wanted and "keras>=3" in wanted
+    assert not any(line.startswith(("tensorflow>", "tf-keras", "jax[cpu]")) for line in wanted)
+    with pytest.raises(TpuLaunchError, match=r"tpulaunch metadata has no \[no-such-extra\] extra") as refused:
+        install_requirements("no-such-extra")
+    assert refused.value.hint.startswith("reinstall tpulaunch")
