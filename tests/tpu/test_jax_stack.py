@@ -39,6 +39,7 @@ def test_validate_holds_a_jax_job_to_the_generations_and_runtimes_jax_runs_on(tm
     result = run("validate", "--static", write_job(tmp_path, tpu_type, runtime, engine="jax"))
     assert result.exit_code == 1, result.output  # the job's local paths, which a TPU VM cannot read
     assert "jax-engine-unsupported" not in result.output  # a TPU slice is the jax engine's to train on
+    assert "iterations_per_loop" not in result.output  # one step per call: no TPU loop to warn about
     for said in expected:
         assert said in result.output
     if not expected:
