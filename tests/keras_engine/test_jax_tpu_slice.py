@@ -16,24 +16,35 @@ import yaml
 
 from .test_jax_engine import TPULAUNCH, _env, _variables, project  # noqa: F401  (project: the job's fixture)
 
-# The job's classifier (test_jax_engine's) with a pause of 0.2 s in each step, so that the rehearsal sees step 4 in the log while the run
-# is still short of its end (as tests/remote/test_rehearse.py paces the keras engine's steps).
-PACED = textwrap.dedent("""\
+# The job's classifier (test_jax_engine's) whose steps past the 4th wait for a folder to appear ($HOLD_UNTIL: the
+# second VM's attempt folder), so that the first VM is still at step 4 when the rehearsal preempts it there; the
+# second VM's steps find the folder and do not wait, nor do a run's without $HOLD_UNTIL.
+HELD = textwrap.dedent("""\
+    import os
     import time
 
     import jax
     import keras
 
+    STEPS = [0]
 
-    class Pause(keras.layers.Layer):
+
+    def _step():
+        STEPS[0] += 1
+        until = os.environ.get("HOLD_UNTIL")
+        while until and STEPS[0] > 4 and not os.path.exists(until):
+            time.sleep(0.05)
+
+
+    class Hold(keras.layers.Layer):
         def call(self, x):
-            jax.debug.callback(lambda: time.sleep(0.2))
+            jax.debug.callback(_step)
             return x
 
 
-    def paced(num_classes=3):
+    def held(num_classes=3):
         inputs = keras.Input(shape=(8, 8, 1), name="image")
-        x = keras.layers.Conv2D(4, 3, padding="same", activation="relu")(Pause()(inputs))
+        x = keras.layers.Conv2D(4, 3, padding="same", activation="relu")(Hold()(inputs))
         x = keras.layers.GlobalAveragePooling2D()(x)
         return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
     """)
@@ -44,15 +55,16 @@ def test_two_hosts_rehearsed_through_a_preemption_train_what_one_process_trains(
     job.pop("eval")
     job["tpu"] = {"name": "jax-tpu", "zone": "us-central1-a", "project": "test-project", "type": "v4-16"}
     job["train"]["steps"] = 8
-    job["model"]["builder"] = "paced:paced"
-    (project / "paced.py").write_text(PACED)
+    job["model"]["builder"] = "held:held"
+    (project / "held.py").write_text(HELD)
     (project / "slice.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
     env = dict(_env(), NO_GCE_CHECK="True")
     slice_dir, one_dir = tmp_path / "slice", tmp_path / "one"
 
     rehearsed = subprocess.run([*TPULAUNCH, "rehearse", "slice.yaml", "--hosts", "2", "--preempt-at", "4",
                                 "--recreate", "1", "--set", f"run.model_dir={slice_dir}"],
-                               cwd=project, env=env, capture_output=True, text=True, timeout=400)
+                               cwd=project, env=dict(env, HOLD_UNTIL=str(slice_dir / "tpulaunch-remote/attempts/2")),
+                               capture_output=True, text=True, timeout=400)
     said = rehearsed.stdout + rehearsed.stderr
     assert rehearsed.returncode == 0, said
     assert "tpu | creating TPU node 'jax-tpu' (v4-16, on-demand, tpu-ubuntu2204-base)" in rehearsed.stderr
@@ -61,6 +73,8 @@ def test_two_hosts_rehearsed_through_a_preemption_train_what_one_process_trains(
     assert "resumed from step 3" in rehearsed.stdout
     assert rehearsed.stdout.strip().splitlines()[-1].startswith("run | done | step 8/8 | 2 VMs | 1 recovery")
 
+    first = (slice_dir / "tpulaunch-remote/attempts/1/worker-0.log").read_text()
+    assert "train | step 4/8" in first and "train | step 5/8" not in first  # held at step 4 until preempted
     attempt = slice_dir / "tpulaunch-remote/attempts/2"
     hosts = [json.loads((attempt / f"worker-{w}.json").read_text()) for w in (0, 1)]
     assert [(h["role"], h["exit_code"]) for h in hosts] == [("train", 0), ("train", 0)]
