@@ -62,6 +62,10 @@ def join(*, on_tpu: bool, say: Callable[[str], None] = lambda text: None) -> int
                              hint="every host of $TF_CONFIG's cluster must run the job; unset TF_CONFIG to train "
                                   "on this machine alone") from None
     _JOINED.append(True)
+    if jax.process_count() != len(addresses):  # JAX's peers (a TPU VM's metadata) against $TF_CONFIG's
+        raise TpuLaunchError(f"JAX joined {jax.process_count()} processes where $TF_CONFIG names {len(addresses)} "
+                             "hosts", hint="run the job with the $TF_CONFIG `tpulaunch run` gives each host of the "
+                                           "slice (remote/host.py)")
     return len(addresses)
 
 
