@@ -56,3 +56,15 @@ def test_up_creates_a_jax_jobs_tpu_vm_with_its_generations_base_image(api, tmp_p
     created = api.created[0]
     node = created["queuedResource"]["tpu"]["nodeSpec"][0]["node"] if "queuedResource" in created else created["node"]
     assert (node["acceleratorType"], node["runtimeVersion"]) == (tpu_type, image)
+
+
+def test_a_spatial_split_on_a_slice_of_several_hosts_is_refused_at_partition(tmp_path):
+    job = write_job(tmp_path, "v4-16\n          cores_per_replica: 4", "tpu-ubuntu2204-base", engine="jax")
+    result = run("validate", "--static", job, "--set", "partition.features.image=[1, 2, 2, 1]",
+                 "--set", "train.batch_size=16")
+    assert result.exit_code == 1, result.output
+    assert "partition: the jax engine splits inputs spatially on one host so far; v4-16 has 2 hosts " \
+           "[jax-engine-unsupported]" in result.output
+    one_host = run("validate", "--static", job, "--set", "partition.features.image=[1, 2, 2, 1]",
+                   "--set", "tpu.type=v4-8", "--set", "train.batch_size=16")
+    assert "splits inputs spatially on one host so far" not in one_host.output

@@ -56,6 +56,9 @@ class EngineAbout:
     # its framework but build nothing, after the flags and the model's import paths
     code_checks: Tuple[Tuple[str, str], ...] = ()
     even_splits: bool = False  # spatial splits must be even (uneven ones are errors; partition: auto picks even)
+    # partition: splits inputs over this machine's devices too (no tpu:, or --local): a replica is as many devices as
+    # the largest product of the partition dims (else partition: applies on a TPU only)
+    partition_on_devices: bool = False
     device_assignment: bool = False  # a replica is a block of the slice's topology (plan: its DeviceAssignment)
     batches_per_replica: bool = False  # its input pipeline batches per replica (else per input_fn call)
     cpu_replicas: bool = False  # can split this machine's CPU into replicas (--cpu-replicas)

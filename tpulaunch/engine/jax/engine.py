@@ -34,7 +34,7 @@ class JaxEngine(Engine):
 
         with running_job_code(loaded.job):
             try:
-                make_training(loaded.job, search_path=loaded.job.search_path)
+                make_training(loaded.job, plan, search_path=loaded.job.search_path)
             except BuildError as failure:
                 return [loaded.problem(failure.key, failure.code or "model-build-failed",
                                        f"building the train model: {failure.detail}", failure.hint)]

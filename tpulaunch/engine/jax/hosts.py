@@ -69,6 +69,30 @@ def join(*, on_tpu: bool, say: Callable[[str], None] = lambda text: None) -> int
     return len(addresses)
 
 
+def hosts_problems(loaded, code: str) -> list:
+    """A spatial split (partition:) on a slice of several hosts is not run yet: each host would feed a share of the
+    batch that a split dim spans across hosts. Pure Python (validate --static)."""
+    from tpulaunch.tpu.types import lookup
+
+    tpu = loaded.section("tpu")
+    found = lookup(tpu.type) if tpu is not None and loaded.usable("tpu") else None
+    if loaded.section("partition") is None or found is None or found.hosts < 2:
+        return []
+    return [loaded.problem(("partition",), code, f"the jax engine splits inputs spatially on one host so far; "
+                           f"{found.name} has {found.hosts} hosts", "remove partition: (data-parallel over every "
+                           "host's chips), or choose a one-host type")]
+
+
+def refuse_split_over_hosts(layout) -> None:
+    """The same at train time, where the hosts come from $TF_CONFIG (a rehearsal's, whose train runs --local)."""
+    from tpulaunch.errors import TpuLaunchError
+
+    count = share()[1]
+    if layout.split is not None and count > 1:
+        raise TpuLaunchError(f"the jax engine splits inputs spatially on one host so far; this run has {count} hosts",
+                             hint="remove partition:, or train on one host")
+
+
 def share() -> Tuple[int, int]:
     """(this process's index, how many processes feed the batch): each reads and feeds 1/count of it."""
     import jax

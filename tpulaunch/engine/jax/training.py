@@ -1,6 +1,7 @@
 """Keras 3 on JAX: the job's model compiled for the JAX backend with the job's loss, optimizer and metrics, data
 parallel over this machine's devices (`keras.distribution.DataParallel`: the batch split along its first dimension,
-the variables replicated), its steps, and its checkpoints.
+the variables replicated; or a device mesh that also splits the inputs spatially, `mesh.py`), its steps, and its
+checkpoints.
 
 Checkpoints are TensorFlow's object-based format under model_dir, named as on the other engines (`model.ckpt-STEP`,
 the `checkpoint` state file, `global_step` inside), so resume, `--checkpoint`, evaluate, the job copy's check and
@@ -46,13 +47,16 @@ def load_keras():
 class JaxTraining:
     """The job's compiled Keras 3 model on JAX, its global step and its checkpoints in `model_dir`."""
 
-    def __init__(self, job: Job, builder, builder_kwargs: dict, *, custom_loss=None):
+    def __init__(self, job: Job, builder, builder_kwargs: dict, *, custom_loss=None, split=None):
+        from tpulaunch.engine.jax import mesh
+
         keras, jax = load_keras()
         self.job, self.keras = job, keras
         self.devices = jax.devices()  # every host's, over several hosts (hosts.py)
-        self.local_devices = jax.local_devices()
-        if len(self.devices) > 1:
-            keras.distribution.set_distribution(keras.distribution.DataParallel(devices=self.devices))
+        self.layout = mesh.device_layout(split, self.devices)  # `split`: partition:'s (mesh.split_of(plan))
+        distribution = mesh.distribution(self.layout, job)
+        if distribution is not None:
+            keras.distribution.set_distribution(distribution)
         if job.run.seed is not None:
             keras.utils.set_random_seed(job.run.seed)
         try:
