@@ -52,7 +52,7 @@ class JaxTraining:
 
         keras, jax = load_keras()
         self.job, self.keras = job, keras
-        self.devices = jax.devices()
+        self.devices = jax.devices()  # every host's, over several hosts (hosts.py)
         self.layout = mesh.device_layout(split, self.devices)  # `split`: partition:'s (mesh.split_of(plan))
         distribution = mesh.distribution(self.layout, job)
         if distribution is not None:
@@ -143,7 +143,7 @@ class JaxTraining:
         import tensorflow as tf
 
         if self._checkpoint is None:
-            self._mirrors = [tf.Variable(np.asarray(v.value), name=f"v{i}", trainable=False)
+            self._mirrors = [tf.Variable(_on_host(v.value), name=f"v{i}", trainable=False)
                              for i, v in enumerate(self._variables())]
             self._global_step = tf.Variable(0, dtype=tf.int64, name="global_step", trainable=False)
             # Staged, then moved while the run holds model_dir's lease; its state and deletions fenced (as the
@@ -162,7 +162,7 @@ class JaxTraining:
         """A checkpoint at the current step; its path (model_dir/model.ckpt-STEP)."""
         self._tf_checkpoint()
         for mirror, variable in zip(self._mirrors, self._variables()):
-            mirror.assign(np.asarray(variable.value))
+            mirror.assign(_on_host(variable.value))
         self._global_step.assign(self.step)
         return self._manager.save(checkpoint_number=self.step)
 
@@ -191,6 +191,14 @@ class JaxTraining:
             variable.assign(mirror.numpy())
         self.step = int(self._global_step.numpy())
         return self.step
+
+
+def _on_host(value) -> np.ndarray:
+    """A variable's value as NumPy. Over several hosts a variable spans devices this process cannot read, but it
+    is replicated: this process's first device holds all of it."""
+    if getattr(value, "is_fully_addressable", True):
+        return np.asarray(value)
+    return np.asarray(value.addressable_data(0))
 
 
 def _keras2_model(job: Job, what: str) -> TpuLaunchError:
