@@ -263,7 +263,7 @@ def check_cadence(loaded: LoadedJob) -> list:
         problems.append(loaded.problem(("eval", "every_steps"), "eval-after-training",
                                        f"every_steps {ev.every_steps} >= train.steps {train.steps}: evaluation runs only at the end",
                                        "lower every_steps, or leave it out to evaluate once at the end", severity="warning"))
-    if tpu is None:
+    if tpu is None or not loaded.engine_about.tpu_loops:
         return problems
     loop = tpu.iterations_per_loop
     if train is not None and loop > train.steps:

@@ -70,6 +70,9 @@ class EngineAbout:
     # "chief": worker 0 alone, its framework driving every host's chips; "every": each host runs it, worker 0 the
     # chief (the lease, model_dir's shared files). On a one-host slice both are worker 0 alone.
     tpu_hosts: str = "chief"
+    # Whether it runs tpu.iterations_per_loop steps per host round trip on a TPU (TPUEstimator's loop, Keras's
+    # steps_per_execution), so that checkpoints and evaluations fall between loops; validate's cadence warnings ask.
+    tpu_loops: bool = True
     params_set_by_tensorflow: Tuple[str, ...] = ()  # model.params keys its framework sets itself (TPUEstimator's)
 
     @property

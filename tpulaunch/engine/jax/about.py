@@ -25,4 +25,5 @@ ABOUT = EngineAbout(
     batches_per_replica=False,  # one pipeline makes the global batch; DataParallel splits it over the devices
     tpu_extra="jax-tpu",
     tpu_hosts="every",
+    tpu_loops=False,  # one step per call on a TPU too: tpu.iterations_per_loop does not set its cadence
 )

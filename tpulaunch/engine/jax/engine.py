@@ -53,20 +53,19 @@ class JaxEngine(Engine):
 
     def train(self, job, plan, *, recorder, cluster_resolver=None, force=False, watch=None, profile=None,
               cpu_replicas: Optional[int] = None):
-        from tpulaunch.engine.jax import runner
-        from tpulaunch.run.workers import worker_task
+        from tpulaunch.engine.jax import hosts, runner
 
         if profile:
             raise _not_yet("profile", "drop --profile")
-        if worker_task() is not None:  # each worker would train alone and write the same model_dir
-            raise _not_yet("train over several processes ($TF_CONFIG names workers)", "unset TF_CONFIG")
+        hosts.join(on_tpu=plan.on_tpu, say=recorder.note)  # several hosts ($TF_CONFIG): before JAX picks devices
         with running_job_code(job):
             return runner.train(job, plan, recorder=recorder, search_path=job.search_path, force=force)
 
     def evaluate(self, job, plan, *, recorder, checkpoint: Optional[str] = None, cluster_resolver: Any = None,
                  cpu_replicas: Optional[int] = None):
-        from tpulaunch.engine.jax import runner
+        from tpulaunch.engine.jax import hosts, runner
 
+        hosts.join(on_tpu=plan.on_tpu, say=recorder.note)
         with running_job_code(job):
             return runner.evaluate(job, plan, checkpoint=command_line_path(checkpoint), recorder=recorder,
                                    search_path=job.search_path)
@@ -75,6 +74,13 @@ class JaxEngine(Engine):
         from tpulaunch.engine.jax import runner
 
         return export_from_command_line(runner.export, job, plan, out_dir, checkpoint)
+
+    def append_run_record(self, model_dir: str, line: str) -> str:
+        from tpulaunch.run.workers import is_chief_worker
+
+        if not is_chief_worker():  # one record per run, the chief's
+            return ""
+        return super().append_run_record(model_dir, line)
 
     def program(self, loaded, plan) -> str:
         from tpulaunch.engine.jax.program import explain_script

@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 from tpulaunch.engine.core import loop
 from tpulaunch.engine.core.build_failures import build_errors
 from tpulaunch.engine.core.model_dir import checkpoint_step
+from tpulaunch.engine.jax.hosts import refuse_split_over_hosts
 from tpulaunch.engine.pipeline import make_input_fn, naming_read_errors
 from tpulaunch.engine.plain import log_every_steps, spec_errors
 from tpulaunch.errors import TpuLaunchError
@@ -20,6 +21,7 @@ from tpulaunch.run import phases
 from tpulaunch.run.events import EvalResult, RunRecorder, TrainSummary
 from tpulaunch.run.lease import ensure_held, raise_if_lost
 from tpulaunch.run.signals import StopSignal
+from tpulaunch.run.workers import is_chief_worker
 
 
 def make_training(job: Job, plan: Optional[Plan], *, search_path: Sequence[str] = ()):
@@ -34,17 +36,22 @@ def make_training(job: Job, plan: Optional[Plan], *, search_path: Sequence[str] 
         whole_loss, _losses, _metrics = job_functions(job, search_path=search_path)
         training = JaxTraining(job, builder, kwargs, custom_loss=whole_loss, split=mesh.split_of(plan))
     mesh.check_batches(job, training.layout)
+    refuse_split_over_hosts(training.layout)
     return training
 
 
 def _batches(job: Job, mode: str):
-    """The mode's batches (global batch size) as NumPy: the records read by the same tf.data pipeline as the
-    other engines'."""
-    from tpulaunch.engine.jax.standalone import numpy_batches
+    """The mode's batches as NumPy: the records read by the same tf.data pipeline as the other engines'. Over
+    several hosts each process reads its own share of the records and makes its share of the global batch
+    (`hosts.py`); DataParallel puts the shares together."""
+    from tpulaunch.engine.jax.hosts import InputShare, share
 
     spec = job.train if mode == "train" else (job.eval or job.train)
+    index, count = share()
     with naming_read_errors(job, mode):
-        return numpy_batches(make_input_fn(job, mode, use_tpu=False), spec.batch_size)
+        dataset = make_input_fn(job, mode, use_tpu=False)({"batch_size": spec.batch_size // count,
+                                                          "context": InputShare(index, count)})
+    return dataset.as_numpy_iterator()
 
 
 # ------------------------------------------------------------------------------------------ train
@@ -60,7 +67,7 @@ def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop:
         return _JaxSession(job, plan, recorder, should_stop, search_path=search_path)
 
     return loop.train(job, session_for, recorder=recorder, stop=stop or StopSignal(), watch=None, use_tpu=False,
-                      force=force)
+                      force=force, writes_model_dir=is_chief_worker())
 
 
 class _JaxSession:
@@ -76,7 +83,11 @@ class _JaxSession:
         self.recorder.phase_began(phases.BUILD)
         self.training = make_training(self.job, self.plan, search_path=self.search_path)
         if not self.noted:
-            self.recorder.note(self.training.layout.describe())
+            from tpulaunch.engine.jax.hosts import share
+
+            index, count = share()
+            self.recorder.note(self.training.layout.describe()
+                               + (f" on {count} hosts (this is host {index})" if count > 1 else ""))
             self.noted = True
         restoring = checkpoint_step(self.job.run.model_dir) is not None
         self.recorder.phase_switch(phases.RESTORE if restoring else phases.INITIALISE)
@@ -121,6 +132,8 @@ class _JaxSession:
         return training.step
 
     def _save(self) -> None:
+        if not is_chief_worker():  # over several hosts the chief alone writes model_dir (the same weights)
+            return
         ensure_held(self.job.run.model_dir)
         self.recorder.checkpoint_saved(self.training.step, self.training.save())
 

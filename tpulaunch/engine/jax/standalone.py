@@ -123,7 +123,7 @@ class JaxTraining:
     def _tf_checkpoint(self):
         """TensorFlow variables mirroring the model's and the optimizer's, and the global step, made once."""
         if self._checkpoint is None:
-            self._mirrors = [tf.Variable(np.asarray(v.value), name=f"v{i}", trainable=False)
+            self._mirrors = [tf.Variable(on_host(v.value), name=f"v{i}", trainable=False)
                              for i, v in enumerate(self._variables())]
             self._global_step = tf.Variable(0, dtype=tf.int64, name="global_step", trainable=False)
             self._checkpoint = checkpoint_class(self.write_through)(global_step=self._global_step,
@@ -137,7 +137,7 @@ class JaxTraining:
         """A checkpoint at the current step; its path (model_dir/model.ckpt-STEP)."""
         self._tf_checkpoint()
         for mirror, variable in zip(self._mirrors, self._variables()):
-            mirror.assign(np.asarray(variable.value))
+            mirror.assign(on_host(variable.value))
         self._global_step.assign(self.step)
         return self._manager.save(checkpoint_number=self.step)
 
@@ -154,10 +154,18 @@ class JaxTraining:
         return self.step
 
 
+def on_host(value) -> np.ndarray:
+    """A variable's value as NumPy. Over several hosts a variable spans devices this process cannot read, but it
+    is replicated: this process's first device holds all of it."""
+    if getattr(value, "is_fully_addressable", True):
+        return np.asarray(value)
+    return np.asarray(value.addressable_data(0))
+
+
 def numpy_batches(input_fn: Callable, batch_size: int):
     """The batches of a `portable.make_input_fn` input_fn (global batch size) as NumPy, as JAX takes them."""
     return input_fn({"batch_size": batch_size}).as_numpy_iterator()
 
 
 __all__ = ["JaxTraining", "NotKeras3Model", "keras_on_jax", "make_optimizer", "make_loss", "outputs_logits",
-           "numpy_batches", "CHECKPOINT_NAME"]
+           "numpy_batches", "on_host", "CHECKPOINT_NAME"]
