@@ -1,6 +1,6 @@
 """Keras 3 on JAX as an `Engine`: the job's Keras 3 model compiled for the JAX backend, data-parallel over this
 machine's devices, trained in the loop every engine runs, exported as a SavedModel. What it does not do yet
-(explain, plan's memory, `--tf`, TPU slices, spatial partitioning) it refuses with a clear message."""
+(plan's memory, `--tf`, TPU slices, spatial partitioning) it refuses with a clear message."""
 
 from __future__ import annotations
 
@@ -83,7 +83,9 @@ class JaxEngine(Engine):
         return super().append_run_record(model_dir, line)
 
     def program(self, loaded, plan) -> str:
-        raise _not_yet("print its program (explain)", "tpulaunch explain --engine keras")
+        from tpulaunch.engine.jax.program import explain_script
+
+        return explain_script(loaded, plan)
 
     def log_every_steps(self, job) -> int:
         from tpulaunch.engine.plain import log_every_steps
