@@ -26,11 +26,16 @@ TPULAUNCH = [sys.executable, "-m", "tpulaunch"]
 
 KERAS3_MODELS = textwrap.dedent('''
     import keras
+    from absl import flags
+
+    if "conv_filters" not in flags.FLAGS:
+        flags.DEFINE_integer("conv_filters", 4, "the convolution's filters")
 
 
-    def classifier(num_classes=3):
+    def classifier(num_classes=3, filters=None):
         inputs = keras.Input(shape=(8, 8, 1), name="image")
-        x = keras.layers.Conv2D(4, 3, padding="same", activation="relu")(inputs)
+        filters = filters or flags.FLAGS.conv_filters  # the job's flags: set it, as a FLAGS program's command line would
+        x = keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(inputs)
         x = keras.layers.GlobalAveragePooling2D()(x)
         return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
 
@@ -80,6 +85,7 @@ def project(tmp_path_factory) -> Path:
         "train": {"batch_size": 8, "steps": 6},
         "eval": {"batch_size": 8, "steps": 2},
         "run": {"model_dir": "runs/j", "save_checkpoints_steps": 3, "log_every_steps": 1, "seed": 3, "engine": "jax"},
+        "flags": {"conv_filters": 5},
     }
     (root / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
     return root
@@ -103,7 +109,7 @@ def _keras3_classifier_with(variables: dict):
 
     namespace = {}
     exec(KERAS3_MODELS, namespace)
-    model = namespace["classifier"](num_classes=3)
+    model = namespace["classifier"](num_classes=3, filters=5)
     model.set_weights([variables[f"variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"] for i in range(len(model.weights))])
     assert isinstance(model, keras.Model)
     return model
@@ -116,6 +122,8 @@ def one_device_run(project, tmp_path_factory) -> tuple:
     result = _run("train", project, "--model-dir", str(one))
     assert result.returncode == 0, result.stderr
     assert re.search(r"^eval \| step 6 \| accuracy [0-9.]+ \| loss [0-9.]+$", result.stdout, re.MULTILINE)
+    # The job's flags: were set before its builder ran: the convolution has conv_filters' 5, not its default 4.
+    assert _variables(one)["variables/0/.ATTRIBUTES/VARIABLE_VALUE"].shape == (3, 3, 1, 5)
     return one, result.stdout
 
 

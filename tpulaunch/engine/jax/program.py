@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 from tpulaunch.engine import plain as neutral  # the engine-neutral values: the input pipeline
 from tpulaunch.engine.jax.plain import training_settings
-from tpulaunch.engine.program_parts import (Keys, builder_lines, call, env_reads, files_list, job_dir_lines,
-                                            keywords, reference_lines, settings_lines, verbatim_lines)
+from tpulaunch.engine.program_parts import (Keys, builder_lines, call, env_reads, files_list, flag_lines,
+                                            job_dir_lines, keywords, reference_lines, settings_lines, verbatim_lines)
 from tpulaunch.engine.sources import program_source
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.load import LoadedJob
@@ -116,6 +116,7 @@ def explain_script(loaded: LoadedJob, plan: "Plan") -> str:
     lines += reference_lines(job)
     lines += builder_lines(job, at, search_path=job.search_path, optimizers="the Keras optimizer classes")
     lines.append("")
+    lines += flag_lines(job, at)
     lines += verbatim_lines(STANDALONE, "the input pipeline, the model compiled on JAX, its steps, evaluation and "
                             "checkpoints `tpulaunch train` runs on the jax engine", program_source(STANDALONE),
                             _tail(inputs, training))

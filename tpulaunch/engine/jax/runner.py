@@ -30,7 +30,10 @@ def make_training(job: Job, plan: Optional[Plan], *, search_path: Sequence[str] 
     from tpulaunch.engine.jax.training import JaxTraining, load_keras
     from tpulaunch.engine.job_code import job_builder, job_functions
 
+    from tpulaunch.job.flags import apply_flags
+
     load_keras()
+    apply_flags(job, search_path=search_path)  # before the job's code runs: it may read FLAGS as it builds
     builder, kwargs = job_builder(job, search_path=search_path, keras3=True)
     with build_errors(job, "train"), spec_errors():
         whole_loss, _losses, _metrics = job_functions(job, search_path=search_path)
