@@ -1,4 +1,4 @@
-"""A fault campaign: N random faults of each kind against real CPU training runs, on either engine; after each,
+"""A fault campaign: N random faults of each kind against real CPU training runs, on any engine; after each,
 the rerun is compared with an uninterrupted run.
 
 Kinds (`--kinds`, all by default):
@@ -20,8 +20,8 @@ every checkpoint the state file lists reads back with finite values, that every 
 is a lost record), that the lease is released, and counts the steps lost (the last step the output showed before
 the fault, less the step the rerun starts from; a SIGKILL may lose up to save_checkpoints_steps).
 
-Run:  .venv/bin/python benchmarks/faults.py [--per-kind 5] [--engine estimator|keras] [--kinds sighup,sigstop] [--seed 0]
-      (the keras engine under .venv-keras). Prints one line per fault and the table for docs/reliability.md;
+Run:  .venv/bin/python benchmarks/faults.py [--per-kind 5] [--engine estimator|keras|jax] [--kinds sighup,sigstop]
+      [--seed 0] (the keras and jax engines under .venv-keras). Prints one line per fault and the table for docs/reliability.md;
       exits 1 on any failure.
 """
 
@@ -188,8 +188,10 @@ class Campaign:
             fault.failures.append(f"exit {child.returncode}, expected {sorted(expected)}: {stderr[-1200:]}")
         if "Traceback" in stderr or "error: unexpected" in stderr:
             fault.failures.append(f"a traceback after {kind}: {stderr[-1500:]}")
-        # Every run but a killed one leaves its record, whenever the signal came (before TensorFlow loaded too).
-        self.rerun_and_compare(fault, model_dir, runs_recorded=0 if signum == signal.SIGKILL else 1)
+        # Every run but a killed one leaves its record once it has taken model_dir's lease, whenever the signal came
+        # (before TensorFlow loaded too); one stopped before that (while Python loads tpulaunch) never touched it.
+        reached = os.path.exists(os.path.join(model_dir, LEASE))
+        self.rerun_and_compare(fault, model_dir, runs_recorded=0 if signum == signal.SIGKILL or not reached else 1)
         if signum != signal.SIGKILL and fault.steps_lost:
             fault.failures.append(f"{kind} lost {fault.steps_lost} steps")
         if signum == signal.SIGKILL and fault.steps_lost > self.every:
@@ -528,7 +530,7 @@ def table(faults: List[Fault]) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--per-kind", type=int, default=5)
-    parser.add_argument("--engine", choices=("estimator", "keras"), default="estimator")
+    parser.add_argument("--engine", choices=("estimator", "keras", "jax"), default="estimator")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of: {', '.join(KINDS)}")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=40)

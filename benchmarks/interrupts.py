@@ -39,11 +39,18 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
 EXPECTED_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGKILL: -signal.SIGKILL}
 
 BUILDER = textwrap.dedent('''
-    import tensorflow as tf
+    import os
+
+    if os.environ.get("KERAS_BACKEND") == "jax":  # the jax engine trains Keras 3 models on JAX
+        import keras
+    else:
+        import tensorflow as tf
+
+        keras = tf.keras
 
     def build(num_classes=2, **unused):
-        x = tf.keras.Input(shape=(4,), name="x")
-        return tf.keras.Model(x, tf.keras.layers.Dense(num_classes)(x))
+        x = keras.Input(shape=(4,), name="x")
+        return keras.Model(x, keras.layers.Dense(num_classes)(x))
 ''')
 
 JOB = textwrap.dedent('''

@@ -26,11 +26,16 @@ TPULAUNCH = [sys.executable, "-m", "tpulaunch"]
 
 KERAS3_MODELS = textwrap.dedent('''
     import keras
+    from absl import flags
+
+    if "conv_filters" not in flags.FLAGS:
+        flags.DEFINE_integer("conv_filters", 4, "the convolution's filters")
 
 
-    def classifier(num_classes=3):
+    def classifier(num_classes=3, filters=None):
         inputs = keras.Input(shape=(8, 8, 1), name="image")
-        x = keras.layers.Conv2D(4, 3, padding="same", activation="relu")(inputs)
+        filters = filters or flags.FLAGS.conv_filters  # the job's flags: set it, as a FLAGS program's command line would
+        x = keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(inputs)
         x = keras.layers.GlobalAveragePooling2D()(x)
         return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
 
@@ -80,6 +85,7 @@ def project(tmp_path_factory) -> Path:
         "train": {"batch_size": 8, "steps": 6},
         "eval": {"batch_size": 8, "steps": 2},
         "run": {"model_dir": "runs/j", "save_checkpoints_steps": 3, "log_every_steps": 1, "seed": 3, "engine": "jax"},
+        "flags": {"conv_filters": 5},
     }
     (root / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
     return root
@@ -103,22 +109,32 @@ def _keras3_classifier_with(variables: dict):
 
     namespace = {}
     exec(KERAS3_MODELS, namespace)
-    model = namespace["classifier"](num_classes=3)
+    model = namespace["classifier"](num_classes=3, filters=5)
     model.set_weights([variables[f"variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"] for i in range(len(model.weights))])
     assert isinstance(model, keras.Model)
     return model
 
 
-def test_data_parallel_over_8_devices_equals_one_device_evaluates_and_exports_a_savedmodel_that_serves(project,
-                                                                                                      tmp_path):
-    one, eight = tmp_path / "one", tmp_path / "eight"
-    for run, devices, more in ((one, 1, ()), (eight, 8, ("--set", "eval=null"))):
-        result = _run("train", project, "--model-dir", str(run), *more, devices=devices)
-        assert result.returncode == 0, result.stderr
-        assert f"checkpoint | step 6 | {run}/model.ckpt-6" in result.stdout
-        assert f"jax | data-parallel over {devices} cpu device{'s' if devices > 1 else ''}" in result.stdout
-        if devices == 1:  # the run's own evaluation at its end
-            assert re.search(r"^eval \| step 6 \| accuracy [0-9.]+ \| loss [0-9.]+$", result.stdout, re.MULTILINE)
+@pytest.fixture(scope="module")
+def one_device_run(project, tmp_path_factory) -> tuple:
+    """`tpulaunch train` of the job on one device, with its evaluation at the end: (model_dir, stdout)."""
+    one = tmp_path_factory.mktemp("trained") / "one"
+    result = _run("train", project, "--model-dir", str(one))
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^eval \| step 6 \| accuracy [0-9.]+ \| loss [0-9.]+$", result.stdout, re.MULTILINE)
+    # The job's flags: were set before its builder ran: the convolution has conv_filters' 5, not its default 4.
+    assert _variables(one)["variables/0/.ATTRIBUTES/VARIABLE_VALUE"].shape == (3, 3, 1, 5)
+    return one, result.stdout
+
+
+def test_data_parallel_over_8_devices_equals_one_device_evaluates_and_exports_a_savedmodel_that_serves(
+        project, one_device_run, tmp_path):
+    (one, trained), eight = one_device_run, tmp_path / "eight"
+    result = _run("train", project, "--model-dir", str(eight), "--set", "eval=null", devices=8)
+    assert result.returncode == 0, result.stderr
+    for run, devices, stdout in ((one, 1, trained), (eight, 8, result.stdout)):
+        assert f"checkpoint | step 6 | {run}/model.ckpt-6" in stdout
+        assert f"jax | data-parallel over {devices} cpu device{'s' if devices > 1 else ''}" in stdout
     first, second = _variables(one), _variables(eight)
     assert sorted(first) == sorted(second)
     assert first["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == 6
@@ -144,6 +160,50 @@ def test_data_parallel_over_8_devices_equals_one_device_evaluates_and_exports_a_
     assert list(served) == ["outputs"]
     np.testing.assert_allclose(served["outputs"].numpy(), _keras3_classifier_with(second)(images).numpy(),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_the_explained_program_trains_over_8_devices_as_tpulaunch_train_does(project, one_device_run, tmp_path):
+    """`tpulaunch explain`'s program, run with nothing of tpulaunch importable: the same checkpoints, weights and
+    evaluation as `tpulaunch train` of the job; the job's `${RUN_DIR}` is read from the environment as it runs."""
+    from programs_run import RUN_WITHOUT_TPULAUNCH
+    from tpulaunch.run.text import format_value
+
+    job = yaml.safe_load((project / "job.yaml").read_text())
+    job["run"]["model_dir"] = "${RUN_DIR}/run"
+    (project / "explained.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    program, wrapper = tmp_path / "program.py", tmp_path / "run_without_tpulaunch.py"
+    explained = subprocess.run([*TPULAUNCH, "explain", str(project / "explained.yaml"), "-o", str(program)],
+                               capture_output=True, text=True, env=dict(_env(), RUN_DIR="/nowhere"), timeout=120)
+    assert explained.returncode == 0, explained.stderr
+    text = program.read_text()
+    source = (REPO / "tpulaunch" / "engine" / "jax" / "standalone.py").read_text()
+    start = source.index("from tpulaunch.engine.portable import (")  # verbatim but for this import: the program
+    assert source[:start] in text and source[source.index(")\n", start) + 2:] in text  # defines them above it
+    assert "MODEL_DIR = (os.environ['RUN_DIR'] + '/run')  # run.model_dir (explained.yaml:" in text
+    assert "/nowhere" not in text
+    lines = text.splitlines()
+    assert lines.index('os.environ["KERAS_BACKEND"] = "jax"') < lines.index("import tensorflow as tf")
+
+    wrapper.write_text(RUN_WITHOUT_TPULAUNCH)
+    env = {k: v for k, v in _env(devices=8).items() if k != "PYTHONPATH"}
+    ran = subprocess.run([sys.executable, "-I", str(wrapper), str(program)], cwd="/", capture_output=True, text=True,
+                         env=dict(env, RUN_DIR=str(tmp_path)), timeout=300)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    said = ran.stdout.splitlines()
+    assert said[0] == "data-parallel over 8 cpu devices"
+    assert [line for line in said if line.startswith("checkpoint ")] == \
+        [f"checkpoint {tmp_path}/run/model.ckpt-3", f"checkpoint {tmp_path}/run/model.ckpt-6"]
+
+    (one, trained) = one_device_run
+    theirs, ours = _variables(one), _variables(tmp_path / "run")
+    assert sorted(theirs) == sorted(ours) and ours["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == 6
+    for name in theirs:
+        np.testing.assert_allclose(ours[name], theirs[name], rtol=1e-5, atol=1e-5, err_msg=name)
+    # The evaluation at the end, as `tpulaunch train` printed it (4 significant digits).
+    results = eval(said[-1], {})
+    shown = f"eval | step {results['global_step']} | accuracy {format_value(results['accuracy'])} | " \
+            f"loss {format_value(results['loss'])}"
+    assert shown in trained.splitlines()
 
 
 def test_sigint_saves_a_checkpoint_and_the_rerun_resumes_from_it(project, tmp_path):
@@ -186,6 +246,12 @@ def test_what_the_jax_engine_does_not_run_is_refused_at_its_key(project):
     assert "--set:1:1: model.builder: building the train model: model builder 'k3models:tf_keras_classifier' " \
            "returned Functional of tf_keras, a tf.keras (Keras 2) model; the jax engine trains Keras 3 models" in said
     assert "[jax-engine-keras2-model]" in said and "Traceback" not in said
+
+    # explain's program trains data-parallel only: a spatial split gets none yet (its mesh is tpulaunch's own).
+    split = _run("explain", project, "--set", "partition={features: {image: [1, 2, 2, 1]}}")
+    said = split.stdout + split.stderr
+    assert split.returncode == 1 and "Traceback" not in said, said
+    assert "this job trains split spatially (partition:), which its program does not do yet" in said
 
 
 def test_a_jax_run_frozen_in_the_middle_of_a_save_leaves_its_successors_checkpoint_alone(project, tmp_path):

@@ -77,3 +77,44 @@ def test_sighup_mid_training_saves_a_checkpoint_at_the_step_and_the_rerun_resume
     assert rerun.finish() == 0, rerun.text()
     assert f"resumed from step {step} ({run_dir})" in rerun.out, rerun.text()
     assert rerun.out[-1].startswith(f"done | step {step + 3}/{step + 3} | "), rerun.text()
+
+
+# How a SIGINT while libraries load goes astray, reproduced by the job's own module as it is imported (no timing):
+# a garbage-collection callback that reports the handler's KeyboardInterrupt as "Exception ignored" (JAX's, while
+# Keras loads), and C code running Python through which the KeyboardInterrupt passes (TensorFlow's pybind11 exec).
+SWALLOWED_IN_GC = '''
+import gc, os, signal
+
+def _interrupted_in_a_callback(phase, info):
+    gc.callbacks.remove(_interrupted_in_a_callback)
+    os.kill(os.getpid(), signal.SIGINT)  # the handler runs here; the callback's caller swallows its exception
+
+gc.callbacks.append(_interrupted_in_a_callback)
+gc.collect()
+'''
+THROUGH_C_CODE = '''
+import ctypes
+
+ctypes.pythonapi.PyRun_String.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object]
+ctypes.pythonapi.PyRun_String.restype = ctypes.py_object
+ctypes.pythonapi.PyRun_String(b"import os, signal; os.kill(os.getpid(), signal.SIGINT)", 257, {}, {})
+'''
+
+
+@pytest.mark.parametrize("how", ["swallowed by a gc callback", "through C code"])
+def test_a_sigint_that_library_code_mishandles_still_stops_the_run_with_130(project, tmp_path, how):
+    """Swallowed, it would be lost (the run trained to its end, exit 0); passed through C code, CPython remembers
+    it and ends `python -m tpulaunch` by SIGINT after the clean exit (-2). Both: exit 130, never trained."""
+    root = tmp_path / "job"
+    root.mkdir()
+    (root / "train_models.py").write_text((SWALLOWED_IN_GC if how.startswith("swallowed") else THROUGH_C_CODE)
+                                          + MODELS)
+    (root / "job.yaml").write_text(JOB)
+    (root / "data").symlink_to(project / "data")
+    run_dir = tmp_path / "run"
+    run = _train(root, run_dir, "--set", "train.steps=3")
+    assert run.finish() == 130, run.text()
+    assert run.err[-1] == "interrupted", run.text()
+    assert "Traceback" not in run.text(), run.text()
+    assert not list(run_dir.glob("model.ckpt-*")), sorted(p.name for p in run_dir.iterdir())
+    assert leases.read_lease(str(run_dir))["state"] == "released"

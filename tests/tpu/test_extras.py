@@ -77,10 +77,10 @@ def unmet(record: dict, extra: str) -> list:
 def test_the_record_answers_setup_cfg_as_it_is_now_on_this_python(record):
     assert record["declared"] == resolve_extras.declared(), f"setup.cfg's requirements changed: {REFRESH}"
     assert record["python"].split(".")[:2] == list(platform.python_version_tuple()[:2]), REFRESH
-    assert set(record["extras"]) >= {"cpu", "tpu", "keras", "keras-tpu", "jax", "test"}
+    assert set(record["extras"]) >= {"cpu", "tpu", "keras", "keras-tpu", "jax", "jax-tpu", "test"}
 
 
-@pytest.mark.parametrize("extra", ["cpu", "tpu", "keras", "keras-tpu", "jax", "test"])
+@pytest.mark.parametrize("extra", ["cpu", "tpu", "keras", "keras-tpu", "jax", "jax-tpu", "test"])
 def test_each_resolution_is_complete_and_consistent(record, extra):
     assert unmet(record, extra) == []
 
@@ -104,3 +104,29 @@ def test_keras_tpu_is_a_tpu_build_and_the_stack_rule_says_so(record):
     assert stack.installed_verdict(tpu_build, "pjrt") is None
     assert stack.installed_verdict(keras, "pjrt").code == "tensorflow-without-tpu"
     assert stack.installed_verdict(cpu, "se") is None  # TPUEstimator: the node's TensorFlow runs it
+
+
+def test_jax_tpu_is_jax_with_libtpu_beside_a_tensorflow_without_a_tpu_runtime(record):
+    from tpulaunch.engine.jax import stack as jax_stack
+
+    tpu_build, here = pins_of(record, "jax-tpu"), pins_of(record, "jax")
+    assert "libtpu" in tpu_build and tpu_build["jax"] == tpu_build["jaxlib"]
+    # tf.data and the checkpoints only: TensorFlow's CPU wheel, nothing of TensorFlow's that would load libtpu
+    assert "tensorflow-cpu" in tpu_build and not {"tensorflow", "tensorflow-tpu", "tf-keras"} & set(tpu_build)
+    # The verdict validate gives this machine's JAX, fed the resolutions instead of the installed metadata.
+    assert jax_stack.installed_verdict(tpu_build, "pjrt") is None
+    assert jax_stack.installed_verdict(here, "pjrt").code == "jax-without-tpu"
+
+
+def test_a_jax_jobs_tpu_vm_is_told_to_install_the_jax_tpu_extra_and_a_missing_extra_is_refused():
+    """What `run`'s stage tells the VM to install (`stage.install_requirements`), from this installation's metadata."""
+    from tpulaunch.errors import TpuLaunchError
+    from tpulaunch.remote.stage import install_requirements
+    from tpulaunch.seam.registry import about
+
+    wanted = install_requirements(about("jax").tpu_extra, strict=True)
+    assert "jax[tpu]>=0.4" in wanted and "tensorflow-cpu>=2.16" in wanted and "keras>=3" in wanted
+    assert not any(line.startswith(("tensorflow>", "tf-keras", "jax[cpu]")) for line in wanted)
+    with pytest.raises(TpuLaunchError, match=r"tpulaunch metadata has no \[no-such-extra\] extra") as refused:
+        install_requirements("no-such-extra", strict=True)
+    assert refused.value.hint.startswith("reinstall tpulaunch")

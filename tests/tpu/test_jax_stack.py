@@ -1,6 +1,6 @@
 """The jax engine's TPU stack (engine/jax/stack.py): the generations and runtime versions JAX runs on, checked at
-tpu.type and tpu.runtime_version with the engine named, beside its refusal of a TPU slice at tpu: (training on one
-is not built yet); `up` refuses such a job before the TPU API creates anything. Pure Python: no JAX needed."""
+tpu.type and tpu.runtime_version with the engine named; `up` creates a jax job's TPU VM with its generation's base
+image. Pure Python: no JAX needed."""
 
 import pytest
 
@@ -9,7 +9,6 @@ from tpulaunch.tpu.types import GENERATIONS
 
 from test_tpu_stack import api, run, write_job  # noqa: F401  (api: the local Cloud TPU API server fixture)
 
-NOT_YET = "tpu: the jax engine runs on this machine's devices only so far: no TPU slice yet [jax-engine-unsupported]"
 
 
 def test_every_generation_it_lists_is_a_tpu_type_tpulaunch_knows_or_one_it_cannot_create():
@@ -38,8 +37,9 @@ def test_every_generation_it_lists_is_a_tpu_type_tpulaunch_knows_or_one_it_canno
 ])
 def test_validate_holds_a_jax_job_to_the_generations_and_runtimes_jax_runs_on(tmp_path, tpu_type, runtime, expected):
     result = run("validate", "--static", write_job(tmp_path, tpu_type, runtime, engine="jax"))
-    assert result.exit_code == 1, result.output
-    assert NOT_YET in result.output
+    assert result.exit_code == 1, result.output  # the job's local paths, which a TPU VM cannot read
+    assert "jax-engine-unsupported" not in result.output  # a TPU slice is the jax engine's to train on
+    assert "iterations_per_loop" not in result.output  # one step per call: no TPU loop to warn about
     for said in expected:
         assert said in result.output
     if not expected:
@@ -47,8 +47,24 @@ def test_validate_holds_a_jax_job_to_the_generations_and_runtimes_jax_runs_on(tm
     assert "runs no TensorFlow" not in result.output and "Traceback" not in result.output
 
 
-def test_up_refuses_a_jax_job_before_creating_anything(api, tmp_path):  # noqa: F811
-    result = run("up", write_job(tmp_path, "v6e-8", "v2-alpha-tpuv6e", engine="jax"))
+@pytest.mark.parametrize("tpu_type, image", [("v6e-8", "v2-alpha-tpuv6e"), ("v4-16", "tpu-ubuntu2204-base")])
+def test_up_creates_a_jax_jobs_tpu_vm_with_its_generations_base_image(api, tmp_path, tpu_type, image):  # noqa: F811
+    """No runtime_version in the job: the generation's base image, whatever TensorFlow this machine has (none)."""
+    result = run("up", write_job(tmp_path, tpu_type, engine="jax"))
+    assert result.exit_code == 0, result.output
+    assert len(api.created) == 1
+    created = api.created[0]
+    node = created["queuedResource"]["tpu"]["nodeSpec"][0]["node"] if "queuedResource" in created else created["node"]
+    assert (node["acceleratorType"], node["runtimeVersion"]) == (tpu_type, image)
+
+
+def test_a_spatial_split_on_a_slice_of_several_hosts_is_refused_at_partition(tmp_path):
+    job = write_job(tmp_path, "v4-16\n          cores_per_replica: 4", "tpu-ubuntu2204-base", engine="jax")
+    result = run("validate", "--static", job, "--set", "partition.features.image=[1, 2, 2, 1]",
+                 "--set", "train.batch_size=16")
     assert result.exit_code == 1, result.output
-    assert NOT_YET in result.output
-    assert api.created == []
+    assert "partition: the jax engine splits inputs spatially on one host so far; v4-16 has 2 hosts " \
+           "[jax-engine-unsupported]" in result.output
+    one_host = run("validate", "--static", job, "--set", "partition.features.image=[1, 2, 2, 1]",
+                   "--set", "tpu.type=v4-8", "--set", "train.batch_size=16")
+    assert "splits inputs spatially on one host so far" not in one_host.output

@@ -11,7 +11,7 @@ from typing import Optional
 
 from tpulaunch.job.load import LoadedJob, did_you_mean
 from tpulaunch.plan import partition as rules
-from tpulaunch.plan.build import Plan, layout_for, per_replica
+from tpulaunch.plan.build import Plan, device_cores, layout_for, per_replica
 from tpulaunch.tpu.types import UnknownTpuType, parse_tpu_type
 
 # A per-core piece whose (8,128)-padded layout is this many times its real size, and at least this
@@ -111,11 +111,20 @@ def check_partition(loaded: LoadedJob) -> list:
                                            "add a partition: section (see `tpulaunch plan`), or set cores_per_replica: 1",
                                            severity="warning"))
         return problems
-    if tpu is None:
+    cores_from = "tpu.cores_per_replica"
+    if tpu is None and not loaded.engine_about.partition_on_devices:
         return [loaded.problem(("partition",), "partition-without-tpu",
                                "partition applies only on a TPU; this job runs locally, so it is ignored",
                                "add a tpu: section, or remove partition:", severity="warning")]
-    cpr = tpu.cores_per_replica if tpu.cores_per_replica in rules.VALID_CORES_PER_REPLICA else None
+    if tpu is None:  # split over this machine's devices: a replica spans the largest product of the dims
+        if part == "auto":
+            return [loaded.problem(("partition",), "partition-auto-without-tpu",
+                                   "partition: auto chooses dims for tpu.cores_per_replica; on this machine's devices "
+                                   "a replica spans the product of the dims you give",
+                                   "give each tensor's dims (e.g. features: {image: [1, 2, 2, 1]} for a 2x2 split)")]
+        cpr, cores_from = device_cores(part), "a replica's devices (the largest product of partition:'s dims)"
+    else:
+        cpr = tpu.cores_per_replica if tpu.cores_per_replica in rules.VALID_CORES_PER_REPLICA else None
     batch = per_replica_batch(loaded, "train") or per_replica_batch(loaded, "eval") or 1
     if part == "auto":
         return _check_auto_partition(loaded, data, cpr, batch)
@@ -134,7 +143,7 @@ def check_partition(loaded: LoadedJob) -> list:
             if cpr is None:
                 continue
             shape = [batch] + list(declared[name].shape)
-            findings = _engine_findings(loaded, rules.check_tensor_dims(name, shape, dims, cpr))
+            findings = _engine_findings(loaded, rules.check_tensor_dims(name, shape, dims, cpr, cores_from))
             any_partitioned |= math.prod(dims) > 1
             for f in findings:
                 problems.append(located(loaded, path, f, index_path=True))
@@ -254,7 +263,7 @@ def check_cadence(loaded: LoadedJob) -> list:
         problems.append(loaded.problem(("eval", "every_steps"), "eval-after-training",
                                        f"every_steps {ev.every_steps} >= train.steps {train.steps}: evaluation runs only at the end",
                                        "lower every_steps, or leave it out to evaluate once at the end", severity="warning"))
-    if tpu is None:
+    if tpu is None or not loaded.engine_about.tpu_loops:
         return problems
     loop = tpu.iterations_per_loop
     if train is not None and loop > train.steps:

@@ -72,7 +72,7 @@ def main(argv=None):
     import warnings
 
     from tpulaunch.cli.base import storage_errors_in_threads_said_in_one_line
-    from tpulaunch.run.signals import Terminated, handle_from_start
+    from tpulaunch.run.signals import Terminated, forget_stray_interrupt, handle_from_start
     from tpulaunch.run.started import mark_program_start
 
     # First: a SIGTERM or SIGHUP from here on unwinds the run (lease released, record written) instead of killing it.
@@ -87,6 +87,8 @@ def main(argv=None):
     except Terminated as stopped:  # outside training (which saves a checkpoint and says so itself)
         print(f"stopped by {stopped.name}", file=sys.stderr, flush=True)
         sys.exit(int(stopped.exit_code))
+    finally:
+        forget_stray_interrupt()  # the exit code is the one chosen here, not a SIGINT CPython remembers
 
 
 if __name__ == "__main__":

@@ -45,7 +45,8 @@ def explain(obj: Context, job_file: str, overrides, engine, output):
     evaluate` does.
 
     The estimator engine's program is TPUEstimator on TensorFlow 2.15; the keras engine's is Keras 2
-    (tf-keras) with tf.distribute on TensorFlow 2.16 and later. --engine keras on a TPUEstimator
+    (tf-keras) with tf.distribute on TensorFlow 2.16 and later; the jax engine's is Keras 3 on JAX
+    (with TensorFlow's tf.data for the records). --engine keras on a TPUEstimator
     builder job shows the same job on Keras + tf.distribute (jobs with model.model_fn or data.input_fn,
     TPUEstimator's own functions, have no keras program). Writing the program imports no TensorFlow.
     """

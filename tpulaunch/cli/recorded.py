@@ -14,7 +14,7 @@ from typing import Iterator
 from tpulaunch.run import phases
 from tpulaunch.run.events import RunRecorder
 from tpulaunch.run.run_record import outcome, write_record
-from tpulaunch.run.signals import Terminated, deferred
+from tpulaunch.run.signals import Terminated, deferred, raise_if_swallowed
 
 
 @contextlib.contextmanager
@@ -41,6 +41,7 @@ def recorded_run(obj, recorder: RunRecorder, engine, checked, command: str, *,
         with recorder.phase(phases.LOAD):
             engine.load()
         loaded = True
+        raise_if_swallowed()  # a Ctrl-C while the libraries loaded, whose exception one of them swallowed
         with recorder.phase(phases.CHECK_CODE):
             _refuse_what_validate_refuses(checked, command)
         yield

@@ -801,6 +801,33 @@ def checkpoint_class(write_through: Optional[Callable[[Callable[[str], Any], str
     return WrittenThrough
 
 
+def write_checkpoint_state(directory: str, latest: str, paths: list, *, fence: Callable[[], None],
+                           relative: bool = True, timestamps: Optional[list] = None,
+                           last_preserved: Optional[float] = None) -> None:
+    """directory's `checkpoint` state file naming `latest` and `paths`, as TensorFlow's
+    update_checkpoint_state_internal writes it, to a temporary name first: `fence()` comes after that write, right
+    before the rename, so a run frozen while writing it names nothing once it thaws."""
+    from google.protobuf import text_format
+
+    def written(path):  # as update_checkpoint_state_internal(save_relative_paths=True) writes them
+        return os.path.relpath(path, directory) if relative and os.path.isabs(path) else path
+
+    state = tf.compat.v1.train.generate_checkpoint_state_proto(
+        directory, written(latest), all_model_checkpoint_paths=[written(path) for path in paths],
+        all_model_checkpoint_timestamps=timestamps, last_preserved_timestamp=last_preserved)
+    path = os.path.join(directory, "checkpoint")
+    temporary = f"{path}.tmp{secrets.token_hex(16)}"  # TensorFlow's temporary name for it
+    try:
+        with tf.io.gfile.GFile(temporary, "w") as handle:
+            handle.write(text_format.MessageToString(state))
+        fence()
+        tf.io.gfile.rename(temporary, path, overwrite=True)
+    except BaseException:
+        if tf.io.gfile.exists(temporary):
+            tf.io.gfile.remove(temporary)
+        raise
+
+
 def checkpoint_manager_class(fence: Optional[Callable[[], None]]):
     """tf.train.CheckpointManager, or one that calls `fence` before each write of its state file and each
     deletion of old checkpoints (a run that thaws after its lease was taken over names and deletes nothing)."""
@@ -809,31 +836,10 @@ def checkpoint_manager_class(fence: Optional[Callable[[], None]]):
 
     class Fenced(tf.train.CheckpointManager):
         def _record_state(self):
-            # TensorFlow's own state file, as its _record_state writes it, but to a temporary name first: the fence
-            # comes after that write, right before the rename (a run frozen while writing names nothing).
-            from google.protobuf import text_format
-
             fence()
             filenames, timestamps = zip(*self._maybe_delete.items())
-
-            def relative(path):  # as update_checkpoint_state_internal(save_relative_paths=True) writes them
-                return os.path.relpath(path, self.directory) if os.path.isabs(path) else path
-
-            state = tf.compat.v1.train.generate_checkpoint_state_proto(
-                self.directory, relative(self.latest_checkpoint),
-                all_model_checkpoint_paths=[relative(path) for path in filenames],
-                all_model_checkpoint_timestamps=timestamps, last_preserved_timestamp=self._last_preserved_timestamp)
-            path = os.path.join(self.directory, "checkpoint")
-            temporary = f"{path}.tmp{secrets.token_hex(16)}"  # TensorFlow's temporary name for it
-            try:
-                with tf.io.gfile.GFile(temporary, "w") as handle:
-                    handle.write(text_format.MessageToString(state))
-                fence()
-                tf.io.gfile.rename(temporary, path, overwrite=True)
-            except BaseException:
-                if tf.io.gfile.exists(temporary):
-                    tf.io.gfile.remove(temporary)
-                raise
+            write_checkpoint_state(self.directory, self.latest_checkpoint, list(filenames), fence=fence,
+                                   timestamps=list(timestamps), last_preserved=self._last_preserved_timestamp)
 
         def _sweep(self):
             fence()

@@ -37,8 +37,9 @@ class LoadedJob:
     local: bool = False  # checked for a run on this machine (`--local`): tpu: and partition: do not apply
 
     def section(self, name: str):
-        """The validated section, or None (absent or invalid: see `usable`; tpu/partition when local)."""
-        if self.local and name in ("tpu", "partition"):
+        """The validated section, or None (absent or invalid: see `usable`; tpu/partition when local, partition kept
+        for an engine that splits inputs over this machine's devices)."""
+        if self.local and (name == "tpu" or name == "partition" and not self.engine_about.partition_on_devices):
             return None
         return self.sections.get(name)
 

@@ -42,6 +42,15 @@ def per_replica(global_batch: int, layout: Optional[rules.SliceLayout]) -> int:
     return max(1, global_batch // (layout.replicas if layout else 1))
 
 
+def device_cores(partition) -> int:
+    """The devices one replica spans on this machine (no TPU) for an engine that splits inputs over them: the
+    largest product of partition:'s dims (1 for `partition: auto`, which needs tpu.cores_per_replica)."""
+    if not isinstance(partition, Partition):
+        return 1
+    groups = (partition.features, partition.labels)
+    return max([math.prod(dims) for group in groups for dims in group.values() if dims], default=1)
+
+
 def resolve_partition(partition, features, labels, cores_per_replica: int, per_replica_batch: int, *,
                       even: bool = False) -> Optional[Partition]:
     """The dims each tensor is fed with: the job's own, or what `partition: auto` chooses (None if it cannot;
@@ -196,7 +205,8 @@ def tensor_plans(job: Job, per_replica_batch: int, feed: Optional[Partition]) ->
 
 
 def build_plan(job: Job, *, local: bool = False, engine: Optional[str] = None) -> Plan:
-    """The plan for a job that passed the checks; `local`: for this machine (no TPU, one replica, no partitioning);
+    """The plan for a job that passed the checks; `local`: for this machine (no TPU, one replica, no partitioning
+    but on an engine that splits inputs over this machine's devices, `EngineAbout.partition_on_devices`);
     `engine`: the job's engine as the checks worked it out (None: worked out here, from `run.engine`)."""
     tpu = None if local else job.tpu
     tpu_type = tpu_type_for(tpu)
@@ -225,6 +235,8 @@ def build_plan(job: Job, *, local: bool = False, engine: Optional[str] = None) -
         share = per_replica(spec.batch_size, layout)
         batches.append(BatchPlan(split, spec.batch_size, share, per_host=share * replicas_per_host, params_batch_size=share))
     cores = tpu.cores_per_replica if tpu is not None else 1
+    if tpu is None and about.partition_on_devices:  # its replicas span partition:'s devices on this machine
+        cores = device_cores(job.partition)
     plan = Plan(job.name, tpu is not None, slice_plan, batches, [], cores_per_replica=cores, engine=engine,
                 device_assignment=assigned)
     if cores > 1 and job.partition is not None:

@@ -132,8 +132,10 @@ def _product(values) -> int:
     return math.prod(int(v) for v in values)
 
 
-def check_tensor_dims(name: str, shape: Sequence[Optional[int]], dims: Sequence[int], cores_per_replica: int) -> list:
-    """One tensor's partition dims against its shape (batch first) and the replica size.
+def check_tensor_dims(name: str, shape: Sequence[Optional[int]], dims: Sequence[int], cores_per_replica: int,
+                      cores_from: str = "tpu.cores_per_replica") -> list:
+    """One tensor's partition dims against its shape (batch first) and the replica size (`cores_from`: where
+    that number comes from, as the message names it).
 
     TF: tpu_feed.py `_check_input_partition_dims` (:905-941) in its order: dims >= 1, product == 1
     returns early (core 0 only), product == cores per replica, rank, fully defined shape; then the
@@ -157,7 +159,7 @@ def check_tensor_dims(name: str, shape: Sequence[Optional[int]], dims: Sequence[
         return []
     if product != cores_per_replica:
         return [Finding("error", "partition-product-mismatch",
-                        f"partition dims {dims} of '{name}' multiply to {product}, but tpu.cores_per_replica is {cores_per_replica}",
+                        f"partition dims {dims} of '{name}' multiply to {product}, but {cores_from} is {cores_per_replica}",
                         _product_hint(shape, dims, cores_per_replica))]
     if len(dims) != rank:
         return [Finding("error", "partition-rank-mismatch",

@@ -100,10 +100,15 @@ def strategy_layout(job, plan=None) -> Optional[StrategyLayout]:
     return None if isinstance(layout, list) else layout
 
 
+# Why an engine that splits only evenly refuses an uneven split (the keras engine's; the jax engine gives its own).
+TPU_STRATEGY_EVEN = ("the keras engine's TPUStrategy.experimental_split_to_logical_devices splits an axis only into "
+                     "equal pieces (TPUEstimator pads uneven pieces; TPUStrategy refuses them)")
+
+
 def split_findings(name: str, shape: Sequence[Optional[int]], dims: Sequence[int], *,
-                   replicas: int = 1, batch_key: str = "train.batch_size") -> list:
-    """Each axis of one tensor (batch first, per replica) that its split does not divide: errors for the keras
-    engine, with sizes and dims that would divide."""
+                   replicas: int = 1, batch_key: str = "train.batch_size", why: str = TPU_STRATEGY_EVEN) -> list:
+    """Each axis of one tensor (batch first, per replica) that its split does not divide: errors for an engine
+    that splits only evenly (`why` it does), with sizes and dims that would divide."""
     findings = []
     cores = 1
     for d in dims:
@@ -124,7 +129,5 @@ def split_findings(name: str, shape: Sequence[Optional[int]], dims: Sequence[int
                 hint += f", or dims that divide every axis: {even_dims}"
         findings.append(rules.Finding(
             "error", "partition-uneven-split",
-            f"{what}: the keras engine's TPUStrategy.experimental_split_to_logical_devices splits an axis only into "
-            "equal pieces (TPUEstimator pads uneven pieces; TPUStrategy refuses them)",
-            hint, index=axis))
+            f"{what}: {why}", hint, index=axis))
     return findings

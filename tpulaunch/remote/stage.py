@@ -89,15 +89,21 @@ def package_dir() -> str:
     return os.path.dirname(os.path.abspath(tpulaunch.__file__))
 
 
-def install_requirements(extra: str) -> Optional[List[str]]:
+def install_requirements(extra: str, *, strict: bool = False) -> Optional[List[str]]:
     """The requirements of tpulaunch and of its `extra`, as this installation's package metadata lists them
-    (None when tpulaunch was not installed by pip: no metadata)."""
+    (None when tpulaunch was not installed by pip: no metadata). `strict` (what a TPU VM installs): refused when the
+    metadata does not list the extra at all."""
     from importlib import metadata
 
     try:
         declared = metadata.requires("tpulaunch") or []
+        provided = metadata.metadata("tpulaunch").get_all("Provides-Extra") or []
     except metadata.PackageNotFoundError:
         return None
+    if strict and extra and extra not in provided:  # installed before the extra existed: the VM would miss it
+        raise TpuLaunchError(f"this installation's tpulaunch metadata has no [{extra}] extra (installed before it "
+                             "was added), so the TPU VM cannot be told what to install",
+                             hint="reinstall tpulaunch (pip install -e . in a checkout)", exit_code=ExitCode.PROBLEMS)
     wanted = []
     for requirement in declared:
         text, _, marker = requirement.partition(";")
@@ -241,7 +247,7 @@ def stage_job(checked, job_file: str, overrides: Sequence[str], *, engine: str, 
         vm_dirs.append(into)
     package = add(tar_gz([("tpulaunch", package_dir())]))
     extra = about(engine).tpu_extra
-    requirements = install_requirements(extra)
+    requirements = install_requirements(extra, strict=target == "tpu")  # a rehearsal installs nothing
     if requirements is None and target == "tpu":
         raise TpuLaunchError("tpulaunch's package metadata is missing here, so the TPU VM cannot be told what to "
                              "install", hint="install tpulaunch with pip (pip install -e . in a checkout)",

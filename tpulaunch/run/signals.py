@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from typing import Any, Iterator, Optional
 
@@ -74,6 +75,10 @@ class EvaluationStopped(TrainingStopped):
 
 _deferring = 0  # how many `deferred()` blocks are open (main thread only: handlers run there)
 _pending: Optional[int] = None  # a signal held back by them
+# The first signal raised here. Library code can swallow the exception it raised: while TensorFlow, Keras and
+# JAX load, a garbage-collection callback reports it as "Exception ignored", a C function clears it, a bare
+# `except:` catches it. `raise_if_swallowed` raises it again where tpulaunch's own code runs next.
+_raised: Optional[int] = None
 
 
 def _raised_for(signum: int) -> BaseException:
@@ -85,11 +90,50 @@ def _handle_early(signum, frame) -> None:
     if _deferring:
         _pending = _pending or signum  # the first one is the one acted on
         return
+    _raise(signum)
+
+
+def _raise(signum: int):
+    global _raised
+    _raised = _raised or signum
     raise _raised_for(signum)
+
+
+def raise_if_swallowed() -> None:
+    """Raise again a signal whose exception library code swallowed (no-op when none came): called after the
+    heavy imports and before training starts, so a Ctrl-C while TensorFlow loads is never lost."""
+    if _raised is not None:
+        raise _raised_for(_raised)
+
+
+def forget_stray_interrupt() -> None:
+    """Keep the exit code tpulaunch chose after a SIGINT it handled.
+
+    A KeyboardInterrupt that passed through C code running Python (TensorFlow's pybind11 `exec` while it loads)
+    leaves CPython's flag for an unhandled interrupt set, even when tpulaunch caught it afterwards; under
+    `python -m tpulaunch` the interpreter then ends the process by SIGINT after it exits (-2, not 130). CPython
+    clears the flag each time it starts running a string of code, so running an empty one resets it."""
+    import ctypes
+
+    try:
+        ctypes.pythonapi.PyRun_SimpleString(b"")
+    except (AttributeError, OSError):  # not CPython: no such flag
+        pass
+
+
+def _quiet_about_swallowed_signals(unraisable) -> None:
+    """Python prints "Exception ignored in ..." with a traceback where a callback swallowed an exception; for a
+    signal's, tpulaunch raises it again itself (`raise_if_swallowed`), so that traceback would only alarm."""
+    if isinstance(unraisable.exc_value, (KeyboardInterrupt, Terminated)) and _raised is not None:
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 def handle_from_start() -> None:
     """Install the raising handlers (main thread only; elsewhere the defaults stay)."""
+    global _raised
+    _raised = None
+    sys.unraisablehook = _quiet_about_swallowed_signals
     if threading.current_thread() is threading.main_thread():
         for signum in HANDLED:
             signal.signal(signum, _handle_early)
@@ -107,13 +151,11 @@ def deferred() -> Iterator[None]:
         if not _deferring and _pending is not None:
             signum, _pending = _pending, None
             if not _raising_already():
-                raise _raised_for(signum)
+                _raise(signum)
 
 
 def _raising_already() -> bool:
     """Whether the block ends with a signal's exception already on its way out (its own would hide it)."""
-    import sys
-
     return isinstance(sys.exc_info()[1], (KeyboardInterrupt, Terminated))
 
 
@@ -135,6 +177,7 @@ class StopSignal:
         return signal.Signals(self.received).name if self.received is not None else None
 
     def __enter__(self) -> "StopSignal":
+        raise_if_swallowed()  # a signal while the libraries loaded stops the run before its first step
         if threading.current_thread() is threading.main_thread():
             for signum in HANDLED:
                 self._previous[signum] = signal.signal(signum, self._handle)

@@ -56,6 +56,9 @@ class EngineAbout:
     # its framework but build nothing, after the flags and the model's import paths
     code_checks: Tuple[Tuple[str, str], ...] = ()
     even_splits: bool = False  # spatial splits must be even (uneven ones are errors; partition: auto picks even)
+    # partition: splits inputs over this machine's devices too (no tpu:, or --local): a replica is as many devices as
+    # the largest product of the partition dims (else partition: applies on a TPU only)
+    partition_on_devices: bool = False
     device_assignment: bool = False  # a replica is a block of the slice's topology (plan: its DeviceAssignment)
     batches_per_replica: bool = False  # its input pipeline batches per replica (else per input_fn call)
     cpu_replicas: bool = False  # can split this machine's CPU into replicas (--cpu-replicas)
@@ -67,6 +70,9 @@ class EngineAbout:
     # "chief": worker 0 alone, its framework driving every host's chips; "every": each host runs it, worker 0 the
     # chief (the lease, model_dir's shared files). On a one-host slice both are worker 0 alone.
     tpu_hosts: str = "chief"
+    # Whether it runs tpu.iterations_per_loop steps per host round trip on a TPU (TPUEstimator's loop, Keras's
+    # steps_per_execution), so that checkpoints and evaluations fall between loops; validate's cadence warnings ask.
+    tpu_loops: bool = True
     params_set_by_tensorflow: Tuple[str, ...] = ()  # model.params keys its framework sets itself (TPUEstimator's)
     # "module:function(request) -> exported": an engine that lowers its own training step for XLA's TPU compiler
     # (`plan/xla_tpu.py`), run in `plan/memory.py`'s step child; None: the step is exported through TensorFlow

@@ -67,13 +67,13 @@ def default_runtime(accelerator_type: str, engine: str, tf_version: Optional[str
     TPUEstimator's sessions need the stream executor, se), -pod on a multi-host slice; a TensorFlow newer than
     the newest image (a tensorflow-tpu wheel that brings libtpu itself) gets the generation's base image
     (`tpu/stack.py` holds those facts)."""
-    if not tf_version or not re.match(r"^\d+\.\d+\.\d+$", tf_version):
-        return None
     from tpulaunch.seam.registry import about
     from tpulaunch.tpu.types import lookup
 
     found, stack = lookup(accelerator_type), about(engine).stack()
-    return stack.default_runtime(about(engine).tpu_runtime, stack.version_tuple(tf_version),
+    # No TensorFlow here: TensorFlow's stack has no image to name; an engine on a base image (jax) needs none.
+    version = stack.version_tuple(tf_version) if tf_version and re.match(r"^\d+\.\d+\.\d+$", tf_version) else None
+    return stack.default_runtime(about(engine).tpu_runtime, version,
                                  hosts=found.hosts if found else None,
                                  generation=found.generation.name if found else None)
 

@@ -17,6 +17,7 @@ from typing import Callable, Optional, Tuple
 import tensorflow as tf
 from tensorflow.python.client.session import SessionInterface
 
+from tpulaunch.engine import portable
 from tpulaunch.engine.core.loop import NonFiniteLoss
 from tpulaunch.engine.core.staged_save import staged_write
 from tpulaunch.engine.estimator.input_wait import input_initializers, input_wait_tensor
@@ -141,7 +142,8 @@ class StagedSaver(tf.compat.v1.train.Saver):
     """TensorFlow's Saver, writing each checkpoint (its meta graph included) under a staging prefix and moving it
     into model_dir only while the run holds the lease (`engine/core/staged_save`): a run frozen mid-save that
     thaws fenced leaves its successor's checkpoints untouched. The state file and the deletion of old checkpoints
-    are the Saver's own, right after the move and its second reread of the lease (and a third before deleting)."""
+    are the Saver's own, but its state file is written to a temporary name and renamed only after a third reread
+    (`portable.write_checkpoint_state`), and old checkpoints are deleted only after a fourth."""
 
     def save(self, sess, save_path, global_step=None, latest_filename=None, meta_graph_suffix="meta",
              write_meta_graph=True, write_state=True, strip_default_attrs=False, save_debug_info=False):
@@ -155,11 +157,19 @@ class StagedSaver(tf.compat.v1.train.Saver):
                     self.export_meta_graph(f"{staged}.{meta_graph_suffix}", strip_default_attrs=strip_default_attrs,
                                            save_debug_info=save_debug_info)
 
-        self._model_dir = os.path.dirname(save_path)
+        self._model_dir = model_dir = os.path.dirname(save_path)
+        if latest_filename not in (None, "checkpoint"):  # (never from an Estimator) the state file is TensorFlow's
+            raise ValueError(f"a StagedSaver writes model_dir's checkpoint state only, not {latest_filename!r}")
         staged_session = _StagedSaveSession(sess, self.saver_def, write_meta_graph_to)
-        return super().save(staged_session, save_path, global_step, latest_filename, meta_graph_suffix,
-                            write_meta_graph=False, write_state=write_state, strip_default_attrs=strip_default_attrs,
+        path = super().save(staged_session, save_path, global_step, latest_filename, meta_graph_suffix,
+                            write_meta_graph=False, write_state=False, strip_default_attrs=strip_default_attrs,
                             save_debug_info=save_debug_info)
+        if write_state and path is not None:  # as the Saver does, but the state file written fenced
+            self._RecordLastCheckpoint(path)
+            portable.write_checkpoint_state(model_dir, path, self.last_checkpoints, relative=self._save_relative_paths,
+                                            fence=lambda: ensure_held(model_dir))
+            self._MaybeDeleteOldCheckpoints(meta_graph_suffix=meta_graph_suffix)
+        return path
 
     def _MaybeDeleteOldCheckpoints(self, meta_graph_suffix="meta"):  # noqa: N802 (TensorFlow's name)
         if getattr(self, "_model_dir", None):  # a run frozen while naming its checkpoint deletes none of its successor's

@@ -20,9 +20,11 @@ ABOUT = EngineAbout(
     # engine's Keras 3 models into JAX ones. Keras reads it once, at its first import.
     process_environment={"KERAS_BACKEND": "jax"},
     static_rules="tpulaunch.engine.jax.rules:problems",
-    even_splits=True,
+    even_splits=True,  # a NamedSharding splits an axis into equal pieces only
+    partition_on_devices=True,  # a device mesh over this machine's devices (engine/jax/mesh.py)
     batches_per_replica=False,  # one pipeline makes the global batch; DataParallel splits it over the devices
     tpu_extra="jax-tpu",
     tpu_hosts="every",
+    tpu_loops=False,  # one step per call on a TPU too: tpu.iterations_per_loop does not set its cadence
     step_exporter="tpulaunch.engine.jax.memory_plan:export_step",  # Keras 3's train step lowered by JAX itself
 )

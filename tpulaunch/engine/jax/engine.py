@@ -1,6 +1,6 @@
 """Keras 3 on JAX as an `Engine`: the job's Keras 3 model compiled for the JAX backend, data-parallel over this
 machine's devices, trained in the loop every engine runs, exported as a SavedModel. What it does not do yet
-(explain, `--tf`, TPU slices, spatial partitioning) it refuses with a clear message."""
+(`--tf`) it refuses with a clear message."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class JaxEngine(Engine):
 
         with running_job_code(loaded.job):
             try:
-                make_training(loaded.job, search_path=loaded.job.search_path)
+                make_training(loaded.job, plan, search_path=loaded.job.search_path)
             except BuildError as failure:
                 return [loaded.problem(failure.key, failure.code or "model-build-failed",
                                        f"building the train model: {failure.detail}", failure.hint)]
@@ -56,20 +56,19 @@ class JaxEngine(Engine):
 
     def train(self, job, plan, *, recorder, cluster_resolver=None, force=False, watch=None, profile=None,
               cpu_replicas: Optional[int] = None):
-        from tpulaunch.engine.jax import runner
-        from tpulaunch.run.workers import worker_task
+        from tpulaunch.engine.jax import hosts, runner
 
         if profile:
             raise _not_yet("profile", "drop --profile")
-        if worker_task() is not None:  # each worker would train alone and write the same model_dir
-            raise _not_yet("train over several processes ($TF_CONFIG names workers)", "unset TF_CONFIG")
+        hosts.join(on_tpu=plan.on_tpu, say=recorder.note)  # several hosts ($TF_CONFIG): before JAX picks devices
         with running_job_code(job):
             return runner.train(job, plan, recorder=recorder, search_path=job.search_path, force=force)
 
     def evaluate(self, job, plan, *, recorder, checkpoint: Optional[str] = None, cluster_resolver: Any = None,
                  cpu_replicas: Optional[int] = None):
-        from tpulaunch.engine.jax import runner
+        from tpulaunch.engine.jax import hosts, runner
 
+        hosts.join(on_tpu=plan.on_tpu, say=recorder.note)
         with running_job_code(job):
             return runner.evaluate(job, plan, checkpoint=command_line_path(checkpoint), recorder=recorder,
                                    search_path=job.search_path)
@@ -79,8 +78,17 @@ class JaxEngine(Engine):
 
         return export_from_command_line(runner.export, job, plan, out_dir, checkpoint)
 
+    def append_run_record(self, model_dir: str, line: str) -> str:
+        from tpulaunch.run.workers import is_chief_worker
+
+        if not is_chief_worker():  # one record per run, the chief's
+            return ""
+        return super().append_run_record(model_dir, line)
+
     def program(self, loaded, plan) -> str:
-        raise _not_yet("print its program (explain)", "tpulaunch explain --engine keras")
+        from tpulaunch.engine.jax.program import explain_script
+
+        return explain_script(loaded, plan)
 
     def log_every_steps(self, job) -> int:
         from tpulaunch.engine.plain import log_every_steps

@@ -46,8 +46,10 @@ def _training(job, search_path: Sequence[str], builder_kwargs=None):
     plan asks for them (`builder_kwargs`: at the tile's shape) where given."""
     from tpulaunch.engine.jax.training import JaxTraining, load_keras
     from tpulaunch.engine.job_code import job_builder, job_functions
+    from tpulaunch.job.flags import apply_flags
 
     load_keras()
+    apply_flags(job, search_path=search_path)  # before the job's code runs, as `train` does
     builder, kwargs = job_builder(job, search_path=search_path, keras3=True)
     whole_loss, _losses, _metrics = job_functions(job, search_path=search_path)
     return JaxTraining(job, builder, dict(builder_kwargs) if builder_kwargs is not None else kwargs,

@@ -4,6 +4,8 @@ Pure Python (`validate --static` runs them)."""
 from __future__ import annotations
 
 from tpulaunch.checks.engine_rules import ESTIMATOR_ONLY
+from tpulaunch.engine.jax.hosts import hosts_problems
+from tpulaunch.engine.jax.mesh import mesh_problems
 from tpulaunch.job.load import LoadedJob
 
 NOT_YET = "jax-engine-unsupported"
@@ -46,12 +48,8 @@ def problems(loaded: LoadedJob) -> list:
     if run is not None and run.warm_start:
         refuse(("run", "warm_start"), NOT_YET, "the jax engine does not warm-start yet",
                "remove run.warm_start, or set run.engine: keras")
-    if loaded.section("tpu") is not None:  # (none under --local: the job then runs on this machine)
-        refuse(("tpu",), NOT_YET, "the jax engine runs on this machine's devices only so far: no TPU slice yet",
-               "train it here (--local, or remove tpu:), or set run.engine: keras for a TPU")
-    if loaded.section("partition") is not None:
-        refuse(("partition",), NOT_YET, "the jax engine does not split inputs spatially yet",
-               "remove partition:, or set run.engine: estimator or keras")
+    found += mesh_problems(loaded)  # partition: over a device mesh
+    found += hosts_problems(loaded, NOT_YET)  # several hosts: data-parallel only so far
     return found
 
 

@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 from tpulaunch.engine.core import loop
 from tpulaunch.engine.core.build_failures import build_errors
 from tpulaunch.engine.core.model_dir import checkpoint_step
+from tpulaunch.engine.jax.hosts import refuse_split_over_hosts
 from tpulaunch.engine.pipeline import make_input_fn, naming_read_errors
 from tpulaunch.engine.plain import log_every_steps, spec_errors
 from tpulaunch.errors import TpuLaunchError
@@ -20,33 +21,39 @@ from tpulaunch.run import phases
 from tpulaunch.run.events import EvalResult, RunRecorder, TrainSummary
 from tpulaunch.run.lease import ensure_held, raise_if_lost
 from tpulaunch.run.signals import StopSignal
+from tpulaunch.run.workers import is_chief_worker
 
 
-def make_training(job: Job, *, search_path: Sequence[str] = ()):
-    """The job's JaxTraining, failures located at their job key."""
+def make_training(job: Job, plan: Optional[Plan], *, search_path: Sequence[str] = ()):
+    """The job's JaxTraining over the devices as the Plan splits them, failures located at their job key."""
+    from tpulaunch.engine.jax import mesh
     from tpulaunch.engine.jax.training import JaxTraining, load_keras
     from tpulaunch.engine.job_code import job_builder, job_functions
 
+    from tpulaunch.job.flags import apply_flags
+
     load_keras()
+    apply_flags(job, search_path=search_path)  # before the job's code runs: it may read FLAGS as it builds
     builder, kwargs = job_builder(job, search_path=search_path, keras3=True)
     with build_errors(job, "train"), spec_errors():
         whole_loss, _losses, _metrics = job_functions(job, search_path=search_path)
-        training = JaxTraining(job, builder, kwargs, custom_loss=whole_loss)
-    devices = len(training.devices)
-    for split in ("train", "eval"):
-        spec = getattr(job, split)
-        if spec is not None and spec.batch_size % devices:  # DataParallel splits each batch evenly over them
-            raise TpuLaunchError(f"{split}.batch_size {spec.batch_size} does not divide over this machine's {devices} "
-                                 "devices", hint=f"use a multiple of {devices} (each device gets the same share)")
+        training = JaxTraining(job, builder, kwargs, custom_loss=whole_loss, split=mesh.split_of(plan))
+    mesh.check_batches(job, training.layout)
+    refuse_split_over_hosts(training.layout)
     return training
 
 
 def _batches(job: Job, mode: str):
-    """The mode's batches (global batch size) as NumPy: the records read by the same tf.data pipeline as the
-    other engines'."""
+    """The mode's batches as NumPy: the records read by the same tf.data pipeline as the other engines'. Over
+    several hosts each process reads its own share of the records and makes its share of the global batch
+    (`hosts.py`); DataParallel puts the shares together."""
+    from tpulaunch.engine.jax.hosts import InputShare, share
+
     spec = job.train if mode == "train" else (job.eval or job.train)
+    index, count = share()
     with naming_read_errors(job, mode):
-        dataset = make_input_fn(job, mode, use_tpu=False)({"batch_size": spec.batch_size})
+        dataset = make_input_fn(job, mode, use_tpu=False)({"batch_size": spec.batch_size // count,
+                                                          "context": InputShare(index, count)})
     return dataset.as_numpy_iterator()
 
 
@@ -60,27 +67,30 @@ def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop:
                                        log_every_steps=log_every_steps(job), model_dir=job.run.model_dir)
 
     def session_for(should_stop):
-        return _JaxSession(job, recorder, should_stop, search_path=search_path)
+        return _JaxSession(job, plan, recorder, should_stop, search_path=search_path)
 
     return loop.train(job, session_for, recorder=recorder, stop=stop or StopSignal(), watch=None, use_tpu=False,
-                      force=force)
+                      force=force, writes_model_dir=is_chief_worker())
 
 
 class _JaxSession:
     """JaxTraining in the loop (`core/loop.TrainingSession`)."""
 
-    def __init__(self, job: Job, recorder: RunRecorder, should_stop, *, search_path: Sequence[str]):
-        self.job, self.recorder, self.should_stop, self.search_path = job, recorder, should_stop, search_path
+    def __init__(self, job: Job, plan: Plan, recorder: RunRecorder, should_stop, *, search_path: Sequence[str]):
+        self.job, self.plan, self.recorder = job, plan, recorder
+        self.should_stop, self.search_path = should_stop, search_path
         self.training = self.batches = None
         self.noted = False
 
     def start(self, cluster_resolver) -> int:
         self.recorder.phase_began(phases.BUILD)
-        self.training = make_training(self.job, search_path=self.search_path)
+        self.training = make_training(self.job, self.plan, search_path=self.search_path)
         if not self.noted:
-            devices = self.training.devices
-            self.recorder.note(f"jax | data-parallel over {len(devices)} {devices[0].platform} "
-                               f"device{'s' if len(devices) > 1 else ''}")
+            from tpulaunch.engine.jax.hosts import share
+
+            index, count = share()
+            self.recorder.note(self.training.layout.describe()
+                               + (f" on {count} hosts (this is host {index})" if count > 1 else ""))
             self.noted = True
         restoring = checkpoint_step(self.job.run.model_dir) is not None
         self.recorder.phase_switch(phases.RESTORE if restoring else phases.INITIALISE)
@@ -125,6 +135,8 @@ class _JaxSession:
         return training.step
 
     def _save(self) -> None:
+        if not is_chief_worker():  # over several hosts the chief alone writes model_dir (the same weights)
+            return
         ensure_held(self.job.run.model_dir)
         self.recorder.checkpoint_saved(self.training.step, self.training.save())
 
@@ -150,7 +162,7 @@ def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None, recorder
     loop.check_evaluable(job, checkpoint)
     recorder = recorder or RunRecorder()
     with recorder.phase(phases.BUILD):
-        training = make_training(job, search_path=search_path)
+        training = make_training(job, plan, search_path=search_path)
     with recorder.phase(phases.RESTORE):
         training.restore(checkpoint)
     return _evaluate_into(training, job, recorder)
@@ -166,7 +178,7 @@ def export(job: Job, plan: Plan, out_dir: str, *, checkpoint: Optional[str] = No
 
     if checkpoint is None and checkpoint_step(job.run.model_dir) is None:
         raise TpuLaunchError(f"no checkpoint in {job.run.model_dir} to export", hint="train first")
-    training = make_training(job, search_path=search_path)
+    training = make_training(job, plan, search_path=search_path)
     training.restore(checkpoint)
     existed = tf.io.gfile.exists(out_dir)
     try:

@@ -1,11 +1,11 @@
-"""Keras 3 on JAX: the job's model compiled for the JAX backend with the job's loss, optimizer and metrics, data
-parallel over this machine's devices (`keras.distribution.DataParallel`: the batch split along its first dimension,
-the variables replicated), its steps, and its checkpoints.
+"""The jax engine's training: `standalone.py`'s JaxTraining (Keras 3 on JAX, data-parallel over this machine's
+devices, or over the device mesh of a spatial split, `mesh.py`; its steps and checkpoints; the code `tpulaunch
+explain` prints) on the job's values, with its failures told at the job's keys, and the SavedModel export.
 
 Checkpoints are TensorFlow's object-based format under model_dir, named as on the other engines (`model.ckpt-STEP`,
 the `checkpoint` state file, `global_step` inside), so resume, `--checkpoint`, evaluate, the job copy's check and
 the repair of a cut-off save read them the same way; TensorFlow's filesystem writes them (gs:// too), each file
-written whole before the state file names it.
+written whole before the state file names it: staged, and fenced by model_dir's lease.
 """
 
 from __future__ import annotations
@@ -15,14 +15,8 @@ import sys
 import time
 from typing import Optional
 
-import numpy as np
-
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.schema import Job
-
-from tpulaunch.engine.jax.rules import OPTIMIZERS  # metrics: the names compile() takes (the rules hold the others)
-
-CROSSENTROPY = ("sparse_categorical_crossentropy", "categorical_crossentropy", "binary_crossentropy")
 
 
 def load_keras():
@@ -44,65 +38,37 @@ def load_keras():
 
 
 class JaxTraining:
-    """The job's compiled Keras 3 model on JAX, its global step and its checkpoints in `model_dir`."""
+    """The engine's training, `standalone.JaxTraining` (the code `tpulaunch explain` prints), on the job's values:
+    its failures told at the job's keys, its checkpoints staged and fenced by model_dir's lease, and its export.
+    Its steps, evaluation, save and attributes (model, devices, step) are the standalone training's."""
 
-    def __init__(self, job: Job, builder, builder_kwargs: dict, *, custom_loss=None):
-        keras, jax = load_keras()
-        self.job, self.keras = job, keras
-        self.devices = jax.devices()
-        if len(self.devices) > 1:
-            keras.distribution.set_distribution(keras.distribution.DataParallel(devices=self.devices))
-        if job.run.seed is not None:
-            keras.utils.set_random_seed(job.run.seed)
+    def __init__(self, job: Job, builder, builder_kwargs: dict, *, custom_loss=None, split=None):
+        _keras, jax = load_keras()  # before standalone imports TensorFlow: its import would settle Keras's backend
+        from tpulaunch.engine.core.staged_save import staged_write
+        from tpulaunch.engine.jax import mesh, standalone
+        from tpulaunch.engine.jax.plain import training_settings
+        from tpulaunch.run.lease import ensure_held
+
+        self.job = job
+        self.layout = mesh.device_layout(split, jax.devices())  # `split`: partition:'s (mesh.split_of(plan))
         try:
-            self.model = builder(**builder_kwargs)
+            # Staged, then moved while the run holds model_dir's lease; its state and deletions fenced (as the
+            # other engines save: engine/core/staged_save.py).
+            self.core = standalone.JaxTraining(builder, builder_kwargs, custom_loss=custom_loss,
+                                               distribution=mesh.distribution(self.layout, job),
+                                               write_through=staged_write, fence=lambda: ensure_held(job.run.model_dir),
+                                               **training_settings(job))
         except ImportError as exc:  # tf.keras is tf-keras (TF_USE_LEGACY_KERAS, for the keras engine), not installed
             if "Keras cannot be imported" not in str(exc):
                 raise
             raise _keras2_model(job, "uses tf.keras, which is Keras 2 (the tf-keras package, not installed here)")
-        if not isinstance(self.model, keras.Model):  # a tf.keras (Keras 2) model: its variables are TensorFlow's
-            raise _keras2_model(job, f"returned {type(self.model).__name__} of "
-                                     f"{type(self.model).__module__.split('.')[0]}, a tf.keras (Keras 2) model")
-        self.model.compile(optimizer=self._optimizer(), loss=custom_loss or self._loss(),
-                           metrics=list(job.model.metrics or []), jit_compile=True)
-        self.model.optimizer.build(self.model.trainable_variables)
-        self.step = 0
-        self.model_dir = job.run.model_dir
-        self._checkpoint = None
+        except standalone.NotKeras3Model as exc:
+            raise _keras2_model(job, str(exc)) from None
 
-    # ------------------------------------------------------------------ what the job compiles with
-    def _optimizer(self):
-        spec = self.job.model.optimizer
-        name, defaults = OPTIMIZERS[spec.name]
-        return getattr(self.keras.optimizers, name)(learning_rate=spec.learning_rate, **{**defaults, **dict(spec.args)})
-
-    def _loss(self):
-        name = self.job.model.loss
-        if name not in CROSSENTROPY:
-            return self.keras.losses.get(name)
-        return self.keras.losses.get({"class_name": _class_name(name), "config": {"from_logits": self._logits()}})
-
-    def _logits(self) -> bool:
-        """The model outputs logits unless its last layer ends in softmax or sigmoid."""
-        activation = getattr(self.model.layers[-1], "activation", None)
-        return getattr(activation, "__name__", "linear") not in ("softmax", "sigmoid")
-
-    # ------------------------------------------------------------------------------ the steps
-    def train_step(self, features, labels) -> float:
-        logs = self.model.train_on_batch(features, labels, return_dict=True)
-        self.step += 1
-        return float(logs["loss"])
-
-    def evaluate(self, batches, steps: int, should_stop=None) -> Optional[dict]:
-        """The metrics over `steps` batches of `batches` (None when `should_stop` turned true first)."""
-        self.model.reset_metrics()
-        logs = {}
-        for _ in range(steps):
-            if should_stop is not None and should_stop():
-                return None
-            features, labels = next(batches)
-            logs = self.model.test_on_batch(features, labels, return_dict=True)
-        return {name: float(value) for name, value in logs.items()}
+    def __getattr__(self, name):  # what is not the engine's own is the standalone training's
+        if name == "core":
+            raise AttributeError(name)
+        return getattr(self.core, name)
 
     # ------------------------------------------------------------------------------ export
     def export(self, out_dir: str, label_names) -> str:
@@ -130,37 +96,6 @@ class JaxTraining:
         return path
 
     # ------------------------------------------------------------------------------ checkpoints
-    def _variables(self):
-        return list(self.model.weights) + list(self.model.optimizer.variables)
-
-    def _tf_checkpoint(self):
-        """TensorFlow variables mirroring the model's and the optimizer's, and the global step, made once."""
-        import tensorflow as tf
-
-        if self._checkpoint is None:
-            self._mirrors = [tf.Variable(np.asarray(v.value), name=f"v{i}", trainable=False)
-                             for i, v in enumerate(self._variables())]
-            self._global_step = tf.Variable(0, dtype=tf.int64, name="global_step", trainable=False)
-            # Staged, then moved while the run holds model_dir's lease; its state and deletions fenced (as the
-            # other engines save: engine/core/staged_save.py).
-            from tpulaunch.engine.core.staged_save import staged_write
-            from tpulaunch.engine.portable import checkpoint_class, checkpoint_manager_class
-            from tpulaunch.run.lease import ensure_held
-
-            self._checkpoint = checkpoint_class(staged_write)(global_step=self._global_step, variables=self._mirrors)
-            self._manager = checkpoint_manager_class(lambda: ensure_held(self.model_dir))(
-                self._checkpoint, self.model_dir, checkpoint_name="model.ckpt",
-                max_to_keep=self.job.run.keep_checkpoint_max)
-        return self._checkpoint
-
-    def save(self) -> str:
-        """A checkpoint at the current step; its path (model_dir/model.ckpt-STEP)."""
-        self._tf_checkpoint()
-        for mirror, variable in zip(self._mirrors, self._variables()):
-            mirror.assign(np.asarray(variable.value))
-        self._global_step.assign(self.step)
-        return self._manager.save(checkpoint_number=self.step)
-
     def restore(self, path: Optional[str] = None) -> int:
         """The latest checkpoint in model_dir (or `path`) into the model and optimizer; the step it holds (0: none)."""
         import tensorflow as tf
@@ -172,20 +107,14 @@ class JaxTraining:
             if problem:
                 raise TpuLaunchError(f"--checkpoint {path} cannot be restored: {problem}",
                                      hint=f"name one of {self.model_dir}'s model.ckpt-STEP, without its extension")
-        path = path or tf.train.latest_checkpoint(self.model_dir)
-        if path is None:
-            return 0
         try:
-            self._tf_checkpoint().read(path).assert_existing_objects_matched()
+            return self.core.restore(path)
         except (AssertionError, ValueError, tf.errors.OpError) as exc:  # another engine's, or another model's
+            path = path or tf.train.latest_checkpoint(self.model_dir)
             raise TpuLaunchError(f"{path} does not hold this model's variables as the jax engine saves them "
                                  f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})",
                                  hint="train into another run.model_dir (--model-dir), or evaluate it with the engine "
                                       "that wrote it") from None
-        for mirror, variable in zip(self._mirrors, self._variables()):
-            variable.assign(mirror.numpy())
-        self.step = int(self._global_step.numpy())
-        return self.step
 
 
 def _keras2_model(job: Job, what: str) -> TpuLaunchError:
@@ -193,8 +122,4 @@ def _keras2_model(job: Job, what: str) -> TpuLaunchError:
                           code="jax-engine-keras2-model",
                           hint="train it on the keras engine (run.engine: keras), or `import keras` (Keras 3) in the "
                                "builder's module instead of tf.keras")
-
-
-def _class_name(loss: str) -> str:
-    return "".join(part.capitalize() for part in loss.split("_"))
 

@@ -1,0 +1,18 @@
+"""The boundary to the jax engine's `standalone.py`: the plain values `JaxTraining` runs with, converted from a Job
+in one place. `tpulaunch explain` writes the same values into the program. Pure Python: neither TensorFlow nor
+Keras is imported here."""
+
+from __future__ import annotations
+
+from tpulaunch.engine.jax.rules import OPTIMIZERS
+from tpulaunch.job.schema import Job
+
+
+def training_settings(job: Job) -> dict:
+    """Keywords of `standalone.JaxTraining`, besides the builder, its arguments and the job's own loss."""
+    spec = job.model.optimizer
+    name, defaults = OPTIMIZERS[spec.name]
+    loss = job.model.loss if isinstance(job.model.loss, str) and ":" not in job.model.loss else None
+    return {"optimizer": name, "learning_rate": spec.learning_rate, "optimizer_args": {**defaults, **dict(spec.args)},
+            "loss": loss, "metrics": list(job.model.metrics or []), "seed": job.run.seed,
+            "model_dir": job.run.model_dir, "keep_checkpoint_max": job.run.keep_checkpoint_max}

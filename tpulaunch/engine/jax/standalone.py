@@ -1,0 +1,171 @@
+"""The model, steps, evaluation and checkpoints that `tpulaunch train` runs on the jax engine.
+
+Keras 3 on its JAX backend: the builder's model compiled with the job's optimizer, loss and metrics for XLA
+(`jit_compile`), data-parallel over this machine's devices (`keras.distribution.DataParallel`: each batch split
+along its first dimension, the variables replicated), one `train_on_batch` per step. Checkpoints are TensorFlow's
+object-based format (`model_dir/model.ckpt-STEP`, the `checkpoint` state file, `global_step` inside), written from
+TensorFlow variables that mirror the model's and the optimizer's, so every engine's tools read them.
+
+This module imports only TensorFlow (the checkpoints; tf.data reads the records), NumPy, the Python standard
+library and `engine/portable.py`; Keras and JAX are imported when a training is made, after KERAS_BACKEND=jax is
+set (Keras reads it once, at its first import). It takes plain values and the job's own callables: tpulaunch
+calls it with values converted from the job file (engine/jax/plain.py), and `tpulaunch explain` prints
+portable.py and then this module verbatim inside the standalone program (without the import of portable's
+names below, which the program defines above it).
+"""
+
+from typing import Callable, List, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from tpulaunch.engine.portable import (  # explain: the program defines these above this module
+    checkpoint_class, checkpoint_manager_class)
+
+CHECKPOINT_NAME = "model.ckpt"  # checkpoints are model_dir/model.ckpt-STEP, as on the other engines
+# Crossentropies take logits unless the model's last layer ends in softmax or sigmoid.
+CROSSENTROPY = ("sparse_categorical_crossentropy", "categorical_crossentropy", "binary_crossentropy")
+
+
+class NotKeras3Model(TypeError):
+    """The builder returned something other than a Keras 3 model (a tf.keras one: its variables are TensorFlow's)."""
+
+
+def keras_on_jax():
+    """Keras 3 and JAX, Keras on its JAX backend (KERAS_BACKEND=jax must be set before Keras first loads)."""
+    import jax
+    import keras
+
+    if keras.backend.backend() != "jax":
+        raise RuntimeError(f"Keras runs on its {keras.backend.backend()} backend in this process, not JAX: set "
+                           "KERAS_BACKEND=jax before anything imports Keras")
+    return keras, jax
+
+
+def make_optimizer(keras, optimizer: str, learning_rate: float, optimizer_args: dict):
+    """The Keras optimizer class `optimizer` names (SGD, Adam, ...) with its arguments."""
+    return getattr(keras.optimizers, optimizer)(learning_rate=learning_rate, **optimizer_args)
+
+
+def outputs_logits(model) -> bool:
+    """Whether the model outputs logits: unless its last layer ends in softmax or sigmoid."""
+    activation = getattr(model.layers[-1], "activation", None)
+    return getattr(activation, "__name__", "linear") not in ("softmax", "sigmoid")
+
+
+def make_loss(keras, loss: str, model):
+    """The Keras loss `loss` names; a crossentropy told whether the model outputs logits."""
+    if loss not in CROSSENTROPY:
+        return keras.losses.get(loss)
+    class_name = "".join(part.capitalize() for part in loss.split("_"))
+    return keras.losses.get({"class_name": class_name, "config": {"from_logits": outputs_logits(model)}})
+
+
+class JaxTraining:
+    """The job's model compiled on JAX over this machine's devices, its global step and its checkpoints.
+
+    `distribution`: the Keras distribution to train under (None: DataParallel over the devices when there are
+    several; tpulaunch passes a device mesh's for a spatial split). `write_through` and `fence` (None: plain
+    TensorFlow) make every checkpoint write go through a staging step and
+    the state file's writes and deletions of old checkpoints wait on a check (`portable.checkpoint_class`,
+    `portable.checkpoint_manager_class`): tpulaunch passes its lease's.
+    """
+
+    def __init__(self, build_model: Callable, builder_kwargs: dict, *, optimizer: str, learning_rate: float,
+                 optimizer_args: dict, loss: Optional[str], metrics: List[str], seed: Optional[int], model_dir: str,
+                 keep_checkpoint_max: int, custom_loss: Optional[Callable] = None, distribution=None,
+                 write_through: Optional[Callable] = None, fence: Optional[Callable[[], None]] = None):
+        keras, jax = keras_on_jax()
+        self.keras = keras
+        self.devices = jax.devices()
+        if distribution is None and len(self.devices) > 1:
+            distribution = keras.distribution.DataParallel(devices=self.devices)
+        if distribution is not None:  # before the model is built: its variables are laid out by it
+            keras.distribution.set_distribution(distribution)
+        if seed is not None:
+            keras.utils.set_random_seed(seed)
+        self.model = build_model(**builder_kwargs)
+        if not isinstance(self.model, keras.Model):
+            raise NotKeras3Model(f"returned {type(self.model).__name__} of "
+                                 f"{type(self.model).__module__.split('.')[0]}, a tf.keras (Keras 2) model")
+        self.model.compile(optimizer=make_optimizer(keras, optimizer, learning_rate, optimizer_args),
+                           loss=custom_loss or make_loss(keras, loss, self.model), metrics=list(metrics),
+                           jit_compile=True)
+        self.model.optimizer.build(self.model.trainable_variables)
+        self.step = 0
+        self.model_dir, self.keep_checkpoint_max = model_dir, keep_checkpoint_max
+        self.write_through, self.fence = write_through, fence
+        self._checkpoint = None
+
+    # ------------------------------------------------------------------------------ the steps
+    def train_step(self, features, labels) -> float:
+        """One step on a global batch (split over the devices); its loss."""
+        logs = self.model.train_on_batch(features, labels, return_dict=True)
+        self.step += 1
+        return float(logs["loss"])
+
+    def evaluate(self, batches, steps: int, should_stop: Optional[Callable[[], bool]] = None) -> Optional[dict]:
+        """The loss and metrics over `steps` batches of `batches` (None when `should_stop` turned true first)."""
+        self.model.reset_metrics()
+        logs = {}
+        for _ in range(steps):
+            if should_stop is not None and should_stop():
+                return None
+            features, labels = next(batches)
+            logs = self.model.test_on_batch(features, labels, return_dict=True)
+        return {name: float(value) for name, value in logs.items()}
+
+    # ------------------------------------------------------------------------------ checkpoints
+    def _variables(self) -> list:
+        """What a checkpoint holds, in this order: the model's weights, then the optimizer's (not the metrics')."""
+        return list(self.model.weights) + list(self.model.optimizer.variables)
+
+    def _tf_checkpoint(self):
+        """TensorFlow variables mirroring the model's and the optimizer's, and the global step, made once."""
+        if self._checkpoint is None:
+            self._mirrors = [tf.Variable(on_host(v.value), name=f"v{i}", trainable=False)
+                             for i, v in enumerate(self._variables())]
+            self._global_step = tf.Variable(0, dtype=tf.int64, name="global_step", trainable=False)
+            self._checkpoint = checkpoint_class(self.write_through)(global_step=self._global_step,
+                                                                     variables=self._mirrors)
+            self._manager = checkpoint_manager_class(self.fence)(
+                self._checkpoint, self.model_dir, checkpoint_name=CHECKPOINT_NAME,
+                max_to_keep=self.keep_checkpoint_max)
+        return self._checkpoint
+
+    def save(self) -> str:
+        """A checkpoint at the current step; its path (model_dir/model.ckpt-STEP)."""
+        self._tf_checkpoint()
+        for mirror, variable in zip(self._mirrors, self._variables()):
+            mirror.assign(on_host(variable.value))
+        self._global_step.assign(self.step)
+        return self._manager.save(checkpoint_number=self.step)
+
+    def restore(self, path: Optional[str] = None) -> int:
+        """`path` (default: model_dir's latest checkpoint) into the model and the optimizer; the step it holds
+        (0: no checkpoint). Raises what TensorFlow raises for a checkpoint of other variables."""
+        path = path or tf.train.latest_checkpoint(self.model_dir)
+        if path is None:
+            return 0
+        self._tf_checkpoint().read(path).assert_existing_objects_matched()
+        for mirror, variable in zip(self._mirrors, self._variables()):
+            variable.assign(mirror.numpy())
+        self.step = int(self._global_step.numpy())
+        return self.step
+
+
+def on_host(value) -> np.ndarray:
+    """A variable's value as NumPy. Over several hosts a variable spans devices this process cannot read, but it
+    is replicated: this process's first device holds all of it."""
+    if getattr(value, "is_fully_addressable", True):
+        return np.asarray(value)
+    return np.asarray(value.addressable_data(0))
+
+
+def numpy_batches(input_fn: Callable, batch_size: int):
+    """The batches of a `portable.make_input_fn` input_fn (global batch size) as NumPy, as JAX takes them."""
+    return input_fn({"batch_size": batch_size}).as_numpy_iterator()
+
+
+__all__ = ["JaxTraining", "NotKeras3Model", "keras_on_jax", "make_optimizer", "make_loss", "outputs_logits",
+           "numpy_batches", "on_host", "CHECKPOINT_NAME"]
