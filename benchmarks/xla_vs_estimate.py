@@ -5,6 +5,10 @@ the TPU type by libtpu's compile-only client, `tpulaunch/plan/xla_tpu.py`), per 
 against XLA's figure (XLA's required bytes where it ran out of memory). Prints a Markdown table.
 
     TPULAUNCH_XLA_PYTHON=.venv-xla/bin/python .venv/bin/python benchmarks/xla_vs_estimate.py [--only NAME...]
+    TPULAUNCH_XLA_PYTHON=.venv-xla/bin/python .venv-keras/bin/python benchmarks/xla_vs_estimate.py --engine jax
+
+`--engine jax`: the jax engine's cases (Keras 3 models, `benchmarks/models/keras3_styles.py`, on v5e), its own
+estimate (`engine/jax/memory_plan.py`) against its own step lowered by JAX and compiled by XLA's TPU compiler.
 """
 
 from __future__ import annotations
@@ -19,22 +23,22 @@ sys.path[:0] = [os.path.dirname(_HERE), _HERE]
 # The step child builds the models too: it finds benchmarks/models the same way.
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(_HERE), _HERE, os.environ.get("PYTHONPATH")]))
 
-from tpulaunch.engine.registry import engine_for  # noqa: E402
 from tpulaunch.job.schema import Job  # noqa: E402
 from tpulaunch.plan.build import build_plan  # noqa: E402
 from tpulaunch.plan.memory import plan_memory  # noqa: E402
 from tpulaunch.plan.xla_tpu import XlaUnavailable, compile_step  # noqa: E402
+from tpulaunch.seam.registry import about, engine_for  # noqa: E402
 
 GiB = 1024 ** 3
 
 
 def job(name, builder, params, features, labels, loss, tpu, batch, cores=1, dims=None, optimizer="adam",
-        precision="float32") -> Job:
+        precision="float32", engine=None) -> Job:
     doc = {"name": name, "model": {"builder": builder, "params": params, "loss": loss,
                                    "optimizer": {"name": optimizer}, "precision": precision},
            "data": {"features": features, "labels": labels},
            "tpu": {"type": tpu, "cores_per_replica": cores}, "train": {"batch_size": batch, "steps": 10},
-           "run": {"model_dir": "gs://bucket/run"}}
+           "run": {"model_dir": "gs://bucket/run", **({"engine": engine} if engine else {})}}
     if dims:
         doc["partition"] = {"features": {"image": dims}}
     return Job.model_validate(doc)
@@ -82,11 +86,30 @@ CASES = {
 }
 
 
+def jax_job(name, builder, features, label, tpu, batch, params=None):
+    """A jax engine case: a Keras 3 model of keras3_styles.py, Adam, float32 (the engine's only precision)."""
+    return job(name, f"models.keras3_styles:{builder}", dict(params or {}), features, label,
+               "sparse_categorical_crossentropy", tpu, batch, engine="jax")
+
+
+CLASS = {"label": {"shape": [], "dtype": "int64"}}
+JAX_CASES = {  # on v5litepod-4: 4 chips, one replica each, so the global batch is 4x the per-core one
+    "jax-cnn-128": (lambda: jax_job("jax-cnn-128", "cnn", {"image": {"shape": [128, 128, 3]}}, CLASS, "v5litepod-4",
+                                    4 * 128), ""),
+    "jax-transformer-512": (lambda: jax_job("jax-transformer-512", "transformer", {"tokens": {"shape": [512, 256]}},
+                                            CLASS, "v5litepod-4", 4 * 32), ""),
+    "jax-unet3d-64": (lambda: jax_job("jax-unet3d-64", "unet3d", {"image": {"shape": [64, 64, 64, 1]}},
+                                      {"mask": {"shape": [64, 64, 64], "dtype": "int64"}}, "v5litepod-4", 4 * 2), ""),
+}
+
+
 def row(name: str) -> str:
-    make, published = CASES[name]
+    make, published = {**CASES, **JAX_CASES}[name]
     the_job = make()
-    plan = build_plan(the_job)
+    plan = build_plan(the_job, engine=the_job.run.engine)
     section = plan_memory(the_job, plan, engine_for(the_job).step_tensors)
+    if section.per_core_bytes is None:
+        return f"| {name} | {published} | no estimate: {section.reason} | | | |"
     started = time.monotonic()
     try:
         xla = compile_step(the_job, plan, plan.per_replica_batch, section.optimizer_slots)
@@ -104,11 +127,15 @@ def row(name: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="*", choices=sorted(CASES), help="these cases only")
+    parser.add_argument("--only", nargs="*", choices=sorted({**CASES, **JAX_CASES}), help="these cases only")
+    parser.add_argument("--engine", choices=("estimator", "keras", "jax"), default=None,
+                        help="jax: the jax engine's cases (in the keras engine's environment); else the builder cases")
     args = parser.parse_args()
+    if args.engine == "jax":  # Keras 3 on JAX in this process, before any Keras loads
+        os.environ.update(about("jax").process_environment)
     print("| case | published | estimate | XLA (TPU compiler) | estimate vs XLA | export + compile |")
     print("|---|---|---|---|---|---|")
-    for name in args.only or CASES:
+    for name in args.only or (JAX_CASES if args.engine == "jax" else CASES):
         print(row(name), flush=True)
 
 

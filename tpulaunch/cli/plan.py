@@ -48,8 +48,12 @@ def plan(obj: Context, job_file, overrides, fmt, memory, xla, tpu_compiler, use_
         raise AlreadyReported() from None
     the_plan = checked.plan
     if memory or xla:
+        import os
+
+        from tpulaunch.seam.registry import about
         from tpulaunch.tf_env import import_tensorflow
 
+        os.environ.update(about(the_plan.engine).process_environment)  # the engine's own, before the job's code loads
         import_tensorflow()  # before the job's builder imports it: its start-up lines stay off the terminal
         add_memory(the_plan, checked.job, checked.engine.step_tensors, xla=xla)
         if tpu_compiler:

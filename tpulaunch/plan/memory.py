@@ -517,6 +517,11 @@ def _xla_child() -> None:
     import tempfile
 
     request = json.load(sys.stdin)
+    if request.get("exporter"):  # an engine that lowers its own step (`EngineAbout.step_exporter`)
+        from tpulaunch.seam.about import load_attribute
+
+        print(json.dumps(load_attribute(request["exporter"])(request)), flush=True)
+        return
     if request.get("export"):
         from tpulaunch.plan.xla_export import export_step, set_precision
 

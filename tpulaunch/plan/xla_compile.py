@@ -161,17 +161,18 @@ def _annotate(module, shardings: Sequence[Optional[str]], donated: Sequence[int]
 
 
 def compile_hlo(hlo: bytes, topology: str, partitions: int = 1, shardings: Sequence[Optional[str]] = (),
-                donated: Sequence[int] = ()) -> dict:
+                donated: Sequence[int] = (), form: str = "hlo") -> dict:
     """`compile_for_topology` for a serialized HLO module (what TensorFlow's `experimental_get_compiler_ir(...)
-    (stage="hlo_serialized")` gives), with per-parameter shardings (HLO sharding text, None = replicated) and
-    the indices of the parameters whose buffers the step may reuse (`donated`)."""
+    (stage="hlo_serialized")` gives; `form` "stablehlo": the StableHLO text a JAX engine lowers its own step to),
+    with per-parameter shardings (HLO sharding text, None = replicated) and the indices of the parameters whose
+    buffers the step may reuse (`donated`)."""
     _quiet_libtpu()
     from jax._src.interpreters import mlir
     from jax._src.lib import xla_client as xc
     from jax._src.lib.mlir import ir
 
     try:
-        text = xc._xla.mlir.hlo_to_stablehlo(hlo)
+        text = hlo.decode() if form == "stablehlo" else xc._xla.mlir.hlo_to_stablehlo(hlo)
     except Exception as exc:  # noqa: BLE001
         raise ValueError("the exported step cannot be converted for XLA's TPU compiler: "
                          + first_line(str(exc))) from None
@@ -189,7 +190,7 @@ def main() -> None:
         with open(request["hlo"], "rb") as f:
             hlo = f.read()
         result = compile_hlo(hlo, request["topology"], request.get("partitions", 1), request.get("shardings") or (),
-                             request.get("donated") or ())
+                             request.get("donated") or (), request.get("format", "hlo"))
     except ValueError as exc:
         result = {"error": str(exc)}
     print(json.dumps(result), flush=True)

@@ -72,6 +72,7 @@ def compile_step(job: Job, plan: "Plan", per_replica_batch: int, slots: Optional
     import time
 
     from tpulaunch.plan.memory import Tile, main_feature, run_step_child, step_request
+    from tpulaunch.seam.registry import about
     from tpulaunch.tpu.types import parse_tpu_type
 
     python = xla_home.compiler_python()
@@ -94,6 +95,9 @@ def compile_step(job: Job, plan: "Plan", per_replica_batch: int, slots: Optional
         shape = tuple(job.data.features[feature].shape)
         request = dict(step_request(job, Tile(per_replica_batch, shape, plan.cores_per_replica, None), slots),
                        export=True, dir=scratch, precision=job.model.precision)
+        exporter = about(plan.engine).step_exporter
+        if exporter:  # the engine lowers its own step, from the whole job (its loss, optimizer and metrics)
+            request.update(exporter=exporter, job=job.model_dump(mode="json"))
         try:
             exported = run_step_child(request, timeout=EXPORT_TIMEOUT_S)
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
@@ -103,7 +107,8 @@ def compile_step(job: Job, plan: "Plan", per_replica_batch: int, slots: Optional
             # The builder's inputs follow the features' order (one feature: the only input).
             shardings[inputs.index(feature) if len(inputs) == exported["inputs"] else 0] = tiled_sharding(dims)
         started = time.monotonic()
-        result = _compile(python, {"hlo": exported["hlo"], "topology": target.topology,
+        result = _compile(python, {"hlo": exported["hlo"], "format": exported.get("format", "hlo"),
+                                   "topology": target.topology,
                                    "partitions": target.partitions, "shardings": shardings,
                                    "donated": exported["donated"]})
     result.update(topology=target.topology, partitions=target.partitions, per_replica_batch=per_replica_batch,

@@ -74,6 +74,10 @@ class EngineAbout:
     # steps_per_execution), so that checkpoints and evaluations fall between loops; validate's cadence warnings ask.
     tpu_loops: bool = True
     params_set_by_tensorflow: Tuple[str, ...] = ()  # model.params keys its framework sets itself (TPUEstimator's)
+    # "module:function(request) -> exported": an engine that lowers its own training step for XLA's TPU compiler
+    # (`plan/xla_tpu.py`), run in `plan/memory.py`'s step child; None: the step is exported through TensorFlow
+    # (`plan/xla_export.py`)
+    step_exporter: Optional[str] = None
 
     @property
     def display(self) -> str:

@@ -26,4 +26,5 @@ ABOUT = EngineAbout(
     tpu_extra="jax-tpu",
     tpu_hosts="every",
     tpu_loops=False,  # one step per call on a TPU too: tpu.iterations_per_loop does not set its cadence
+    step_exporter="tpulaunch.engine.jax.memory_plan:export_step",  # Keras 3's train step lowered by JAX itself
 )

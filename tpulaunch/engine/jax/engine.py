@@ -1,6 +1,6 @@
 """Keras 3 on JAX as an `Engine`: the job's Keras 3 model compiled for the JAX backend, data-parallel over this
 machine's devices, trained in the loop every engine runs, exported as a SavedModel. What it does not do yet
-(plan's memory, `--tf`, TPU slices, spatial partitioning) it refuses with a clear message."""
+(`--tf`) it refuses with a clear message."""
 
 from __future__ import annotations
 
@@ -44,7 +44,10 @@ class JaxEngine(Engine):
         return []
 
     def step_tensors(self, job, *, use_tpu: bool):
-        raise _not_yet("estimate memory per device", "plan --no-memory")
+        from tpulaunch.engine.jax.memory_plan import step_tensors
+
+        with running_job_code(job):
+            return step_tensors(job, use_tpu=use_tpu)
 
     def preflight(self, loaded, plan) -> tuple:
         path = ("run", "engine") if loaded.section("run") is not None and loaded.section("run").engine else ("run",)
