@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,24 @@ def test_a_signal_while_tensorflow_loads_releases_the_lease_and_records_the_run(
     [record] = _records(run_dir)
     assert (record["run_id"], record["outcome"]) == (lease["run_id"], f"stopped ({name})")
     assert not list(run_dir.glob("model.ckpt-*")), list(run_dir.iterdir())  # it never trained
+
+
+def test_a_signal_the_moment_the_lease_is_taken_still_leaves_a_record(project, tmp_path):
+    """The run is stopped (SIGSTOP) as soon as model_dir's lease file appears, wherever it is then (taking the
+    lease, setting up its record), and sent SIGTERM: the lease released and one record line, `stopped (SIGTERM)`."""
+    run_dir = tmp_path / "run"
+    run = _train(project, run_dir, "--set", "train.steps=3")
+    lease_file = run_dir / leases.LEASE_FILE
+    while not lease_file.exists():  # the event waited for: the file's appearance (polled, 1 ms)
+        assert run.process.poll() is None, run.text()
+        time.sleep(0.001)
+    for signum in (signal.SIGSTOP, signal.SIGTERM, signal.SIGCONT):
+        run.process.send_signal(signum)
+    assert run.finish() == 143, run.text()
+    lease = leases.read_lease(str(run_dir))
+    assert (lease["state"], lease["pid"]) == ("released", run.pid)
+    [record] = _records(run_dir)
+    assert (record["run_id"], record["outcome"]) == (lease["run_id"], "stopped (SIGTERM)")
 
 
 def test_sighup_mid_training_saves_a_checkpoint_at_the_step_and_the_rerun_resumes_from_it(project, tmp_path):

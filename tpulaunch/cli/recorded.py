@@ -14,7 +14,7 @@ from typing import Iterator
 from tpulaunch.run import phases
 from tpulaunch.run.events import RunRecorder
 from tpulaunch.run.run_record import outcome, write_record
-from tpulaunch.run.signals import Terminated, deferred, raise_if_swallowed
+from tpulaunch.run.signals import Terminated, deferred, raise_if_held, raise_if_swallowed
 
 
 @contextlib.contextmanager
@@ -38,6 +38,7 @@ def recorded_run(obj, recorder: RunRecorder, engine, checked, command: str, *,
     watch = PhaseWatch(recorder, on_tpu=checked.plan.on_tpu).start()
     loaded, error = False, None
     try:
+        raise_if_held()  # a signal that came while the lease was taken: this run is recorded as it stopped
         with recorder.phase(phases.LOAD):
             engine.load()
         loaded = True

@@ -36,7 +36,9 @@ def held_lease(model_dir: str, command: str, *, take: bool, say: Callable[[str],
 
     lease = None
     try:
-        with deferred():  # a signal here is raised once the lease is taken: the `finally` below releases it
+        # A signal here is raised once the lease is taken and the run record's block runs (it records the stop);
+        # the `finally` below releases the lease.
+        with deferred(until_recorded=True):
             lease = leases.acquire(model_dir, run_id=leases.new_run_id(), command=command, take=take)
             lease.start_renewing(on_lost=lost, on_error=renew_failed)
         took = lease.took_over

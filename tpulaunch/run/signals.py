@@ -79,6 +79,7 @@ _pending: Optional[int] = None  # a signal held back by them
 # JAX load, a garbage-collection callback reports it as "Exception ignored", a C function clears it, a bare
 # `except:` catches it. `raise_if_swallowed` raises it again where tpulaunch's own code runs next.
 _raised: Optional[int] = None
+_held_until_recorded = False  # from the end of a `deferred(until_recorded=True)` block to `raise_if_held()`
 
 
 def _raised_for(signum: int) -> BaseException:
@@ -87,7 +88,7 @@ def _raised_for(signum: int) -> BaseException:
 
 def _handle_early(signum, frame) -> None:
     global _pending
-    if _deferring:
+    if _deferring or _held_until_recorded:
         _pending = _pending or signum  # the first one is the one acted on
         return
     _raise(signum)
@@ -104,6 +105,15 @@ def raise_if_swallowed() -> None:
     heavy imports and before training starts, so a Ctrl-C while TensorFlow loads is never lost."""
     if _raised is not None:
         raise _raised_for(_raised)
+
+
+def raise_if_held() -> None:
+    """Stop holding signals back after `deferred(until_recorded=True)`, and raise the one held (if one came)."""
+    global _pending, _held_until_recorded
+    _held_until_recorded = False
+    if _pending is not None and not _deferring:
+        signum, _pending = _pending, None
+        _raise(signum)
 
 
 def forget_stray_interrupt() -> None:
@@ -131,8 +141,8 @@ def _quiet_about_swallowed_signals(unraisable) -> None:
 
 def handle_from_start() -> None:
     """Install the raising handlers (main thread only; elsewhere the defaults stay)."""
-    global _raised
-    _raised = None
+    global _raised, _held_until_recorded
+    _raised, _held_until_recorded = None, False
     sys.unraisablehook = _quiet_about_swallowed_signals
     if threading.current_thread() is threading.main_thread():
         for signum in HANDLED:
@@ -140,15 +150,21 @@ def handle_from_start() -> None:
 
 
 @contextlib.contextmanager
-def deferred() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM/SIGHUP back inside the block (a change that must be whole); raise it at its end."""
-    global _deferring, _pending
+def deferred(*, until_recorded: bool = False) -> Iterator[None]:
+    """Hold SIGINT/SIGTERM/SIGHUP back inside the block (a change that must be whole); raise it at its end.
+
+    `until_recorded`: go on holding signals back after the block, until `raise_if_held` (the run record's block,
+    which records how the run ended, raises it first thing): taking model_dir's lease is followed by the record's
+    set-up, and a run that took the lease must leave a record line."""
+    global _deferring, _pending, _held_until_recorded
     _deferring += 1
     try:
         yield
     finally:
         _deferring -= 1
-        if not _deferring and _pending is not None:
+        if until_recorded:
+            _held_until_recorded = True
+        elif not _deferring and _pending is not None:
             signum, _pending = _pending, None
             if not _raising_already():
                 _raise(signum)
