@@ -30,11 +30,11 @@ class JaxEngine(Engine):
 
     def check_build(self, loaded, plan) -> list:
         from tpulaunch.engine.core.build_failures import BuildError
-        from tpulaunch.engine.jax.runner import make_training
+        from tpulaunch.engine.jax.runner import make_training, trace_first_step
 
         with running_job_code(loaded.job):
             try:
-                make_training(loaded.job, plan, search_path=loaded.job.search_path)
+                trace_first_step(make_training(loaded.job, plan, search_path=loaded.job.search_path), loaded.job)
             except BuildError as failure:
                 return [loaded.problem(failure.key, failure.code or "model-build-failed",
                                        f"building the train model: {failure.detail}", failure.hint)]

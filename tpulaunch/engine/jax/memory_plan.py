@@ -56,7 +56,7 @@ def _training(job, search_path: Sequence[str], builder_kwargs=None):
                        custom_loss=whole_loss)
 
 
-def _data_specs(job, model, batch: int) -> tuple:
+def data_specs(job, model, batch: int) -> tuple:
     """Abstract features (one tensor, or a dict by name, as the input pipeline hands them) and label at `batch`
     examples, at the shapes the model was built for."""
     import jax
@@ -74,7 +74,8 @@ def _data_specs(job, model, batch: int) -> tuple:
     return features, spec(tuple(label.shape), label.dtype)
 
 
-def _state(model):
+def abstract_state(model):
+    """The model's step state as abstract values: (trainable, non-trainable, optimizer, metrics variables)."""
     import jax
 
     def specs(variables):
@@ -107,9 +108,9 @@ def step_tensors(job, *, use_tpu: bool) -> StepTensors:
 
     training = _training(job, job.search_path)
     model = training.model
-    features, labels = _data_specs(job, model, PROBE_BATCH)
+    features, labels = data_specs(job, model, PROBE_BATCH)
     _built(training, features, labels)
-    trainable, non_trainable, optimizer, metrics = _state(model)
+    trainable, non_trainable, optimizer, metrics = abstract_state(model)
 
     def loss(weights, others, slots, metric_values, x, y):
         value, _aux = model.compute_loss_and_updates(weights, others, metric_values, x, y, None, training=True,
@@ -233,9 +234,9 @@ def export_step(request: dict) -> dict:
     job = Job.model_validate(request["job"])
     training = _training(job, request["search_path"], request["kwargs"])
     model = training.model
-    features, labels = _data_specs(job, model, request["batch"])
+    features, labels = data_specs(job, model, request["batch"])
     _built(training, features, labels)
-    state = _state(model)
+    state = abstract_state(model)
 
     def step(features, labels, state):
         _logs, new_state = model.train_step(state, (features, labels))

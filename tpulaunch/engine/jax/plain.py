@@ -15,4 +15,12 @@ def training_settings(job: Job) -> dict:
     loss = job.model.loss if isinstance(job.model.loss, str) and ":" not in job.model.loss else None
     return {"optimizer": name, "learning_rate": spec.learning_rate, "optimizer_args": {**defaults, **dict(spec.args)},
             "loss": loss, "metrics": list(job.model.metrics or []), "seed": job.run.seed,
-            "model_dir": job.run.model_dir, "keep_checkpoint_max": job.run.keep_checkpoint_max}
+            "model_dir": job.run.model_dir, "keep_checkpoint_max": job.run.keep_checkpoint_max,
+            "example_shapes": example_shapes(job)}
+
+
+def example_shapes(job: Job) -> tuple:
+    """`standalone.example_batch`'s arguments: the features' and the label's shapes and dtypes, as plain values."""
+    (label,) = job.data.labels.values()
+    return ({name: (list(spec.shape), spec.dtype) for name, spec in job.data.features.items()},
+            (list(label.shape), label.dtype))

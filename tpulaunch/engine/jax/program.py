@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 STANDALONE = "tpulaunch.engine.jax.standalone"
 
 # The job key each value comes from (besides the engine-neutral ones in engine/plain.py).
-SOURCES = {**neutral.SOURCES}
+SOURCES = {**neutral.SOURCES, "example_shapes": ("data",)}
 
 # What a value means, where its job key alone does not say.
 NOTES = {
@@ -39,6 +39,8 @@ NOTES = {
     "optimizer": "the Keras optimizer class it names (momentum: SGD with momentum 0.9)",
     "optimizer_args": "the class's arguments for the name, then model.optimizer.args",
     "loss": "a Keras loss by name (None: the job's own, custom_loss below)",
+    "example_shapes": "the features' and the label's per-example shapes and dtypes: the model is built on zeros of "
+                      "them before the first step (a subclassed model's variables, a restore)",
 }
 
 

@@ -43,6 +43,20 @@ def make_training(job: Job, plan: Optional[Plan], *, search_path: Sequence[str] 
     return training
 
 
+def trace_first_step(training, job: Job) -> None:
+    """The training step traced on abstract values at the train batch (nothing is computed): what the first step of
+    `train` would fail at (a label the loss cannot take, inputs the model does not have), located as `train`
+    locates it. `validate` runs it, so it says OK only for a job whose steps run."""
+    import jax
+
+    from tpulaunch.engine.jax.memory_plan import abstract_state, data_specs
+
+    model = training.model
+    features, labels = data_specs(job, model, job.train.batch_size if job.train else 1)
+    with build_errors(job, "train"), spec_errors():
+        jax.eval_shape(lambda f, y, state: model.train_step(state, (f, y)), features, labels, abstract_state(model))
+
+
 def _batches(job: Job, mode: str):
     """The mode's batches as NumPy: the records read by the same tf.data pipeline as the other engines'. Over
     several hosts each process reads its own share of the records and makes its share of the global batch

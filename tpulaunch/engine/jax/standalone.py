@@ -31,6 +31,37 @@ class NotKeras3Model(TypeError):
     """The builder returned something other than a Keras 3 model (a tf.keras one: its variables are TensorFlow's)."""
 
 
+class StepsForAnotherBackend(TypeError):
+    """The model overrides train_step or test_step as Keras 3 calls them on TensorFlow (`step(self, data)`); on JAX
+    Keras calls them with the state first (`step(self, state, data)`), functions of it."""
+
+
+def own_steps_for_another_backend(model) -> list:
+    """The model's own train_step / test_step that take `data` alone (written for the TensorFlow backend)."""
+    import inspect
+
+    found = []
+    for name in ("train_step", "test_step"):
+        method = getattr(type(model), name)
+        if method.__module__.split(".")[0] == "keras":  # Keras's own
+            continue
+        parameters = [p for p in inspect.signature(method).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if len(parameters) < 3:  # (self, data)
+            found.append(name)
+    return found
+
+
+def example_batch(features: dict, label: tuple) -> tuple:
+    """Zeros of one example: the features ({name: (shape, dtype)}; a lone array for one feature, as the input
+    pipeline hands them) and the label ((shape, dtype))."""
+    def zeros(shape, dtype):
+        return np.zeros((1, *shape), "float32" if dtype == "bfloat16" else dtype)
+
+    made = {name: zeros(*spec) for name, spec in features.items()}
+    return (next(iter(made.values())) if len(made) == 1 else made), zeros(*label)
+
+
 def keras_on_jax():
     """Keras 3 and JAX, Keras on its JAX backend (KERAS_BACKEND=jax must be set before Keras first loads)."""
     import jax
@@ -73,8 +104,9 @@ class JaxTraining:
 
     def __init__(self, build_model: Callable, builder_kwargs: dict, *, optimizer: str, learning_rate: float,
                  optimizer_args: dict, loss: Optional[str], metrics: List[str], seed: Optional[int], model_dir: str,
-                 keep_checkpoint_max: int, custom_loss: Optional[Callable] = None, distribution=None,
-                 write_through: Optional[Callable] = None, fence: Optional[Callable[[], None]] = None):
+                 keep_checkpoint_max: int, example_shapes: Optional[tuple] = None, custom_loss: Optional[Callable] = None,
+                 distribution=None, write_through: Optional[Callable] = None,
+                 fence: Optional[Callable[[], None]] = None):
         keras, jax = keras_on_jax()
         self.keras = keras
         self.devices = jax.devices()
@@ -88,10 +120,18 @@ class JaxTraining:
         if not isinstance(self.model, keras.Model):
             raise NotKeras3Model(f"returned {type(self.model).__name__} of "
                                  f"{type(self.model).__module__.split('.')[0]}, a tf.keras (Keras 2) model")
+        steps = own_steps_for_another_backend(self.model)
+        if steps:
+            raise StepsForAnotherBackend(f"{type(self.model).__name__}'s own {' and '.join(steps)} take(s) the "
+                                         "batch alone, as Keras calls them on TensorFlow; on JAX they are "
+                                         f"{steps[0]}(self, state, data), returning the new state")
         self.model.compile(optimizer=make_optimizer(keras, optimizer, learning_rate, optimizer_args),
                            loss=custom_loss or make_loss(keras, loss, self.model), metrics=list(metrics),
                            jit_compile=True)
-        self.model.optimizer.build(self.model.trainable_variables)
+        if example_shapes is not None:  # built as fit() builds it at its first batch: a model whose variables come
+            self.model._symbolic_build(data_batch=example_batch(*example_shapes))  # at its first call has them
+        if not self.model.optimizer.built:
+            self.model.optimizer.build(self.model.trainable_variables)
         self.step = 0
         self.model_dir, self.keep_checkpoint_max = model_dir, keep_checkpoint_max
         self.write_through, self.fence = write_through, fence
@@ -167,5 +207,5 @@ def numpy_batches(input_fn: Callable, batch_size: int):
     return input_fn({"batch_size": batch_size}).as_numpy_iterator()
 
 
-__all__ = ["JaxTraining", "NotKeras3Model", "keras_on_jax", "make_optimizer", "make_loss", "outputs_logits",
+__all__ = ["JaxTraining", "NotKeras3Model", "StepsForAnotherBackend", "example_batch", "keras_on_jax", "make_optimizer", "make_loss", "outputs_logits",
            "numpy_batches", "on_host", "CHECKPOINT_NAME"]

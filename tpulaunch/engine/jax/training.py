@@ -64,6 +64,10 @@ class JaxTraining:
             raise _keras2_model(job, "uses tf.keras, which is Keras 2 (the tf-keras package, not installed here)")
         except standalone.NotKeras3Model as exc:
             raise _keras2_model(job, str(exc)) from None
+        except standalone.StepsForAnotherBackend as exc:
+            raise TpuLaunchError(f"model builder {job.model.builder!r}: {exc}", code="jax-engine-tf-backend-steps",
+                                 hint="train it on the keras engine (run.engine: keras), or write the steps as Keras "
+                                      "3 does for JAX (keras.io: customizing what happens in fit() with JAX)") from None
 
     def __getattr__(self, name):  # what is not the engine's own is the standalone training's
         if name == "core":
