@@ -39,15 +39,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import argparse  # noqa: E402
-import io  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-from cnn_job import cnn_job  # noqa: E402  (benchmarks/cnn_job.py: the job every training benchmark times)
 from keras3_vs_tf_keras import NETWORK  # noqa: E402  (the quickstart CNN, its one source text)
-from keras_engine import BATCH, LEARNING_RATE, steady  # noqa: E402
+from keras_engine import BATCH, LEARNING_RATE, steady, with_tpulaunch  # noqa: E402
 
 import jax  # noqa: E402
 import keras  # noqa: E402
@@ -104,35 +102,6 @@ def hand_written(build, data_dir: str, model_dir: str, steps: int, save_every: i
     return ends
 
 
-def with_tpulaunch(builder: str, data_dir: str, model_dir: str, steps: int, save_every: int, job_dir: str) -> list:
-    """Train the job of `builder` with the jax engine's runner.train; (wall, CPU) times as each StepsRun came."""
-    from rich.console import Console
-
-    from tpulaunch.engine.jax import runner
-    from tpulaunch.job.load import load_job
-    from tpulaunch.plan.build import build_plan
-    from tpulaunch.run.events import RunRecorder, StepsRun
-    from tpulaunch.run.render_plain import PlainRenderer
-
-    path = os.path.join(job_dir, "job.yaml")
-    with open(path, "w") as handle:
-        handle.write(cnn_job("jax-engine-bench", builder=builder, data=data_dir, model_dir=model_dir, steps=steps,
-                             batch=BATCH, learning_rate=LEARNING_RATE,
-                             run={"save_checkpoints_steps": save_every, "engine": "jax"}))
-    job = load_job(path).job
-    ends = {}
-
-    def stamp(event) -> None:
-        if type(event) is StepsRun:
-            ends[event.step] = (time.perf_counter(), time.process_time())
-
-    recorder = RunRecorder(total_steps=steps, batch_size=BATCH, log_every_steps=100, model_dir=model_dir)
-    recorder.subscribe(stamp)
-    recorder.subscribe(PlainRenderer(Console(file=io.StringIO())))
-    runner.train(job, build_plan(job, local=True), recorder=recorder, search_path=[job_dir])
-    return [ends[s] for s in range(1, steps + 1)]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
@@ -165,7 +134,8 @@ def main() -> int:
                     ends = hand_written(keras3_cnn.build, data_dir, model_dir, args.steps, args.save_every, args.skip,
                                         args.hand_sync)
                 else:
-                    ends = with_tpulaunch("keras3_cnn:build", data_dir, model_dir, args.steps, args.save_every, tmp)
+                    ends, _ = with_tpulaunch("keras3_cnn:build", data_dir, model_dir, args.steps, args.save_every, tmp,
+                                             engine="jax")
                 rate, cpu_ms, _median = steady(ends, args.skip)
                 rates[name].append(rate)
                 cpu[name].append(cpu_ms)

@@ -144,12 +144,14 @@ def hand_written(model_kind: str, data_dir: str, model_dir: str, steps: int, sav
 
 # ------------------------------------------------------------------------------ tpulaunch
 
-def with_tpulaunch(builder: str, data_dir: str, model_dir: str, steps: int, save_every: int, job_dir: str) -> tuple:
-    """Train the job of `builder` (module:function) with the keras engine's runner.train; ((wall, CPU) times as
-    each step's StepsRun event came, the recorder)."""
+def with_tpulaunch(builder: str, data_dir: str, model_dir: str, steps: int, save_every: int, job_dir: str,
+                   engine: str = "keras") -> tuple:
+    """Train the job of `builder` (module:function) with the engine's runner.train (the keras engine's, or the jax
+    engine's); ((wall, CPU) times as each step's StepsRun event came, the recorder)."""
+    import importlib
+
     from rich.console import Console
 
-    from tpulaunch.engine.keras import runner
     from tpulaunch.job.load import load_job
     from tpulaunch.plan.build import build_plan
     from tpulaunch.run.events import RunRecorder, StepsRun
@@ -157,9 +159,9 @@ def with_tpulaunch(builder: str, data_dir: str, model_dir: str, steps: int, save
 
     path = os.path.join(job_dir, "job.yaml")
     with open(path, "w") as handle:
-        handle.write(cnn_job("keras-engine-bench", builder=builder, data=data_dir, model_dir=model_dir,
+        handle.write(cnn_job(f"{engine}-engine-bench", builder=builder, data=data_dir, model_dir=model_dir,
                              steps=steps, batch=BATCH, learning_rate=LEARNING_RATE,
-                             run={"save_checkpoints_steps": save_every, "engine": "keras"}))
+                             run={"save_checkpoints_steps": save_every, "engine": engine}))
     job = load_job(path).job
     ends = {}
 
@@ -170,6 +172,7 @@ def with_tpulaunch(builder: str, data_dir: str, model_dir: str, steps: int, save
     recorder = RunRecorder(total_steps=steps, batch_size=BATCH, log_every_steps=100, model_dir=model_dir)
     recorder.subscribe(stamp)
     recorder.subscribe(PlainRenderer(Console(file=io.StringIO())))
+    runner = importlib.import_module(f"tpulaunch.engine.{engine}.runner")
     runner.train(job, build_plan(job, local=True), recorder=recorder, search_path=[job_dir])
     return [ends[s] for s in range(1, steps + 1)], recorder
 
