@@ -68,3 +68,22 @@ def test_a_spatial_split_on_a_slice_of_several_hosts_is_refused_at_partition(tmp
     one_host = run("validate", "--static", job, "--set", "partition.features.image=[1, 2, 2, 1]",
                    "--set", "tpu.type=v4-8", "--set", "train.batch_size=16")
     assert "splits inputs spatially on one host so far" not in one_host.output
+
+
+def test_plan_batches_a_jax_job_per_host_as_its_hosts_read_the_records():
+    """Each host of a jax slice reads its share of every global batch in one input pipeline (engine/jax/hosts.py):
+    the plan's batch table says so, not TPUEstimator's per-replica params['batch_size']."""
+    from tpulaunch.job.schema import Job
+    from tpulaunch.plan.build import build_plan
+
+    job = Job.model_validate({
+        "name": "jax-hosts", "model": {"builder": "m:build"},
+        "data": {"train": "gs://bucket/train-*", "features": {"image": {"shape": [8, 8, 1]}},
+                 "labels": {"label": {"shape": [], "dtype": "int64"}}},
+        "tpu": {"name": "t", "zone": "us-central2-b", "project": "p", "type": "v4-16"},
+        "train": {"batch_size": 64, "steps": 10}, "run": {"model_dir": "gs://bucket/run", "engine": "jax"}})
+    plan = build_plan(job)
+    (train,) = plan.batches
+    assert (plan.slice.hosts, plan.slice.replicas) == (2, 8)
+    assert (train.per_replica, train.per_host, train.params_batch_size) == (8, 32, 32)
+    assert plan.slice.input_fn_calls_per_host == 1

@@ -223,8 +223,9 @@ def build_plan(job: Job, *, local: bool = False, engine: Optional[str] = None) -
     engine = engine or registry.engine_name(job.run)
     about = registry.about(engine)
     assigned = _device_assignment(job, tpu_type) if about.device_assignment and layout is not None else None
-    if assigned is not None:
-        # One dataset_fn call per input pipeline (a host), batched per replica, dequeued once per replica it feeds.
+    if assigned is not None or (about.batches_per_host and slice_plan is not None):
+        # One dataset_fn call per input pipeline (a host), batched per replica, dequeued once per replica it feeds
+        # (or, batched per host, its share of the global batch).
         slice_plan = replace(slice_plan, input_fn_calls_per_host=1)
     replicas_per_host = assigned.replicas_per_pipeline if assigned else max(1, layout.replicas_per_host) if layout else 1
     batches = []
@@ -233,7 +234,10 @@ def build_plan(job: Job, *, local: bool = False, engine: Optional[str] = None) -
         if spec is None:
             continue
         share = per_replica(spec.batch_size, layout)
-        batches.append(BatchPlan(split, spec.batch_size, share, per_host=share * replicas_per_host, params_batch_size=share))
+        host_batch = (spec.batch_size // tpu_type.hosts if about.batches_per_host and tpu is not None
+                      else share * replicas_per_host)
+        batches.append(BatchPlan(split, spec.batch_size, share, per_host=host_batch,
+                                 params_batch_size=host_batch if about.batches_per_host else share))
     cores = tpu.cores_per_replica if tpu is not None else 1
     if tpu is None and about.partition_on_devices:  # its replicas span partition:'s devices on this machine
         cores = device_cores(job.partition)

@@ -61,6 +61,7 @@ class EngineAbout:
     partition_on_devices: bool = False
     device_assignment: bool = False  # a replica is a block of the slice's topology (plan: its DeviceAssignment)
     batches_per_replica: bool = False  # its input pipeline batches per replica (else per input_fn call)
+    batches_per_host: bool = False  # one input pipeline per host, batched to the host's share of the global batch
     cpu_replicas: bool = False  # can split this machine's CPU into replicas (--cpu-replicas)
     # How it reaches a TPU, as its stack facts name it (TensorFlow's, `tpu/stack.py`: the "se" or "pjrt" runtime of
     # tpu-vm-tf-X.Y.Z-{se|pjrt}, cloud.google.com/tpu/docs/runtimes)

@@ -25,6 +25,7 @@ ABOUT = EngineAbout(
     batches_per_replica=False,  # one pipeline makes the global batch; DataParallel splits it over the devices
     tpu_extra="jax-tpu",
     tpu_hosts="every",
+    batches_per_host=True,  # each host reads its share of every global batch (engine/jax/hosts.py)
     tpu_loops=False,  # one step per call on a TPU too: tpu.iterations_per_loop does not set its cadence
     step_exporter="tpulaunch.engine.jax.memory_plan:export_step",  # Keras 3's train step lowered by JAX itself
 )
