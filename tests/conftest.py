@@ -13,3 +13,26 @@ trained checkpoint, a built graph) are module-scoped fixtures that its tests sha
 """
 
 pytest_plugins = ["gcs_fake", "tpu_api_server"]
+
+# The files that take longest on one worker (measured with --durations=0), started first: with --dist loadfile a long
+# file that starts last leaves the other worker idle at the end. The rest keep their collection order.
+SLOW_FILES_FIRST = (
+    "tests/engine/test_reference_efficientnet.py", "tests/remote/test_rehearse.py", "tests/plan/test_memory.py",
+    "tests/docs/test_readme_examples.py", "tests/engine/test_reference_programs.py",
+    "tests/engine/test_reference_resnet.py", "tests/checks/test_user_models.py", "tests/engine/test_own_program.py",
+    "tests/plan/test_xla_tpu.py",
+    "tests/keras_engine/test_keras_train.py", "tests/keras_engine/test_jax_engine.py",
+    "tests/keras_engine/test_jax_xla_plan.py", "tests/keras_engine/test_startup_lines.py",
+    "tests/keras_engine/test_keras3_models.py", "tests/keras_engine/test_jax_partition.py",
+    "tests/keras_engine/test_jax_tpu_slice.py",
+)
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist orders files by their number of tests otherwise
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items):
+    rank = {path: index for index, path in enumerate(SLOW_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
