@@ -13,7 +13,22 @@ Kinds (`--kinds`, all by default):
   mounted); the rerun gets a larger disk;
 - corrupt-shard: one byte of a training shard flipped: the run stops naming the file; the rerun, on the repaired
   shard, finishes;
-- nan: a record whose features are NaN: the run stops with exit 1 naming the step, its last checkpoint finite.
+- nan: a record whose features are NaN: the run stops with exit 1 naming the step, its last checkpoint finite;
+- copied-dir: a run trained halfway, its newest checkpoint truncated and its `checkpoint` state written with absolute
+  paths (as older releases wrote it), then `cp -r` to a second model_dir that trains to the end: the original must be
+  left byte for byte as it was, the copy must resume from its newest complete checkpoint;
+- moved-dir: the same model_dir moved (`mv`) instead: the moved one resumes from its newest complete checkpoint and
+  nothing reappears at the old path;
+- damaged-state: the `checkpoint` state file names only a deleted step, is missing, or is garbage: the rerun resumes
+  from the newest complete checkpoint, never from step 0;
+- damaged-newest: the newest checkpoint's `.data` or `.index` truncated: `evaluate` and `export` fall back to the one
+  before (exit 0), and when every checkpoint is damaged `train` refuses with exit 1, naming the files, and overwrites
+  none of them;
+- blocking-input: a FIFO nobody writes among the training files: refused with exit 1 naming it, in bounded time (a
+  SIGINT after 60 s must still stop it);
+- memory-limit: the run under an address-space limit (`ulimit -v`) drawn between 2 and 8 GiB: it either trains or
+  stops with exit 1 naming the limit, its record written and its lease released (never exit 70); the rerun without
+  the limit finishes.
 
 After each fault (and the rerun, where one is due) the campaign checks the final step against train.steps, that
 every checkpoint the state file lists reads back with finite values, that every run record line parses (a torn line
@@ -30,10 +45,12 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import hashlib
 import json
 import os
 import random
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -54,7 +71,9 @@ FENCED_EXIT = int(ExitCode.LEASE_LOST)  # a run that lost model_dir's lease (doc
 
 SIGNAL_KINDS = {"sigkill": signal.SIGKILL, "sigint": signal.SIGINT, "sigterm": signal.SIGTERM,
                 "sighup": signal.SIGHUP}
-KINDS = (*SIGNAL_KINDS, "sigstop", "disk-full", "corrupt-shard", "nan")
+KINDS = (*SIGNAL_KINDS, "sigstop", "disk-full", "corrupt-shard", "nan", "copied-dir", "moved-dir", "damaged-state",
+         "damaged-newest", "blocking-input", "memory-limit")
+INTERNAL_ERROR_EXIT = int(ExitCode.INTERNAL)
 EXPECTED_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129, signal.SIGKILL: -signal.SIGKILL}
 RECORDS = "tpulaunch-runs.jsonl"
 LEASE = "tpulaunch.lease"
@@ -78,6 +97,7 @@ class Fault:
     mixed_files: int = 0
     stray_files: int = 0  # files of no listed checkpoint, written by a fenced run finishing a save as it thawed
     skipped: Optional[str] = None
+    detail: str = ""  # what was injected, where a time does not say it
     landed: bool = True  # False: the run had ended before the fault could land
     failures: List[str] = field(default_factory=list)
 
@@ -312,6 +332,159 @@ class Campaign:
         self.check_model_dir(fault, model_dir, runs_recorded=1, final=False)
         return fault
 
+    # ------------------------------------------------------------------------------------- model_dir's own files
+
+    def half_trained(self, kind: str) -> str:
+        """A model_dir trained to half the steps (a checkpoint every `every`): what the file faults start from."""
+        model_dir = self.model_dir(kind)
+        done = subprocess.run(self.command(model_dir, "--set", f"train.steps={self.steps // 2}"), capture_output=True,
+                              text=True, env=interrupts._env(), timeout=600)
+        if done.returncode != 0:
+            raise SystemExit(f"the half run failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+        return model_dir
+
+    def moved_fault(self, kind: str, rng: random.Random) -> Fault:
+        """copied-dir / moved-dir: a damaged, absolutely-stated model_dir copied or moved, then trained on."""
+        fault = Fault(kind)
+        source = self.half_trained(kind)
+        steps = _complete_steps(source)
+        truncate_checkpoint(source, max(steps), rng.choice((".data", ".index")))
+        write_absolute_state(source)
+        fault.last_step_seen = steps[-2] if len(steps) > 1 else 0  # the newest complete one once the newest is cut
+        target = source + "-" + ("copy" if kind == "copied-dir" else "moved")
+        if kind == "copied-dir":
+            shutil.copytree(source, target)
+            before = _file_hashes(source)
+        else:
+            shutil.move(source, target)
+        self.rerun_and_compare(fault, target, runs_recorded=1)
+        self.at_most_a_checkpoint_lost(fault, f"the {kind.split('-')[0]} model_dir")
+        if kind == "copied-dir":
+            after = _file_hashes(source)
+            touched = sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
+            if touched:
+                fault.failures.append(f"training the copy changed the original's files: {touched}")
+        elif os.path.exists(source):
+            fault.failures.append(f"training the moved model_dir wrote at its old path: {_listdir(source)}")
+        return fault
+
+    def damaged_state_fault(self, rng: random.Random) -> Fault:
+        """The `checkpoint` state names only a deleted step, is missing, or is garbage: resume from the newest."""
+        fault = Fault("damaged-state")
+        model_dir = self.half_trained("damaged-state")
+        steps = _complete_steps(model_dir)
+        how = rng.choice(("names a deleted step", "missing", "garbage"))
+        fault.detail = f" (state {how})"
+        state = os.path.join(model_dir, "checkpoint")
+        if how == "names a deleted step":
+            for name in _listdir(model_dir):
+                if _checkpoint_prefix(name) == f"model.ckpt-{steps[-1]}":
+                    os.remove(os.path.join(model_dir, name))
+            with open(state, "w") as handle:
+                handle.write(f'model_checkpoint_path: "model.ckpt-{steps[-1]}"\n'
+                             f'all_model_checkpoint_paths: "model.ckpt-{steps[-1]}"\n')
+            steps = steps[:-1]
+        elif how == "missing":
+            os.remove(state)
+        else:
+            with open(state, "wb") as handle:
+                handle.write(bytes(rng.randrange(256) for _ in range(64)))
+        fault.last_step_seen = steps[-1]
+        self.rerun_and_compare(fault, model_dir, runs_recorded=1)
+        if fault.resumed_from != steps[-1]:
+            fault.failures.append(f"state {how}: resumed from {fault.resumed_from}, not the newest complete "
+                                  f"checkpoint {steps[-1]}")
+        return fault
+
+    def damaged_newest_fault(self, rng: random.Random) -> Fault:
+        """evaluate and export fall back from a damaged newest checkpoint; train refuses when all are damaged."""
+        fault = Fault("damaged-newest")
+        model_dir = self.half_trained("damaged-newest")
+        steps = _complete_steps(model_dir)
+        part = rng.choice((".data", ".index"))
+        fault.detail = f" ({part} cut)"
+        truncate_checkpoint(model_dir, steps[-1], part)
+        fault.last_step_seen = steps[-1]
+        where = ["--set", f"run.model_dir={model_dir}"]
+        evaluated = subprocess.run([sys.executable, "-m", "tpulaunch", "evaluate", self.job, "--local", *where,
+                                    *self.engine_set()], capture_output=True, text=True, env=interrupts._env(),
+                                   timeout=600)
+        exported = subprocess.run([sys.executable, "-m", "tpulaunch", "export", self.job, model_dir + "-export",
+                                   *where, *self.engine_set()], capture_output=True, text=True,
+                                  env=interrupts._env(), timeout=600)
+        for verb, done in (("evaluate", evaluated), ("export", exported)):
+            if done.returncode != 0 or "Traceback" in done.stderr:
+                fault.failures.append(f"{verb} with the newest {part} truncated exited {done.returncode}: "
+                                      f"{(done.stdout + done.stderr)[-1200:]}")
+        for step in steps[:-1]:
+            truncate_checkpoint(model_dir, step, part)
+        before = _file_hashes(model_dir)
+        first = subprocess.run(self.command(model_dir), capture_output=True, text=True, env=interrupts._env(),
+                               timeout=600)
+        _check_refused(fault, first, "every checkpoint damaged", f"model.ckpt-{steps[-1]}")
+        after = _file_hashes(model_dir)
+        overwritten = sorted(n for n in before if _checkpoint_prefix(n).startswith("model.ckpt")
+                             and after.get(n) != before[n])
+        if overwritten:
+            fault.failures.append(f"damaged checkpoints overwritten: {overwritten}")
+        self.check_model_dir(fault, model_dir, runs_recorded=_records_written(model_dir), final=False)
+        return fault
+
+    def blocking_input_fault(self) -> Fault:
+        """A FIFO nobody writes among the training files: refused, never a run that cannot be stopped."""
+        fault = Fault("blocking-input")
+        model_dir = self.model_dir("blocking-input")
+        data = os.path.join(self.root, "data", f"fifo-{self.count:03d}")
+        os.makedirs(data)
+        shutil.copy(self.shard, os.path.join(data, "a.tfrecord"))
+        os.mkfifo(os.path.join(data, "b.tfrecord"))
+        child = subprocess.Popen(self.command(model_dir, "--set", f"data.train={data}/*.tfrecord"),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=interrupts._env())
+        try:
+            out, err = child.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGINT)
+            try:
+                out, err = child.communicate(timeout=90)
+                fault.failures.append(f"a run reading a FIFO was still going after 60 s (exit {child.returncode} "
+                                      f"after SIGINT)")
+            except subprocess.TimeoutExpired:
+                child.kill()
+                out, err = child.communicate()
+                fault.failures.append("a run reading a FIFO did not stop within 90 s of SIGINT")
+        _check_refused(fault, subprocess.CompletedProcess(child.args, child.returncode, out, err), "a FIFO",
+                       "b.tfrecord")
+        self.check_model_dir(fault, model_dir, runs_recorded=_records_written(model_dir), final=False)
+        return fault
+
+    def memory_limit_fault(self, rng: random.Random) -> Fault:
+        """The run under an address-space limit: it trains, or stops at exit 1 naming the limit; never exit 70."""
+        fault = Fault("memory-limit")
+        model_dir = self.model_dir("memory-limit")
+        limit = rng.randint(2, 8) << 30
+        fault.detail = f" under {limit >> 30} GiB"
+
+        def limited():
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+        first = subprocess.run(self.command(model_dir), capture_output=True, text=True, env=interrupts._env(),
+                               timeout=600, preexec_fn=limited)
+        fault.exit_code = first.returncode
+        fault.last_step_seen = max([int(m.group(1)) for m in map(_STEP.match, first.stdout.splitlines()) if m],
+                                   default=0)
+        if first.returncode == 0:
+            fault.landed = False
+        elif first.returncode != 1 or "limit" not in (first.stdout + first.stderr):
+            fault.failures.append(f"under a {limit >> 30} GiB address-space limit: exit {first.returncode} without "
+                                  f"naming the limit: {(first.stdout + first.stderr)[-1200:]}")
+        reached = os.path.exists(os.path.join(model_dir, LEASE))
+        self.rerun_and_compare(fault, model_dir, runs_recorded=1 if reached else 0)
+        self.at_most_a_checkpoint_lost(fault, "the memory limit")
+        return fault
+
+    def engine_set(self) -> List[str]:
+        return [] if self.engine == "estimator" else ["--set", f"run.engine={self.engine}"]
+
 
 def _check_refused(fault: Fault, run: subprocess.CompletedProcess, what: str, must_say: str, *,
                    allow_success: bool = False) -> None:
@@ -417,6 +590,40 @@ def _checkpoint_prefix(name: str) -> Optional[str]:
     return found.group(1) if found else name
 
 
+def _complete_steps(model_dir: str) -> List[int]:
+    """The steps of model_dir's checkpoints whose index and data files are all there, oldest first."""
+    names = _listdir(model_dir)
+    steps = {int(m.group(1)) for m in (re.match(r"model\.ckpt-(\d+)\.index$", n) for n in names) if m}
+    return sorted(s for s in steps if any(n.startswith(f"model.ckpt-{s}.data-") for n in names))
+
+
+def truncate_checkpoint(model_dir: str, step: int, part: str) -> None:
+    """Cut a checkpoint's `.index` or first `.data` shard to half its size, as a torn copy leaves it."""
+    name = next(n for n in sorted(_listdir(model_dir)) if n.startswith(f"model.ckpt-{step}{part}"))
+    path = os.path.join(model_dir, name)
+    with open(path, "r+b") as handle:
+        handle.truncate(os.path.getsize(path) // 2)
+
+
+def write_absolute_state(model_dir: str) -> None:
+    """The `checkpoint` state with absolute paths, as TensorFlow's Saver writes it when given an absolute prefix."""
+    steps = _complete_steps(model_dir)
+    paths = [os.path.join(os.path.abspath(model_dir), f"model.ckpt-{s}") for s in steps]
+    with open(os.path.join(model_dir, "checkpoint"), "w") as handle:
+        handle.write(f'model_checkpoint_path: "{paths[-1]}"\n')
+        handle.writelines(f'all_model_checkpoint_paths: "{p}"\n' for p in paths)
+
+
+def _file_hashes(root: str) -> Dict[str, str]:
+    hashes = {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as handle:
+                hashes[os.path.relpath(path, root)] = hashlib.sha256(handle.read()).hexdigest()
+    return hashes
+
+
 def _listdir(path: str) -> List[str]:
     return os.listdir(path) if os.path.isdir(path) else []
 
@@ -480,8 +687,18 @@ def run_campaign(root: str, *, engine: str, kinds, per_kind: int, seed: int, ste
                 fault = campaign.disk_full_fault()
             elif kind == "corrupt-shard":
                 fault = campaign.corrupt_shard_fault(rng)
-            else:
+            elif kind == "nan":
                 fault = campaign.nan_fault(rng)
+            elif kind in ("copied-dir", "moved-dir"):
+                fault = campaign.moved_fault(kind, rng)
+            elif kind == "damaged-state":
+                fault = campaign.damaged_state_fault(rng)
+            elif kind == "damaged-newest":
+                fault = campaign.damaged_newest_fault(rng)
+            elif kind == "blocking-input":
+                fault = campaign.blocking_input_fault()
+            else:
+                fault = campaign.memory_limit_fault(rng)
             faults.append(fault)
             report(_line(fault))
     return faults
@@ -500,7 +717,7 @@ def _line(fault: Fault) -> str:
     if fault.skipped:
         return f"{fault.kind:13s} skipped: {fault.skipped}"
     at = f" at +{fault.at_s:5.2f}s" if fault.at_s is not None else ""
-    return (f"{fault.kind:13s}{at}: exit {fault.exit_code}, seen step {fault.last_step_seen}, resumed from "
+    return (f"{fault.kind:13s}{at}{fault.detail}: exit {fault.exit_code}, seen step {fault.last_step_seen}, resumed from "
             f"{fault.resumed_from}, final {fault.final_step}, lost {fault.steps_lost} steps, "
             f"{fault.records_lost} records, {fault.mixed_files} mixed, {fault.stray_files} stray{'' if fault.landed else ' (ended before the fault)'}"
             + ("" if fault.ok else "  FAIL\n    " + "\n    ".join(f.replace("\n", "\n    ") for f in fault.failures)))

@@ -12,6 +12,16 @@ Each test file runs in one pytest-xdist worker (`--dist loadfile`), so a module'
 trained checkpoint, a built graph) are module-scoped fixtures that its tests share.
 """
 
+import os
+import tempfile
+
+# The suite never reads the contributor's home: XLA's TPU compiler installed where the README's Install table puts
+# it (~/.tpulaunch/xla), credentials or a Keras config there would change what `plan`, `validate` and the README's
+# transcripts print. Every test process and every child it starts sees an empty home of the suite's own; a test that
+# wants XLA's compiler names the suite's (`.venv-xla`, tests/plan/test_xla_tpu.py).
+os.environ["HOME"] = tempfile.mkdtemp(prefix="tpulaunch-tests-home-")
+os.environ.pop("TPULAUNCH_XLA_PYTHON", None)
+
 pytest_plugins = ["gcs_fake", "tpu_api_server"]
 
 # The files that take longest on one worker (measured with --durations=0), started first: with --dist loadfile a long
