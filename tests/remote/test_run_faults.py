@@ -71,7 +71,7 @@ def test_a_secret_given_with_set_is_refused_before_anything_is_staged(tpu_api, t
                             capture_output=True, text=True, timeout=120)
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert "--set:2:" in failed.stderr
-    assert ("model.params.db_password is a secret given with --set: the TPU VM's train reads its --sets from the "
+    assert ("model.params.db_password: a secret given with --set: the TPU VM's train reads its --sets from the "
             "stage under run.model_dir, which would hold it in clear") in failed.stderr
     assert 'write `db_password: "${DB_PASSWORD}"` into the job file instead' in failed.stderr
     assert "hunter2-on-the-command-line" not in failed.stdout + failed.stderr and "Traceback" not in failed.stderr

@@ -439,7 +439,7 @@ def _refuse_secret_sets(loaded: LoadedJob) -> None:
 
     for path in sorted(loaded.secrets.from_command_line, key=lambda path: tuple(map(str, path))):
         raise TpuLaunchError(f"{dotted(path)}: a secret given with --set would be written into the program in clear",
-                             hint=set_secret_fix(path, "the program reads"))
+                             hint=set_secret_fix(path, "the program reads it from the environment when it runs"))
 
 
 def _value_at(data: Any, path: tuple) -> Any:

@@ -4,8 +4,8 @@ program, problems and error messages).
 
 A value is a secret by where it came from, or by its key's name:
 
-- a `${VAR}` of the job file (filled from the environment), anywhere but in the places tpulaunch itself names in
-  its output (`place`: `tpu:`, the data and model_dir paths, `python_path`);
+- a `${VAR}` of the job file (filled from the environment), anywhere but where tpulaunch itself names the value in
+  its output (`shown`: `tpu:`, the data and model_dir paths, `python_path`, the job's `name`);
 - a `--set` value under a secret-looking key of a free-form mapping (`free_form`: the job's own keyword arguments
   and flags, where the key names are the user's);
 - any value under a secret-looking key of a free-form mapping, however it was given.
@@ -26,8 +26,13 @@ PATH_KEYS = (("data", "train"), ("data", "eval"), ("run", "model_dir"), ("run", 
 
 
 def place(path: tuple) -> bool:
-    """Whether `path` is where the job runs, reads or writes (`tpu:` and PATH_KEYS): a `${VAR}` there is shown."""
+    """Whether `path` is where the job runs, reads or writes (`tpu:` and PATH_KEYS)."""
     return path[:1] == ("tpu",) or any(path[:len(keys)] == tuple(keys) for keys in PATH_KEYS)
+
+
+def shown(path: tuple) -> bool:
+    """Whether a `${VAR}` at `path` is shown as it is: a place, or the job's name (every line about the run has it)."""
+    return place(path) or tuple(path) == ("name",)
 
 
 def free_form(path: tuple) -> bool:
@@ -128,7 +133,7 @@ def secrets_of(data: Any, marks) -> Secrets:
     """The secrets of a job's data (after its `--set`s) from where each value came from (`marks`: the file's
     `${VAR}`s, the paths a --set gave)."""
     set_paths = [tuple(path) for path, source in marks.sources.items() if source == "--set"]
-    from_env = [tuple(path) for path in marks.env_refs if not place(tuple(path)) and not _under(tuple(path), set_paths)]
+    from_env = [tuple(path) for path in marks.env_refs if not shown(tuple(path)) and not _under(tuple(path), set_paths)]
     named = list(_named(data))
     # a --set of (or into) a value under a secret-looking key, or of a mapping that has one
     from_command_line = [path for path in named if _under(path, set_paths)] + [
@@ -160,8 +165,7 @@ def env_name(path: tuple) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in str(path[-1])).upper()
 
 
-def set_secret_fix(path: tuple, reader: str) -> str:
-    """What to do instead of passing the secret at `path` with --set, where a program or a VM must get it: a `${VAR}`
-    in the job file, which `reader` fills when it runs."""
-    name = env_name(path)
-    return f"write `{path[-1]}: \"${{{name}}}\"` into the job file instead: {reader} it from {name}, and no file holds its value"
+def set_secret_fix(path: tuple, how: str) -> str:
+    """What to do instead of passing the secret at `path` with --set where a program or a VM must get it: a `${VAR}`
+    in the job file (`how`: who reads it, and from where)."""
+    return f"write `{path[-1]}: \"${{{env_name(path)}}}\"` into the job file instead ({how}): then no file holds its value"

@@ -190,14 +190,13 @@ def _refuse_secret_sets(loaded, job_file: str) -> None:
     clear, as the VM's train reads its --sets from there: refused, with the way that keeps its value out of every
     file (a `${VAR}` in the job file, read on the VM from Secret Manager)."""
     from tpulaunch.job.secrets import env_name, set_secret_fix
-    from tpulaunch.job.yamlfile import dotted
 
     problems = [loaded.problem(
         path, "remote-secret-set",
-        f"{dotted(path)} is a secret given with --set: the TPU VM's train reads its --sets from the stage under "
-        "run.model_dir, which would hold it in clear",
-        set_secret_fix(path, f"the VM reads it from Secret Manager's secret {env_name(path)} (in a rehearsal, the "
-                             f"file {env_name(path)} in --secrets DIR) into train's environment and the job reads"))
+        "a secret given with --set: the TPU VM's train reads its --sets from the stage under run.model_dir, "
+        "which would hold it in clear",
+        set_secret_fix(path, f"the VM reads secret {env_name(path)} from Secret Manager into train's environment; "
+                             f"in a rehearsal, the file {env_name(path)} in --secrets DIR"))
         for path in sorted(loaded.secrets.from_command_line, key=lambda path: tuple(map(str, path)))]
     if not problems:
         return
