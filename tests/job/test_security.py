@@ -256,7 +256,8 @@ def test_secrets_by_origin_reach_the_builder_and_no_file_of_model_dir_nor_the_ou
 
     import yaml
 
-    trained = _tpulaunch(origin_project, "train", "job.yaml", "--local", "--set", f"model.params.db_password={PASSWORD}")
+    trained = _tpulaunch(origin_project, "train", "job.yaml", "--local",
+                         "--set", f"model.params.db_password={PASSWORD}")
     assert trained.returncode == 0, trained.stdout + trained.stderr
     expected = hashlib.sha256(f"{CONN}|{PORT!r}|{PASSWORD}".encode()).hexdigest()
     assert (origin_project / "proof").read_text() == expected  # the builder got the values

@@ -135,8 +135,8 @@ def _invoke_mapped(ctx: click.Context, invoke):
             ctx.exit(int(ExitCode.PROBLEMS))
         # One line: TensorFlow's messages carry the graph's stack frames, dozens of lines (--debug shows all).
         if is_graph_error(exc):  # the job's own graph failed while it ran: the job's to fix, like any problem
-            click.echo(f"error: {type(exc).__name__} while the graph ran: {redact(first_line(exc))} (rerun with --debug "
-                       "for the traceback)", err=True)
+            click.echo(f"error: {type(exc).__name__} while the graph ran: {redact(first_line(exc))} (rerun with "
+                       "--debug for the traceback)", err=True)
             ctx.exit(int(ExitCode.PROBLEMS))
         click.echo(f"error: unexpected {type(exc).__name__}: {redact(first_line(exc))} (an internal error, exit code "
                    f"{int(ExitCode.INTERNAL)}: rerun with --debug for the traceback and report it)", err=True)

@@ -113,9 +113,6 @@ def _override_error(file, index, key, code, message, hint) -> JobFileError:
     return JobFileError(message, hint=hint, problems=[Problem("error", "--set", index, 1, key or DOCUMENT_PATH, code, message, hint)])
 
 
-_free_form = free_form  # new keys may be created where the key names are the user's
-
-
 def _keys_of(model: type) -> dict:
     """The keys a pydantic model takes in a job file (a field's alias when it has one: `from`) -> field info."""
     return {info.alias or name: info for name, info in model.model_fields.items()}
@@ -191,7 +188,7 @@ def apply_overrides(data: Any, marks: Marks, overrides: Sequence[Override]) -> t
                 continue
         elif isinstance(node, dict):
             allowed = _schema_fields(parent)
-            if last not in node and not _free_form(parent) and not (allowed and last in allowed):
+            if last not in node and not free_form(parent) and not (allowed and last in allowed):
                 problems.append(_unknown_override(index, ov, ov.path, data))
                 continue
         else:
@@ -341,8 +338,6 @@ def _field_description(path: tuple) -> Optional[str]:
 
 
 # ------------------------------------------------------------------------------------------- loading
-
-
 
 def _is_remote(path: str) -> bool:
     return "://" in path

@@ -168,4 +168,5 @@ def env_name(path: tuple) -> str:
 def set_secret_fix(path: tuple, how: str) -> str:
     """What to do instead of passing the secret at `path` with --set where a program or a VM must get it: a `${VAR}`
     in the job file (`how`: who reads it, and from where)."""
-    return f"write `{path[-1]}: \"${{{env_name(path)}}}\"` into the job file instead ({how}): then no file holds its value"
+    return (f"write `{path[-1]}: \"${{{env_name(path)}}}\"` into the job file instead ({how}): then no file holds "
+            "its value")
