@@ -262,7 +262,8 @@ def test_secrets_by_origin_reach_the_builder_and_no_file_of_model_dir_nor_the_ou
     expected = hashlib.sha256(f"{CONN}|{PORT!r}|{PASSWORD}".encode()).hexdigest()
     assert (origin_project / "proof").read_text() == expected  # the builder got the values
     model_dir = origin_project / "runs" / "origin"
-    assert (model_dir / "tpulaunch-job.yaml").exists() and any(model_dir.glob("model.ckpt-2*"))
+    assert (model_dir / "tpulaunch-job.yaml").exists() and (model_dir / "tpulaunch-runs.jsonl").exists()
+    assert any(model_dir.glob("model.ckpt-2*"))
     assert _holding(model_dir, CONN, PORT, PASSWORD) == []
     assert not {CONN, str(PORT), PASSWORD} & {word for word in (trained.stdout + trained.stderr).split()}
     assert CONN not in trained.stdout + trained.stderr and PASSWORD not in trained.stdout + trained.stderr
