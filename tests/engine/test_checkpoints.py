@@ -12,8 +12,10 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+import pytest
+
 from tpulaunch.engine.core.checkpoints import (
-    CheckpointRepair, Dropped, checkpoint_problem, describe_repair, latest_complete_checkpoint,
+    CheckpointRepair, Dropped, UnreadableCheckpoints, checkpoint_problem, describe_repair, latest_complete_checkpoint,
     repair_checkpoint_state,
 )
 
@@ -44,13 +46,16 @@ def state_paths(model_dir: Path):
     return state.model_checkpoint_path, list(state.all_model_checkpoint_paths)
 
 
-def test_complete_checkpoints_are_left_alone(tmp_path):
-    paths = save_checkpoints(tmp_path, [10, 20, 30])
-    before = (tmp_path / "checkpoint").read_text()
+def test_complete_checkpoints_are_left_alone_once_named_relative_to_model_dir(tmp_path):
+    paths = save_checkpoints(tmp_path, [10, 20, 30])  # the v1 Saver's default: absolute paths in the state
 
     assert latest_complete_checkpoint(str(tmp_path)) == (paths[2], 30)
+    assert repair_checkpoint_state(str(tmp_path)) == CheckpointRepair(paths[2], 30, [], rewritten=True)
+    state = (tmp_path / "checkpoint").read_text()
+    assert str(tmp_path) not in state and 'model_checkpoint_path: "model.ckpt-30"' in state, state
+    assert state_paths(tmp_path) == (paths[2], paths)
     assert repair_checkpoint_state(str(tmp_path)) == CheckpointRepair(paths[2], 30, [], rewritten=False)
-    assert (tmp_path / "checkpoint").read_text() == before
+    assert (tmp_path / "checkpoint").read_text() == state
 
 
 def test_truncated_data_shard_falls_back_to_the_previous_checkpoint(tmp_path):
@@ -100,15 +105,27 @@ def test_corrupted_bytes_of_the_same_length_are_caught_by_reading_back(tmp_path)
     assert latest_complete_checkpoint(str(tmp_path)) == (paths[0], 10)
 
 
-def test_no_complete_checkpoint_removes_the_state_file_so_training_starts_afresh(tmp_path):
+def test_checkpoint_files_none_of_which_restores_are_refused_not_trained_over(tmp_path):
     (path,) = save_checkpoints(tmp_path, [10])
     data_file(path).write_bytes(b"x")
+    state = (tmp_path / "checkpoint").read_text()
+
+    with pytest.raises(UnreadableCheckpoints) as refused:
+        repair_checkpoint_state(str(tmp_path))
+    assert f"{path}: {checkpoint_problem(path)}" in refused.value.message
+    assert (tmp_path / "checkpoint").read_text() == state
+
+
+def test_a_state_naming_only_checkpoints_with_no_file_left_is_removed_so_training_starts_afresh(tmp_path):
+    (path,) = save_checkpoints(tmp_path, [10])
+    for name in tmp_path.glob("model.ckpt-10.*"):
+        name.unlink()
 
     repair = repair_checkpoint_state(str(tmp_path))
     assert (repair.path, repair.step, repair.rewritten) == (None, None, True)
     assert not (tmp_path / "checkpoint").exists()
-    assert tf.train.latest_checkpoint(str(tmp_path)) is None
-    assert describe_repair(repair)[-1] == "no complete checkpoint left: training starts from step 0"
+    assert describe_repair(repair) == [f"skipping incomplete checkpoint {path}: no .index file",
+                                       "no checkpoint file left: training starts from step 0"]
 
 
 def test_empty_or_missing_model_dir(tmp_path):
