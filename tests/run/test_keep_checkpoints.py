@@ -36,6 +36,5 @@ def test_checkpoints_none_of_which_restores_are_refused_not_trained_over(project
     cases.checkpoints_none_of_which_restores_are_refused_not_trained_over(*project, tmp_path)
 
 
-@pytest.mark.parametrize("part", ["data", "index"])
-def test_evaluate_and_export_fall_back_from_a_damaged_newest_checkpoint(project, tmp_path: Path, part: str):
-    cases.evaluate_and_export_fall_back_from_a_damaged_newest_checkpoint(*project, tmp_path, part)
+def test_evaluate_and_export_fall_back_past_a_truncated_index_and_a_truncated_data_shard(project, tmp_path: Path):
+    cases.evaluate_and_export_fall_back_past_a_truncated_index_and_a_truncated_data_shard(*project, tmp_path)
