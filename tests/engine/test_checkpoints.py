@@ -139,3 +139,36 @@ def test_missing_state_file_is_rebuilt_from_the_checkpoints_on_disk(tmp_path):
 
     assert repair_checkpoint_state(str(tmp_path)) == CheckpointRepair(paths[1], 20, [], rewritten=True)
     assert tf.train.latest_checkpoint(str(tmp_path)) == paths[1]
+
+
+def test_state_entries_naming_another_folder_are_never_named_nor_deleted_from_model_dir(tmp_path):
+    """A state copied from elsewhere, naming `../other/...` and an absolute path there: the repair names model_dir's
+    own checkpoints by their names, and a CheckpointManager (the keras and jax engines') saving past max_to_keep
+    deletes only inside its own folder."""
+    from tpulaunch.engine import portable
+
+    other, model_dir = tmp_path / "other", tmp_path / "model_dir"
+    other.mkdir()
+    model_dir.mkdir()
+    theirs = save_checkpoints(other, [1, 2])
+    before = {p.name: p.read_bytes() for p in other.iterdir()}
+    save_checkpoints(model_dir, [3])
+    (model_dir / "checkpoint").write_text(
+        f'model_checkpoint_path: "{theirs[1]}"\n'
+        f'all_model_checkpoint_paths: "../other/model.ckpt-1"\nall_model_checkpoint_paths: "{theirs[1]}"\n')
+
+    checkpoint = tf.train.Checkpoint(v=tf.Variable(1.0))
+    manager = portable.checkpoint_manager_class(lambda: None)(checkpoint, str(model_dir), max_to_keep=1,
+                                                              checkpoint_name="model.ckpt")
+    for step in (4, 5):
+        manager.save(checkpoint_number=step)
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == before
+    assert str(tmp_path / "other") not in (model_dir / "checkpoint").read_text()
+
+    (model_dir / "checkpoint").write_text(f'model_checkpoint_path: "{theirs[1]}"\n'
+                                          'all_model_checkpoint_paths: "../other/model.ckpt-1"\n')
+    repair = repair_checkpoint_state(str(model_dir))
+    assert repair.path == str(model_dir / "model.ckpt-5") and repair.rewritten
+    assert state_paths(model_dir) == (repair.path, [repair.path])
+    assert "other" not in (model_dir / "checkpoint").read_text()
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == before
