@@ -802,17 +802,17 @@ def checkpoint_class(write_through: Optional[Callable[[Callable[[str], Any], str
 
 
 def name_in(directory: str, path: str) -> Optional[str]:
-    """`path`'s file name when it names a file right in `directory` (a relative path resolved against it, as
-    TensorFlow resolves the `checkpoint` state's entries), else None. A state file copied or moved with its
-    directory may name the old place, or `../` anything: such an entry is never this directory's to name or delete."""
-    full = path if "://" in path or os.path.isabs(path) else f"{directory.rstrip('/')}/{path}"
-    parent, _, name = _normal(full).rpartition("/")
+    """`path`'s file name when it names a file right in `directory`, else None. `path` is as TensorFlow holds it: a
+    state entry is resolved against the state file's folder (`tf.train.get_checkpoint_state`). A state file copied
+    or moved with its directory may name the old place, or `../` anything: such an entry is never this directory's
+    to name or delete."""
+    parent, _, name = _normal(path).rpartition("/")
     return name if name and parent == _normal(directory).rstrip("/") else None
 
 
 def _normal(path: str) -> str:
     scheme, sep, rest = path.rpartition("://")
-    return f"{scheme}{sep}{os.path.normpath(rest)}" if sep else os.path.normpath(path)
+    return f"{scheme}{sep}{os.path.normpath(rest)}" if sep else os.path.abspath(path)
 
 
 def write_checkpoint_state(directory: str, latest: str, paths: list, *, fence: Callable[[], None],
