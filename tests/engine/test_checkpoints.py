@@ -153,9 +153,13 @@ def test_state_entries_naming_another_folder_are_never_named_nor_deleted_from_mo
     theirs = save_checkpoints(other, [1, 2])
     before = {p.name: p.read_bytes() for p in other.iterdir()}
     save_checkpoints(model_dir, [3])
+    # As a CheckpointManager writes it: with the times it saved them (it manages, and deletes, those newer than
+    # its last preserved one).
     (model_dir / "checkpoint").write_text(
         f'model_checkpoint_path: "{theirs[1]}"\n'
-        f'all_model_checkpoint_paths: "../other/model.ckpt-1"\nall_model_checkpoint_paths: "{theirs[1]}"\n')
+        f'all_model_checkpoint_paths: "../other/model.ckpt-1"\nall_model_checkpoint_paths: "{theirs[1]}"\n'
+        'all_model_checkpoint_timestamps: 1000.0\nall_model_checkpoint_timestamps: 1001.0\n'
+        'last_preserved_timestamp: 1.0\n')
 
     checkpoint = tf.train.Checkpoint(v=tf.Variable(1.0))
     manager = portable.checkpoint_manager_class(lambda: None)(checkpoint, str(model_dir), max_to_keep=1,
