@@ -408,3 +408,4 @@ def test_a_model_dir_another_run_writes_refuses_the_run_before_a_vm_is_created(j
     assert "nothing was created" in refused.stderr and "the job's own" not in refused.stderr
     assert "creating TPU node" not in refused.stderr
     assert not (job.parent / "runs/q/tpulaunch-remote/attempts").exists()
+    assert _record(job)["outcome"].startswith("failed: contention: run.model_dir held by host")

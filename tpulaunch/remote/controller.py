@@ -283,6 +283,7 @@ class Controller:
         age = leases.age_text(time.time() - float(holder.get("renewed") or 0))
         found = contention.orphan_vm(self.model_dir, holder, range(self._highest_vm(), 0, -1))
         if found is None:
+            self._end(f"failed: {causes.CONTENTION}: run.model_dir held by {who}")
             raise TpuLaunchError(
                 f"run.model_dir {self.model_dir} is in use: {holder.get('command') or 'a run'} by {who} holds its "
                 f"lease, last renewed {age} ago; a VM's train would be refused it (nothing was created)",
@@ -292,6 +293,7 @@ class Controller:
         orphan = (f"VM {vm} of an earlier run still trains in run.model_dir (train pid {holder.get('pid')} on "
                   f"{holder.get('host')}, holding its lease, last renewed {age} ago) but no TPU node of it is found")
         if holder.get("host") != socket.gethostname():
+            self._end(f"failed: {causes.CONTENTION}: run.model_dir held by VM {vm} of an earlier run")
             raise TpuLaunchError(
                 f"{orphan} in {', '.join(dict.fromkeys(p.zone for p in self.fallback.tries))}: this machine cannot "
                 "stop it (nothing was created)",
