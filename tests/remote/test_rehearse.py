@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -393,7 +394,6 @@ def test_a_rerun_after_the_follower_was_killed_stops_its_orphan_vm_and_trains_th
 def test_a_model_dir_another_run_writes_refuses_the_run_before_a_vm_is_created(job):
     # A live run of this host (this test's own process) holds run.model_dir's lease, as a `train` there would.
     import socket
-    import time
 
     lease = job.parent / "runs/q/tpulaunch.lease"
     lease.parent.mkdir(parents=True)
@@ -409,3 +409,30 @@ def test_a_model_dir_another_run_writes_refuses_the_run_before_a_vm_is_created(j
     assert "creating TPU node" not in refused.stderr
     assert not (job.parent / "runs/q/tpulaunch-remote/attempts").exists()
     assert _record(job)["outcome"].startswith("failed: contention: run.model_dir held by host")
+
+
+def test_a_recreated_vm_refused_the_lease_by_another_run_is_contention_not_the_jobs_failure(job):
+    import socket
+
+    lease = job.parent / "runs/q/tpulaunch.lease"
+    run, lines, preempted = _started(job, "--preempt-at", "4", "--recreate", "1", until="rehearsal | preempted")
+    try:
+        assert preempted.wait(180) and any(line.startswith("rehearsal | preempted") for line in lines), "".join(lines)
+        # Another run takes model_dir as the first VM is lost (this test's process, live on this host), before the
+        # recreated VM boots.
+        now = time.time()
+        taken = lease.with_name("lease.by-hand")
+        taken.write_text(json.dumps({"state": "held", "host": socket.gethostname(), "pid": os.getpid(),
+                                     "run_id": "by-hand", "command": "train", "started": now, "renewed": now,
+                                     "renew_every_s": 30.0, "stale_after_s": 600.0, "took_over": None}))
+        taken.replace(lease)
+        assert run.wait(300) == 3, "".join(lines)
+    finally:
+        if run.poll() is None:
+            run.send_signal(signal.SIGINT)
+            run.wait(60)
+    said = "".join(lines)
+    assert (f"error: VM 2 of the run could not train (worker 0, exit code 1): run.model_dir's lease is held by train "
+            f"by host {socket.gethostname()}, pid {os.getpid()}, run by-hand") in said, said
+    assert "not a failure of the job's own" in said and "a failure of the job's own is not" not in said
+    assert _record(job)["outcome"].startswith("failed: contention: run.model_dir held by train by host")

@@ -468,7 +468,7 @@ class Controller:
             who = f"worker {worker}" + (" (the chief)" if worker == 0 and self.hosts > 1 else "")
             holder = self.statuses[worker].get("lease_holder")
             if holder:
-                self._contention(who, text, holder)
+                self._contention(who, code, holder)
             if causes.exit_cause(code) == causes.INFRASTRUCTURE:
                 self._recover(f"{who}: {text}" if self.hosts > 1 else text)
                 return False
@@ -487,7 +487,7 @@ class Controller:
             self._finish()
         return done
 
-    def _contention(self, who: str, text: str, holder: dict) -> None:
+    def _contention(self, who: str, code: int, holder: dict) -> None:
         """The VM's train was refused model_dir's lease (or lost it): another run writes model_dir. Not the job's
         failure, and not recovered by a new VM while that run lives: the run ends saying who holds it."""
         from tpulaunch.run.lease import holder_text
@@ -496,7 +496,7 @@ class Controller:
         self._end(f"failed: {causes.CONTENTION}: run.model_dir held by {holder_words}")
         self._remove_node()
         raise TpuLaunchError(
-            f"VM {self.vm} of the run could not train ({who}, {text}): run.model_dir's lease is held by "
+            f"VM {self.vm} of the run could not train ({who}, exit code {code}): run.model_dir's lease is held by "
             f"{holder_words}, another run writing {self.model_dir}; not a failure of the job's own",
             hint="wait for that run to end, or stop it, then rerun: it resumes from model_dir's newest checkpoint",
             exit_code=ExitCode.CLUSTER)
