@@ -1,136 +1,31 @@
 """`tpulaunch rehearse` end to end, with real processes: the controller (the CLI in a process of its own), the
 local Cloud TPU API, TPU VMs as local processes running the node's startup script, and on them `tpulaunch
-train` of the quickstart CNN on this machine's CPU (20 steps, a checkpoint every 5, batch 8, 64 records).
-
-The job's builder (staged next to the job file, so staging the job's own code is proven too) pauses 0.2 s a
-step, so that the controller reads a step from the run's log while the run still trains it.
+train` of the quickstart CNN on this machine's CPU (the job: `tests/rehearsals.py`). Reruns in the same
+model_dir: `test_rerun.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from paths import REPO
-
-SLOW_MODELS = textwrap.dedent("""\
-    import os
-    import time
-
-    import tensorflow as tf
-
-    from tpulaunch.models.cnn import build as cnn
-
-
-    def _pause(x):
-        def sleep(value):
-            time.sleep(0.2)
-            return value
-        return tf.ensure_shape(tf.numpy_function(sleep, [x], x.dtype), x.shape)
-
-
-    def build(**params):
-        model = cnn(**params)
-        inputs = tf.keras.Input(shape=(32, 32, 3), name="image")
-        return tf.keras.Model(inputs, model(tf.keras.layers.Lambda(_pause)(inputs)))
-
-
-    def broken(**params):
-        raise ValueError("this builder is broken on purpose")
-
-
-    _calls = []
-
-
-    def _held(x):
-        # From its 6th step on, each step waits while the file $REHEARSAL_HOLD exists: a run that stays mid-training
-        # until the test lets it go on.
-        _calls.append(1)
-        while len(_calls) >= 6 and os.path.exists(os.environ.get("REHEARSAL_HOLD", "")):
-            time.sleep(0.05)
-        return x
-
-
-    def held(**params):
-        model = build(**params)
-        inputs = tf.keras.Input(shape=(32, 32, 3), name="image")
-        hold = tf.keras.layers.Lambda(lambda x: tf.ensure_shape(tf.numpy_function(_held, [x], x.dtype), x.shape))
-        return tf.keras.Model(inputs, model(hold(inputs)))
-
-
-    def with_token(api_token, **params):
-        import hashlib
-        print("builder | api_token sha256", hashlib.sha256(api_token.encode()).hexdigest(), flush=True)
-        return build(**params)
-    """)
-
-JOB = textwrap.dedent("""\
-    name: quickstart
-    model:
-      builder: slow_models:build
-      params: {num_classes: 10}
-      loss: sparse_categorical_crossentropy
-      optimizer: {name: adam, learning_rate: 0.003}
-    data:
-      train: ../data/train-*.tfrecord
-      eval: ../data/eval-*.tfrecord
-      features:
-        image: {shape: [32, 32, 3], dtype: float32}
-      labels:
-        label: {shape: [], dtype: int64}
-    tpu: {name: rehearsal-tpu, zone: us-central1-a, project: test-project, type: v3-8}
-    train: {batch_size: 8, steps: 20}
-    eval: {batch_size: 8, steps: 2}
-    run: {model_dir: runs/q, save_checkpoints_steps: 5, log_every_steps: 1}
-    """)
+from rehearsals import rehearsal_env as _env, rehearse, run_record as _record, synth_data, write_job
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("quickstart")
-    subprocess.run([sys.executable, "-m", "tpulaunch", "data", "synth", "--example", "quickstart", str(root / "data"),
-                    "--records", "64"], check=True, cwd=REPO, capture_output=True)
-    return root
+    return synth_data(tmp_path_factory.mktemp("quickstart"))
 
 
 @pytest.fixture
 def job(data, tmp_path) -> Path:
-    folder = data / tmp_path.name
-    folder.mkdir()
-    (folder / "slow_models.py").write_text(SLOW_MODELS)
-    (folder / "job.yaml").write_text(JOB)
-    return folder / "job.yaml"
-
-
-def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TPULAUNCH_TPU", "TPU_"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return {**env, "NO_GCE_CHECK": "True", **extra}
-
-
-def rehearse(job: Path, *args: str, **env) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run([sys.executable, "-m", "tpulaunch", "rehearse", str(job), *args], cwd=job.parent,
-                              env=_env(**env), capture_output=True, text=True, timeout=300)
-    except subprocess.TimeoutExpired as hung:  # say where it stood, and what each host last wrote
-        said = [(hung.stdout or b"").decode(errors="replace")[-3000:], (hung.stderr or b"").decode(errors="replace")[-3000:]]
-        for log in sorted(job.parent.glob("runs/q/tpulaunch-remote/attempts/*/*")):
-            said.append(f"--- {log.relative_to(job.parent)}\n" + log.read_text(errors="replace")[-1500:])
-        raise AssertionError("rehearse did not end within 300 s:\n" + "\n".join(said)) from None
-
-
-def _record(job: Path) -> dict:
-    return json.loads((job.parent / "runs/q/tpulaunch-remote/run.json").read_text())
+    return write_job(data / tmp_path.name)
 
 
 def test_preempted_vm_is_recreated_and_the_run_finishes_with_no_step_lost_beyond_its_checkpoint(job):
@@ -303,136 +198,3 @@ def test_after_a_preemption_next_zone_recreates_the_node_in_the_next_of_tpu_zone
     assert (record["zone"], record["outcome"], record["final_step"]) == ("us-central1-b", "done", 10)
     (recovery,) = record["recoveries"]
     assert recovery["cause"] == "PREEMPTED" and recovery["resumed_from"] == 5
-
-
-def _checkpoint_step(job: Path) -> int:
-    """The step of model_dir's newest checkpoint, as TensorFlow's `checkpoint` index file names it."""
-    import re
-
-    text = (job.parent / "runs/q/checkpoint").read_text()
-    return int(re.search(r'^model_checkpoint_path: ".*-(\d+)"', text, re.M).group(1))
-
-
-def test_a_rerun_in_the_same_model_dir_trains_after_a_fix_and_trains_on_with_more_steps(job):
-    # Each run reads only the files its own VMs wrote: not the failed run's status, not the shorter run's end.
-    failed = rehearse(job, "--set", "model.builder=slow_models:broken", "--set", "train.steps=5")
-    assert failed.returncode == 1, failed.stdout + failed.stderr
-    fixed = rehearse(job, "--set", "train.steps=5")
-    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
-    assert "this builder is broken on purpose" not in fixed.stdout + fixed.stderr  # not the failed run's lines
-    assert fixed.stdout.strip().splitlines()[-1].startswith("run | done | step 5/5 | 1 VM |")
-    assert _checkpoint_step(job) == 5
-    more = rehearse(job, "--set", "train.steps=10")
-    assert more.returncode == 0, more.stdout + more.stderr
-    assert "train | start | step 5/10" in more.stdout  # on from the shorter run's checkpoint
-    assert more.stdout.count("train | start |") == 1  # its own VM's lines only
-    assert more.stdout.strip().splitlines()[-1].startswith("run | done | step 10/10 | 1 VM |")
-    assert _checkpoint_step(job) == 10
-    # three runs, three VMs, each with its own attempt folder
-    assert [vm["vm"] for vm in _record(job)["vms"]] == [3]
-    attempts = job.parent / "runs/q/tpulaunch-remote/attempts"
-    assert sorted(p.name for p in attempts.iterdir()) == ["1", "2", "3"]
-
-
-def _started(job: Path, *args: str, until: str, **env):
-    """`rehearse` started, its output (stdout and stderr together) read into a list; the event is set when a line
-    starts with `until`, or when the output ends."""
-    process = subprocess.Popen([sys.executable, "-m", "tpulaunch", "rehearse", str(job), *args], cwd=job.parent,
-                               env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines, seen = [], threading.Event()
-
-    def read():
-        for line in process.stdout:
-            lines.append(line)
-            if line.startswith(until):
-                seen.set()
-        seen.set()
-    threading.Thread(target=read, daemon=True).start()
-    return process, lines, seen
-
-
-def test_a_rerun_after_the_follower_was_killed_stops_its_orphan_vm_and_trains_the_job(job, tmp_path):
-    hold = tmp_path / "hold"  # while it exists, the job's steps from the 6th on wait: the orphan stays mid-run
-    hold.touch()
-    env = {"TMPDIR": str(tmp_path), "REHEARSAL_HOLD": str(hold)}  # TMPDIR: the killed rehearsal's VM disks
-    held = ("--set", "model.builder=slow_models:held")
-    first, lines, reached = _started(job, *held, until="train | step 3/20", **env)
-    try:
-        assert reached.wait(180) and any(line.startswith("train | step 3/20") for line in lines), "".join(lines)
-    finally:
-        first.send_signal(signal.SIGKILL)  # the follower and its local TPU API die; its VM trains on, an orphan
-        first.wait()
-    status = job.parent / "runs/q/tpulaunch-remote/attempts/1/worker-0.json"
-    orphan = json.loads(status.read_text())
-    assert orphan["phase"] == "training"
-    again = None
-    try:
-        again, lines, stopping = _started(job, *held, until="tpu | VM 1 of an earlier run still trains", **env)
-        assert stopping.wait(180), "".join(lines)
-        hold.unlink()  # the orphan's step ends: it can act on the SIGTERM it was sent
-        assert again.wait(300) == 0, "".join(lines)
-        said = "".join(lines)
-        assert (f"tpu | VM 1 of an earlier run still trains in run.model_dir (train pid {orphan['train_pid']}"
-                in said and "stopping it before this run's VM starts" in said), said
-        assert "a failure of the job's own" not in said
-        assert json.loads(status.read_text())["exit_code"] == 143  # SIGTERM: a checkpoint saved, the lease released
-        assert "run | done | step 20/20 | 2 VMs |" in said, said
-        assert (_record(job)["outcome"], _record(job)["final_step"], _checkpoint_step(job)) == ("done", 20, 20)
-        log = (job.parent / "runs/q/tpulaunch-remote/attempts/2/worker-0.log").read_text()
-        assert "train | start | step 0/20" not in log  # on from the orphan's checkpoint
-    finally:  # on a failure: the rerun stopped (Ctrl-C ends its VMs), the orphan's host killed if it runs still
-        if hold.exists():
-            hold.unlink()
-        if again is not None and again.poll() is None:
-            again.send_signal(signal.SIGINT)
-            again.wait(60)
-        if json.loads(status.read_text()).get("phase") != "ended":
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(os.getpgid(orphan["train_pid"]), signal.SIGKILL)
-
-
-def test_a_model_dir_another_run_writes_refuses_the_run_before_a_vm_is_created(job):
-    # A live run of this host (this test's own process) holds run.model_dir's lease, as a `train` there would.
-    import socket
-
-    lease = job.parent / "runs/q/tpulaunch.lease"
-    lease.parent.mkdir(parents=True)
-    now = time.time()
-    lease.write_text(json.dumps({"state": "held", "host": socket.gethostname(), "pid": os.getpid(), "run_id": "by-hand",
-                                 "command": "train", "started": now, "renewed": now, "renew_every_s": 30.0,
-                                 "stale_after_s": 600.0, "took_over": None}))
-    refused = rehearse(job)
-    assert refused.returncode == 3, refused.stdout + refused.stderr
-    assert (f"error: run.model_dir {job.parent / 'runs/q'} is in use: train by host {socket.gethostname()}, pid "
-            f"{os.getpid()}, run by-hand holds its lease") in refused.stderr
-    assert "nothing was created" in refused.stderr and "the job's own" not in refused.stderr
-    assert "creating TPU node" not in refused.stderr
-    assert not (job.parent / "runs/q/tpulaunch-remote/attempts").exists()
-    assert _record(job)["outcome"].startswith("failed: contention: run.model_dir held by host")
-
-
-def test_a_recreated_vm_refused_the_lease_by_another_run_is_contention_not_the_jobs_failure(job):
-    import socket
-
-    lease = job.parent / "runs/q/tpulaunch.lease"
-    run, lines, preempted = _started(job, "--preempt-at", "4", "--recreate", "1", until="rehearsal | preempted")
-    try:
-        assert preempted.wait(180) and any(line.startswith("rehearsal | preempted") for line in lines), "".join(lines)
-        # Another run takes model_dir as the first VM is lost (this test's process, live on this host), before the
-        # recreated VM boots.
-        now = time.time()
-        taken = lease.with_name("lease.by-hand")
-        taken.write_text(json.dumps({"state": "held", "host": socket.gethostname(), "pid": os.getpid(),
-                                     "run_id": "by-hand", "command": "train", "started": now, "renewed": now,
-                                     "renew_every_s": 30.0, "stale_after_s": 600.0, "took_over": None}))
-        taken.replace(lease)
-        assert run.wait(300) == 3, "".join(lines)
-    finally:
-        if run.poll() is None:
-            run.send_signal(signal.SIGINT)
-            run.wait(60)
-    said = "".join(lines)
-    assert (f"error: VM 2 of the run could not train (worker 0, exit code 1): run.model_dir's lease is held by train "
-            f"by host {socket.gethostname()}, pid {os.getpid()}, run by-hand") in said, said
-    assert "not a failure of the job's own" in said and "a failure of the job's own is not" not in said
-    assert _record(job)["outcome"].startswith("failed: contention: run.model_dir held by train by host")
