@@ -158,7 +158,8 @@ def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[f
     if shipped:
         with open(log_path, "rb") as handle:
             store.write(remote_log, handle.read())
-    ended = {"lease_holder": _other_holder(model_dir, process.pid)} if code and worker == CHIEF else {}
+    # a train refused model_dir's lease exits 1, one whose lease another run took over 5 (`tpulaunch.errors`)
+    ended = {"lease_holder": _other_holder(model_dir, process.pid)} if code in (1, 5) and worker == CHIEF else {}
     status.update(phase="ended", exit_code=code, ended=time.time(), message=_last_message(log_path) if code else "",
                   **{key: value for key, value in ended.items() if value})
     return code
