@@ -297,3 +297,34 @@ def test_a_secret_quoted_in_an_error_message_is_masked(origin_project, tmp_path)
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert "cannot reach ***" in failed.stdout + failed.stderr
     assert CONN not in failed.stdout + failed.stderr
+
+
+# Secrets a message can quote in another form than the job's value: one inside a longer string, a number, a
+# multi-line one (a message keeps its first line).
+EMBEDDED, NUMBER, LINES = "pw-Zq81xT", 98765432, "line-one-AAA\nline-two-BBB"
+QUOTING_BUILDER = '''
+def build(num_classes=2, url=None, pin=None, note=None, **params):
+    password = url.split(":")[2].split("@")[0]
+    raise ValueError(f"cannot log in with {password} and {pin} for {note}")
+'''
+
+
+def test_a_secret_quoted_in_another_form_is_masked_in_the_message_the_traceback_and_the_run_record(
+        origin_project, tmp_path):
+    """`--debug train`: the builder's message quotes the part of a URL a ${VAR} filled, a number, a multi-line
+    value's lines; none of them is in the output (the traceback's included) nor in the run record."""
+    (tmp_path / "origin_models.py").write_text(QUOTING_BUILDER)
+    job = ORIGIN_JOB.replace("data/train.tfrecord", str(origin_project / "data" / "train.tfrecord"))
+    (tmp_path / "job.yaml").write_text(job.replace(
+        "    conn: ${DB_CONN}\n    port: ${DB_PORT}\n",
+        '    url: "https://me:${DB_PW}@db.internal/x"\n    pin: ${DB_PIN}\n    note: "${DB_NOTE}"\n'))
+    failed = _tpulaunch(tmp_path, "--debug", "train", "job.yaml", "--local",
+                        DB_PW=EMBEDDED, DB_PIN=str(NUMBER), DB_NOTE=LINES)
+    output = failed.stdout + failed.stderr
+    assert failed.returncode == 1, output
+    assert "cannot log in with *** and *** for ***" in output and "Traceback" in output
+    record = tmp_path / "runs" / "origin" / "tpulaunch-runs.jsonl"
+    assert "cannot log in with *** and *** for ***" in record.read_text()
+    for value in (EMBEDDED, str(NUMBER), *LINES.splitlines()):
+        assert value not in output
+        assert _holding(tmp_path / "runs", value) == []

@@ -63,15 +63,19 @@ MIN_REDACTED = 4  # a shorter value (a number, a flag) is no secret worth maskin
 
 
 def _leaves(value: Any) -> Iterable[str]:
-    """The texts of a value's strings, to be masked in messages."""
+    """The texts a value may be quoted as in a message, to be masked there: its strings and numbers, and each line
+    of a multi-line string (a message may show its first line only)."""
     if isinstance(value, dict):
         for item in value.values():
             yield from _leaves(item)
     elif isinstance(value, list):
         for item in value:
             yield from _leaves(item)
-    elif isinstance(value, str) and len(value) >= MIN_REDACTED and value != SECRET_MASK:
-        yield value
+    elif isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        text = str(value)
+        for piece in (text, *(text.splitlines() if isinstance(value, str) else ())):
+            if len(piece.strip()) >= MIN_REDACTED and piece != SECRET_MASK:
+                yield piece
 
 
 def _at(data: Any, path: tuple) -> Any:
@@ -140,6 +144,8 @@ def secrets_of(data: Any, marks) -> Secrets:
         path for path in set_paths if any(_secret_name(path[:n]) for n in range(1, len(path) + 1))]
     paths = frozenset(from_env) | frozenset(named) | frozenset(from_command_line)
     texts = {text for path in paths for text in _leaves(_at(data, path))}
+    # each ${VAR}'s own value too: a message may quote the one inside a longer string (`https://me:${PW}@host`)
+    texts |= {text for path in from_env for text in _leaves(marks.env_values.get(path, []))}
     return Secrets(paths, frozenset(from_command_line), tuple(sorted(texts, key=len, reverse=True)))
 
 
