@@ -328,3 +328,16 @@ def test_a_secret_quoted_in_another_form_is_masked_in_the_message_the_traceback_
     for value in (EMBEDDED, str(NUMBER), *LINES.splitlines()):
         assert value not in output
         assert _holding(tmp_path / "runs", value) == []
+
+
+def test_explain_reads_a_var_with_a_default_and_a_var_that_tpulaunch_own_code_holds(origin_project, tmp_path):
+    """`${VAR:-default}` (the default is the job file's text, in the program as the read's default) and a value
+    that tpulaunch's own code printed after the program's banner also holds (`mean`) are read, not refused."""
+    (tmp_path / "origin_models.py").write_text((origin_project / "origin_models.py").read_text())
+    job = ORIGIN_JOB.replace("data/train.tfrecord", str(origin_project / "data" / "train.tfrecord"))
+    (tmp_path / "job.yaml").write_text(job.replace(
+        "    port: ${DB_PORT}\n", "    port: ${DB_PORT}\n    region: ${DB_REGION:-europe-west4}\n    how: ${DB_HOW}\n"))
+    explained = _tpulaunch(tmp_path, "explain", "job.yaml", "--engine", "estimator", DB_HOW="mean")
+    assert explained.returncode == 0, explained.stdout + explained.stderr
+    assert "os.environ.get('DB_REGION', 'europe-west4')" in explained.stdout
+    assert "'how': os.environ['DB_HOW']" in explained.stdout and CONN not in explained.stdout
