@@ -62,16 +62,16 @@ def _named(value: Any, path: tuple = ()) -> Iterable[tuple]:
 MIN_REDACTED = 4  # a shorter value (a number, a flag) is no secret worth masking in every message that has it
 
 
-def _leaves(value: Any) -> Iterable[str]:
-    """The texts a value may be quoted as in a message, to be masked there: its strings and numbers, and each line
-    of a multi-line string (a message may show its first line only)."""
+def _leaves(value: Any, numbers: bool = False) -> Iterable[str]:
+    """The texts a value may be quoted as in a message, to be masked there: its strings (and with `numbers`, its
+    numbers), and each line of a multi-line string (a message may show its first line only)."""
     if isinstance(value, dict):
         for item in value.values():
-            yield from _leaves(item)
+            yield from _leaves(item, numbers)
     elif isinstance(value, list):
         for item in value:
-            yield from _leaves(item)
-    elif isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            yield from _leaves(item, numbers)
+    elif isinstance(value, str) or numbers and isinstance(value, (int, float)) and not isinstance(value, bool):
         text = str(value)
         for piece in (text, *(text.splitlines() if isinstance(value, str) else ())):
             if len(piece.strip()) >= MIN_REDACTED and piece != SECRET_MASK:
@@ -144,7 +144,10 @@ def secrets_of(data: Any, marks) -> Secrets:
         path for path in set_paths if any(_secret_name(path[:n]) for n in range(1, len(path) + 1))]
     paths = frozenset(from_env) | frozenset(named) | frozenset(from_command_line)
     texts = {text for path in paths for text in _leaves(_at(data, path))}
-    # each ${VAR}'s own value too: a message may quote the one inside a longer string (`https://me:${PW}@host`)
+    # Numbers only where the job file does not show them (a ${VAR}, a --set): a key's name alone makes `key_dim: 1024`
+    # no number worth masking in every message. Each ${VAR}'s own text too: a message may quote it without the rest
+    # of its string (`https://me:${PW}@host`).
+    texts |= {text for path in [*from_env, *from_command_line] for text in _leaves(_at(data, path), numbers=True)}
     texts |= {text for path in from_env for text in _leaves(marks.env_values.get(path, []))}
     return Secrets(paths, frozenset(from_command_line), tuple(sorted(texts, key=len, reverse=True)))
 
