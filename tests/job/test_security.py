@@ -341,3 +341,14 @@ def test_explain_reads_a_var_with_a_default_and_a_var_that_tpulaunch_own_code_ho
     assert explained.returncode == 0, explained.stdout + explained.stderr
     assert "os.environ.get('DB_REGION', 'europe-west4')" in explained.stdout
     assert "'how': os.environ['DB_HOW']" in explained.stdout and CONN not in explained.stdout
+
+
+def test_a_secret_inside_a_value_of_the_wrong_type_is_masked_before_the_value_is_cut_short(tmp_path):
+    """`eval:` given a list holding a long `${VAR}`: the problem quotes the list masked, not its first 57
+    characters (which the message's masking would no longer find)."""
+    secret = "Sx-0123456789-abcdefghijklmnopqrstuvwxyz-ABCDEFGHIJKLMNOPQRSTUVWXYZ-9876"
+    (tmp_path / "job.yaml").write_text(ORIGIN_JOB.replace("run: {", 'eval: ["${LONG_ONE}"]\nrun: {'))
+    failed = _tpulaunch(tmp_path, "validate", "job.yaml", "--local", LONG_ONE=secret)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "eval: expected a mapping, got ['***']" in failed.stdout + failed.stderr
+    assert secret[:12] not in failed.stdout + failed.stderr

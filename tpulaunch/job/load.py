@@ -275,7 +275,7 @@ def schema_problems(exc: ValidationError, loaded: LoadedJob, prefix: tuple = ())
         seen.add(key)
         name = str(path[-1]) if path else ""
         secret = loaded.secrets.covers(path)
-        shown = SECRET_MASK if secret else _short(err.get("input"))
+        shown = SECRET_MASK if secret else _short(loaded.secrets.redact_value(err.get("input")))
         if kind == "extra_forbidden":
             allowed = sorted(_schema_fields(path[:-1]) or [])
             hint = did_you_mean(name, allowed) or (f"known keys here: {', '.join(allowed)}" if allowed else None)

@@ -125,6 +125,19 @@ class Secrets:
             text = text.replace(value, SECRET_MASK)
         return text
 
+    def redact_value(self, value: Any) -> Any:
+        """A copy of `value` (a job's data, or part of it) with every secret text in its strings masked, before it
+        is quoted (cut short, a quoted secret would not be found by `redact`)."""
+        if isinstance(value, dict):
+            return {key: self.redact_value(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [self.redact_value(item) for item in value]
+        if isinstance(value, str):
+            return self.redact(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and str(value) in self.values:
+            return SECRET_MASK
+        return value
+
     def __or__(self, other: "Secrets") -> "Secrets":
         return Secrets(self.paths | other.paths, self.from_command_line | other.from_command_line,
                        tuple(sorted(set(self.values) | set(other.values), key=len, reverse=True)))
