@@ -352,3 +352,14 @@ def test_a_secret_inside_a_value_of_the_wrong_type_is_masked_before_the_value_is
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert "eval: expected a mapping, got ['***']" in failed.stdout + failed.stderr
     assert secret[:12] not in failed.stdout + failed.stderr
+
+
+def test_a_var_that_also_fills_a_data_path_is_shown_in_messages_about_the_path(tmp_path):
+    """`${DATA_DIR}` in `data.train` (a place, shown) and in `model.params` (a secret there): the job copy masks the
+    param, but a message about the data path still names the folder."""
+    job = ORIGIN_JOB.replace("data/train.tfrecord", "${DATA_DIR}/missing-*.tfrecord").replace(
+        "    conn: ${DB_CONN}\n", '    conn: "${DATA_DIR}"\n')
+    (tmp_path / "job.yaml").write_text(job)
+    failed = _tpulaunch(tmp_path, "validate", "job.yaml", "--local", DATA_DIR=str(tmp_path / "data"))
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert f"data.train: no files match '{tmp_path / 'data'}/missing-*.tfrecord'" in failed.stdout

@@ -159,9 +159,10 @@ def secrets_of(data: Any, marks) -> Secrets:
     texts = {text for path in paths for text in _leaves(_at(data, path))}
     # Numbers only where the job file does not show them (a ${VAR}, a --set): a key's name alone makes `key_dim: 1024`
     # no number worth masking in every message. Each ${VAR}'s own text too: a message may quote it without the rest
-    # of its string (`https://me:${PW}@host`).
+    # of its string (`https://me:${PW}@host`); but not a VAR's text that fills a value tpulaunch shows (a folder).
     texts |= {text for path in [*from_env, *from_command_line] for text in _leaves(_at(data, path), numbers=True)}
     texts |= {text for path in from_env for text in _leaves(marks.env_values.get(path, []))}
+    texts -= {text for path, filled in marks.env_values.items() if shown(tuple(path)) for text in filled}
     return Secrets(paths, frozenset(from_command_line), tuple(sorted(texts, key=len, reverse=True)))
 
 
