@@ -363,3 +363,14 @@ def test_a_var_that_also_fills_a_data_path_is_shown_in_messages_about_the_path(t
     failed = _tpulaunch(tmp_path, "validate", "job.yaml", "--local", DATA_DIR=str(tmp_path / "data"))
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert f"data.train: no files match '{tmp_path / 'data'}/missing-*.tfrecord'" in failed.stdout
+
+
+def test_a_var_in_a_set_value_is_refused_not_given_to_the_job_as_written(tmp_path):
+    """`--set 'model.params.api_key=${API_KEY}'` (quoted from the shell): --set values are not filled from the
+    environment, so the builder would silently get the text `${API_KEY}`."""
+    (tmp_path / "job.yaml").write_text(ORIGIN_JOB)
+    refused = _tpulaunch(tmp_path, "validate", "job.yaml", "--set", "model.params.api_key=${API_KEY}",
+                         API_KEY="tok-from-the-environment")
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "model.params.api_key: the job would get `${API_KEY}` as written" in refused.stdout
+    assert 'write `api_key: "${API_KEY}"` into the job file' in refused.stdout and "Traceback" not in refused.stderr

@@ -20,7 +20,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from tpulaunch.errors import JobFileError, Problem
 from tpulaunch.job.schema import SECTIONS, Job, search_path_of
 from tpulaunch.job.secrets import NONE, PATH_KEYS, Secrets, free_form, remember, secrets_of
-from tpulaunch.job.yamlfile import DOCUMENT_PATH, SECRET_MASK, Mark, Marks, dotted, parse_yaml, read_job_text
+from tpulaunch.job.yamlfile import (DOCUMENT_PATH, SECRET_MASK, Mark, Marks, dotted, env_parts, parse_yaml,
+                                    read_job_text)
 
 
 @dataclass
@@ -100,6 +101,13 @@ def parse_override(text: str, index: int) -> Override:
     parts = key.split(".")
     if any(not p for p in parts):
         raise _override_error(where, index, key, "override-form", f"--set {text!r}: empty name in the key path", "e.g. --set train.steps=20")
+    refs = [part[0] for part in env_parts(raw) if not isinstance(part, str)]
+    if refs:  # else the job would silently get the text `${VAR}`
+        raise _override_error(where, index, key, "override-env-ref",
+                              f"the job would get `${{{refs[0]}}}` as written: a --set value is not filled from the "
+                              "environment",
+                              f"let the shell fill it (--set {key}=\"${refs[0]}\"), or write `{parts[-1]}: "
+                              f"\"${{{refs[0]}}}\"` into the job file (for a secret: then no file holds its value)")
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as exc:
