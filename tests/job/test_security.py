@@ -372,5 +372,5 @@ def test_a_var_in_a_set_value_is_refused_not_given_to_the_job_as_written(tmp_pat
     refused = _tpulaunch(tmp_path, "validate", "job.yaml", "--set", "model.params.api_key=${API_KEY}",
                          API_KEY="tok-from-the-environment")
     assert refused.returncode == 1, refused.stdout + refused.stderr
-    assert "model.params.api_key: the job would get `${API_KEY}` as written" in refused.stdout
-    assert 'write `api_key: "${API_KEY}"` into the job file' in refused.stdout and "Traceback" not in refused.stderr
+    assert "model.params.api_key: the variable API_KEY would not be filled" in refused.stdout
+    assert '--set model.params.api_key="$API_KEY"' in refused.stdout and "Traceback" not in refused.stderr

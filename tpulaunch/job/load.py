@@ -101,13 +101,6 @@ def parse_override(text: str, index: int) -> Override:
     parts = key.split(".")
     if any(not p for p in parts):
         raise _override_error(where, index, key, "override-form", f"--set {text!r}: empty name in the key path", "e.g. --set train.steps=20")
-    refs = [part[0] for part in env_parts(raw) if not isinstance(part, str)]
-    if refs:  # else the job would silently get the text `${VAR}`
-        raise _override_error(where, index, key, "override-env-ref",
-                              f"the job would get `${{{refs[0]}}}` as written: a --set value is not filled from the "
-                              "environment",
-                              f"let the shell fill it (--set {key}=\"${refs[0]}\"), or write `{parts[-1]}: "
-                              f"\"${{{refs[0]}}}\"` into the job file (for a secret: then no file holds its value)")
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as exc:
@@ -168,6 +161,15 @@ def apply_overrides(data: Any, marks: Marks, overrides: Sequence[Override]) -> t
     if not isinstance(data, dict):
         data = {}
     for index, ov in enumerate(overrides, start=1):
+        key, _, raw = ov.text.partition("=")
+        refs = [part[0] for part in env_parts(raw) if not isinstance(part, str)]
+        if refs:  # else the job would silently get the text `${VAR}`
+            message = (f"the variable {refs[0]} would not be filled: a --set value is given to the job as written, not "
+                       "read from the environment")
+            problems.append(Problem(
+                "error", "--set", index, 1, key.strip(), "override-env-ref", message,
+                f"let the shell fill it: --set {key.strip()}=\"${refs[0]}\" (or, for a secret, write it into the job "
+                "file as a ${VAR}: then no file holds its value)"))
         node = data
         ok = True
         for depth, part in enumerate(ov.path[:-1]):
