@@ -374,3 +374,13 @@ def test_a_var_in_a_set_value_is_refused_not_given_to_the_job_as_written(tmp_pat
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "model.params.api_key: the variable API_KEY would not be filled" in refused.stdout
     assert '--set model.params.api_key="$API_KEY"' in refused.stdout and "Traceback" not in refused.stderr
+
+
+@pytest.mark.parametrize("given", ["flags.api_token=set-secret-0042",  # a path the job does not have
+                                   "model.params.api_key=set-secret-0042: [x"])  # a value that is not YAML
+def test_a_secret_set_that_cannot_be_applied_is_not_quoted(tmp_path, given):
+    (tmp_path / "job.yaml").write_text(ORIGIN_JOB)
+    refused = _tpulaunch(tmp_path, "validate", "job.yaml", "--set", given)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"--set {given.partition('=')[0]}=***" in (refused.stdout + refused.stderr).replace("'", "")
+    assert "set-secret-0042" not in refused.stdout + refused.stderr

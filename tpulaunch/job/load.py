@@ -19,7 +19,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from tpulaunch.errors import JobFileError, Problem
 from tpulaunch.job.schema import SECTIONS, Job, search_path_of
-from tpulaunch.job.secrets import NONE, PATH_KEYS, Secrets, free_form, remember, secrets_of
+from tpulaunch.job.secrets import NONE, PATH_KEYS, Secrets, free_form, remember, secrets_of, set_text
 from tpulaunch.job.yamlfile import (DOCUMENT_PATH, SECRET_MASK, Mark, Marks, dotted, env_parts, parse_yaml,
                                     read_job_text)
 
@@ -96,15 +96,15 @@ def parse_override(text: str, index: int) -> Override:
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise _override_error(where, index, key, "override-form", f"--set {text!r} is not of the form key.path=value",
+        raise _override_error(where, index, key, "override-form", f"--set {set_text(text)!r} is not of the form key.path=value",
                               "e.g. --set train.steps=20")
     parts = key.split(".")
     if any(not p for p in parts):
-        raise _override_error(where, index, key, "override-form", f"--set {text!r}: empty name in the key path", "e.g. --set train.steps=20")
+        raise _override_error(where, index, key, "override-form", f"--set {set_text(text)!r}: empty name in the key path", "e.g. --set train.steps=20")
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as exc:
-        raise _override_error(where, index, key, "override-value", f"--set {text!r}: the value is not YAML ({getattr(exc, 'problem', exc)})",
+        raise _override_error(where, index, key, "override-value", f"--set {set_text(text)!r}: the value is not YAML ({getattr(exc, 'problem', exc)})",
                               "quote strings that contain ':' or '#'") from None
     path = tuple(int(p) if p.isdigit() else p for p in parts)
     return Override(text, path, value)
@@ -225,7 +225,7 @@ def _unknown_override(index: int, ov: Override, at: tuple, data: Any) -> Problem
         choices += [k for k in node if isinstance(k, str)]
     hint = did_you_mean(str(at[-1]), choices) or (f"known keys here: {', '.join(sorted(set(choices)))}" if choices else None)
     return Problem("error", "--set", index, 1, dotted(ov.path), "override-unknown-path",
-                   f"--set {ov.text}: the job has no '{dotted(at)}'", hint)
+                   f"--set {set_text(ov.text)}: the job has no '{dotted(at)}'", hint)
 
 
 # ----------------------------------------------------------------------------------- schema problems

@@ -183,6 +183,13 @@ def redact(text: str) -> str:
 
 # ----------------------------------------------------------------------- a secret given with --set
 
+def set_text(text: str) -> str:
+    """A `--set KEY=VALUE` as a message quotes it: VALUE masked under a secret-looking key (a --set that cannot be
+    applied, or not read, is no part of the job's data, where `secrets_of` would find it)."""
+    key, sep, _ = text.partition("=")
+    return f"{key}={SECRET_MASK}" if sep and any(looks_secret(part) for part in key.split(".")) else text
+
+
 def env_name(path: tuple) -> str:
     """The environment variable (and Secret Manager secret) a secret at `path` would be read from: its key, upper."""
     return "".join(ch if ch.isalnum() else "_" for ch in str(path[-1])).upper()
