@@ -25,9 +25,11 @@ def test_an_internal_error_exits_70_with_one_line():
         "and report it)"]
 
 
-def test_debug_raises_an_internal_error_for_its_traceback():
+def test_debug_shows_an_internal_errors_traceback_then_its_line_and_exit_code():
     result = CliRunner().invoke(faulty, [], obj=Context(debug=True))
-    assert isinstance(result.exception, KeyError)  # not mapped: the traceback is the user's to report
+    assert result.exit_code == ExitCode.INTERNAL  # the traceback is the user's to report (a job's secrets masked)
+    assert result.stderr.startswith("Traceback (most recent call last):") and "KeyError: 'missing'\n" in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("error: unexpected KeyError: 'missing'")
 
 
 def test_a_job_with_problems_exits_1_and_a_usage_error_2(tmp_path):

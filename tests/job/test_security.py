@@ -297,3 +297,90 @@ def test_a_secret_quoted_in_an_error_message_is_masked(origin_project, tmp_path)
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert "cannot reach ***" in failed.stdout + failed.stderr
     assert CONN not in failed.stdout + failed.stderr
+
+
+# Secrets a message can quote in another form than the job's value: one inside a longer string, a number, a
+# multi-line one (a message keeps its first line).
+EMBEDDED, NUMBER, LINES = "pw-Zq81xT", 98765432, "line-one-AAA\nline-two-BBB"
+QUOTING_BUILDER = '''
+def build(num_classes=2, url=None, pin=None, note=None, **params):
+    password = url.split(":")[2].split("@")[0]
+    raise ValueError(f"cannot log in with {password} and {pin} for {note}")
+'''
+
+
+def test_a_secret_quoted_in_another_form_is_masked_in_the_message_the_traceback_and_the_run_record(
+        origin_project, tmp_path):
+    """`--debug train`: the builder's message quotes the part of a URL a ${VAR} filled, a number, a multi-line
+    value's lines; none of them is in the output (the traceback's included) nor in the run record."""
+    (tmp_path / "origin_models.py").write_text(QUOTING_BUILDER)
+    job = ORIGIN_JOB.replace("data/train.tfrecord", str(origin_project / "data" / "train.tfrecord"))
+    (tmp_path / "job.yaml").write_text(job.replace(
+        "    conn: ${DB_CONN}\n    port: ${DB_PORT}\n",
+        '    url: "https://me:${DB_PW}@db.internal/x"\n    pin: ${DB_PIN}\n    note: "${DB_NOTE}"\n'))
+    failed = _tpulaunch(tmp_path, "--debug", "train", "job.yaml", "--local",
+                        DB_PW=EMBEDDED, DB_PIN=str(NUMBER), DB_NOTE=LINES)
+    output = failed.stdout + failed.stderr
+    assert failed.returncode == 1, output
+    assert "cannot log in with *** and *** for ***" in output and "Traceback" in output
+    record = tmp_path / "runs" / "origin" / "tpulaunch-runs.jsonl"
+    assert "cannot log in with *** and *** for ***" in record.read_text()
+    for value in (EMBEDDED, str(NUMBER), *LINES.splitlines()):
+        assert value not in output
+        assert _holding(tmp_path / "runs", value) == []
+
+
+def test_explain_reads_a_var_with_a_default_and_a_var_that_tpulaunch_own_code_holds(origin_project, tmp_path):
+    """`${VAR:-default}` (the default is the job file's text, in the program as the read's default) and a value
+    that tpulaunch's own code printed after the program's banner also holds (`mean`) are read, not refused."""
+    (tmp_path / "origin_models.py").write_text((origin_project / "origin_models.py").read_text())
+    job = ORIGIN_JOB.replace("data/train.tfrecord", str(origin_project / "data" / "train.tfrecord"))
+    (tmp_path / "job.yaml").write_text(job.replace(
+        "    port: ${DB_PORT}\n", "    port: ${DB_PORT}\n    region: ${DB_REGION:-europe-west4}\n    how: ${DB_HOW}\n"))
+    explained = _tpulaunch(tmp_path, "explain", "job.yaml", "--engine", "estimator", DB_HOW="mean")
+    assert explained.returncode == 0, explained.stdout + explained.stderr
+    assert "os.environ.get('DB_REGION', 'europe-west4')" in explained.stdout
+    assert "'how': os.environ['DB_HOW']" in explained.stdout and CONN not in explained.stdout
+
+
+def test_a_secret_inside_a_value_of_the_wrong_type_is_masked_before_the_value_is_cut_short(tmp_path):
+    """`eval:` given a list holding a long `${VAR}`: the problem quotes the list masked, not its first 57
+    characters (which the message's masking would no longer find)."""
+    secret = "Sx-0123456789-abcdefghijklmnopqrstuvwxyz-ABCDEFGHIJKLMNOPQRSTUVWXYZ-9876"
+    (tmp_path / "job.yaml").write_text(ORIGIN_JOB.replace("run: {", 'eval: ["${LONG_ONE}"]\nrun: {'))
+    failed = _tpulaunch(tmp_path, "validate", "job.yaml", "--local", LONG_ONE=secret)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "eval: expected a mapping, got ['***']" in failed.stdout + failed.stderr
+    assert secret[:12] not in failed.stdout + failed.stderr
+
+
+def test_a_var_that_also_fills_a_data_path_is_shown_in_messages_about_the_path(tmp_path):
+    """`${DATA_DIR}` in `data.train` (a place, shown) and in `model.params` (a secret there): the job copy masks the
+    param, but a message about the data path still names the folder."""
+    job = ORIGIN_JOB.replace("data/train.tfrecord", "${DATA_DIR}/missing-*.tfrecord").replace(
+        "    conn: ${DB_CONN}\n", '    conn: "${DATA_DIR}"\n')
+    (tmp_path / "job.yaml").write_text(job)
+    failed = _tpulaunch(tmp_path, "validate", "job.yaml", "--local", DATA_DIR=str(tmp_path / "data"))
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert f"data.train: no files match '{tmp_path / 'data'}/missing-*.tfrecord'" in failed.stdout
+
+
+def test_a_var_in_a_set_value_is_refused_not_given_to_the_job_as_written(tmp_path):
+    """`--set 'model.params.api_key=${API_KEY}'` (quoted from the shell): --set values are not filled from the
+    environment, so the builder would silently get the text `${API_KEY}`."""
+    (tmp_path / "job.yaml").write_text(ORIGIN_JOB)
+    refused = _tpulaunch(tmp_path, "validate", "job.yaml", "--set", "model.params.api_key=${API_KEY}",
+                         API_KEY="tok-from-the-environment")
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "model.params.api_key: the variable API_KEY would not be filled" in refused.stdout
+    assert '--set model.params.api_key="$API_KEY"' in refused.stdout and "Traceback" not in refused.stderr
+
+
+@pytest.mark.parametrize("given", ["flags.api_token=set-secret-0042",  # a path the job does not have
+                                   "model.params.api_key=set-secret-0042: [x"])  # a value that is not YAML
+def test_a_secret_set_that_cannot_be_applied_is_not_quoted(tmp_path, given):
+    (tmp_path / "job.yaml").write_text(ORIGIN_JOB)
+    refused = _tpulaunch(tmp_path, "validate", "job.yaml", "--set", given)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"--set {given.partition('=')[0]}=***" in (refused.stdout + refused.stderr).replace("'", "")
+    assert "set-secret-0042" not in refused.stdout + refused.stderr

@@ -118,6 +118,10 @@ def test_a_host_whose_install_fails_is_named_with_its_output_and_the_vm_removed(
     assert "ERROR: tpulaunch-rehearsal-missing-package is not installed" in failed.stderr
     startup_log = job.parent / "runs/q/tpulaunch-remote/attempts/1/worker-1.startup.log"
     assert str(startup_log) in failed.stderr and "tpulaunch-rehearsal-missing-package" in startup_log.read_text()
+    # the hosts' output and statuses, as the stage, are this user's alone (they may quote the job's output)
+    remote = job.parent / "runs/q/tpulaunch-remote"
+    assert {str(path.relative_to(remote)): oct(path.stat().st_mode & 0o777) for path in remote.rglob("*")
+            if path.is_file() and path.stat().st_mode & 0o077} == {}
     assert "deleting TPU node 'rehearsal-tpu': the run is over" in failed.stderr
     record = _record(job)
     assert record["outcome"].startswith("failed: worker 1: installing") and len(record["vms"]) == 1

@@ -98,14 +98,12 @@ def _invoke_mapped(ctx: click.Context, invoke):
         ctx.exit(int(exc.exit_code))
     except TpuLaunchError as exc:
         obj: Context = ctx.ensure_object(Context)
-        if obj.debug:
-            import traceback
+        from tpulaunch.job.secrets import redact  # a message that quotes a secret of the job shows it masked
 
-            traceback.print_exc()
+        if obj.debug:
+            _print_traceback(redact)
         err = obj.text_out(stderr=True)
         from dataclasses import replace
-
-        from tpulaunch.job.secrets import redact  # a message that quotes a secret of the job shows it masked
 
         if exc.problems:
             from tpulaunch.cli.render.problems import render_text
@@ -124,10 +122,10 @@ def _invoke_mapped(ctx: click.Context, invoke):
         click.echo("interrupted", err=True)
         ctx.exit(int(ExitCode.INTERRUPTED))
     except Exception as exc:  # a bug in tpulaunch or an unexpected library error
-        if ctx.ensure_object(Context).debug:
-            raise
         from tpulaunch.job.secrets import redact
 
+        if ctx.ensure_object(Context).debug:  # then the line and exit code it has without --debug
+            _print_traceback(redact)
         storage = storage_error(exc) if _may_be_storage(exc) else None
         if storage is not None:  # a full disk, a quota, a read-only filesystem, permissions: said so, with the path
             click.echo(f"error: {storage.text()}", err=True)
@@ -141,6 +139,15 @@ def _invoke_mapped(ctx: click.Context, invoke):
         click.echo(f"error: unexpected {type(exc).__name__}: {redact(first_line(exc))} (an internal error, exit code "
                    f"{int(ExitCode.INTERNAL)}: rerun with --debug for the traceback and report it)", err=True)
         ctx.exit(int(ExitCode.INTERNAL))
+
+
+def _print_traceback(redact) -> None:
+    """The traceback of the exception being handled (`--debug`), every secret of the job in it masked."""
+    import sys
+    import traceback
+
+    sys.stderr.write(redact(traceback.format_exc()))
+    sys.stderr.flush()
 
 
 class Command(click.Command):

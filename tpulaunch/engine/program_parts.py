@@ -9,6 +9,7 @@ when the builder's signature can be read from its source (`builder_parameters`).
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import os
 import pprint
@@ -401,6 +402,7 @@ def env_reads(program: str, loaded: LoadedJob) -> str:
     marks = loaded.marks
     _refuse_secret_sets(loaded)
     head, banner, verbatim = program.partition(BANNER)  # tpulaunch's own code after the banner holds no job value
+    reads_written: list = []  # a read's default (`os.environ.get('N', '0.01')`) is the job file's text, no secret
     for path, text in marks.env_texts.items():
         value = _value_at(loaded.data, path)
         parts = env_parts(text)
@@ -419,10 +421,11 @@ def env_reads(program: str, loaded: LoadedJob) -> str:
             number = re.compile(rf"(?<![\w.]){re.escape(repr(value))}(?![\w.])")
             if len(number.findall(head)) == 1:  # one place only: another number that equals it is not touched
                 head = number.sub(f"{type(value).__name__}({read})", head)
-        program = head + banner + verbatim
+        reads_written.append(read)
+        unread = functools.reduce(lambda text, written: text.replace(written, ""), reads_written, head)
         shown = value if isinstance(value, str) else repr(value)
         if secret and re.search(rf"(?<![\w.]){re.escape(shown)}(?![\w.])" if not isinstance(value, str) else
-                                re.escape(shown), program):
+                                re.escape(shown), unread):
             names = ", ".join(f"${{{part[0]}}}" for part in parts if not isinstance(part, str))
             raise TpuLaunchError(
                 f"{dotted(path)}: the value of {names} would be written into the program in clear (the program "

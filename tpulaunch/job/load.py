@@ -19,8 +19,9 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from tpulaunch.errors import JobFileError, Problem
 from tpulaunch.job.schema import SECTIONS, Job, search_path_of
-from tpulaunch.job.secrets import NONE, PATH_KEYS, Secrets, free_form, remember, secrets_of
-from tpulaunch.job.yamlfile import DOCUMENT_PATH, SECRET_MASK, Mark, Marks, dotted, parse_yaml, read_job_text
+from tpulaunch.job.secrets import NONE, PATH_KEYS, Secrets, free_form, remember, secrets_of, set_text
+from tpulaunch.job.yamlfile import (DOCUMENT_PATH, SECRET_MASK, Mark, Marks, dotted, env_parts, parse_yaml,
+                                    read_job_text)
 
 
 @dataclass
@@ -95,15 +96,15 @@ def parse_override(text: str, index: int) -> Override:
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise _override_error(where, index, key, "override-form", f"--set {text!r} is not of the form key.path=value",
+        raise _override_error(where, index, key, "override-form", f"--set {set_text(text)!r} is not of the form key.path=value",
                               "e.g. --set train.steps=20")
     parts = key.split(".")
     if any(not p for p in parts):
-        raise _override_error(where, index, key, "override-form", f"--set {text!r}: empty name in the key path", "e.g. --set train.steps=20")
+        raise _override_error(where, index, key, "override-form", f"--set {set_text(text)!r}: empty name in the key path", "e.g. --set train.steps=20")
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as exc:
-        raise _override_error(where, index, key, "override-value", f"--set {text!r}: the value is not YAML ({getattr(exc, 'problem', exc)})",
+        raise _override_error(where, index, key, "override-value", f"--set {set_text(text)!r}: the value is not YAML ({getattr(exc, 'problem', exc)})",
                               "quote strings that contain ':' or '#'") from None
     path = tuple(int(p) if p.isdigit() else p for p in parts)
     return Override(text, path, value)
@@ -160,6 +161,15 @@ def apply_overrides(data: Any, marks: Marks, overrides: Sequence[Override]) -> t
     if not isinstance(data, dict):
         data = {}
     for index, ov in enumerate(overrides, start=1):
+        key, _, raw = ov.text.partition("=")
+        refs = [part[0] for part in env_parts(raw) if not isinstance(part, str)]
+        if refs:  # else the job would silently get the text `${VAR}`
+            message = (f"the variable {refs[0]} would not be filled: a --set value is given to the job as written, not "
+                       "read from the environment")
+            problems.append(Problem(
+                "error", "--set", index, 1, key.strip(), "override-env-ref", message,
+                f"let the shell fill it: --set {key.strip()}=\"${refs[0]}\" (or, for a secret, write it into the job "
+                "file as a ${VAR}: then no file holds its value)"))
         node = data
         ok = True
         for depth, part in enumerate(ov.path[:-1]):
@@ -215,7 +225,7 @@ def _unknown_override(index: int, ov: Override, at: tuple, data: Any) -> Problem
         choices += [k for k in node if isinstance(k, str)]
     hint = did_you_mean(str(at[-1]), choices) or (f"known keys here: {', '.join(sorted(set(choices)))}" if choices else None)
     return Problem("error", "--set", index, 1, dotted(ov.path), "override-unknown-path",
-                   f"--set {ov.text}: the job has no '{dotted(at)}'", hint)
+                   f"--set {set_text(ov.text)}: the job has no '{dotted(at)}'", hint)
 
 
 # ----------------------------------------------------------------------------------- schema problems
@@ -275,7 +285,7 @@ def schema_problems(exc: ValidationError, loaded: LoadedJob, prefix: tuple = ())
         seen.add(key)
         name = str(path[-1]) if path else ""
         secret = loaded.secrets.covers(path)
-        shown = SECRET_MASK if secret else _short(err.get("input"))
+        shown = SECRET_MASK if secret else _short(loaded.secrets.redact_value(err.get("input")))
         if kind == "extra_forbidden":
             allowed = sorted(_schema_fields(path[:-1]) or [])
             hint = did_you_mean(name, allowed) or (f"known keys here: {', '.join(allowed)}" if allowed else None)

@@ -62,16 +62,20 @@ def _named(value: Any, path: tuple = ()) -> Iterable[tuple]:
 MIN_REDACTED = 4  # a shorter value (a number, a flag) is no secret worth masking in every message that has it
 
 
-def _leaves(value: Any) -> Iterable[str]:
-    """The texts of a value's strings, to be masked in messages."""
+def _leaves(value: Any, numbers: bool = False) -> Iterable[str]:
+    """The texts a value may be quoted as in a message, to be masked there: its strings (and with `numbers`, its
+    numbers), and each line of a multi-line string (a message may show its first line only)."""
     if isinstance(value, dict):
         for item in value.values():
-            yield from _leaves(item)
+            yield from _leaves(item, numbers)
     elif isinstance(value, list):
         for item in value:
-            yield from _leaves(item)
-    elif isinstance(value, str) and len(value) >= MIN_REDACTED and value != SECRET_MASK:
-        yield value
+            yield from _leaves(item, numbers)
+    elif isinstance(value, str) or numbers and isinstance(value, (int, float)) and not isinstance(value, bool):
+        text = str(value)
+        for piece in (text, *(text.splitlines() if isinstance(value, str) else ())):
+            if len(piece.strip()) >= MIN_REDACTED and piece != SECRET_MASK:
+                yield piece
 
 
 def _at(data: Any, path: tuple) -> Any:
@@ -121,6 +125,19 @@ class Secrets:
             text = text.replace(value, SECRET_MASK)
         return text
 
+    def redact_value(self, value: Any) -> Any:
+        """A copy of `value` (a job's data, or part of it) with every secret text in its strings masked, before it
+        is quoted (cut short, a quoted secret would not be found by `redact`)."""
+        if isinstance(value, dict):
+            return {key: self.redact_value(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [self.redact_value(item) for item in value]
+        if isinstance(value, str):
+            return self.redact(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and str(value) in self.values:
+            return SECRET_MASK
+        return value
+
     def __or__(self, other: "Secrets") -> "Secrets":
         return Secrets(self.paths | other.paths, self.from_command_line | other.from_command_line,
                        tuple(sorted(set(self.values) | set(other.values), key=len, reverse=True)))
@@ -140,6 +157,12 @@ def secrets_of(data: Any, marks) -> Secrets:
         path for path in set_paths if any(_secret_name(path[:n]) for n in range(1, len(path) + 1))]
     paths = frozenset(from_env) | frozenset(named) | frozenset(from_command_line)
     texts = {text for path in paths for text in _leaves(_at(data, path))}
+    # Numbers only where the job file does not show them (a ${VAR}, a --set): a key's name alone makes `key_dim: 1024`
+    # no number worth masking in every message. Each ${VAR}'s own text too: a message may quote it without the rest
+    # of its string (`https://me:${PW}@host`); but not a VAR's text that fills a value tpulaunch shows (a folder).
+    texts |= {text for path in [*from_env, *from_command_line] for text in _leaves(_at(data, path), numbers=True)}
+    texts |= {text for path in from_env for text in _leaves(marks.env_values.get(path, []))}
+    texts -= {text for path, filled in marks.env_values.items() if shown(tuple(path)) for text in filled}
     return Secrets(paths, frozenset(from_command_line), tuple(sorted(texts, key=len, reverse=True)))
 
 
@@ -159,6 +182,13 @@ def redact(text: str) -> str:
 
 
 # ----------------------------------------------------------------------- a secret given with --set
+
+def set_text(text: str) -> str:
+    """A `--set KEY=VALUE` as a message quotes it: VALUE masked under a secret-looking key (a --set that cannot be
+    applied, or not read, is no part of the job's data, where `secrets_of` would find it)."""
+    key, sep, _ = text.partition("=")
+    return f"{key}={SECRET_MASK}" if sep and any(looks_secret(part) for part in key.split(".")) else text
+
 
 def env_name(path: tuple) -> str:
     """The environment variable (and Secret Manager secret) a secret at `path` would be read from: its key, upper."""

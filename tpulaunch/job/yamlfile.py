@@ -44,6 +44,7 @@ class Marks:
     sources: dict = field(default_factory=dict)  # path -> file label, when it differs from `file`
     env_refs: dict = field(default_factory=dict)  # path -> names of environment variables used
     env_texts: dict = field(default_factory=dict)  # path -> the scalar's text before its ${VAR}s were filled
+    env_values: dict = field(default_factory=dict)  # path -> the texts its ${VAR}s were filled with
 
     def locate(self, path: Path, *, at_key: bool = False) -> tuple[str, Mark]:
         """The best mark for a path: the path itself, else its nearest ancestor."""
@@ -213,10 +214,10 @@ class _Builder:
         def replace(match: re.Match) -> str:
             name, default = match.group(1), match.group(2)
             self.marks.env_refs.setdefault(path, []).append(name)
-            if name in self.env:
-                return self.env[name]
-            if default is not None:
-                return default
+            if name in self.env or default is not None:
+                filled = self.env[name] if name in self.env else default
+                self.marks.env_values.setdefault(path, []).append(filled)
+                return filled
             offset = match.start()
             mark = _mark(node.start_mark)
             column = mark.column + offset + (1 if node.style in ("'", '"') else 0)

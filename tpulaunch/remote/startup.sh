@@ -37,11 +37,12 @@ step() {
   [ "$code" -eq 0 ] || fail "$phase" "$what"
 }
 
-# put FILE URL: a file to run.model_dir (a local folder in a rehearsal, else gs:// with the image's gcloud)
+# put FILE URL: a file to run.model_dir (a local folder in a rehearsal, else gs:// with the image's gcloud), this
+# user's alone as every file under tpulaunch-remote/ (the host's output may quote the job's)
 put() {
   case "$2" in
     gs://*) gcloud storage cp --quiet "$1" "$2" >/dev/null 2>&1 || gsutil -q cp "$1" "$2" ;;
-    *) mkdir -p "$(dirname "$2")" && cp "$1" "$2.tmp.$$" && mv "$2.tmp.$$" "$2" ;;
+    *) mkdir -p "$(dirname "$2")" && (umask 077 && cp "$1" "$2.tmp.$$") && mv "$2.tmp.$$" "$2" ;;
   esac
 }
 # status PHASE [FAILED]: this host's status file; with FAILED, the step that failed and the end of its output

@@ -27,9 +27,11 @@ def outcome(recorder: RunRecorder, error: BaseException = None) -> str:
         return "stopped (SIGINT)"
     if isinstance(error, Terminated):
         return f"stopped ({error.name})"
+    from tpulaunch.job.secrets import redact  # the job's own code's message may quote a secret of the job
+
     if isinstance(error, TpuLaunchError) and not isinstance(error, AlreadyReported):
-        return f"failed: {error.message}"
-    return f"failed: {type(error).__name__}: {first_line(error)}"
+        return f"failed: {redact(error.message)}"
+    return f"failed: {type(error).__name__}: {redact(first_line(error))}"
 
 
 def write_record(recorder: RunRecorder, engine, job, plan, command: str, ended: str, lease=None, *,
