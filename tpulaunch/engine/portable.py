@@ -741,6 +741,17 @@ def _predictions(outputs, label_names: Sequence[str], output_names: Sequence[str
         return {f"output_{i}": t for i, t in enumerate(outputs)}
 
 
+# ---------------------------------------------------------------------------------------- evaluation
+
+def no_evaluation_batches() -> SpecError:
+    """An evaluation that read no whole batch (batches drop the remainder): its metrics would be 0 over nothing,
+    which is never reported as a result."""
+    return SpecError("eval.batch_size: data.eval holds fewer records than one batch, so not a single batch was "
+                     "evaluated (batches drop the remainder)",
+                     hint="use an eval.batch_size no larger than data.eval's records, or add records",
+                     key=("eval", "batch_size"))
+
+
 # ------------------------------------------------------------------------------------------ schedule
 
 def boundaries(start: int, steps: int, every: Optional[int]) -> List[int]:

@@ -275,7 +275,7 @@ def _prepare_evaluation(training, job: Job, plan: Plan):
 def _evaluate_into(training, job: Job, plan: Plan, recorder: RunRecorder, should_stop=None) -> EvalResult:
     with recorder.phase(phases.EVALUATION):
         dataset, batch = _prepare_evaluation(training, job, plan)
-        with naming_read_errors(job, "eval"):
+        with naming_read_errors(job, "eval"), spec_errors():
             results = training.evaluate(dataset, job.eval.steps, should_stop=should_stop, per_replica_batch=batch)
     return recorder.evaluated(int(results["global_step"]), results)
 
