@@ -57,18 +57,41 @@ def trace_first_step(training, job: Job) -> None:
         jax.eval_shape(lambda f, y, state: model.train_step(state, (f, y)), features, labels, abstract_state(model))
 
 
-def _batches(job: Job, mode: str):
+def _batches(job: Job, mode: str, training):
     """The mode's batches as NumPy: the records read by the same tf.data pipeline as the other engines'. Over
     several hosts each process reads its own share of the records and makes its share of the global batch
-    (`hosts.py`); DataParallel puts the shares together."""
+    (`hosts.py`); DataParallel puts the shares together. The class ids of a sparse categorical crossentropy's
+    labels are checked there (JAX would take any id silently)."""
     from tpulaunch.engine.jax.hosts import InputShare, share
 
     spec = job.train if mode == "train" else (job.eval or job.train)
     index, count = share()
     with naming_read_errors(job, mode):
-        dataset = make_input_fn(job, mode, use_tpu=False)({"batch_size": spec.batch_size // count,
-                                                          "context": InputShare(index, count)})
+        dataset = make_input_fn(job, mode, use_tpu=False, label_classes=label_classes(job, training.model))(
+            {"batch_size": spec.batch_size // count, "context": InputShare(index, count)})
     return dataset.as_numpy_iterator()
+
+
+def label_classes(job: Job, model) -> dict:
+    """label -> number of classes, for each label the job's sparse categorical crossentropy scores: the model's
+    output's last axis (its symbolic outputs, or its output traced on abstract features)."""
+    from tpulaunch.engine.portable import SpecError, _losses_by_label, outputs_by_label, sparse_label_classes
+
+    names = list(job.data.labels)
+    losses = _losses_by_label(job.model.loss, names)
+    if "sparse_categorical_crossentropy" not in losses.values():
+        return {}
+    outputs = getattr(model, "outputs", None)
+    if not outputs:
+        import jax
+
+        from tpulaunch.engine.jax.memory_plan import data_specs
+
+        outputs = jax.eval_shape(lambda features: model(features), data_specs(job, model, 1)[0])
+    try:
+        return sparse_label_classes(losses, outputs_by_label(outputs, names, getattr(model, "output_names", ())))
+    except SpecError:  # outputs that do not pair with the labels: the step says so, at its key
+        return {}
 
 
 # ------------------------------------------------------------------------------------------ train
@@ -112,12 +135,12 @@ class _JaxSession:
 
     def prepare_evaluation(self) -> None:
         self.recorder.phase_switch(phases.BUILD_EVALUATION)
-        _batches(self.job, "eval")  # the eval files are listed and the pipeline built: a run that cannot evaluate stops here
+        _batches(self.job, "eval", self.training)  # the eval files are listed and the pipeline built: a run that cannot evaluate stops here
 
     def train_to(self, until: int) -> int:
         job, training, recorder = self.job, self.training, self.recorder
         if self.batches is None:
-            self.batches = _batches(job, "train")
+            self.batches = _batches(job, "train", training)
         every = job.run.save_checkpoints_steps
         recorder.phase_switch(phases.FIRST_STEP, "XLA compiles the step")
         recorder.session_began(training.step)
@@ -162,7 +185,7 @@ class _JaxSession:
 
 def _evaluate_into(training, job: Job, recorder: RunRecorder, should_stop=None) -> Optional[EvalResult]:
     with recorder.phase(phases.EVALUATION):
-        batches = _batches(job, "eval")
+        batches = _batches(job, "eval", training)
         with naming_read_errors(job, "eval"), build_errors(job, "eval"), spec_errors():
             results = training.evaluate(batches, job.eval.steps, should_stop=should_stop)
     if results is None:
