@@ -50,12 +50,12 @@ def _target(loaded: LoadedJob) -> Optional[Tuple[int, int, str]]:
     if getattr(loaded, "local", False) or tpu is None:
         available, what = host_memory()
         return available, 1, what
-    from tpulaunch.checks.static import known_slice, layout_of
+    from tpulaunch.plan.build import layout_for
+    from tpulaunch.tpu.types import lookup
 
-    known, layout = known_slice(loaded), layout_of(loaded)
-    if known is None or layout is None:
+    tpu_type, layout = lookup(tpu.type), layout_for(tpu)
+    if tpu_type is None or layout is None:
         return None  # an unknown type or layout is reported by its own rule
-    tpu, tpu_type = known
     cores = max(1, tpu.cores_per_replica)
     return (tpu_type.usable_bytes_per_device, layout.replicas * cores,
             f"one {tpu_type.name} core's {human_bytes(tpu_type.usable_bytes_per_device)} of HBM")
@@ -82,6 +82,7 @@ def fit_problems(loaded: LoadedJob) -> list:
                                f"more than {where}",
                                "declare the shape the records hold (tpulaunch data inspect shows it); a tensor this "
                                "size must be cut into smaller examples")]
+    whose = "" if share == 1 else f"each core's share (1/{share}) of "
     problems = []
     for section in ("train", "eval"):
         spec = loaded.section(section)
@@ -92,9 +93,8 @@ def fit_problems(loaded: LoadedJob) -> list:
             most = available * share // example
             problems.append(loaded.problem(
                 (section, "batch_size"), "batch-exceeds-memory",
-                f"one batch of {spec.batch_size} examples is {_size(batch)} of inputs alone "
-                f"({_size(example)} an example{'' if share == 1 else f', over {share} cores'}), "
-                f"more than {where}",
+                f"{whose}one batch of {spec.batch_size} examples is {_size(batch)} of inputs alone "
+                f"({_size(example)} an example), more than {where}",
                 f"use a batch_size well below {most}: the inputs of {most} examples fill it, and the model needs "
                 "memory too"))
     return problems
