@@ -62,6 +62,28 @@ def parse_example_fn(job: Job) -> Callable:
                                          features_as_dict(job))
 
 
+def scores_class_ids(job: Job) -> bool:
+    """Whether a label of the job is scored by a sparse categorical crossentropy (its values class ids)."""
+    loss = job.model.loss
+    return "sparse_categorical_crossentropy" in (loss.values() if isinstance(loss, dict) else [loss])
+
+
+def label_classes(job: Job, outputs, output_names=()) -> dict:
+    """label -> number of classes, for each label the job's sparse categorical crossentropy scores: the last axis
+    of the model's output paired with it (`outputs`: the model's, symbolic or abstract; none gives {}). The engine
+    hands it to `make_input_fn`, whose pipeline then checks each batch's class ids."""
+    from tpulaunch.engine.portable import SpecError, _losses_by_label, outputs_by_label, sparse_label_classes
+
+    names = list(job.data.labels)
+    if not outputs or not names or not scores_class_ids(job):
+        return {}
+    try:
+        return sparse_label_classes(_losses_by_label(job.model.loss, names),
+                                    outputs_by_label(outputs, names, output_names or ()))
+    except SpecError:  # outputs that do not pair with the labels: the step says so, at its key
+        return {}
+
+
 def _files_for(job: Job, mode: str):
     files = job.data.train if mode == "train" else job.data.eval
     if files is None:

@@ -12,7 +12,7 @@ from tpulaunch.engine.core import loop
 from tpulaunch.engine.core.build_failures import build_errors
 from tpulaunch.engine.core.model_dir import checkpoint_step
 from tpulaunch.engine.jax.hosts import refuse_split_over_hosts
-from tpulaunch.engine.pipeline import make_input_fn, naming_read_errors
+from tpulaunch.engine.pipeline import label_classes, make_input_fn, naming_read_errors, scores_class_ids
 from tpulaunch.engine.plain import log_every_steps, spec_errors
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.schema import Job
@@ -67,19 +67,15 @@ def _batches(job: Job, mode: str, training):
     spec = job.train if mode == "train" else (job.eval or job.train)
     index, count = share()
     with naming_read_errors(job, mode):
-        dataset = make_input_fn(job, mode, use_tpu=False, label_classes=label_classes(job, training.model))(
+        dataset = make_input_fn(job, mode, use_tpu=False, label_classes=_label_classes(job, training.model))(
             {"batch_size": spec.batch_size // count, "context": InputShare(index, count)})
     return dataset.as_numpy_iterator()
 
 
-def label_classes(job: Job, model) -> dict:
-    """label -> number of classes, for each label the job's sparse categorical crossentropy scores: the model's
-    output's last axis (its symbolic outputs, or its output traced on abstract features)."""
-    from tpulaunch.engine.portable import SpecError, _losses_by_label, outputs_by_label, sparse_label_classes
-
-    names = list(job.data.labels)
-    losses = _losses_by_label(job.model.loss, names)
-    if "sparse_categorical_crossentropy" not in losses.values():
+def _label_classes(job: Job, model) -> dict:
+    """The class ids the pipeline checks (`pipeline.label_classes`): from the model's symbolic outputs, or its
+    output traced on abstract features (a subclassed model)."""
+    if not scores_class_ids(job):
         return {}
     outputs = getattr(model, "outputs", None)
     if not outputs:
@@ -88,10 +84,7 @@ def label_classes(job: Job, model) -> dict:
         from tpulaunch.engine.jax.memory_plan import data_specs
 
         outputs = jax.eval_shape(lambda features: model(features), data_specs(job, model, 1)[0])
-    try:
-        return sparse_label_classes(losses, outputs_by_label(outputs, names, getattr(model, "output_names", ())))
-    except SpecError:  # outputs that do not pair with the labels: the step says so, at its key
-        return {}
+    return label_classes(job, outputs, getattr(model, "output_names", ()))
 
 
 # ------------------------------------------------------------------------------------------ train

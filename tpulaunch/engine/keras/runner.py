@@ -88,10 +88,14 @@ def _global_batch(plan: Plan, mode: str) -> int:
 
 
 def _dataset(job: Job, plan: Plan, training, mode: str):
-    from tpulaunch.engine.pipeline import make_input_fn
+    """The mode's batches over the strategy's replicas; the class ids of a sparse categorical crossentropy are
+    checked there, on the host, for a model whose outputs are known before its first call (and in the step)."""
+    from tpulaunch.engine.pipeline import label_classes, make_input_fn
     from tpulaunch.engine.keras import standalone
 
-    return standalone.distributed_dataset(training.strategy, make_input_fn(job, mode, use_tpu=plan.on_tpu),
+    classes = label_classes(job, getattr(training.model, "outputs", None), training.output_names)
+    return standalone.distributed_dataset(training.strategy,
+                                          make_input_fn(job, mode, use_tpu=plan.on_tpu, label_classes=classes),
                                           _global_batch(plan, mode), training.preprocess)
 
 
