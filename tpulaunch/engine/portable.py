@@ -660,7 +660,7 @@ def _single_loss(head: Optional[Head], labels, outputs, custom: Optional[Callabl
 
 
 def _label_loss(name: str, head: Head, labels, outputs, custom: Optional[Callable], key: tuple, keras):
-    if custom is None:  # a class id the loss cannot take stops the step, on every device
+    if custom is None:  # a class id the loss cannot take stops the step (a TPU's compiled step drops the check)
         labels = check_label_range(labels, sparse_label_classes({name: head.loss_name}, {name: outputs}), [name])
     try:
         return _single_loss(head, labels, outputs, custom, keras)
