@@ -63,14 +63,15 @@ def recorded_run(obj, recorder: RunRecorder, engine, checked, command: str, *,
 
 
 def _refuse_what_validate_refuses(checked, command: str) -> None:
-    """Validate's checks of the job's own code (flags, import paths, input_fns) and, for a run that reads the data
-    (train, evaluate), its data stage (the files, a sample of records, the counts against the batches), now that
-    TensorFlow is loaded: a job validate refuses is refused here, at the same keys, before anything is built."""
+    """Validate's checks of the job's own code (flags, import paths, input_fns) and, for train, its data stage (the
+    files, a sample of records, the counts against the batches), now that TensorFlow is loaded: a job validate
+    refuses is refused here, at the same keys, before anything is built. (evaluate reads only data.eval, and a
+    machine that evaluates may lack data.train: its evaluation says what it finds.)"""
     from tpulaunch.checks.validate import code_problems, data_problems
     from tpulaunch.cli.gate import JobRefused
 
     problems = code_problems(checked.loaded, checked.loaded.search_path, [])
-    if command in ("train", "evaluate"):
+    if command == "train":
         problems += data_problems(checked.loaded)
     errors = [p for p in problems if p.is_error]
     if errors:
