@@ -374,6 +374,11 @@ def _count_problems(loaded: LoadedJob, split: str, report: DataReport) -> list:
     report.steps_per_epoch = records // section.batch_size
     approx = "" if report.records_counted is not None else "about "
     key = (split, "batch_size")
+    if records < section.batch_size and split == "train":  # training repeats its records before batching them
+        return [loaded.problem(key, "split-smaller-than-batch",
+                               f"data.train has {approx}{records} records, fewer than one batch of {section.batch_size}: "
+                               "every batch holds some records more than once",
+                               f"use batch_size <= {records}, or add data", severity="warning")]
     if records < section.batch_size:
         return [loaded.problem(key, "split-smaller-than-batch",
                                f"data.{split} has {approx}{records} records, fewer than one batch of {section.batch_size}: "

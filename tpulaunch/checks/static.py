@@ -310,12 +310,14 @@ def static_problems(loaded: LoadedJob) -> list:
     from tpulaunch.checks.paths import path_form_problems, python_path_problems
 
     from tpulaunch.checks.engine_rules import engine_problems
+    from tpulaunch.checks.fits import fit_problems
     from tpulaunch.checks.stack import stack_problems
 
     problems = []
     for rule in STATIC_RULES:
         problems.extend(rule(loaded))
     problems.extend(engine_problems(loaded))
+    problems.extend(fit_problems(loaded))
     if loaded.usable("tpu", "run"):
         problems.extend(stack_problems(loaded))
     problems.extend(head_problems(loaded))

@@ -129,9 +129,8 @@ def validate_job(
                     result.checked.append("xla")
         if loaded.usable("data", "tpu", "train", "eval"):
             stage("data")
-            from tpulaunch.checks.data import dry_run
-
-            problems, reports = dry_run(loaded, records_per_file=records_per_file, all_records=all_records)
+            problems, reports = data_problems(loaded, records_per_file=records_per_file, all_records=all_records,
+                                              reports=True)
             result.problems.extend(problems)
             result.data_reports = reports
             result.checked.append("data")
@@ -181,6 +180,17 @@ def code_problems(loaded, search_path: Sequence[str], checked: list, *, prior_ok
             problems.extend(load_attribute(check)(loaded, search_path))
             checked.append(name)
     return problems
+
+
+def data_problems(loaded, *, records_per_file: int = 2, all_records: bool = False, reports: bool = False):
+    """The data stage (`checks/data.py`'s dry run: the files, a sample of records, the counts against the batches),
+    which `train` and `evaluate` run too; with `reports`, (problems, the splits' reports)."""
+    if not loaded.usable("data", "tpu", "train", "eval"):
+        return ([], []) if reports else []
+    from tpulaunch.checks.data import dry_run
+
+    problems, found = dry_run(loaded, records_per_file=records_per_file, all_records=all_records)
+    return (problems, found) if reports else problems
 
 
 def _dedupe(problems):

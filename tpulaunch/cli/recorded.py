@@ -63,12 +63,17 @@ def recorded_run(obj, recorder: RunRecorder, engine, checked, command: str, *,
 
 
 def _refuse_what_validate_refuses(checked, command: str) -> None:
-    """Validate's checks of the job's own code (flags, import paths, input_fns), now that TensorFlow is loaded:
-    a job validate refuses is refused here, at the same keys, before anything is built."""
-    from tpulaunch.checks.validate import code_problems
+    """Validate's checks of the job's own code (flags, import paths, input_fns) and, for train, its data stage (the
+    files, a sample of records, the counts against the batches), now that TensorFlow is loaded: a job validate
+    refuses is refused here, at the same keys, before anything is built. (evaluate reads only data.eval, and a
+    machine that evaluates may lack data.train: its evaluation says what it finds.)"""
+    from tpulaunch.checks.validate import code_problems, data_problems
     from tpulaunch.cli.gate import JobRefused
 
-    errors = [p for p in code_problems(checked.loaded, checked.loaded.search_path, []) if p.is_error]
+    problems = code_problems(checked.loaded, checked.loaded.search_path, [])
+    if command == "train":
+        problems += data_problems(checked.loaded)
+    errors = [p for p in problems if p.is_error]
     if errors:
         raise JobRefused(f"not running {command} on {checked.file}: fix the problems above "
                          f"(tpulaunch validate {checked.file})", problems=errors)

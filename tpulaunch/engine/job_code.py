@@ -87,7 +87,7 @@ def job_builder(job: Job, *, search_path: Sequence[str] = (), keras3: bool = Fal
 
     `keras3`: the keras engine, which trains Keras 3 models too (else only tf.keras ones), and runs a compiled model
     and a model's own train_step, test_step and compute_loss (the estimator engine refuses them)."""
-    from tpulaunch.engine.portable import is_keras3, keras_of
+    from tpulaunch.engine.portable import SpecError, is_keras3, keras_of
     from tpulaunch.engine.weights import download_error, download_failure
 
     spec = job.model
@@ -100,21 +100,53 @@ def job_builder(job: Job, *, search_path: Sequence[str] = (), keras3: bool = Fal
         except TypeError as exc:
             raise TpuLaunchError(f"model builder {spec.builder!r} rejected its arguments: {exc}",
                                  hint="check model.params against the builder's signature") from None
-        except Exception as exc:  # pylint: disable=broad-except  # only a failed download is explained here
+        except Exception as exc:  # pylint: disable=broad-except  # a failed download, or a param it refused
             failure = download_failure(exc)
             if failure is None:
-                raise
+                refused = _param_named(exc, spec.params)
+                if refused is None:
+                    raise
+                raise SpecError(f"model builder {spec.builder!r} refused {refused}: {str(exc).strip()}",
+                                hint="give the builder a value it takes", key=("model", "params", refused)) from exc
             message, hint = download_error(spec.builder, failure)
             raise TpuLaunchError(message, hint=hint, code="builder-download-failed") from exc
         keras = keras_of(model)
         if keras is None or not isinstance(model, keras.Model) or (is_keras3(keras) and not keras3):
             raise _not_a_keras_model(spec.builder, model, keras3)
+        _refuse_empty_outputs(spec, model)
         if not keras3:
             _refuse_own_training(spec.builder, model)
             _refuse_compiled(spec.builder, model)
         return model
 
     return checked_builder, kwargs
+
+
+def _param_named(exc: BaseException, params: dict) -> Optional[str]:
+    """The one model.params key a builder's ValueError names ("num_classes must be at least 1"), or None."""
+    if not isinstance(exc, ValueError):
+        return None
+    import re
+
+    named = [name for name in params if re.search(rf"\b{re.escape(name)}\b", str(exc))]
+    return named[0] if len(named) == 1 else None
+
+
+def _refuse_empty_outputs(spec, model) -> None:
+    """A model with an output of no elements (Dense(0) from num_classes: 0) cannot train: TensorFlow's CPU kernels
+    abort the process on it, and a loss over nothing is no loss. Said at the model.params key set to 0, if one is."""
+    from tpulaunch.engine.portable import SpecError
+
+    for output in getattr(model, "outputs", None) or ():
+        shape = [getattr(d, "value", d) for d in tuple(getattr(output, "shape", ()))[1:]]
+        if 0 not in shape:
+            continue
+        zeros = [name for name, value in spec.params.items() if value == 0 and not isinstance(value, bool)]
+        key = ("model", "params", zeros[0]) if len(zeros) == 1 else ("model", "builder")
+        raise SpecError(f"model builder {spec.builder!r} built a model whose output {getattr(output, 'name', '')!r} "
+                        f"has shape {[None, *shape]}: an axis of size 0 holds nothing to train",
+                        hint="give the builder values that make every output axis at least 1 (e.g. num_classes >= 1)",
+                        key=key)
 
 
 def job_functions(job: Job, *, search_path: Sequence[str] = (), keras_metrics: bool = False

@@ -62,6 +62,28 @@ def parse_example_fn(job: Job) -> Callable:
                                          features_as_dict(job))
 
 
+def scores_class_ids(job: Job) -> bool:
+    """Whether a label of the job is scored by a sparse categorical crossentropy (its values class ids)."""
+    loss = job.model.loss
+    return "sparse_categorical_crossentropy" in (loss.values() if isinstance(loss, dict) else [loss])
+
+
+def label_classes(job: Job, outputs, output_names=()) -> dict:
+    """label -> number of classes, for each label the job's sparse categorical crossentropy scores: the last axis
+    of the model's output paired with it (`outputs`: the model's, symbolic or abstract; none gives {}). The engine
+    hands it to `make_input_fn`, whose pipeline then checks each batch's class ids."""
+    from tpulaunch.engine.portable import SpecError, _losses_by_label, outputs_by_label, sparse_label_classes
+
+    names = list(job.data.labels)
+    if not outputs or not names or not scores_class_ids(job):
+        return {}
+    try:
+        return sparse_label_classes(_losses_by_label(job.model.loss, names),
+                                    outputs_by_label(outputs, names, output_names or ()))
+    except SpecError:  # outputs that do not pair with the labels: the step says so, at its key
+        return {}
+
+
 def _files_for(job: Job, mode: str):
     files = job.data.train if mode == "train" else job.data.eval
     if files is None:
@@ -85,7 +107,8 @@ def _check_static(job: Job) -> None:
                                      hint="declare every dim")
 
 
-def make_input_fn(job: Job, mode: str, *, use_tpu: bool, unread_files: bool = False) -> Callable:
+def make_input_fn(job: Job, mode: str, *, use_tpu: bool, unread_files: bool = False,
+                  label_classes: Optional[dict] = None) -> Callable:
     """An `input_fn(params)` for TPUEstimator (or Estimator) reading the job's TFRecords.
 
     See `portable.make_input_fn` for what the pipeline does. `data.skip_corrupt` drops records
@@ -96,7 +119,8 @@ def make_input_fn(job: Job, mode: str, *, use_tpu: bool, unread_files: bool = Fa
 
     With `data.input_fn` set, the mode's function is imported and returned unchanged. `unread_files`: the
     pipeline reads the data patterns as written instead of listing the files they match (a graph built for
-    checking, never run: nothing is listed or read).
+    checking, never run: nothing is listed or read). `label_classes`: the class ids each batch is checked for
+    (`portable.make_input_fn`; the engine knows them from its model).
 
     Raises:
         TpuLaunchError: unknown mode, no files for the mode, a glob that matches nothing, unknown dims
@@ -116,7 +140,8 @@ def make_input_fn(job: Job, mode: str, *, use_tpu: bool, unread_files: bool = Fa
     from tpulaunch.engine import portable
 
     with spec_errors():
-        return portable.make_input_fn(files, training=mode == "train", use_tpu=use_tpu, **input_settings(job))
+        return portable.make_input_fn(files, training=mode == "train", use_tpu=use_tpu, label_classes=label_classes,
+                                      **input_settings(job))
 
 
 # ------------------------------------------------------------------------------------ read errors
@@ -187,6 +212,23 @@ def read_error(job: Job, mode: str, exc) -> Optional[TpuLaunchError]:
         hint="tpulaunch validate --all-records lists every bad record; set data.skip_corrupt: true to skip them")
 
 
+def label_range_error(exc, mode: str) -> Optional[TpuLaunchError]:
+    """The error of a batch whose class ids a sparse categorical crossentropy cannot take
+    (`portable.check_label_range`), said at the label's key; None for any other error."""
+    from tpulaunch.engine.portable import LABELS_OUT_OF_RANGE
+
+    message = getattr(exc, "message", None) or str(exc)
+    found = re.search(re.escape(LABELS_OUT_OF_RANGE) + r": (data\.labels\.\S+) must hold class ids in (\[0, \d+\)) "
+                      r"\(([^)]*)\)[^\]]*\] \[(\S+)\] \[(\S+)\]", message)
+    if found is None:
+        return None
+    key, allowed, why, low, high = found.groups()
+    return TpuLaunchError(f"{key}: a batch of data.{mode} holds class ids from {low} to {high}, but only ids in "
+                          f"{allowed} are classes ({why})",
+                          hint=f"fix the records' {key.rsplit('.', 1)[1]} values, or the model's number of classes "
+                               "(its output's last axis)")
+
+
 @contextlib.contextmanager
 def naming_read_errors(job: Job, mode: str):
     """Turn an input pipeline's DataLossError (or a record that does not parse) into a TpuLaunchError naming the file.
@@ -200,6 +242,9 @@ def naming_read_errors(job: Job, mode: str):
     try:
         yield
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, UnicodeDecodeError) as exc:
+        error = label_range_error(exc, mode)
+        if error is not None:
+            raise error from None
         if job.data.input_fn:
             raise
         error = read_error(job, mode, exc)

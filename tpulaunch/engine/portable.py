@@ -201,7 +201,8 @@ READ_BUFFER_BYTES = 256 * 1024
 
 def make_input_fn(files: Sequence[str], *, training: bool, use_tpu: bool, features: Dict[str, dict],
                   labels: Dict[str, dict], compression: str, shuffle_buffer: int, cache: bool,
-                  skip_corrupt: bool, features_as_dict: bool = False) -> Callable:
+                  skip_corrupt: bool, features_as_dict: bool = False,
+                  label_classes: Optional[Dict[str, int]] = None) -> Callable:
     """An `input_fn(params)` for TPUEstimator reading `files` (TFRecords of tf.train.Example).
 
     `params["batch_size"]` is the batch this pipeline produces: per host under TPUEstimator
@@ -210,7 +211,9 @@ def make_input_fn(files: Sequence[str], *, training: bool, use_tpu: bool, featur
     and records and repeats forever; evaluation reads in a fixed order, and repeats only on a TPU,
     where running out of data mid-loop is an error rather than the end of evaluation. `skip_corrupt`
     drops records that fail to read or parse (see `_parse_skipping_bad_records`). Batches always drop
-    the remainder, so shapes are static. `features_as_dict`: see `parse_example_fn`.
+    the remainder, so shapes are static. `features_as_dict`: see `parse_example_fn`. `label_classes` (label ->
+    number of classes, for labels a sparse categorical crossentropy scores): each batch's class ids are checked
+    to lie in [0, classes), on the host, before any device sees them (`check_label_range`).
     """
     files = list(files)
     parse = parse_example_fn(features, labels, features_as_dict)
@@ -251,9 +254,48 @@ def make_input_fn(files: Sequence[str], *, training: bool, use_tpu: bool, featur
         dataset = dataset.batch(params["batch_size"], drop_remainder=True)
         if batch_parse:  # serialized records were shuffled and batched: one vectorised parse per batch
             dataset = dataset.map(parse_batch, num_parallel_calls=autotune, deterministic=not training)
+        if label_classes:
+            dataset = dataset.map(lambda x, y: (x, check_label_range(y, label_classes, list(labels))),
+                                  num_parallel_calls=autotune, deterministic=not training)
         return dataset.prefetch(autotune)
 
     return input_fn
+
+
+# How a failed label check's message begins: `pipeline.naming_read_errors` finds it in TensorFlow's error.
+LABELS_OUT_OF_RANGE = "class ids outside the range of the loss"
+
+
+def check_label_range(labels, classes: Dict[str, int], label_names: Sequence[str]):
+    """`labels` (one tensor, or a dict by name), unchanged once every class id of each label in `classes` (label ->
+    the model's outputs per example, for a sparse categorical crossentropy) lies in [0, classes). TensorFlow on a
+    CPU refuses another id in the loss, but a GPU, a TPU and JAX take it silently (a NaN, a clamped index)."""
+    by_label = labels if isinstance(labels, dict) else {label_names[0]: labels}
+    checks = []
+    for name, count in classes.items():
+        value = by_label[name]
+        outside = tf.logical_or(value < 0, value >= tf.cast(count, value.dtype))
+        checks.append(tf.debugging.Assert(  # its data static-shaped: it may run inside a TPU step
+            tf.logical_not(tf.reduce_any(outside)),
+            [f"{LABELS_OUT_OF_RANGE}: data.labels.{name} must hold class ids in [0, {count}) (the {count} outputs "
+             "of the model, scored by sparse_categorical_crossentropy); the lowest and highest of a batch are",
+             tf.reduce_min(value), tf.reduce_max(value)]))
+    with tf.control_dependencies(checks):
+        return tf.nest.map_structure(tf.identity, labels)
+
+
+def sparse_label_classes(loss_names: Dict[str, str], outputs: Dict[str, Any]) -> Dict[str, int]:
+    """label -> number of classes, for each label that `loss_names` scores with a sparse categorical crossentropy
+    against an output (`outputs`, by label) whose last axis (its classes) is known."""
+    classes = {}
+    for name, loss in loss_names.items():
+        shape = getattr(outputs.get(name), "shape", None)
+        if loss != "sparse_categorical_crossentropy" or shape is None or len(shape) < 2:
+            continue
+        count = tf.compat.dimension_value(shape[-1])
+        if count:
+            classes[name] = int(count)
+    return classes
 
 
 # The graph collection holding each input pipeline's count of records skipped under skip_corrupt
@@ -618,6 +660,8 @@ def _single_loss(head: Optional[Head], labels, outputs, custom: Optional[Callabl
 
 
 def _label_loss(name: str, head: Head, labels, outputs, custom: Optional[Callable], key: tuple, keras):
+    if custom is None:  # a class id the loss cannot take stops the step (a TPU's compiled step drops the check)
+        labels = check_label_range(labels, sparse_label_classes({name: head.loss_name}, {name: outputs}), [name])
     try:
         return _single_loss(head, labels, outputs, custom, keras)
     except ValueError as exc:  # the loss's own shape checks, at graph building
@@ -739,6 +783,17 @@ def _predictions(outputs, label_names: Sequence[str], output_names: Sequence[str
         return outputs_by_label(outputs, label_names, output_names)
     except SpecError:
         return {f"output_{i}": t for i, t in enumerate(outputs)}
+
+
+# ---------------------------------------------------------------------------------------- evaluation
+
+def no_evaluation_batches() -> SpecError:
+    """An evaluation that read no whole batch (batches drop the remainder): its metrics would be 0 over nothing,
+    which is never reported as a result."""
+    return SpecError("eval.batch_size: data.eval holds fewer records than one batch, so not a single batch was "
+                     "evaluated (batches drop the remainder)",
+                     hint="use an eval.batch_size no larger than data.eval's records, or add records",
+                     key=("eval", "batch_size"))
 
 
 # ------------------------------------------------------------------------------------------ schedule

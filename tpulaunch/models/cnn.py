@@ -24,6 +24,8 @@ def build(num_classes: int = 10, input_shape: Sequence[int] = (32, 32, 3), filte
     """
     if len(input_shape) != 3:
         raise ValueError(f"input_shape must be (height, width, channels), got {tuple(input_shape)}")
+    if num_classes < 1:
+        raise ValueError(f"num_classes must be at least 1, got {num_classes}")
     inputs = tf.keras.Input(shape=tuple(input_shape), name="image")
     x = inputs
     for stage in range(3):

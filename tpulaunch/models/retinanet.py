@@ -323,6 +323,8 @@ def build(num_classes: int = 90, input_shape: Sequence[int] = (640, 640, 3), min
     input_shape = tuple(input_shape)
     if len(input_shape) != 3:
         raise ValueError(f"input_shape must be (height, width, channels), got {input_shape}")
+    if num_classes < 1:
+        raise ValueError(f"num_classes must be at least 1, got {num_classes}")
     _check_levels(input_shape[:2], min_level, max_level)
     anchors_per_cell = num_scales * len(tuple(aspect_ratios))
 

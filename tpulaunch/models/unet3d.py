@@ -55,6 +55,8 @@ def build(num_classes: int = 3, input_shape: Sequence[int] = (128, 128, 128, 1),
     input_shape = tuple(input_shape)
     if len(input_shape) != 4:
         raise ValueError(f"input_shape must be (depth, height, width, channels), got {input_shape}")
+    if num_classes < 1:
+        raise ValueError(f"num_classes must be at least 1, got {num_classes}")
     if depth < 1:
         raise ValueError(f"depth must be at least 1, got {depth}")
     if upsampling not in UPSAMPLING_MODES:

@@ -63,6 +63,8 @@ def build_errors(job, mode: str, stage: tuple = ("model", "builder")):
     except BuildError:
         raise
     except Exception as exc:  # noqa: BLE001 (the user's code, Keras or TensorFlow: located, never "unexpected")
+        if _named_key(exc)[:1] in (("train",), ("eval",)):  # the run's settings (no batch to evaluate), not its code
+            raise
         key, detail, hint = blame(exc, stage, job)
         code = exc.code if isinstance(exc, TpuLaunchError) else None
         raise BuildError(key, {"infer": "predict"}.get(mode, mode), detail, hint, code) from exc

@@ -154,10 +154,29 @@ def _evaluate_into(estimator, job: Job, use_tpu: bool, search_path: Sequence[str
     from tpulaunch.engine.estimator.hooks import skipped_records_counter
 
     hook, skipped = skipped_records_counter()
+    batches = _batch_counter()
     with naming_read_errors(job, "eval"), recorder.phase(phases.EVALUATION):
         results = estimator.evaluate(input_fn_for(job, "eval", use_tpu, search_path), steps=job.eval.steps,
-                                     checkpoint_path=checkpoint, hooks=[hook, *hooks])
+                                     checkpoint_path=checkpoint, hooks=[hook, batches, *hooks])
+    if not batches.count:  # the estimator reports 0 for every metric over no batch
+        from tpulaunch.engine.portable import no_evaluation_batches
+
+        with spec_errors():
+            raise no_evaluation_batches()
     return recorder.evaluated(int(results.get("global_step", 0)), results, skipped())
+
+
+def _batch_counter():
+    """A hook counting the evaluation steps that ran (its `count`)."""
+    import tensorflow as tf
+
+    class BatchCounter(tf.compat.v1.train.SessionRunHook):
+        count = 0
+
+        def after_run(self, run_context, run_values):
+            self.count += 1
+
+    return BatchCounter()
 
 
 def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None,

@@ -12,7 +12,7 @@ from tpulaunch.engine.core import loop
 from tpulaunch.engine.core.build_failures import build_errors
 from tpulaunch.engine.core.model_dir import checkpoint_step, checkpoint_to_read
 from tpulaunch.engine.jax.hosts import refuse_split_over_hosts
-from tpulaunch.engine.pipeline import make_input_fn, naming_read_errors
+from tpulaunch.engine.pipeline import label_classes, make_input_fn, naming_read_errors, scores_class_ids
 from tpulaunch.engine.plain import log_every_steps, spec_errors
 from tpulaunch.job.schema import Job
 from tpulaunch.plan.build import Plan
@@ -56,18 +56,34 @@ def trace_first_step(training, job: Job) -> None:
         jax.eval_shape(lambda f, y, state: model.train_step(state, (f, y)), features, labels, abstract_state(model))
 
 
-def _batches(job: Job, mode: str):
+def _batches(job: Job, mode: str, training):
     """The mode's batches as NumPy: the records read by the same tf.data pipeline as the other engines'. Over
     several hosts each process reads its own share of the records and makes its share of the global batch
-    (`hosts.py`); DataParallel puts the shares together."""
+    (`hosts.py`); DataParallel puts the shares together. The class ids of a sparse categorical crossentropy's
+    labels are checked there (JAX would take any id silently)."""
     from tpulaunch.engine.jax.hosts import InputShare, share
 
     spec = job.train if mode == "train" else (job.eval or job.train)
     index, count = share()
     with naming_read_errors(job, mode):
-        dataset = make_input_fn(job, mode, use_tpu=False)({"batch_size": spec.batch_size // count,
-                                                          "context": InputShare(index, count)})
+        dataset = make_input_fn(job, mode, use_tpu=False, label_classes=_label_classes(job, training.model))(
+            {"batch_size": spec.batch_size // count, "context": InputShare(index, count)})
     return dataset.as_numpy_iterator()
+
+
+def _label_classes(job: Job, model) -> dict:
+    """The class ids the pipeline checks (`pipeline.label_classes`): from the model's symbolic outputs, or its
+    output traced on abstract features (a subclassed model)."""
+    if not scores_class_ids(job):
+        return {}
+    outputs = getattr(model, "outputs", None)
+    if not outputs:
+        import jax
+
+        from tpulaunch.engine.jax.memory_plan import data_specs
+
+        outputs = jax.eval_shape(lambda features: model(features), data_specs(job, model, 1)[0])
+    return label_classes(job, outputs, getattr(model, "output_names", ()))
 
 
 # ------------------------------------------------------------------------------------------ train
@@ -111,12 +127,12 @@ class _JaxSession:
 
     def prepare_evaluation(self) -> None:
         self.recorder.phase_switch(phases.BUILD_EVALUATION)
-        _batches(self.job, "eval")  # the eval files are listed and the pipeline built: a run that cannot evaluate stops here
+        _batches(self.job, "eval", self.training)  # the eval files are listed and the pipeline built: a run that cannot evaluate stops here
 
     def train_to(self, until: int) -> int:
         job, training, recorder = self.job, self.training, self.recorder
         if self.batches is None:
-            self.batches = _batches(job, "train")
+            self.batches = _batches(job, "train", training)
         every = job.run.save_checkpoints_steps
         recorder.phase_switch(phases.FIRST_STEP, "XLA compiles the step")
         recorder.session_began(training.step)
@@ -161,7 +177,7 @@ class _JaxSession:
 
 def _evaluate_into(training, job: Job, recorder: RunRecorder, should_stop=None) -> Optional[EvalResult]:
     with recorder.phase(phases.EVALUATION):
-        batches = _batches(job, "eval")
+        batches = _batches(job, "eval", training)
         with naming_read_errors(job, "eval"), build_errors(job, "eval"), spec_errors():
             results = training.evaluate(batches, job.eval.steps, should_stop=should_stop)
     if results is None:

@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from tpulaunch.engine.portable import (  # explain: the program defines these above this module
-    checkpoint_class, checkpoint_manager_class)
+    checkpoint_class, checkpoint_manager_class, no_evaluation_batches)
 
 CHECKPOINT_NAME = "model.ckpt"  # checkpoints are model_dir/model.ckpt-STEP, as on the other engines
 # Crossentropies take logits unless the model's last layer ends in softmax or sigmoid.
@@ -145,14 +145,19 @@ class JaxTraining:
         return float(logs["loss"])
 
     def evaluate(self, batches, steps: int, should_stop: Optional[Callable[[], bool]] = None) -> Optional[dict]:
-        """The loss and metrics over `steps` batches of `batches` (None when `should_stop` turned true first)."""
+        """The loss and metrics over `steps` batches of `batches`, or fewer when they end first (none is an error);
+        None when `should_stop` turned true first."""
         self.model.reset_metrics()
-        logs = {}
+        logs = None
         for _ in range(steps):
             if should_stop is not None and should_stop():
                 return None
-            features, labels = next(batches)
-            logs = self.model.test_on_batch(features, labels, return_dict=True)
+            batch = next(batches, None)
+            if batch is None:
+                break
+            logs = self.model.test_on_batch(*batch, return_dict=True)
+        if logs is None:
+            raise no_evaluation_batches()
         return {name: float(value) for name, value in logs.items()}
 
     # ------------------------------------------------------------------------------ checkpoints

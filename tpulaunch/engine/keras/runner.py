@@ -93,10 +93,14 @@ def _global_batch(plan: Plan, mode: str) -> int:
 
 
 def _dataset(job: Job, plan: Plan, training, mode: str):
-    from tpulaunch.engine.pipeline import make_input_fn
+    """The mode's batches over the strategy's replicas; the class ids of a sparse categorical crossentropy are
+    checked there, on the host, for a model whose outputs are known before its first call (and in the step)."""
+    from tpulaunch.engine.pipeline import label_classes, make_input_fn
     from tpulaunch.engine.keras import standalone
 
-    return standalone.distributed_dataset(training.strategy, make_input_fn(job, mode, use_tpu=plan.on_tpu),
+    classes = label_classes(job, getattr(training.model, "outputs", None), training.output_names)
+    return standalone.distributed_dataset(training.strategy,
+                                          make_input_fn(job, mode, use_tpu=plan.on_tpu, label_classes=classes),
                                           _global_batch(plan, mode), training.preprocess)
 
 
@@ -280,7 +284,7 @@ def _prepare_evaluation(training, job: Job, plan: Plan):
 def _evaluate_into(training, job: Job, plan: Plan, recorder: RunRecorder, should_stop=None) -> EvalResult:
     with recorder.phase(phases.EVALUATION):
         dataset, batch = _prepare_evaluation(training, job, plan)
-        with naming_read_errors(job, "eval"):
+        with naming_read_errors(job, "eval"), spec_errors():
             results = training.evaluate(dataset, job.eval.steps, should_stop=should_stop, per_replica_batch=batch)
     return recorder.evaluated(int(results["global_step"]), results)
 

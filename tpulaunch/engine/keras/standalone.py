@@ -32,8 +32,8 @@ import tensorflow as tf
 from tpulaunch.engine.portable import (  # explain: the program defines these above this module
     _CROSSENTROPY, _REGRESSION, Head, SpecError, _classes, _losses_by_label, _output_kind, _predictions,
     _values_like_labels, checkpoint_class, checkpoint_manager_class, compiled_with, compute_loss, head_for,
-    imported_kerases, is_keras3, keras_base, keras_of, metrics_by_label, outputs_by_label, own_fit_methods, pair_heads,
-    probabilities_of)
+    imported_kerases, is_keras3, keras_base, keras_of, metrics_by_label, no_evaluation_batches, outputs_by_label,
+    own_fit_methods, pair_heads, probabilities_of)
 
 CHECKPOINT_NAME = "model.ckpt"  # checkpoints are model_dir/model.ckpt-STEP, as TPUEstimator names them
 
@@ -748,7 +748,8 @@ class KerasTraining:
     def evaluate(self, dataset, steps: int, *, should_stop: Optional[Callable[[], bool]] = None,
                  per_replica_batch: int = 1) -> dict:
         """Evaluate the current weights on at most `steps` batches of the distributed `dataset` (fewer when it
-        ends first); returns {"loss": ..., metric: ..., "global_step": ...}. `should_stop` is asked between batches."""
+        ends first; none is an error); returns {"loss": ..., metric: ..., "global_step": ...}. `should_stop` is asked
+        between batches."""
         self.prepare_evaluation(dataset, per_replica_batch)
         self.reset_model_metrics()
         for entry in (self._eval_metrics or {}).values():
@@ -761,6 +762,8 @@ class KerasTraining:
                 raise EvaluationInterrupted()
             logs = self._eval_step(batch)
             done += 1
+        if not done:
+            raise no_evaluation_batches()
         if self.own_step:
             # As Keras's evaluate(): the model's metrics when the test_step returned them, else its last batch's logs.
             results = self.model.get_metrics_result()
