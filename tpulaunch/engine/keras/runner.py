@@ -87,12 +87,13 @@ def _global_batch(plan: Plan, mode: str) -> int:
     return (plan.batch(mode) or plan.batch("train")).global_batch
 
 
-def _dataset(job: Job, plan: Plan, training, mode: str):
+def _dataset(job: Job, plan: Plan, training, mode: str, skip: int = 0):
+    """The mode's distributed dataset, after its first `skip` batches (a resumed run's: what it trained on)."""
     from tpulaunch.engine.pipeline import make_input_fn
     from tpulaunch.engine.keras import standalone
 
     return standalone.distributed_dataset(training.strategy, make_input_fn(job, mode, use_tpu=plan.on_tpu),
-                                          _global_batch(plan, mode), training.preprocess)
+                                          _global_batch(plan, mode), training.preprocess, skip_batches=skip)
 
 
 # ------------------------------------------------------------------------------------------ train
@@ -145,6 +146,8 @@ class _KerasSession:
         self.use_tpu, self.search_path, self.profile, self.cpu_replicas = plan.on_tpu, search_path, profile, cpu_replicas
         self.training = self.iterator = None
         self.noted = False
+        self.input_from = 0  # the batches the next input iterator skips
+        self.nan_at: Optional[int] = None  # the step whose loss was NaN: a rollback's input goes on after it
 
     def start(self, cluster_resolver) -> int:
         import tensorflow as tf
@@ -159,7 +162,11 @@ class _KerasSession:
         self.iterator = None
         restoring = tf.train.latest_checkpoint(self.job.run.model_dir) is not None
         recorder.phase_switch(phases.RESTORE if restoring else phases.INITIALISE)
-        return self.training.restore()
+        step = self.training.restore()
+        # Resumed at `step`: the input goes on after the batches trained on so far (with run.seed, exactly where the
+        # interrupted run was); after a NaN rollback, after the batch that made the loss NaN.
+        self.input_from, self.nan_at = max(step, self.nan_at or 0), None
+        return step
 
     def prepare_evaluation(self) -> None:
         self.recorder.phase_switch(phases.BUILD_EVALUATION)
@@ -168,9 +175,13 @@ class _KerasSession:
     def train_to(self, step: int) -> int:
         if self.iterator is None:
             with naming_read_errors(self.job, "train"):
-                self.iterator = iter(_dataset(self.job, self.plan, self.training, "train"))
-        return _train_to(self.job, self.training, self.iterator, step, self.recorder, self.should_stop,
-                         self.use_tpu, self.profile)
+                self.iterator = iter(_dataset(self.job, self.plan, self.training, "train", skip=self.input_from))
+        try:
+            return _train_to(self.job, self.training, self.iterator, step, self.recorder, self.should_stop,
+                             self.use_tpu, self.profile)
+        except loop.NonFiniteLoss as nan:
+            self.nan_at = nan.step
+            raise
 
     def evaluate(self) -> bool:
         from tpulaunch.engine.keras import standalone
