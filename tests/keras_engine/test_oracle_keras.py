@@ -2,7 +2,7 @@
 records in the same order and the same seed, `tpulaunch train`'s weights (its own step, in the strategy's replica)
 equal `model.fit`'s; every metric `train` and `evaluate` print and the run record holds equals `model.evaluate` over
 the same eval set; `export`'s SavedModel answers what `model.predict` answers; and a run stopped at step 3 and
-resumed ends with the weights of one that never stopped. Tolerances: oracle.py."""
+resumed ends with the weights of one that never stopped, over two replicas. Tolerances: oracle.py."""
 
 from __future__ import annotations
 
@@ -62,8 +62,9 @@ def test_train_evaluate_and_export_equal_keras_fit_evaluate_and_predict(project,
 
 
 def test_a_run_stopped_at_step_3_and_resumed_equals_one_that_never_stopped(project, tmp_path):
-    """Shuffled (a seeded buffer, reshuffled each epoch): the resumed run reads on from batch 4 of the same order."""
-    shuffled = ("--set", "data.shuffle_buffer=16", "--set", "eval=null")
+    """Shuffled (a seeded buffer, reshuffled each epoch) over two replicas (one input pipeline handing each a batch a
+    step): the resumed run reads on from step 4's batches of the same order."""
+    shuffled = ("--set", "data.shuffle_buffer=16", "--set", "eval=null", "--cpu-replicas", "2")
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     _run("train", project, "--model-dir", str(whole), *shuffled)
     _run("train", project, "--model-dir", str(parts), *shuffled, "--set", "train.steps=3")

@@ -207,8 +207,8 @@ def job_training(strategy):
 
 def job_dataset(keras_training, mode, skip=0):
     """make_input_fn on the mode's files, one pipeline per worker or TPU host, distributed over the replicas (each
-    batch through the model's preprocessor, where it has one), after the first `skip` batches (a resumed training's:
-    those it trained on)."""
+    batch through the model's preprocessor, where it has one), after what `skip` steps trained on (a resumed
+    training's step)."""
     training = mode == "train"
     try:
         files = expand_files(TRAIN_FILES if training else EVAL_FILES)
@@ -216,7 +216,7 @@ def job_dataset(keras_training, mode, skip=0):
         raise SystemExit(f"data.{{mode}}: {{exc}}") from None
     input_fn = {call("make_input_fn", ["files", "training=training", "use_tpu=USE_TPU", *keywords(inputs)], 4)}
     return distributed_dataset(keras_training.strategy, input_fn, TRAIN_BATCH_SIZE if training else EVAL_BATCH_SIZE,
-                               keras_training.preprocess, skip_batches=skip)
+                               keras_training.preprocess, skip_steps=skip)
 
 
 def job_evaluation(training):

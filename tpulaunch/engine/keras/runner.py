@@ -88,12 +88,12 @@ def _global_batch(plan: Plan, mode: str) -> int:
 
 
 def _dataset(job: Job, plan: Plan, training, mode: str, skip: int = 0):
-    """The mode's distributed dataset, after its first `skip` batches (a resumed run's: what it trained on)."""
+    """The mode's distributed dataset, after what `skip` steps trained on (a resumed run's step)."""
     from tpulaunch.engine.pipeline import make_input_fn
     from tpulaunch.engine.keras import standalone
 
     return standalone.distributed_dataset(training.strategy, make_input_fn(job, mode, use_tpu=plan.on_tpu),
-                                          _global_batch(plan, mode), training.preprocess, skip_batches=skip)
+                                          _global_batch(plan, mode), training.preprocess, skip_steps=skip)
 
 
 # ------------------------------------------------------------------------------------------ train
@@ -146,7 +146,7 @@ class _KerasSession:
         self.use_tpu, self.search_path, self.profile, self.cpu_replicas = plan.on_tpu, search_path, profile, cpu_replicas
         self.training = self.iterator = None
         self.noted = False
-        self.input_from = 0  # the batches the next input iterator skips
+        self.input_from = 0  # the steps whose batches the next input iterator skips
         self.nan_at: Optional[int] = None  # the step whose loss was NaN: a rollback's input goes on after it
 
     def start(self, cluster_resolver) -> int:

@@ -129,16 +129,17 @@ def worker_scratch_dir(model_dir: str, task_type: str, task_id: int) -> str:
 
 
 def distributed_dataset(strategy, input_fn: Callable, global_batch_size: int, preprocess: Optional[Callable] = None,
-                        skip_batches: int = 0):
+                        skip_steps: int = 0):
     """`input_fn({"batch_size": per-replica batch, "context": InputContext})`, once per input pipeline (one per
     worker or TPU host), distributed over the replicas; each pipeline reads its own share (portable.host_shard),
-    after its first `skip_batches` (a resumed training's step: the batches it already trained on).
+    after what its replicas trained on in `skip_steps` steps (a resumed training's step): a batch per replica a step.
     `preprocess(features, labels)` (KerasTraining.preprocess), where given, maps each batch on the host, as a
     KerasHub task's fit() maps its preprocessor over the data."""
 
     def dataset_fn(context):
+        replicas = context.num_replicas_in_sync // context.num_input_pipelines  # this pipeline's
         dataset = input_fn({"batch_size": context.get_per_replica_batch_size(global_batch_size), "context": context,
-                            "skip_batches": skip_batches})
+                            "skip_batches": skip_steps * replicas})
         if preprocess is None:
             return dataset
         return dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
