@@ -424,7 +424,8 @@ def _described(value) -> str:
     return f"{name}({type(inner).__name__})" if inner is not None else name
 
 
-def compile_with_job(model, own: Optional[dict], given, make: Dict[str, Callable[[], Any]], **compile_args) -> List[str]:
+def compile_with_job(model, own: Optional[dict], given, make: Dict[str, Callable[[], Any]],
+                     **compile_args) -> List[str]:
     """compile() `model` as a second compile() would: with the job's value (`make[key]()`) for each of "optimizer",
     "loss" and "metrics" the job sets (`given`), or for all three when the model was never compiled (`own`:
     `compiled_with(model)`), keeping its own compile's others. Returns what each now is, in words ("model.loss
