@@ -1,5 +1,6 @@
 """The keras engine's NaN loss: a real `train` of a linear model whose data holds one record of NaN pixels (record
-40: no shuffle, batch 8, so the loss is NaN at step 6, and 4 steps after each rollback as the input starts again;
+40: no shuffle, batch 8, so the loss is NaN at step 6 (batch 6 of 8 an epoch), and after a rollback to step 4 at step
+12, as the input goes on after the batch that made it NaN and meets that batch again in the next epoch;
 linear, as a ReLU may turn a NaN into 0 on some CPU paths and not on others) stops with
 exit 1 naming the step and the last good checkpoint (the NaN step is never saved), or with `train.on_nan:
 {rollback: 1}` restores it once, in the run record, and stops at the next one (tests/run/test_nan.py is the
@@ -61,8 +62,8 @@ def test_a_non_finite_loss_stops_or_rolls_back_once(project, tmp_path):
     assert run.finish() == 1, run.text()
     assert [line.split(";")[0] for line in run.out if line.startswith("nan | ")] == [
         f"nan | the loss became {said.group(1)} at step 6"], run.text()
-    assert re.search(r"error: the loss became \S+ at step 10 after 1 rollback \(train.on_nan\); the last good "
-                     rf"checkpoint is {re.escape(str(rolled / 'model.ckpt-8'))} \(step 8\)", "\n".join(run.err)), \
+    assert re.search(r"error: the loss became \S+ at step 12 after 1 rollback \(train.on_nan\); the last good "
+                     rf"checkpoint is {re.escape(str(rolled / 'model.ckpt-10'))} \(step 10\)", "\n".join(run.err)), \
         run.text()
     record = json.loads((rolled / RECORD_FILE).read_text().splitlines()[-1])
     assert [(r["step"], r["to_step"]) for r in record["nan_rollbacks"]] == [(6, 4)]

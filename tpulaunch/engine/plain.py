@@ -28,7 +28,7 @@ def input_settings(job: Job) -> dict:
     data = job.data
     return {"features": tensor_specs(data.features), "labels": tensor_specs(data.labels),
             "compression": data.compression or "", "shuffle_buffer": data.shuffle_buffer, "cache": data.cache,
-            "skip_corrupt": data.skip_corrupt, "features_as_dict": features_as_dict(job)}
+            "skip_corrupt": data.skip_corrupt, "features_as_dict": features_as_dict(job), "seed": job.run.seed}
 
 
 def features_as_dict(job: Job) -> bool:

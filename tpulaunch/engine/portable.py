@@ -202,7 +202,7 @@ READ_BUFFER_BYTES = 256 * 1024
 def make_input_fn(files: Sequence[str], *, training: bool, use_tpu: bool, features: Dict[str, dict],
                   labels: Dict[str, dict], compression: str, shuffle_buffer: int, cache: bool,
                   skip_corrupt: bool, features_as_dict: bool = False,
-                  label_classes: Optional[Dict[str, int]] = None) -> Callable:
+                  label_classes: Optional[Dict[str, int]] = None, seed: Optional[int] = None) -> Callable:
     """An `input_fn(params)` for TPUEstimator reading `files` (TFRecords of tf.train.Example).
 
     `params["batch_size"]` is the batch this pipeline produces: per host under TPUEstimator
@@ -214,6 +214,11 @@ def make_input_fn(files: Sequence[str], *, training: bool, use_tpu: bool, featur
     the remainder, so shapes are static. `features_as_dict`: see `parse_example_fn`. `label_classes` (label ->
     number of classes, for labels a sparse categorical crossentropy scores): each batch's class ids are checked
     to lie in [0, classes), on the host, before any device sees them (`check_label_range`).
+
+    With a `seed` every run reads the same batches in the same order: the shuffles are seeded (the
+    order still changes from epoch to epoch) and the parallel reads and parses hand out their results
+    in order. `params["skip_batches"]` (a resumed run's step) drops that many batches first: with a
+    seed the pipeline so continues exactly where the interrupted run stopped.
     """
     files = list(files)
     parse = parse_example_fn(features, labels, features_as_dict)
@@ -221,6 +226,9 @@ def make_input_fn(files: Sequence[str], *, training: bool, use_tpu: bool, featur
     batch_parse = batch_parse_possible(specs, skip_corrupt=skip_corrupt, cache=cache)
     parse_batch = parse_batch_fn(features, labels, features_as_dict) if batch_parse else None
     count_block = skip_count_block(specs)
+
+    # Without a seed the parallel stages may hand out whichever result is ready first (faster); with one, in order.
+    in_order = not training or seed is not None
 
     def input_fn(params):
         autotune = tf.data.AUTOTUNE
@@ -230,33 +238,35 @@ def make_input_fn(files: Sequence[str], *, training: bool, use_tpu: bool, featur
         if shard_files:
             dataset = dataset.shard(count, index)
         if training:
-            dataset = dataset.shuffle(len(files), reshuffle_each_iteration=True)
+            dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
             if not cache:
                 dataset = dataset.repeat()
         dataset = dataset.interleave(
             lambda f: tf.data.TFRecordDataset(f, compression_type=compression, buffer_size=READ_BUFFER_BYTES),
-            cycle_length=autotune, num_parallel_calls=autotune, deterministic=not training)
+            cycle_length=autotune, num_parallel_calls=autotune, deterministic=in_order)
         if count > 1 and not shard_files:
             dataset = dataset.shard(count, index)
         if not batch_parse:  # records parsed one by one: images, skip_corrupt, cache
             if skip_corrupt:
                 dataset = _parse_skipping_bad_records(dataset, parse, count_block)
             else:
-                dataset = dataset.map(parse, num_parallel_calls=autotune, deterministic=not training)
+                dataset = dataset.map(parse, num_parallel_calls=autotune, deterministic=in_order)
             if cache:
                 dataset = dataset.cache()
                 if training:
                     dataset = dataset.repeat()
         if training and shuffle_buffer > 0:
-            dataset = dataset.shuffle(shuffle_buffer)
+            dataset = dataset.shuffle(shuffle_buffer, seed=seed)
         if not training and use_tpu:
             dataset = dataset.repeat()
         dataset = dataset.batch(params["batch_size"], drop_remainder=True)
+        if params.get("skip_batches"):  # what a resumed run already trained on (before the parse: not parsed again)
+            dataset = dataset.skip(params["skip_batches"])
         if batch_parse:  # serialized records were shuffled and batched: one vectorised parse per batch
-            dataset = dataset.map(parse_batch, num_parallel_calls=autotune, deterministic=not training)
+            dataset = dataset.map(parse_batch, num_parallel_calls=autotune, deterministic=in_order)
         if label_classes:
             dataset = dataset.map(lambda x, y: (x, check_label_range(y, label_classes, list(labels))),
-                                  num_parallel_calls=autotune, deterministic=not training)
+                                  num_parallel_calls=autotune, deterministic=in_order)
         return dataset.prefetch(autotune)
 
     return input_fn
@@ -435,6 +445,51 @@ def compiled_with(model) -> Optional[dict]:
     settings = dict(config) if isinstance(config, dict) else {"loss": getattr(model, "loss", None)}
     settings["optimizer"] = getattr(model, "optimizer", None)
     return settings
+
+
+def _described(value) -> str:
+    """A compile() argument in a few words: 'sparse_categorical_crossentropy', 'Adam', '[accuracy, AUC]'."""
+    if value is None:
+        return "none"
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_described(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(v if isinstance(v, str) else _described(v) for v in value) + "]"
+    if isinstance(value, type):
+        return value.__name__
+    if callable(value) and hasattr(value, "__name__") and not hasattr(value, "get_config"):
+        return value.__name__
+    inner = getattr(value, "inner_optimizer", None)
+    name = type(value).__name__
+    return f"{name}({type(inner).__name__})" if inner is not None else name
+
+
+def compile_with_job(model, own: Optional[dict], given, make: Dict[str, Callable[[], Any]],
+                     **compile_args) -> List[str]:
+    """compile() `model` as a second compile() would: with the job's value (`make[key]()`) for each of "optimizer",
+    "loss" and "metrics" the job sets (`given`), or for all three when the model was never compiled (`own`:
+    `compiled_with(model)`), keeping its own compile's others. Returns what each now is, in words ("model.loss
+    'mse' replaces its 'mae'", "its optimizer Adam"), for the line that says it."""
+    own = own or {}
+    replaced = {key: made() for key, made in make.items() if not own or key in given}
+    if replaced:
+        kept = {key: own.get(key) for key in ("optimizer", "loss", "loss_weights", "metrics", "weighted_metrics")}
+        model.compile(**{key: value for key, value in {**kept, **replaced}.items() if value is not None},
+                      **compile_args)
+    said = []
+    for key in ("loss", "optimizer", "metrics"):
+        was = own.get(key)
+        now = getattr(model, "optimizer", None) if key == "optimizer" else replaced.get(key)
+        if key not in replaced:
+            said.append(f"its {key} {_described(was)}")
+        elif own:
+            said.append(f"model.{key} {_described(now)} {'replace' if key == 'metrics' else 'replaces'} its "
+                        f"{_described(was)}")
+        else:
+            said.append(f"model.{key} {_described(now)}")
+    return said
 
 
 def keras_base(thing, module: str, name: str) -> Optional[str]:

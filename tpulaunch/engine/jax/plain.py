@@ -16,7 +16,7 @@ def training_settings(job: Job) -> dict:
     return {"optimizer": name, "learning_rate": spec.learning_rate, "optimizer_args": {**defaults, **dict(spec.args)},
             "loss": loss, "metrics": list(job.model.metrics or []), "seed": job.run.seed,
             "model_dir": job.run.model_dir, "keep_checkpoint_max": job.run.keep_checkpoint_max,
-            "example_shapes": example_shapes(job)}
+            "example_shapes": example_shapes(job), "given": list(job.model.set_in_job())}
 
 
 def example_shapes(job: Job) -> tuple:

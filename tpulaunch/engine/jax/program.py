@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 STANDALONE = "tpulaunch.engine.jax.standalone"
 
 # The job key each value comes from (besides the engine-neutral ones in engine/plain.py).
-SOURCES = {**neutral.SOURCES, "example_shapes": ("data",)}
+SOURCES = {**neutral.SOURCES, "example_shapes": ("data",), "given": ("model",)}
 
 # What a value means, where its job key alone does not say.
 NOTES = {
@@ -41,6 +41,8 @@ NOTES = {
     "loss": "a Keras loss by name (None: the job's own, custom_loss below)",
     "example_shapes": "the features' and the label's per-example shapes and dtypes: the model is built on zeros of "
                       "them before the first step (a subclassed model's variables, a restore)",
+    "given": "which of model.loss, model.optimizer and model.metrics the job sets: a model its builder compile()d "
+             "keeps its own compile's others",
 }
 
 
@@ -146,18 +148,21 @@ def job_training():
                              f"devices: use a multiple of {{len(devices)}}")
     print(f"data-parallel over {{len(devices)}} {{devices[0].platform}} device{{'s' if len(devices) > 1 else ''}}",
           flush=True)
+    if training.compile_note:  # a model its builder compile()d: what the job replaced of it
+        print(training.compile_note, flush=True)
     return training
 
 
-def job_batches(mode):
-    """The mode's batches (global batch size) as NumPy, read by make_input_fn from the mode's files."""
+def job_batches(mode, skip=0):
+    """The mode's batches (global batch size) as NumPy, read by make_input_fn from the mode's files, after the first
+    `skip` (a resumed training's: those it trained on)."""
     training = mode == "train"
     try:
         files = expand_files(TRAIN_FILES if training else EVAL_FILES)
     except FilesError as exc:
         raise SystemExit(f"data.{{mode}}: {{exc}}") from None
     input_fn = {call("make_input_fn", ["files", "training=training", "use_tpu=False", *keywords(inputs)], 4)}
-    return numpy_batches(input_fn, TRAIN_BATCH_SIZE if training else EVAL_BATCH_SIZE)
+    return numpy_batches(input_fn, TRAIN_BATCH_SIZE if training else EVAL_BATCH_SIZE, skip)
 
 
 def job_evaluation(training):
@@ -201,7 +206,7 @@ def main(argv=None):
         """Steps to global step `until`, a checkpoint every SAVE_CHECKPOINTS_STEPS and at `until`."""
         nonlocal batches
         if batches is None:
-            batches = job_batches("train")
+            batches = job_batches("train", skip=training.step)
         while training.step < until:
             features, labels = next(batches)
             loss = training.train_step(features, labels)

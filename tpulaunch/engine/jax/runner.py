@@ -56,18 +56,19 @@ def trace_first_step(training, job: Job) -> None:
         jax.eval_shape(lambda f, y, state: model.train_step(state, (f, y)), features, labels, abstract_state(model))
 
 
-def _batches(job: Job, mode: str, training):
-    """The mode's batches as NumPy: the records read by the same tf.data pipeline as the other engines'. Over
-    several hosts each process reads its own share of the records and makes its share of the global batch
-    (`hosts.py`); DataParallel puts the shares together. The class ids of a sparse categorical crossentropy's
-    labels are checked there (JAX would take any id silently)."""
+def _batches(job: Job, mode: str, training, skip: int = 0):
+    """The mode's batches as NumPy: the records read by the same tf.data pipeline as the other engines', after the
+    first `skip` (a resumed run's step: what it already trained on). Over several hosts each process reads its own
+    share of the records and makes its share of the global batch (`hosts.py`); DataParallel puts the shares
+    together. The class ids of a sparse categorical crossentropy's labels are checked there (JAX would take any id
+    silently)."""
     from tpulaunch.engine.jax.hosts import InputShare, share
 
     spec = job.train if mode == "train" else (job.eval or job.train)
     index, count = share()
     with naming_read_errors(job, mode):
         dataset = make_input_fn(job, mode, use_tpu=False, label_classes=_label_classes(job, training.model))(
-            {"batch_size": spec.batch_size // count, "context": InputShare(index, count)})
+            {"batch_size": spec.batch_size // count, "context": InputShare(index, count), "skip_batches": skip})
     return dataset.as_numpy_iterator()
 
 
@@ -120,6 +121,8 @@ class _JaxSession:
             index, count = share()
             self.recorder.note(self.training.layout.describe()
                                + (f" on {count} hosts (this is host {index})" if count > 1 else ""))
+            if self.training.compile_note:  # a model its builder compile()d: what the job replaced of it
+                self.recorder.note(self.training.compile_note)
             self.noted = True
         restoring = checkpoint_step(self.job.run.model_dir) is not None
         self.recorder.phase_switch(phases.RESTORE if restoring else phases.INITIALISE)
@@ -132,7 +135,7 @@ class _JaxSession:
     def train_to(self, until: int) -> int:
         job, training, recorder = self.job, self.training, self.recorder
         if self.batches is None:
-            self.batches = _batches(job, "train", training)
+            self.batches = _batches(job, "train", training, skip=training.step)
         every = job.run.save_checkpoints_steps
         recorder.phase_switch(phases.FIRST_STEP, "XLA compiles the step")
         recorder.session_began(training.step)

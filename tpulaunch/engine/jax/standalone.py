@@ -14,13 +14,15 @@ portable.py and then this module verbatim inside the standalone program (without
 names below, which the program defines above it).
 """
 
+import itertools
+import warnings
 from typing import Callable, List, Optional
 
 import numpy as np
 import tensorflow as tf
 
 from tpulaunch.engine.portable import (  # explain: the program defines these above this module
-    checkpoint_class, checkpoint_manager_class, no_evaluation_batches)
+    checkpoint_class, checkpoint_manager_class, compile_with_job, compiled_with, no_evaluation_batches)
 
 CHECKPOINT_NAME = "model.ckpt"  # checkpoints are model_dir/model.ckpt-STEP, as on the other engines
 # Crossentropies take logits unless the model's last layer ends in softmax or sigmoid.
@@ -99,14 +101,15 @@ class JaxTraining:
     several; tpulaunch passes a device mesh's for a spatial split). `write_through` and `fence` (None: plain
     TensorFlow) make every checkpoint write go through a staging step and
     the state file's writes and deletions of old checkpoints wait on a check (`portable.checkpoint_class`,
-    `portable.checkpoint_manager_class`): tpulaunch passes its lease's.
+    `portable.checkpoint_manager_class`): tpulaunch passes its lease's. `given`: which of "loss", "optimizer" and
+    "metrics" the job sets (default: all); a model the builder compile()d keeps its own compile's others.
     """
 
     def __init__(self, build_model: Callable, builder_kwargs: dict, *, optimizer: str, learning_rate: float,
                  optimizer_args: dict, loss: Optional[str], metrics: List[str], seed: Optional[int], model_dir: str,
                  keep_checkpoint_max: int, example_shapes: Optional[tuple] = None, custom_loss: Optional[Callable] = None,
                  distribution=None, write_through: Optional[Callable] = None,
-                 fence: Optional[Callable[[], None]] = None):
+                 fence: Optional[Callable[[], None]] = None, given: Optional[List[str]] = None):
         keras, jax = keras_on_jax()
         self.keras = keras
         self.devices = jax.devices()
@@ -125,9 +128,14 @@ class JaxTraining:
             raise StepsForAnotherBackend(f"{type(self.model).__name__}'s own {' and '.join(steps)} take(s) the "
                                          "batch alone, as Keras calls them on TensorFlow; on JAX they are "
                                          f"{steps[0]}(self, state, data), returning the new state")
-        self.model.compile(optimizer=make_optimizer(keras, optimizer, learning_rate, optimizer_args),
-                           loss=custom_loss or make_loss(keras, loss, self.model), metrics=list(metrics),
-                           jit_compile=True)
+        # A model its builder compile()d (a KerasHub task compiles itself) keeps its own compile for what the job
+        # does not set (`given`); the job's replace the rest, as a second compile() would. `compile_note` says so.
+        own = compiled_with(self.model)
+        said = compile_with_job(self.model, own, ("loss", "optimizer", "metrics") if given is None else given, {
+            "optimizer": lambda: make_optimizer(keras, optimizer, learning_rate, optimizer_args),
+            "loss": lambda: custom_loss or make_loss(keras, loss, self.model), "metrics": lambda: list(metrics)},
+            jit_compile=True)
+        self.compile_note = f"{type(self.model).__name__} was compiled: " + "; ".join(said) if own else None
         if example_shapes is not None:  # built as fit() builds it at its first batch: a model whose variables come
             self.model._symbolic_build(data_batch=example_batch(*example_shapes))  # at its first call has them
         if not self.model.optimizer.built:
@@ -145,20 +153,28 @@ class JaxTraining:
         return float(logs["loss"])
 
     def evaluate(self, batches, steps: int, should_stop: Optional[Callable[[], bool]] = None) -> Optional[dict]:
-        """The loss and metrics over `steps` batches of `batches`, or fewer when they end first (none is an error);
-        None when `should_stop` turned true first."""
-        self.model.reset_metrics()
-        logs = None
-        for _ in range(steps):
-            if should_stop is not None and should_stop():
+        """The loss and metrics over `steps` batches of `batches`, as Keras's evaluate() aggregates them (each metric
+        accumulated over every batch, weighted by its examples), or fewer batches when they end first (none is an
+        error); None when `should_stop` turned true first."""
+        stopped = []
+
+        def until_stopped():
+            for _, batch in zip(range(steps), batches):  # fewer when the eval set ends first
+                if should_stop is not None and should_stop():
+                    stopped.append(True)
+                    return
+                yield batch
+
+        remaining = until_stopped()
+        first = next(remaining, None)
+        if first is None:
+            if stopped:
                 return None
-            batch = next(batches, None)
-            if batch is None:
-                break
-            logs = self.model.test_on_batch(*batch, return_dict=True)
-        if logs is None:
             raise no_evaluation_batches()
-        return {name: float(value) for name, value in logs.items()}
+        with warnings.catch_warnings():  # an eval set shorter than `steps`, or a stop, ends the batches early
+            warnings.filterwarnings("ignore", message="Your input ran out of data")
+            logs = self.model.evaluate(itertools.chain([first], remaining), steps=steps, verbose=0, return_dict=True)
+        return None if stopped else {name: float(value) for name, value in logs.items()}
 
     # ------------------------------------------------------------------------------ checkpoints
     def _variables(self) -> list:
@@ -207,9 +223,10 @@ def on_host(value) -> np.ndarray:
     return np.asarray(value.addressable_data(0))
 
 
-def numpy_batches(input_fn: Callable, batch_size: int):
-    """The batches of a `portable.make_input_fn` input_fn (global batch size) as NumPy, as JAX takes them."""
-    return input_fn({"batch_size": batch_size}).as_numpy_iterator()
+def numpy_batches(input_fn: Callable, batch_size: int, skip_batches: int = 0):
+    """The batches of a `portable.make_input_fn` input_fn (global batch size) as NumPy, as JAX takes them, after the
+    first `skip_batches` (a resumed training's step: the batches it already trained on)."""
+    return input_fn({"batch_size": batch_size, "skip_batches": skip_batches}).as_numpy_iterator()
 
 
 __all__ = ["JaxTraining", "NotKeras3Model", "StepsForAnotherBackend", "example_batch", "keras_on_jax", "make_optimizer", "make_loss", "outputs_logits",

@@ -145,7 +145,7 @@ def explain_script(loaded: LoadedJob, plan: "Plan", *,
         f"PRECISION = {job.model.precision!r}  # {at('model', 'precision')}",
         "",
     ]
-    written: dict = {}
+    written: dict = {"seed": job.run.seed}  # SEED, above
     for title, settings in (("make_input_fn", inputs), ("keras_optimizer_factory", optimizer),
                             ("KerasTraining", training), ("make_strategy", strategy)):
         if settings:
@@ -205,9 +205,10 @@ def job_training(strategy):
     return training
 
 
-def job_dataset(keras_training, mode):
+def job_dataset(keras_training, mode, skip=0):
     """make_input_fn on the mode's files, one pipeline per worker or TPU host, distributed over the replicas (each
-    batch through the model's preprocessor, where it has one)."""
+    batch through the model's preprocessor, where it has one), after what `skip` steps trained on (a resumed
+    training's step)."""
     training = mode == "train"
     try:
         files = expand_files(TRAIN_FILES if training else EVAL_FILES)
@@ -215,7 +216,7 @@ def job_dataset(keras_training, mode):
         raise SystemExit(f"data.{{mode}}: {{exc}}") from None
     input_fn = {call("make_input_fn", ["files", "training=training", "use_tpu=USE_TPU", *keywords(inputs)], 4)}
     return distributed_dataset(keras_training.strategy, input_fn, TRAIN_BATCH_SIZE if training else EVAL_BATCH_SIZE,
-                               keras_training.preprocess)
+                               keras_training.preprocess, skip_steps=skip)
 
 
 def job_evaluation(training):
@@ -273,7 +274,7 @@ def main(argv=None):
     def train_to(boundary):
         nonlocal iterator
         if iterator is None:
-            iterator = iter(job_dataset(training, "train"))
+            iterator = iter(job_dataset(training, "train", skip=training.step))
         return train_loop(training, iterator, until=boundary, steps_per_call=STEPS_PER_CALL,
                           on_steps=progress(training.step),
                           on_checkpoint=lambda at, path: print(f"checkpoint {{path}}"))

@@ -92,16 +92,17 @@ def _global_batch(plan: Plan, mode: str) -> int:
     return (plan.batch(mode) or plan.batch("train")).global_batch
 
 
-def _dataset(job: Job, plan: Plan, training, mode: str):
-    """The mode's batches over the strategy's replicas; the class ids of a sparse categorical crossentropy are
-    checked there, on the host, for a model whose outputs are known before its first call (and in the step)."""
+def _dataset(job: Job, plan: Plan, training, mode: str, skip: int = 0):
+    """The mode's batches over the strategy's replicas, after what `skip` steps trained on (a resumed run's step);
+    the class ids of a sparse categorical crossentropy are checked there, on the host, for a model whose outputs are
+    known before its first call (and in the step)."""
     from tpulaunch.engine.pipeline import label_classes, make_input_fn
     from tpulaunch.engine.keras import standalone
 
     classes = label_classes(job, getattr(training.model, "outputs", None), training.output_names)
     return standalone.distributed_dataset(training.strategy,
                                           make_input_fn(job, mode, use_tpu=plan.on_tpu, label_classes=classes),
-                                          _global_batch(plan, mode), training.preprocess)
+                                          _global_batch(plan, mode), training.preprocess, skip_steps=skip)
 
 
 # ------------------------------------------------------------------------------------------ train
@@ -154,6 +155,8 @@ class _KerasSession:
         self.use_tpu, self.search_path, self.profile, self.cpu_replicas = plan.on_tpu, search_path, profile, cpu_replicas
         self.training = self.iterator = None
         self.noted = False
+        self.input_from = 0  # the steps whose batches the next input iterator skips
+        self.nan_at: Optional[int] = None  # the step whose loss was NaN: a rollback's input goes on after it
 
     def start(self, cluster_resolver) -> int:
         import tensorflow as tf
@@ -168,7 +171,11 @@ class _KerasSession:
         self.iterator = None
         restoring = tf.train.latest_checkpoint(self.job.run.model_dir) is not None
         recorder.phase_switch(phases.RESTORE if restoring else phases.INITIALISE)
-        return self.training.restore()
+        step = self.training.restore()
+        # Resumed at `step`: the input goes on after the batches trained on so far (with run.seed, exactly where the
+        # interrupted run was); after a NaN rollback, after the batch that made the loss NaN.
+        self.input_from, self.nan_at = max(step, self.nan_at or 0), None
+        return step
 
     def prepare_evaluation(self) -> None:
         self.recorder.phase_switch(phases.BUILD_EVALUATION)
@@ -177,9 +184,13 @@ class _KerasSession:
     def train_to(self, step: int) -> int:
         if self.iterator is None:
             with naming_read_errors(self.job, "train"):
-                self.iterator = iter(_dataset(self.job, self.plan, self.training, "train"))
-        return _train_to(self.job, self.training, self.iterator, step, self.recorder, self.should_stop,
-                         self.use_tpu, self.profile)
+                self.iterator = iter(_dataset(self.job, self.plan, self.training, "train", skip=self.input_from))
+        try:
+            return _train_to(self.job, self.training, self.iterator, step, self.recorder, self.should_stop,
+                             self.use_tpu, self.profile)
+        except loop.NonFiniteLoss as nan:
+            self.nan_at = nan.step
+            raise
 
     def evaluate(self) -> bool:
         from tpulaunch.engine.keras import standalone

@@ -31,9 +31,9 @@ import tensorflow as tf
 
 from tpulaunch.engine.portable import (  # explain: the program defines these above this module
     _CROSSENTROPY, _REGRESSION, Head, SpecError, _classes, _losses_by_label, _output_kind, _predictions,
-    _values_like_labels, checkpoint_class, checkpoint_manager_class, compiled_with, compute_loss, head_for,
-    imported_kerases, is_keras3, keras_base, keras_of, metrics_by_label, no_evaluation_batches, outputs_by_label,
-    own_fit_methods, pair_heads, probabilities_of)
+    _described, _values_like_labels, checkpoint_class, checkpoint_manager_class, compile_with_job, compiled_with,
+    compute_loss, head_for, imported_kerases, is_keras3, keras_base, keras_of, metrics_by_label, no_evaluation_batches,
+    outputs_by_label, own_fit_methods, pair_heads, probabilities_of)
 
 CHECKPOINT_NAME = "model.ckpt"  # checkpoints are model_dir/model.ckpt-STEP, as TPUEstimator names them
 
@@ -127,14 +127,18 @@ def worker_scratch_dir(model_dir: str, task_type: str, task_id: int) -> str:
     return os.path.join(model_dir, f"worker-{task_type}-{task_id}-scratch")
 
 
-def distributed_dataset(strategy, input_fn: Callable, global_batch_size: int, preprocess: Optional[Callable] = None):
+def distributed_dataset(strategy, input_fn: Callable, global_batch_size: int, preprocess: Optional[Callable] = None,
+                        skip_steps: int = 0):
     """`input_fn({"batch_size": per-replica batch, "context": InputContext})`, once per input pipeline (one per
-    worker or TPU host), distributed over the replicas; each pipeline reads its own share (portable.host_shard).
+    worker or TPU host), distributed over the replicas; each pipeline reads its own share (portable.host_shard),
+    after what its replicas trained on in `skip_steps` steps (a resumed training's step): a batch per replica a step.
     `preprocess(features, labels)` (KerasTraining.preprocess), where given, maps each batch on the host, as a
     KerasHub task's fit() maps its preprocessor over the data."""
 
     def dataset_fn(context):
-        dataset = input_fn({"batch_size": context.get_per_replica_batch_size(global_batch_size), "context": context})
+        replicas = context.num_replicas_in_sync // context.num_input_pipelines  # this pipeline's
+        dataset = input_fn({"batch_size": context.get_per_replica_batch_size(global_batch_size), "context": context,
+                            "skip_batches": skip_steps * replicas})
         if preprocess is None:
             return dataset
         return dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
@@ -291,25 +295,6 @@ def fresh_keras_loss(custom):
 def _scales_loss(optimizer) -> bool:
     """Whether `optimizer` is already a LossScaleOptimizer (a compiled model's, under mixed_float16)."""
     return any("LossScaleOptimizer" in cls.__name__ for cls in type(optimizer).__mro__)
-
-
-def _described(value) -> str:
-    """A compile() argument in a few words: 'sparse_categorical_crossentropy', 'Adam', '[accuracy, AUC]'."""
-    if value is None:
-        return "none"
-    if isinstance(value, str):
-        return repr(value)
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {_described(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(v if isinstance(v, str) else _described(v) for v in value) + "]"
-    if isinstance(value, type):
-        return value.__name__
-    if callable(value) and hasattr(value, "__name__") and not hasattr(value, "get_config"):
-        return value.__name__
-    inner = getattr(value, "inner_optimizer", None)
-    name = type(value).__name__
-    return f"{name}({type(inner).__name__})" if inner is not None else name
 
 
 def _fit_preprocessing(model) -> Optional[Callable]:
@@ -476,32 +461,14 @@ class KerasTraining:
 
     def _compile_for_own_step(self, make_optimizer: Callable):
         """compile() the model for its own step with what the job sets (or, never compiled, with the job's values
-        and defaults), keeping its compile's others; returns its optimizer."""
-        own = self.compiled or {}
-        replaced = {}
-        if not own or "optimizer" in self.given:
-            replaced["optimizer"] = make_optimizer(self.keras)
-        if not own or "loss" in self.given:
-            replaced["loss"] = self._loss_for_compile()
-        if not own or "metrics" in self.given:
-            replaced["metrics"] = self._metrics_for_compile()
-        if replaced:
-            kept = {key: own.get(key) for key in ("optimizer", "loss", "loss_weights", "metrics", "weighted_metrics")}
-            self.model.compile(**{key: value for key, value in {**kept, **replaced}.items() if value is not None})
+        and defaults), keeping its compile's others (`portable.compile_with_job`); returns its optimizer."""
+        said = compile_with_job(self.model, self.compiled, self.given, {
+            "optimizer": lambda: make_optimizer(self.keras), "loss": self._loss_for_compile,
+            "metrics": self._metrics_for_compile})
         whose = (f"its own {', '.join(self.own_methods)}" if self.own_methods else "Keras's train_step and test_step "
                  "(the job sets no model.loss)")
-        said = [f"{type(self.model).__name__} trains with {whose}, each replica's step as fit() runs it"]
-        for key in ("loss", "optimizer", "metrics"):
-            was = own.get(key)
-            now = getattr(self.model, "optimizer", None) if key == "optimizer" else replaced.get(key)
-            if key not in replaced:
-                said.append(f"its {key} {_described(was)}")
-            elif own:
-                verb = "replace" if key == "metrics" else "replaces"
-                said.append(f"model.{key} {_described(now)} {verb} its {_described(was)}")
-            else:
-                said.append(f"model.{key} {_described(now)}")
-        self.compile_note = "; ".join(said)
+        self.compile_note = "; ".join([f"{type(self.model).__name__} trains with {whose}, each replica's step as "
+                                       "fit() runs it", *said])
         return self.model.optimizer
 
     def _loss_for_compile(self):

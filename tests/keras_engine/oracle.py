@@ -1,0 +1,169 @@
+"""The differential oracle of tests/keras_engine/test_oracle_*.py: Keras 3 as its users write it, in a process of its
+own on the backend an engine runs (JAX, or TensorFlow), nothing of tpulaunch imported. On the job's records in file
+order and the job's seed it fits the model, and on a checkpoint's weights it evaluates and predicts the eval set."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+import yaml
+
+import test_user_models as corpus
+
+# Tolerances: weights rtol 1e-5, atol 1e-6 (the same step on the same CPU; only the order of float sums may differ);
+# evaluation rtol 1e-5, atol 1e-6 (the same weights, the same metrics); a SavedModel served by TensorFlow against
+# the framework's predict: rtol 1e-5, atol 1e-5.
+WEIGHTS = dict(rtol=1e-5, atol=1e-6)
+METRICS = dict(rtol=1e-5, atol=1e-6)
+SERVED = dict(rtol=1e-5, atol=1e-5)
+
+STEPS, BATCH, EVAL_STEPS, SEED, LEARNING_RATE = 6, 8, 5, 7, 0.01
+
+MODELS = textwrap.dedent('''
+    import keras
+
+
+    def classifier():
+        inputs = keras.Input(shape=(8, 8, 1), name="image")
+        x = keras.layers.Flatten()(inputs)
+        x = keras.layers.Dense(16, activation="relu")(x)
+        return keras.Model(inputs, keras.layers.Dense(3)(x))
+
+
+    def compiled():
+        """A model that compiles itself, as a KerasHub task does: its own optimizer, loss and metric."""
+        model = classifier()
+        model.compile(optimizer=keras.optimizers.Adam(learning_rate=0.02),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")])
+        return model
+''')
+
+# Keras 3 as its users write it: fit on the records in file order; evaluate and predict a checkpoint's weights (a
+# jax-engine checkpoint's as arrays; a keras-engine one restored by tf.train.Checkpoint, as it was written).
+PROGRAM = textwrap.dedent('''
+    import json, math, os, sys
+    config = json.load(open(sys.argv[1]))
+    os.environ["KERAS_BACKEND"] = config["backend"]
+    import numpy as np
+    import tensorflow as tf
+    import keras
+
+    sys.path.insert(0, config["project"])
+    import oraclemodels
+
+    def records(path):
+        spec = {"image": tf.io.FixedLenFeature([8, 8, 1], tf.float32), "label": tf.io.FixedLenFeature([], tf.int64)}
+        parsed = [tf.io.parse_single_example(r, spec) for r in tf.data.TFRecordDataset(path)]
+        return np.stack([p["image"].numpy() for p in parsed]), np.stack([p["label"].numpy() for p in parsed])
+
+    keras.utils.set_random_seed(config["seed"])
+    model = getattr(oraclemodels, config["builder"])()
+    if config["compile"]:  # the job's optimizer, loss and metrics, as a Keras user compiles them
+        model.compile(optimizer=keras.optimizers.Adam(learning_rate=config["learning_rate"]),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    x, y = records(config["train"])
+    batch, steps = config["batch_size"], config["steps"]
+    epochs = math.ceil(steps * batch / len(x))  # the records in file order, epoch after epoch
+    x, y = np.concatenate([x] * epochs)[:steps * batch], np.concatenate([y] * epochs)[:steps * batch]
+    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    np.savez(config["out"] + ".fit.npz", *model.get_weights())
+
+    if config.get("tf_checkpoint"):
+        tf.train.Checkpoint(model=model).read(config["tf_checkpoint"]).expect_partial()
+    else:
+        checkpoint = np.load(config["checkpoint"])
+        model.set_weights([checkpoint[f"arr_{i}"] for i in range(len(model.weights))])
+    np.savez(config["out"] + ".checkpoint.npz", *model.get_weights())
+    ex, ey = records(config["eval"])
+    evaluated = model.evaluate(ex, ey, batch_size=config["eval_batch_size"], steps=config["eval_steps"], verbose=0,
+                               return_dict=True)
+    np.save(config["out"] + ".predict.npy", model.predict(ex, verbose=0))
+    json.dump({k: float(v) for k, v in evaluated.items()}, open(config["out"] + ".evaluate.json", "w"))
+''')
+
+
+def write_project(root: Path, engine: str) -> Path:
+    """32 training records (4 batches: step 5 starts the second epoch), 40 eval records (5 batches, all evaluated),
+    read in file order (shuffle_buffer 0): the order the oracle reads them in."""
+    specs = {**corpus.IMAGE, **corpus.CLASS}
+    corpus.write_records(root / "train.tfrecord", specs, 32, seed=11)
+    corpus.write_records(root / "eval.tfrecord", specs, 40, seed=12)
+    (root / "oraclemodels.py").write_text(MODELS)
+    job = {
+        "name": f"oracle-{engine}",
+        "model": {"builder": "oraclemodels:classifier", "loss": "sparse_categorical_crossentropy",
+                  "optimizer": {"name": "adam", "learning_rate": LEARNING_RATE}, "metrics": ["accuracy"]},
+        "data": {"train": "train.tfrecord", "eval": "eval.tfrecord", "features": corpus.IMAGE, "labels": corpus.CLASS,
+                 "shuffle_buffer": 0},
+        "train": {"batch_size": BATCH, "steps": STEPS},
+        "eval": {"batch_size": BATCH, "steps": EVAL_STEPS},
+        "run": {"model_dir": "runs/j", "save_checkpoints_steps": 3, "log_every_steps": 1, "seed": SEED,
+                "engine": engine},
+    }
+    (root / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    return root
+
+
+def run_oracle(project: Path, tmp: Path, env: dict, *, backend: str, checkpoint=None, tf_checkpoint=None,
+               builder: str = "classifier", compile: bool = True) -> dict:
+    """What Keras 3 computes: the weights `fit` ends with ("fit"), the checkpoint's weights as Keras reads them
+    ("checkpoint"), `evaluate`'s metrics and `predict`'s outputs of the checkpoint on the eval set."""
+    config = {"project": str(project), "backend": backend, "builder": builder, "compile": compile, "seed": SEED,
+              "learning_rate": LEARNING_RATE, "train": str(project / "train.tfrecord"),
+              "eval": str(project / "eval.tfrecord"), "batch_size": BATCH, "steps": STEPS, "eval_batch_size": BATCH,
+              "eval_steps": EVAL_STEPS, "out": str(tmp / "oracle"), "tf_checkpoint": tf_checkpoint}
+    if checkpoint is not None:
+        np.savez(tmp / "checkpoint.npz", *checkpoint)
+        config["checkpoint"] = str(tmp / "checkpoint.npz")
+    (tmp / "oracle.json").write_text(json.dumps(config))
+    (tmp / "oracle.py").write_text(PROGRAM)
+    env = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "KERAS_BACKEND", "TF_USE_LEGACY_KERAS")}
+    ran = subprocess.run([sys.executable, str(tmp / "oracle.py"), str(tmp / "oracle.json")], capture_output=True,
+                         text=True, env=env, timeout=300, cwd=tmp)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+
+    def arrays(name):
+        found = np.load(tmp / f"oracle.{name}.npz")
+        return [found[f"arr_{i}"] for i in range(len(found.files))]
+
+    return {"fit": arrays("fit"), "checkpoint": arrays("checkpoint"),
+            "evaluate": json.loads((tmp / "oracle.evaluate.json").read_text()),
+            "predict": np.load(tmp / "oracle.predict.npy")}
+
+
+def assert_weights_equal(ours: list, theirs: list) -> None:
+    assert len(ours) == len(theirs)
+    for i, (mine, other) in enumerate(zip(ours, theirs)):
+        np.testing.assert_allclose(mine, other, err_msg=f"weight {i}", **WEIGHTS)
+
+
+def recorded_evals(model_dir: Path, command: str) -> list:
+    """The metrics of each evaluation in the run record's last line of `command`."""
+    lines = [json.loads(line) for line in (model_dir / "tpulaunch-runs.jsonl").read_text().splitlines()]
+    return [e["metrics"] for e in [line for line in lines if line["command"] == command][-1]["evals"]]
+
+
+def assert_metrics_equal(ours: dict, theirs: dict) -> None:
+    for name, value in theirs.items():
+        np.testing.assert_allclose(ours[name], value, err_msg=name, **METRICS)
+
+
+def eval_images(project: Path) -> np.ndarray:
+    spec = {"image": tf.io.FixedLenFeature([8, 8, 1], tf.float32)}
+    return np.stack([tf.io.parse_single_example(r, spec)["image"].numpy()
+                     for r in tf.data.TFRecordDataset(str(project / "eval.tfrecord"))])
+
+
+def eval_line(step: int, metrics: dict) -> str:
+    """The eval line `train` and `evaluate` print for these metrics (4 significant digits)."""
+    from tpulaunch.run.text import format_value
+
+    shown = " | ".join(f"{name} {format_value(metrics[name])}" for name in sorted(metrics))
+    return f"eval | step {step} | {shown}"

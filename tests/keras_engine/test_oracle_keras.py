@@ -1,0 +1,75 @@
+"""The keras engine's numbers against Keras 3 on TensorFlow itself (a differential oracle, `oracle.py`): on the same
+records in the same order and the same seed, `tpulaunch train`'s weights (its own step, in the strategy's replica)
+equal `model.fit`'s; every metric `train` and `evaluate` print and the run record holds equals `model.evaluate` over
+the same eval set; `export`'s SavedModel answers what `model.predict` answers; and a run stopped at step 3 and
+resumed ends with the weights of one that never stopped, over two replicas. Tolerances: oracle.py."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_engine.oracle import (SERVED, STEPS, assert_metrics_equal, assert_weights_equal, eval_images, eval_line,
+                                 recorded_evals, run_oracle, write_project)
+from keras_engine.test_jax_engine import TPULAUNCH, _env
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    return write_project(tmp_path_factory.mktemp("oracle_keras"), "keras")
+
+
+def _run(verb: str, project: Path, *args: str) -> subprocess.CompletedProcess:
+    result = subprocess.run([*TPULAUNCH, verb, str(project / "job.yaml"), *args], capture_output=True, text=True,
+                            env=_env(), timeout=300, cwd=project)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def _checkpoint_values(model_dir: Path) -> dict:
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(model_dir)))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if name.endswith("/.ATTRIBUTES/VARIABLE_VALUE")}
+
+
+def test_train_evaluate_and_export_equal_keras_fit_evaluate_and_predict(project, tmp_path):
+    model_dir = tmp_path / "run"
+    trained = _run("train", project, "--model-dir", str(model_dir))
+    oracle = run_oracle(project, tmp_path, _env(), backend="tensorflow",
+                        tf_checkpoint=tf.train.latest_checkpoint(str(model_dir)))
+    assert_weights_equal(oracle["checkpoint"], oracle["fit"])  # the checkpoint, as Keras reads it, is fit's
+
+    expected = oracle["evaluate"]
+    assert set(expected) == {"loss", "accuracy"}
+    (recorded,) = recorded_evals(model_dir, "train")
+    assert_metrics_equal(recorded, expected)
+    assert eval_line(STEPS, expected) in trained.stdout.splitlines(), trained.stdout
+
+    evaluated = _run("evaluate", project, "--set", f"run.model_dir={model_dir}")
+    assert eval_line(STEPS, expected) in evaluated.stdout.splitlines(), evaluated.stdout
+    assert_metrics_equal(recorded_evals(model_dir, "evaluate")[-1], expected)
+
+    exported = _run("export", project, str(tmp_path / "exported"), "--set", f"run.model_dir={model_dir}")
+    path = re.search(r"^exported (\S+)$", exported.stdout, re.MULTILINE).group(1)
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    served = serve(image=tf.constant(eval_images(project)))["outputs"].numpy()
+    np.testing.assert_allclose(served, oracle["predict"], **SERVED)
+
+
+def test_a_run_stopped_at_step_3_and_resumed_equals_one_that_never_stopped(project, tmp_path):
+    """Shuffled (a seeded buffer, reshuffled each epoch) over two replicas (one input pipeline handing each a batch a
+    step): the resumed run reads on from step 4's batches of the same order."""
+    shuffled = ("--set", "data.shuffle_buffer=16", "--set", "eval=null", "--cpu-replicas", "2")
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    _run("train", project, "--model-dir", str(whole), *shuffled)
+    _run("train", project, "--model-dir", str(parts), *shuffled, "--set", "train.steps=3")
+    resumed = _run("train", project, "--model-dir", str(parts), *shuffled)
+    assert f"resumed from step 3 ({parts})" in resumed.stdout.splitlines()
+    ours, theirs = _checkpoint_values(parts), _checkpoint_values(whole)
+    assert sorted(ours) == sorted(theirs) and ours["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == STEPS
+    assert_weights_equal([ours[name] for name in sorted(ours)], [theirs[name] for name in sorted(theirs)])
