@@ -232,15 +232,16 @@ def fake_gcs_binary() -> Path:
 
 
 @contextlib.contextmanager
-def fake_gcs_server(port: int) -> Iterator[str]:
+def fake_gcs_server(port: int, external_url: Optional[str] = None) -> Iterator[str]:
     """fake-gcs-server in memory on 127.0.0.1:`port`; yields its URL (for $STORAGE_EMULATOR_HOST).
+    `external_url`: the address its resumable uploads send the client back to (default: its own).
 
     Unlike gcp-storage-emulator (the one TensorFlow's gs:// reaches in gcs_fake.py), it enforces
     if_generation_match on uploads, which is what the lease relies on; tests/run/test_lease.py checks that it
     does before trusting it."""
     url = f"http://127.0.0.1:{port}"
     process = subprocess.Popen([str(fake_gcs_binary()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
-                                "-port", str(port), "-external-url", url, "-log-level", "error"],
+                                "-port", str(port), "-external-url", external_url or url, "-log-level", "error"],
                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
