@@ -203,18 +203,18 @@ class _ProxyServer(socketserver.ThreadingTCPServer):
         return bool(self._orders().get("down"))
 
     def reply_lost(self, request: str, body: bytes) -> bool:
-        """Whether this request's reply is to be lost: the first request (after it was applied) whose line holds
-        each of the order's `request` strings and whose body holds its `body` string."""
-        order = self._orders().get("lose_reply")
-        if not order or not all(part in request for part in order["request"]) or \
-                order["body"].encode() not in body:
-            return False
+        """Whether this request's reply is to be lost (after it was applied): the first order not yet carried out
+        that it meets (`GcsFake.lose_reply`)."""
         with self._lock:
-            if order["id"] in self._lost:
-                return False
-            self._lost.add(order["id"])
-        self.log({"reply_lost": request, "id": order["id"]})
-        return True
+            for order in self._orders().get("lose_reply", []):
+                if order["id"] in self._lost or order["body"].encode() not in body or \
+                        not all(part in request for part in order["request"]) or \
+                        any(part in request for part in order["unless"]):
+                    continue
+                self._lost.add(order["id"])
+                self.log({"reply_lost": request, "id": order["id"]})
+                return True
+        return False
 
 
 def _proxy_main(argv: List[str]) -> None:
@@ -399,12 +399,14 @@ class GcsFake:
         finally:
             self._order(down=False)
 
-    def lose_reply(self, request: List[str], body: str = "") -> str:
-        """Loses the reply of the next request whose line holds every string of `request` and whose body holds
-        `body`: the emulator applies it, the client never hears back (its connection is closed). Returns the
-        order's id; `replies_lost()` lists the ids of those dropped."""
-        order_id = f"lost-{len(self._orders)}-{time.monotonic_ns()}"
-        self._order(lose_reply={"id": order_id, "request": list(request), "body": body})
+    def lose_reply(self, request: List[str], body: str = "", unless: List[str] = ()) -> str:
+        """Loses the reply of the next request whose line holds every string of `request` and none of `unless`,
+        and whose body holds `body`: the emulator applies it, the client never hears back (its connection is
+        closed). Orders wait their turn: a request meets at most one. Returns the order's id; `replies_lost()`
+        lists the ids of those carried out."""
+        order_id = f"lost-{len(self._orders.get('lose_reply', []))}"
+        self._order(lose_reply=[*self._orders.get("lose_reply", []),
+                                {"id": order_id, "request": list(request), "unless": list(unless), "body": body}])
         return order_id
 
     def replies_lost(self) -> List[str]:

@@ -1,0 +1,186 @@
+"""A storage outage is not a takeover: real `tpulaunch train` runs on a gs:// model_dir whose Cloud Storage stops
+answering for a while (the proxy of gcs_fake closes every connection, the server and what it holds untouched) and
+loses the replies of lease writes it applied. TensorFlow's gs:// and the lease's google-cloud-storage both go
+through that proxy to fake-gcs-server, which enforces generation preconditions.
+
+The run waits for its store and carries on (exit 0, its record line, its lease released); only a lease another
+run holds fences it (exit 5). Every wait is on a line a run printed, never on a sleep."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gcs_fake import free_port, local_gcs
+from lease_runs import Run, cli_env, fake_gcs_server
+from test_train import JOB, MODELS, write_records
+from tpulaunch.errors import ExitCode
+from tpulaunch.run import lease as leases
+from tpulaunch.run.record import RECORD_FILE
+
+pytestmark = pytest.mark.tf
+
+# Renewed every second, stale after 60 s: an outage of a few seconds misses several renewals, far from stale.
+LEASE_ENV = {leases.RENEW_ENV: "1", leases.STALE_ENV: "60"}
+# TensorFlow's gs:// retries for minutes, a second apart at most (its defaults retry ten times, up to 32 s apart):
+# a write during the outage waits for the store, as it does on Cloud Storage.
+PATIENT_TF = {"GCS_RETRY_CONFIG_MAX_RETRIES": "1000", "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "1000000"}
+LONG = ["--set", "eval=null", "--set", "train.steps=200", "--set", "run.log_every_steps=1"]
+
+GATED_MODELS = """
+import os
+import time
+
+import tensorflow as tf
+
+class Gate(tf.keras.layers.Layer):
+    \"\"\"Identity. In training each step first waits while the file `path` exists: the test holds the run there.\"\"\"
+
+    def __init__(self, path, **kwargs):
+        super().__init__(**kwargs)
+        self.path = path
+
+    def call(self, x, training=None):
+        if not training:
+            return x
+
+        def wait(value):
+            while os.path.exists(self.path):
+                time.sleep(0.01)
+            return value
+
+        return tf.ensure_shape(tf.numpy_function(wait, [x], x.dtype), x.shape)
+
+def classifier(num_classes=2, input_shape=(8, 8, 1), gate="", **unused):
+    image = tf.keras.Input(shape=tuple(input_shape), name="image")
+    x = tf.keras.layers.Conv2D(4, 3, padding="same", activation="relu")(Gate(gate)(image))
+    x = tf.keras.layers.GlobalAveragePooling2D()(x)
+    return tf.keras.Model(image, tf.keras.layers.Dense(num_classes)(x))
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("lease_outage")
+    (root / "train_models.py").write_text(MODELS)
+    (root / "gated_models.py").write_text(GATED_MODELS)
+    (root / "job.yaml").write_text(JOB)
+    write_records(root / "data" / "train.tfrecord", 64, seed=1)
+    return root
+
+
+@pytest.fixture(scope="module")
+def storage(tmp_path_factory):
+    """(the runs' way to the server, this test's own), with the bucket `runs`: two proxies to one fake-gcs-server,
+    so an outage of the first leaves the second answering (a run elsewhere, and the test's reads). The server's
+    download and upload links name www.googleapis.com, so each client's links go through its own proxy too."""
+    port = free_port()
+    with fake_gcs_server(port, external_url="https://www.googleapis.com"), \
+            local_gcs(tmp_path_factory.mktemp("gcs_runs"), upstream_port=port) as runs, \
+            local_gcs(tmp_path_factory.mktemp("gcs_test"), upstream_port=port) as test:
+        runs.make_bucket("runs")
+        yield runs, test
+
+
+def _google_cloud_storage(gcs) -> dict:
+    """The environment of a google-cloud-storage client that reaches the server through `gcs`'s proxy."""
+    return {"STORAGE_EMULATOR_HOST": gcs.proxy_url, "HTTPS_PROXY": gcs.env["HTTPS_PROXY"],
+            "https_proxy": gcs.env["https_proxy"], "REQUESTS_CA_BUNDLE": gcs.env["CURL_CA_BUNDLE"]}
+
+
+@pytest.fixture
+def direct(storage, monkeypatch):
+    """This process reaches the server through the proxy that never fails (a run elsewhere, the test's reads)."""
+    for name, value in _google_cloud_storage(storage[1]).items():
+        monkeypatch.setenv(name, value)
+
+
+def _train(project: Path, gcs, model_dir: str, *args: str) -> Run:
+    env = cli_env(**{**gcs.env, **_google_cloud_storage(gcs), **LEASE_ENV, **PATIENT_TF})
+    return Run(["train", str(project / "job.yaml"), "--local", "--model-dir", model_dir, *LONG, *args],
+               env=env, cwd=project)
+
+
+def _unreachable(line: str) -> bool:
+    return line.startswith("lease | cannot reach ") and " since " in line
+
+
+def _objects(model_dir: str) -> dict:
+    """Each object under model_dir but the lease and summaries (each run writes its own file): its generation."""
+    from google.cloud import storage
+
+    bucket, _, path = model_dir[len("gs://"):].partition("/")
+    return {blob.name: blob.generation for blob in storage.Client().list_blobs(bucket, prefix=path + "/")
+            if not blob.name.endswith(leases.LEASE_FILE) and "/events.out." not in blob.name}
+
+
+def _records(model_dir: str) -> list:
+    from google.cloud import storage
+
+    bucket, _, path = model_dir[len("gs://"):].partition("/")
+    blob = storage.Client().bucket(bucket).get_blob(f"{path}/{RECORD_FILE}")
+    return [] if blob is None else [json.loads(line) for line in blob.download_as_text().splitlines()]
+
+
+def test_a_run_rides_out_lost_replies_and_an_outage_of_its_store(project, storage, direct, tmp_path):
+    """The replies of the lease's create and of a renewal are lost after the server applied them (the client's retry
+    then fails its generation precondition), and later the store stops answering while the run is in a step: the
+    run knows the lease it reads back for its own, says the store is unreachable and since when, and once it
+    answers again carries on to its end: done, its record line written, its lease released."""
+    gcs, _ = storage
+    model_dir = "gs://runs/outage"
+    lease_write = ["/upload/storage/v1/b/runs/o?uploadType=multipart"]
+    created = gcs.lose_reply(lease_write + ["ifGenerationMatch=0"], body="outage/" + leases.LEASE_FILE)
+    renewed = gcs.lose_reply(lease_write, body="outage/" + leases.LEASE_FILE, unless=["ifGenerationMatch=0"])
+    gate = tmp_path / "hold"
+    gate.touch()
+    run = _train(project, gcs, model_dir, "--set", "train.steps=20", "--set", "model.builder=gated_models:classifier",
+                 "--set", f"model.params.gate={gate}")
+    try:
+        run.wait_for_line(lambda line: line == "phase | first step")  # held in it by the gate
+        assert {created, renewed} <= set(gcs.replies_lost()), run.text()  # renewed every second as TF loaded
+        with gcs.outage():
+            since = run.wait_for_line(_unreachable, stream="err", limit_s=120)
+        run.wait_for_line(lambda line: line.startswith("lease | reachable again"), stream="err", limit_s=120)
+        gate.unlink()
+        assert run.finish() == 0, run.text()
+    finally:
+        run.kill()
+    err = "\n".join(run.err)
+    assert "Traceback" not in err and "lease | lost" not in err and "took run.model_dir" not in err, err
+    assert f"cannot reach the lease {model_dir}/{leases.LEASE_FILE} since " in since and " UTC " in since, since
+    assert run.out[-1].startswith("done | step 20/20"), run.text()
+    held = leases.read_lease(model_dir)
+    assert held["state"] == "released" and held["pid"] == run.pid, held
+    records = _records(model_dir)
+    assert [(r["run_id"], r["outcome"]) for r in records] == [(held["run_id"], "done")], records
+
+
+def test_a_run_cut_off_from_its_store_is_fenced_when_another_run_took_its_lease(project, storage, direct):
+    """While the run cannot reach its store, a run elsewhere (this test, reaching the server directly) takes the
+    lease with --take-lease: once the store answers again the first run finds that lease another run's, and stops
+    fenced (exit 5) naming it, without writing a checkpoint there."""
+    gcs, _ = storage
+    model_dir = "gs://runs/partition"
+    run = _train(project, gcs, model_dir)
+    taker = None
+    try:
+        run.wait_for_line(lambda line: line.startswith("train | step "))
+        with gcs.outage():
+            run.wait_for_line(_unreachable, stream="err", limit_s=120)
+            taker = leases.acquire(model_dir, run_id="taker-run", command="train", take=True)
+            saved = _objects(model_dir)
+        assert run.finish() == ExitCode.LEASE_LOST, run.text()
+        assert _objects(model_dir) == saved  # no checkpoint, nothing written after the takeover
+        err = "\n".join(run.err)
+        assert "Traceback" not in err, err
+        assert f"run taker-run took run.model_dir {model_dir} over while this run held it" in err, err
+        assert leases.read_lease(model_dir)["run_id"] == "taker-run"
+        assert not [r for r in _records(model_dir)], "a fenced run on gs:// leaves the record to the new holder"
+    finally:
+        run.kill()
+        if taker is not None:
+            taker.release()
