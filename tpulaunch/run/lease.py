@@ -6,7 +6,7 @@ takes `model_dir/tpulaunch.lease` before it writes anything and before TensorFlo
 from a background thread while it lives and marks it released when it ends::
 
     {"state": "held", "host": "vm-1", "pid": 4242, "run_id": "20250101T100000Z-vm-1-4242-1a2b3c",
-     "command": "train", "started": 1735725600.0, "renewed": 1735725630.0,
+     "holder": "5f0c2a9e41d7b3c8", "command": "train", "started": 1735725600.0, "renewed": 1735725630.0,
      "renew_every_s": 30.0, "stale_after_s": 180.0, "took_over": null}
 
 Every change is atomic, so two runs can never both win:
@@ -30,6 +30,12 @@ write into the model_dir its successor now holds. `ensure_held(model_dir)` (befo
 evaluation: a reread of the lease, on gs:// of its generation) and `raise_if_lost(model_dir)` (after every
 step: what the renewal thread found, no I/O) raise `LeaseLost`, so the window is at most a save already
 under way when the process froze, never the rest of the run.
+
+A storage outage is not a takeover: only a lease naming another run fences this one. A change refused by its
+precondition reads the lease back, and one that is held and names this lease's `holder` (a random token made when
+it was taken, beside the run's `run_id`: start time, host, pid, random tail) is this run's own write whose reply
+was lost: adopted, generation and all. A store that cannot be reached is
+waited for before a write, up to the stale time (`StoreUnreachable` past it).
 """
 
 from __future__ import annotations
@@ -54,10 +60,10 @@ STALE_ENV = "TPULAUNCH_LEASE_STALE_S"
 RENEW_EVERY_S = 30.0
 STALE_AFTER_S = 180.0  # six missed renewals: a slow filesystem or a short GCS outage does not lose the lease
 # Cloud Storage time budgets (each request's timeout, and its retries together). `status` reads with READ_BUDGET_S:
-# an unreachable bucket is said within seconds, not after the client's default two minutes of retries. A
-# running train's renewals and writes keep the client's patient defaults (a short outage must not fail the run);
-# its check before a save uses CHECK_BUDGET_S and lets the save go on when it cannot tell (the renewals stay
-# the backstop): a flaky network must not stop training.
+# an unreachable bucket is said within seconds, not after the client's default two minutes of retries. A running
+# train's renewals each try for an interval (READ_BUDGET_S at least), then again at the next: an outage is said
+# within seconds, and a short one does not fail the run. Its check before a save tries for CHECK_BUDGET_S at a
+# time, and waits for the store up to the stale time (`Lease.ensure_held`).
 READ_BUDGET_S = 5.0
 CHECK_BUDGET_S = 10.0
 
@@ -423,10 +429,11 @@ def clock_text(when: float) -> str:
 class Lease:
     """The lease this run holds; `took_over` says from whom, when it was taken over.
 
-    A lease read back naming this run (its `run_id`: start time, host, pid and a random tail, so never another run's,
-    a restarted process's with the same pid included) and `held` is this run's own, whatever its generation: a
-    write the store applied but whose reply was lost (the client's retry then fails its precondition) is adopted,
-    not taken for a takeover. Only a lease naming another run, or released by someone else, fences this run."""
+    A lease read back that is `held` and names this run and this lease (its `run_id`, and `holder`: a random token
+    made when the lease was taken; never another run's, a restarted process's with the same pid included) is this
+    run's own, whatever its generation: a write the store applied but whose reply was lost (the client's retry
+    then fails its precondition) is adopted, not taken for a takeover. Only a lease naming another run, or
+    released by someone else, fences this run."""
 
     store: object
     data: dict
@@ -453,7 +460,8 @@ class Lease:
 
     def is_ours(self, data: Optional[dict]) -> bool:
         """Whether `data` (a lease as read) is this run's, still held."""
-        return bool(data) and data.get("state") == "held" and data.get("run_id") == self.data["run_id"]
+        return bool(data) and data.get("state") == "held" and data.get("run_id") == self.data["run_id"] and \
+            data.get("holder") == self.data["holder"]
 
     def _put(self, data: dict, budget_s: Optional[float] = None) -> None:
         with self._lock:
@@ -646,18 +654,19 @@ def acquire(model_dir: str, *, run_id: str, command: str, take: bool = False,
 
 
 def _acquire(store, model_dir, run_id, command, take, clock, renew, stale) -> Lease:
+    holder = secrets.token_hex(8)  # this lease's, in every write of it: a lease read back with it is ours
     for _ in range(5):  # each pass loses only to another run's change, which the next pass reads
         text, token = store.read()
         now = clock()
         mine = {"state": "held", "host": socket.gethostname(), "pid": os.getpid(), "run_id": run_id,
-                "command": command, "started": now, "renewed": now, "renew_every_s": renew, "stale_after_s": stale,
-                "took_over": None}
+                "holder": holder, "command": command, "started": now, "renewed": now, "renew_every_s": renew,
+                "stale_after_s": stale, "took_over": None}
         try:
             if text is None:
                 token = store.create(_encode(mine))
             else:
                 held = _decode(text, store.path)
-                if held["state"] == "held" and held.get("run_id") == run_id:
+                if held["state"] == "held" and held.get("holder") == holder:
                     # This run's own write, applied though its reply was lost (the retry failed its precondition).
                     return Lease(store, held, token, renew, stale, clock)
                 age = now - held["renewed"]
