@@ -9,7 +9,6 @@ run holds fences it (exit 5). Every wait is on a line a run printed, never on a 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest

@@ -30,7 +30,7 @@ def held_lease(model_dir: str, command: str, *, take: bool, say: Callable[[str],
         say(f"lease | lost: {leases.holder_text(now_holder)} took run.model_dir {model_dir} over while this "
             "run held it; this run writes nothing more there")
 
-    def unreachable(since: float, exc: BaseException) -> None:
+    def unreachable(since: float, exc: BaseException) -> None:  # said once, however long it lasts
         say(f"lease | cannot reach the lease {leases.lease_path(model_dir)} since {leases.clock_text(since)} "
             f"({leases.reason(exc)}); retrying: the run holds off writing to model_dir until it can tell its lease is "
             f"still its own, up to the lease's stale time ({lease.stale_after_s:g} s)")
