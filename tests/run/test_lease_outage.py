@@ -8,17 +8,14 @@ run holds fences it (exit 5). Every wait is on a line a run printed, never on a 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from gcs_fake import free_port, local_gcs
-from lease_runs import Run, cli_env, fake_gcs_server
+from lease_runs import Run, cli_env, gcs_objects, gcs_records, outage_storage, storage_client_env, unreachable
 from test_train import JOB, MODELS, write_records
 from tpulaunch.errors import ExitCode
 from tpulaunch.run import lease as leases
-from tpulaunch.run.record import RECORD_FILE
 
 pytestmark = pytest.mark.tf
 
@@ -73,55 +70,21 @@ def project(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def storage(tmp_path_factory):
-    """(the runs' way to the server, this test's own), with the bucket `runs`: two proxies to one fake-gcs-server,
-    so an outage of the first leaves the second answering (a run elsewhere, and the test's reads). The server's
-    download and upload links name www.googleapis.com, so each client's links go through its own proxy too."""
-    port = free_port()
-    with fake_gcs_server(port, external_url="https://www.googleapis.com"), \
-            local_gcs(tmp_path_factory.mktemp("gcs_runs"), upstream_port=port) as runs, \
-            local_gcs(tmp_path_factory.mktemp("gcs_test"), upstream_port=port) as test:
-        runs.make_bucket("runs")
-        yield runs, test
-
-
-def _google_cloud_storage(gcs) -> dict:
-    """The environment of a google-cloud-storage client that reaches the server through `gcs`'s proxy."""
-    return {"STORAGE_EMULATOR_HOST": gcs.proxy_url, "HTTPS_PROXY": gcs.env["HTTPS_PROXY"],
-            "https_proxy": gcs.env["https_proxy"], "REQUESTS_CA_BUNDLE": gcs.env["CURL_CA_BUNDLE"]}
+    with outage_storage(tmp_path_factory) as both:
+        yield both
 
 
 @pytest.fixture
 def direct(storage, monkeypatch):
     """This process reaches the server through the proxy that never fails (a run elsewhere, the test's reads)."""
-    for name, value in _google_cloud_storage(storage[1]).items():
+    for name, value in storage_client_env(storage[1]).items():
         monkeypatch.setenv(name, value)
 
 
 def _train(project: Path, gcs, model_dir: str, *args: str) -> Run:
-    env = cli_env(**{**gcs.env, **_google_cloud_storage(gcs), **LEASE_ENV, **PATIENT_TF})
+    env = cli_env(**{**gcs.env, **storage_client_env(gcs), **LEASE_ENV, **PATIENT_TF})
     return Run(["train", str(project / "job.yaml"), "--local", "--model-dir", model_dir, *LONG, *args],
                env=env, cwd=project)
-
-
-def _unreachable(line: str) -> bool:
-    return line.startswith("lease | cannot reach ") and " since " in line
-
-
-def _objects(model_dir: str) -> dict:
-    """Each object under model_dir but the lease and summaries (each run writes its own file): its generation."""
-    from google.cloud import storage
-
-    bucket, _, path = model_dir[len("gs://"):].partition("/")
-    return {blob.name: blob.generation for blob in storage.Client().list_blobs(bucket, prefix=path + "/")
-            if not blob.name.endswith(leases.LEASE_FILE) and "/events.out." not in blob.name}
-
-
-def _records(model_dir: str) -> list:
-    from google.cloud import storage
-
-    bucket, _, path = model_dir[len("gs://"):].partition("/")
-    blob = storage.Client().bucket(bucket).get_blob(f"{path}/{RECORD_FILE}")
-    return [] if blob is None else [json.loads(line) for line in blob.download_as_text().splitlines()]
 
 
 def test_a_run_rides_out_lost_replies_and_an_outage_of_its_store(project, storage, direct, tmp_path):
@@ -142,7 +105,7 @@ def test_a_run_rides_out_lost_replies_and_an_outage_of_its_store(project, storag
         run.wait_for_line(lambda line: line == "phase | first step")  # held in it by the gate
         assert {created, renewed} <= set(gcs.replies_lost()), run.text()  # renewed every second as TF loaded
         with gcs.outage():
-            since = run.wait_for_line(_unreachable, stream="err", limit_s=120)
+            since = run.wait_for_line(unreachable, stream="err", limit_s=120)
         run.wait_for_line(lambda line: line.startswith("lease | reachable again"), stream="err", limit_s=120)
         gate.unlink()
         assert run.finish() == 0, run.text()
@@ -154,7 +117,7 @@ def test_a_run_rides_out_lost_replies_and_an_outage_of_its_store(project, storag
     assert run.out[-1].startswith("done | step 20/20"), run.text()
     held = leases.read_lease(model_dir)
     assert held["state"] == "released" and held["pid"] == run.pid, held
-    records = _records(model_dir)
+    records = gcs_records(model_dir)
     assert [(r["run_id"], r["outcome"]) for r in records] == [(held["run_id"], "done")], records
 
 
@@ -169,16 +132,16 @@ def test_a_run_cut_off_from_its_store_is_fenced_when_another_run_took_its_lease(
     try:
         run.wait_for_line(lambda line: line.startswith("train | step "))
         with gcs.outage():
-            run.wait_for_line(_unreachable, stream="err", limit_s=120)
+            run.wait_for_line(unreachable, stream="err", limit_s=120)
             taker = leases.acquire(model_dir, run_id="taker-run", command="train", take=True)
-            saved = _objects(model_dir)
+            saved = gcs_objects(model_dir)
         assert run.finish() == ExitCode.LEASE_LOST, run.text()
-        assert _objects(model_dir) == saved  # no checkpoint, nothing written after the takeover
+        assert gcs_objects(model_dir) == saved  # no checkpoint, nothing written after the takeover
         err = "\n".join(run.err)
         assert "Traceback" not in err, err
         assert f"run taker-run took run.model_dir {model_dir} over while this run held it" in err, err
         assert leases.read_lease(model_dir)["run_id"] == "taker-run"
-        assert not [r for r in _records(model_dir)], "a fenced run on gs:// leaves the record to the new holder"
+        assert not [r for r in gcs_records(model_dir)], "a fenced run on gs:// leaves the record to the new holder"
     finally:
         run.kill()
         if taker is not None:
