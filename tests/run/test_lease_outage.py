@@ -146,3 +146,33 @@ def test_a_run_cut_off_from_its_store_is_fenced_when_another_run_took_its_lease(
         run.kill()
         if taker is not None:
             taker.release()
+
+
+def test_a_run_cut_off_from_its_store_past_the_stale_time_stops_without_writing(storage, monkeypatch):
+    """The lease's own code in this process (no training), through the proxy that fails: the check before a write
+    waits for an unreachable store up to the lease's stale time (here 1 s), says so once, then stops the run
+    (`StoreUnreachable`, exit 1) naming model_dir and since when, rather than writing without knowing whether
+    another run holds it now. The store back, the lease is still this run's, and said so."""
+    gcs, _ = storage
+    for name, value in storage_client_env(gcs).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(leases.RENEW_ENV, "0.2")
+    monkeypatch.setenv(leases.STALE_ENV, "1")
+    model_dir = "gs://runs/cut-off"
+    lease = leases.acquire(model_dir, run_id="cut-off-run", command="train")
+    said = []
+    lease.on_unreachable = lambda since, exc: said.append("unreachable")
+    lease.on_reachable = lambda since, seconds: said.append("reachable")
+    try:
+        with gcs.outage():
+            with pytest.raises(leases.StoreUnreachable) as stopped:
+                lease.ensure_held()
+        assert stopped.value.exit_code == ExitCode.PROBLEMS
+        assert stopped.value.message.startswith(f"could not reach the store of run.model_dir {model_dir} for "), \
+            stopped.value.message
+        assert " UTC; " in stopped.value.message and said == ["unreachable"]
+        lease.ensure_held()
+        assert said == ["unreachable", "reachable"]
+    finally:
+        lease.release()
+    assert leases.read_lease(model_dir)["state"] == "released"
