@@ -16,6 +16,12 @@ through libcurl, which honours `HTTPS_PROXY` and `CURL_CA_BUNDLE`. So the fixtur
 Every tunnel target is logged (`GcsFake.connect_targets()`), so a test can check that nothing tried to
 reach any other host. The proxy never connects anywhere but the emulator on 127.0.0.1.
 
+The proxy also relays plain-HTTP requests (google-cloud-storage with `$STORAGE_EMULATOR_HOST` set to
+`GcsFake.proxy_url`), and takes orders from a file it reads at each request: `GcsFake.outage()` (every
+connection closed unanswered, the emulator and its objects untouched) and `GcsFake.lose_reply(...)` (a request
+relayed, so applied, and its reply never sent). `local_gcs(workdir, upstream_port)` puts it in front of another
+server: fake-gcs-server, which enforces generation preconditions (`lease_runs.outage_storage`).
+
 The fixture sets these environment variables for the whole test session (subprocesses, such as CLI
 runs, inherit them) and restores them afterwards: `HTTPS_PROXY`/`https_proxy`, `NO_PROXY`/`no_proxy`,
 `CURL_CA_BUNDLE`, `GOOGLE_AUTH_TOKEN_FOR_TESTING` (skips auth), `NO_GCE_CHECK`, the `GCS_*` cache
