@@ -16,6 +16,12 @@ through libcurl, which honours `HTTPS_PROXY` and `CURL_CA_BUNDLE`. So the fixtur
 Every tunnel target is logged (`GcsFake.connect_targets()`), so a test can check that nothing tried to
 reach any other host. The proxy never connects anywhere but the emulator on 127.0.0.1.
 
+The proxy also relays plain-HTTP requests (google-cloud-storage with `$STORAGE_EMULATOR_HOST` set to
+`GcsFake.proxy_url`), and takes orders from a file it reads at each request: `GcsFake.outage()` (every
+connection closed unanswered, the emulator and its objects untouched) and `GcsFake.lose_reply(...)` (a request
+relayed, so applied, and its reply never sent). `local_gcs(workdir, upstream_port)` puts it in front of another
+server: fake-gcs-server, which enforces generation preconditions (`lease_runs.outage_storage`).
+
 The fixture sets these environment variables for the whole test session (subprocesses, such as CLI
 runs, inherit them) and restores them afterwards: `HTTPS_PROXY`/`https_proxy`, `NO_PROXY`/`no_proxy`,
 `CURL_CA_BUNDLE`, `GOOGLE_AUTH_TOKEN_FOR_TESTING` (skips auth), `NO_GCE_CHECK`, the `GCS_*` cache
@@ -51,6 +57,7 @@ import socketserver
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -97,11 +104,21 @@ class _TunnelHandler(socketserver.StreamRequestHandler):
     server: "_ProxyServer"
 
     def handle(self) -> None:
+        if self.server.down():
+            return  # an outage: the connection is closed unanswered
         request_line = self.rfile.readline(65537).decode("latin-1").split()
-        http.client.parse_headers(self.rfile)
+        headers = http.client.parse_headers(self.rfile)
         if len(request_line) != 3:
             return
         method, target, _ = request_line
+        if method != "CONNECT" and target.startswith("/"):
+            # A plain-HTTP request for the emulator itself (google-cloud-storage with $STORAGE_EMULATOR_HOST
+            # pointing here): relayed like a tunnel's, so an outage or a lost reply reaches it too.
+            self.server.log({"plain": f"{method} {target}"})
+            first = (method, target, headers)
+            while self._relay_one(self.connection, self.rfile, "plain", first):
+                first = None
+            return
         self.server.log({"connect": target, "method": method})
         host = target.rsplit(":", 1)[0]
         if method != "CONNECT" or host not in GOOGLE_STORAGE_HOSTS:
@@ -115,16 +132,24 @@ class _TunnelHandler(socketserver.StreamRequestHandler):
             while self._relay_one(tls, rfile, host):
                 pass
 
-    def _relay_one(self, tls: ssl.SSLSocket, rfile, host: str) -> bool:
-        """Relays one request; returns whether the client keeps the connection open."""
-        line = rfile.readline(65537)
-        if not line.strip():
-            return False
-        method, path, _ = line.decode("latin-1").split()
-        headers = http.client.parse_headers(rfile)
+    def _relay_one(self, tls, rfile, host: str, first=None) -> bool:
+        """Relays one request (`first`: its line and headers, already read); returns whether the client keeps the
+        connection open. During an outage the connection is closed unanswered; a request the control file names
+        for a lost reply is relayed to the emulator (it is applied) and its reply never sent."""
+        if first is None:
+            line = rfile.readline(65537)
+            if not line.strip():
+                return False
+            method, path, _ = line.decode("latin-1").split()
+            headers = http.client.parse_headers(rfile)
+        else:
+            method, path, headers = first
         if headers.get("Expect", "").lower() == "100-continue":
             tls.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
         body = _read_body(rfile, headers)
+        if self.server.down():
+            self.server.log({"refused": f"{method} {host}{path}"})
+            return False
 
         upstream = http.client.HTTPConnection("127.0.0.1", self.server.upstream_port, timeout=60)
         try:
@@ -139,6 +164,8 @@ class _TunnelHandler(socketserver.StreamRequestHandler):
         finally:
             upstream.close()
         self.server.log({"request": f"{method} {host}{path}", "status": response.status})
+        if self.server.reply_lost(f"{method} {path}", body):
+            return False
 
         out = [f"HTTP/1.1 {response.status} {response.reason}"]
         for name, value in response.getheaders():
@@ -159,14 +186,41 @@ class _ProxyServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, tls: ssl.SSLContext, upstream_port: int, log_path: Path):
+    def __init__(self, tls: ssl.SSLContext, upstream_port: int, log_path: Path, control: Optional[Path] = None):
         super().__init__(("127.0.0.1", 0), _TunnelHandler)
         self.tls = tls
         self.upstream_port = upstream_port
+        self.control = control
         self._log = open(log_path, "a", buffering=1, encoding="utf-8")
+        self._lock = threading.Lock()
+        self._lost: set = set()  # the ids of the lost replies already dropped (each is dropped once)
 
     def log(self, entry: dict) -> None:
         self._log.write(json.dumps(entry) + "\n")
+
+    def _orders(self) -> dict:
+        """The control file's orders (`GcsFake.outage`, `GcsFake.lose_reply`): {} without one."""
+        try:
+            return json.loads(self.control.read_text()) if self.control else {}
+        except (OSError, ValueError):
+            return {}
+
+    def down(self) -> bool:
+        return bool(self._orders().get("down"))
+
+    def reply_lost(self, request: str, body: bytes) -> bool:
+        """Whether this request's reply is to be lost (after it was applied): the first order not yet carried out
+        that it meets (`GcsFake.lose_reply`)."""
+        with self._lock:
+            for order in self._orders().get("lose_reply", []):
+                if order["id"] in self._lost or order["body"].encode() not in body or \
+                        not all(part in request for part in order["request"]) or \
+                        any(part in request for part in order["unless"]):
+                    continue
+                self._lost.add(order["id"])
+                self.log({"reply_lost": request, "id": order["id"]})
+                return True
+        return False
 
 
 def _proxy_main(argv: List[str]) -> None:
@@ -175,10 +229,11 @@ def _proxy_main(argv: List[str]) -> None:
     parser.add_argument("--cert", required=True)
     parser.add_argument("--key", required=True)
     parser.add_argument("--log", required=True)
+    parser.add_argument("--control", help="a JSON file of orders read at each request: outages, lost replies")
     args = parser.parse_args(argv)
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     tls.load_cert_chain(args.cert, args.key)
-    server = _ProxyServer(tls, args.upstream_port, Path(args.log))
+    server = _ProxyServer(tls, args.upstream_port, Path(args.log), Path(args.control) if args.control else None)
     # The parent reads the port from the first line of stdout.
     print(server.server_address[1], flush=True)
     server.serve_forever()
@@ -320,12 +375,48 @@ class GcsFake:
         env: the environment variables the fixture set; pass `{**os.environ, **env}` to a subprocess
             that builds its environment from scratch.
         proxy_log: the proxy's JSON-lines log (one line per tunnel and per relayed request).
+        control: the proxy's orders (`outage`, `lose_reply`), read at each request.
+        proxy_url: the proxy's address; it relays plain-HTTP requests to the emulator as well (for
+            google-cloud-storage: `$STORAGE_EMULATOR_HOST` set to it).
     """
 
     emulator_url: str
     env: Dict[str, str]
     proxy_log: Path
+    control: Optional[Path] = None
+    proxy_url: str = ""
     _buckets: List[str] = field(default_factory=list)
+    _orders: dict = field(default_factory=dict)
+
+    def _order(self, **orders) -> None:
+        self._orders.update(orders)
+        temporary = self.control.with_suffix(".tmp")
+        temporary.write_text(json.dumps(self._orders))
+        temporary.replace(self.control)  # the proxy reads the old orders or the new ones, never half
+
+    @contextlib.contextmanager
+    def outage(self) -> Iterator[None]:
+        """Cloud Storage unreachable for the block: the proxy closes every connection and request unanswered (new
+        ones and the open ones at their next request); the emulator and what it holds are untouched, and answer
+        again after the block."""
+        self._order(down=True)
+        try:
+            yield
+        finally:
+            self._order(down=False)
+
+    def lose_reply(self, request: List[str], body: str = "", unless: List[str] = ()) -> str:
+        """Loses the reply of the next request whose line holds every string of `request` and none of `unless`,
+        and whose body holds `body`: the emulator applies it, the client never hears back (its connection is
+        closed). Orders wait their turn: a request meets at most one. Returns the order's id; `replies_lost()`
+        lists the ids of those carried out."""
+        order_id = f"lost-{len(self._orders.get('lose_reply', []))}"
+        self._order(lose_reply=[*self._orders.get("lose_reply", []),
+                                {"id": order_id, "request": list(request), "unless": list(unless), "body": body}])
+        return order_id
+
+    def replies_lost(self) -> List[str]:
+        return [entry["id"] for entry in self.log_entries() if "reply_lost" in entry]
 
     def make_bucket(self, name: str) -> str:
         """Creates a bucket in the emulator and returns its name."""
@@ -384,43 +475,56 @@ def _stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
-@pytest.fixture(scope="session")
-def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsFake]:
-    """A local GCS that TensorFlow's `gs://` filesystem reaches, for the whole session."""
-    workdir = tmp_path_factory.mktemp("gcs_fake")
+@contextlib.contextmanager
+def local_gcs(workdir: Path, upstream_port: Optional[int] = None) -> Iterator[GcsFake]:
+    """The emulator (in memory; or, with `upstream_port`, the server already listening there) and the proxy to it,
+    for the block. Sets no environment variable: `GcsFake.env` says what a process needs to reach them."""
     preexec = _die_with_parent(os.getpid())
-    emulator_port = free_port()
-    emulator_log = workdir / "emulator.log"
-    emulator_url = f"http://127.0.0.1:{emulator_port}"
-    with open(emulator_log, "wb") as log:
-        emulator = subprocess.Popen(
-            [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1", "--port",
-             str(emulator_port), "--in-memory", "--quiet"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec)
+    emulator: Optional[subprocess.Popen] = None
+    if upstream_port is None:
+        upstream_port = free_port()
+        emulator_log = workdir / "emulator.log"
+        with open(emulator_log, "wb") as log:
+            emulator = subprocess.Popen(
+                [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1", "--port",
+                 str(upstream_port), "--in-memory", "--quiet"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec)
+    emulator_url = f"http://127.0.0.1:{upstream_port}"
     proxy: Optional[subprocess.Popen] = None
-    saved: Dict[str, Optional[str]] = {}
     try:
-        _wait_for_emulator(emulator, emulator_url, emulator_log)
+        if emulator is not None:
+            _wait_for_emulator(emulator, emulator_url, emulator_log)
         certs = write_certificates(workdir)
-        proxy_log = workdir / "proxy.log"
+        proxy_log, control = workdir / "proxy.log", workdir / "proxy-orders.json"
         proxy_log.touch()
         proxy = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "proxy", "--upstream-port", str(emulator_port),
-             "--cert", str(certs["cert"]), "--key", str(certs["key"]), "--log", str(proxy_log)],
+            [sys.executable, str(Path(__file__).resolve()), "proxy", "--upstream-port", str(upstream_port),
+             "--cert", str(certs["cert"]), "--key", str(certs["key"]), "--log", str(proxy_log),
+             "--control", str(control)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, preexec_fn=preexec)
         port_line = proxy.stdout.readline().strip()
         if not port_line:
             raise RuntimeError(f"the GCS proxy exited with {proxy.wait()} before listening")
-        env = gcs_environment(int(port_line), certs["ca"])
-        saved = {name: os.environ.get(name) for name in env}
-        os.environ.update(env)
-        yield GcsFake(emulator_url=emulator_url, env=env, proxy_log=proxy_log)
+        yield GcsFake(emulator_url=emulator_url, env=gcs_environment(int(port_line), certs["ca"]),
+                      proxy_log=proxy_log, control=control, proxy_url=f"http://127.0.0.1:{int(port_line)}")
     finally:
-        _restore(saved)
         if proxy is not None:
             _stop(proxy)
             proxy.stdout.close()
-        _stop(emulator)
+        if emulator is not None:
+            _stop(emulator)
+
+
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsFake]:
+    """A local GCS that TensorFlow's `gs://` filesystem reaches, for the whole session."""
+    with local_gcs(tmp_path_factory.mktemp("gcs_fake")) as fake:
+        saved = {name: os.environ.get(name) for name in fake.env}
+        os.environ.update(fake.env)
+        try:
+            yield fake
+        finally:
+            _restore(saved)
 
 
 if __name__ == "__main__":

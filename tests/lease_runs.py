@@ -232,15 +232,16 @@ def fake_gcs_binary() -> Path:
 
 
 @contextlib.contextmanager
-def fake_gcs_server(port: int) -> Iterator[str]:
+def fake_gcs_server(port: int, external_url: Optional[str] = None) -> Iterator[str]:
     """fake-gcs-server in memory on 127.0.0.1:`port`; yields its URL (for $STORAGE_EMULATOR_HOST).
+    `external_url`: the address its resumable uploads send the client back to (default: its own).
 
     Unlike gcp-storage-emulator (the one TensorFlow's gs:// reaches in gcs_fake.py), it enforces
     if_generation_match on uploads, which is what the lease relies on; tests/run/test_lease.py checks that it
     does before trusting it."""
     url = f"http://127.0.0.1:{port}"
     process = subprocess.Popen([str(fake_gcs_binary()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
-                                "-port", str(port), "-external-url", url, "-log-level", "error"],
+                                "-port", str(port), "-external-url", external_url or url, "-log-level", "error"],
                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
@@ -264,3 +265,55 @@ def fake_gcs_server(port: int) -> Iterator[str]:
             process.kill()
             process.wait()
         process.stderr.close()
+
+
+@contextlib.contextmanager
+def outage_storage(tmp_path_factory) -> Iterator[tuple]:
+    """(the runs' way to Cloud Storage, the test's own): two proxies of gcs_fake to one fake-gcs-server (which
+    enforces generation preconditions), with the bucket `runs`. An outage of the first (`GcsFake.outage`) leaves
+    the second answering: a run elsewhere, and the test's reads. The server's download and upload links name
+    www.googleapis.com, so each client's links go through its own proxy too."""
+    from gcs_fake import free_port, local_gcs
+
+    port = free_port()
+    with fake_gcs_server(port, external_url="https://www.googleapis.com"), \
+            local_gcs(tmp_path_factory.mktemp("gcs_runs"), upstream_port=port) as runs, \
+            local_gcs(tmp_path_factory.mktemp("gcs_test"), upstream_port=port) as test:
+        runs.make_bucket("runs")
+        yield runs, test
+
+
+def storage_client_env(gcs) -> dict:
+    """The environment of a google-cloud-storage client that reaches the server through `gcs`'s proxy."""
+    return {"STORAGE_EMULATOR_HOST": gcs.proxy_url, "HTTPS_PROXY": gcs.env["HTTPS_PROXY"],
+            "https_proxy": gcs.env["https_proxy"], "REQUESTS_CA_BUNDLE": gcs.env["CURL_CA_BUNDLE"]}
+
+
+def unreachable(line: str) -> bool:
+    """The line a run says when its lease's store stops answering."""
+    return line.startswith("lease | cannot reach ") and " since " in line
+
+
+def gcs_objects(model_dir: str) -> dict:
+    """Each object under a gs:// model_dir but the lease and summaries (each run writes its own file): its
+    generation."""
+    from google.cloud import storage
+
+    from tpulaunch.run.lease import LEASE_FILE
+
+    bucket, _, path = model_dir[len("gs://"):].partition("/")
+    return {blob.name: blob.generation for blob in storage.Client().list_blobs(bucket, prefix=path + "/")
+            if not blob.name.endswith(LEASE_FILE) and "/events.out." not in blob.name}
+
+
+def gcs_records(model_dir: str) -> list:
+    """The run record of a gs:// model_dir, one dict a line ([] without one)."""
+    import json
+
+    from google.cloud import storage
+
+    from tpulaunch.run.record import RECORD_FILE
+
+    bucket, _, path = model_dir[len("gs://"):].partition("/")
+    blob = storage.Client().bucket(bucket).get_blob(f"{path}/{RECORD_FILE}")
+    return [] if blob is None else [json.loads(line) for line in blob.download_as_text().splitlines()]

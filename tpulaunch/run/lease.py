@@ -6,7 +6,7 @@ takes `model_dir/tpulaunch.lease` before it writes anything and before TensorFlo
 from a background thread while it lives and marks it released when it ends::
 
     {"state": "held", "host": "vm-1", "pid": 4242, "run_id": "20250101T100000Z-vm-1-4242-1a2b3c",
-     "command": "train", "started": 1735725600.0, "renewed": 1735725630.0,
+     "holder": "5f0c2a9e41d7b3c8", "command": "train", "started": 1735725600.0, "renewed": 1735725630.0,
      "renew_every_s": 30.0, "stale_after_s": 180.0, "took_over": null}
 
 Every change is atomic, so two runs can never both win:
@@ -30,6 +30,12 @@ write into the model_dir its successor now holds. `ensure_held(model_dir)` (befo
 evaluation: a reread of the lease, on gs:// of its generation) and `raise_if_lost(model_dir)` (after every
 step: what the renewal thread found, no I/O) raise `LeaseLost`, so the window is at most a save already
 under way when the process froze, never the rest of the run.
+
+A storage outage is not a takeover: only a lease naming another run fences this one. A change refused by its
+precondition reads the lease back, and one that is held and names this lease's `holder` (a random token made when
+it was taken, beside the run's `run_id`: start time, host, pid, random tail) is this run's own write whose reply
+was lost: adopted, generation and all. A store that cannot be reached is
+waited for before a write, up to the stale time (`StoreUnreachable` past it).
 """
 
 from __future__ import annotations
@@ -54,10 +60,10 @@ STALE_ENV = "TPULAUNCH_LEASE_STALE_S"
 RENEW_EVERY_S = 30.0
 STALE_AFTER_S = 180.0  # six missed renewals: a slow filesystem or a short GCS outage does not lose the lease
 # Cloud Storage time budgets (each request's timeout, and its retries together). `status` reads with READ_BUDGET_S:
-# an unreachable bucket is said within seconds, not after the client's default two minutes of retries. A
-# running train's renewals and writes keep the client's patient defaults (a short outage must not fail the run);
-# its check before a save uses CHECK_BUDGET_S and lets the save go on when it cannot tell (the renewals stay
-# the backstop): a flaky network must not stop training.
+# an unreachable bucket is said within seconds, not after the client's default two minutes of retries. A running
+# train's renewals each try for an interval (READ_BUDGET_S at least), then again at the next: an outage is said
+# within seconds, and a short one does not fail the run. Its check before a save tries for CHECK_BUDGET_S at a
+# time, and waits for the store up to the stale time (`Lease.ensure_held`).
 READ_BUDGET_S = 5.0
 CHECK_BUDGET_S = 10.0
 
@@ -181,8 +187,9 @@ class LocalStore:
             os.unlink(temporary)
         return text
 
-    def replace(self, text: bytes, token: object, stale_after_s: float) -> object:
-        """Write `text` over the lease if it still holds `token` (what we last read or wrote)."""
+    def replace(self, text: bytes, token: object, stale_after_s: float, budget_s: Optional[float] = None) -> object:
+        """Write `text` over the lease if it still holds `token` (what we last read or wrote). (`budget_s`: a
+        Cloud Storage request's; a local write has none.)"""
         with self._guarded(stale_after_s) as still_mine:
             current, _ = self.read()
             if current != token:
@@ -263,7 +270,7 @@ class LocalStore:
             return {}
 
 
-def _reason(exc: BaseException) -> str:
+def reason(exc: BaseException) -> str:
     """An unreachable endpoint's reason in a few words ("ConnectionError: [Errno 111] Connection refused"), not the
     HTTP library's nested retelling of the request."""
     text = first_line(exc)
@@ -329,7 +336,7 @@ class GcsStore:
             cause = exc.cause if isinstance(exc, exceptions.RetryError) and exc.cause is not None else exc
             raise LeaseRefused(
                 f"could not reach Cloud Storage bucket gs://{self.bucket_name} to read the lease {self.path} within "
-                f"{budget_s:g} s ({time.monotonic() - began:.1f} s tried): {_reason(cause)}",
+                f"{budget_s:g} s ({time.monotonic() - began:.1f} s tried): {reason(cause)}",
                 hint="check this machine's network and the bucket's name; $STORAGE_EMULATOR_HOST, when set, "
                      "redirects Cloud Storage") from None
 
@@ -354,12 +361,16 @@ class GcsStore:
             blob = self.bucket.get_blob(self.blob_name, **self._budget(budget_s))
         return 0 if blob is None else blob.generation
 
-    def _write(self, text: bytes, generation: int) -> object:
+    def _write(self, text: bytes, generation: int, budget_s: Optional[float] = None) -> object:
+        """Upload `text` if the object's generation is still `generation`. Retried (the client's retries, within
+        `budget_s`) when its reply does not come: a retry of a write the server applied fails the precondition,
+        a `_Conflict` the lease resolves by reading the object back (`Lease._settle`)."""
         from google.api_core import exceptions
 
         blob = self.bucket.blob(self.blob_name)
         try:
-            blob.upload_from_string(text, content_type="application/json", if_generation_match=generation)
+            blob.upload_from_string(text, content_type="application/json", if_generation_match=generation,
+                                    **self._budget(budget_s))
         except exceptions.PreconditionFailed:
             raise _Conflict() from None
         return blob.generation
@@ -367,8 +378,8 @@ class GcsStore:
     def create(self, text: bytes) -> object:
         return self._write(text, 0)  # 0: only if no such object exists
 
-    def replace(self, text: bytes, token: object, stale_after_s: float) -> object:
-        return self._write(text, int(token))
+    def replace(self, text: bytes, token: object, stale_after_s: float, budget_s: Optional[float] = None) -> object:
+        return self._write(text, int(token), budget_s)
 
 
 def store_for(model_dir: str, read_budget_s: Optional[float] = None):
@@ -398,9 +409,31 @@ def read_lease(model_dir: str, budget_s: Optional[float] = READ_BUDGET_S) -> Opt
 
 # -------------------------------------------------------------------------------------------- lease
 
+class StoreUnreachable(TpuLaunchError):
+    """model_dir's store could not be reached for the lease's stale time: another run may take model_dir over
+    meanwhile (the lease is stale), so this run stops writing there. Not a takeover: no run is known to hold it."""
+
+    def __init__(self, model_dir: str, since: float, seconds: float, cause: BaseException):
+        super().__init__(f"could not reach the store of run.model_dir {model_dir} for {age_text(seconds)} (since "
+                         f"{clock_text(since)}; {reason(cause)}): past the lease's stale time another run may take "
+                         "it over, so this run stopped without writing there again",
+                         hint="rerun once the store answers: it resumes from the newest checkpoint there")
+
+
+def clock_text(when: float) -> str:
+    """'06:31:02 UTC' of a wall-clock time."""
+    return datetime.datetime.fromtimestamp(when, tz=datetime.timezone.utc).strftime("%H:%M:%S UTC")
+
+
 @dataclasses.dataclass
 class Lease:
-    """The lease this run holds; `took_over` says from whom, when it was taken over."""
+    """The lease this run holds; `took_over` says from whom, when it was taken over.
+
+    A lease read back that is `held` and names this run and this lease (its `run_id`, and `holder`: a random token
+    made when the lease was taken; never another run's, a restarted process's with the same pid included) is this
+    run's own, whatever its generation: a write the store applied but whose reply was lost (the client's retry
+    then fails its precondition) is adopted, not taken for a takeover. Only a lease naming another run, or
+    released by someone else, fences this run."""
 
     store: object
     data: dict
@@ -409,32 +442,65 @@ class Lease:
     stale_after_s: float
     clock: Callable[[], float] = time.time
     lost: Optional[dict] = None  # the lease someone else wrote over ours
+    # Said when the store stops answering (wall-clock time since when, the error) and when it answers again (since
+    # when, seconds it did not answer): by whichever of the renewal thread and the checks finds it first.
+    on_unreachable: Callable[[float, BaseException], None] = lambda since, exc: None
+    on_reachable: Callable[[float, float], None] = lambda since, seconds: None
     # When the lease was last known ours (time.monotonic(): a renewal written, a check passed).
     _known_at: float = dataclasses.field(default_factory=time.monotonic)
+    _unreachable_since: Optional[Tuple[float, float]] = None  # (wall clock, monotonic) of the first failure
     _stop: threading.Event = dataclasses.field(default_factory=threading.Event)
     _thread: Optional[threading.Thread] = None
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    _said: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     @property
     def took_over(self) -> Optional[dict]:
         return self.data.get("took_over")
 
-    def _put(self, data: dict) -> None:
+    def is_ours(self, data: Optional[dict]) -> bool:
+        """Whether `data` (a lease as read) is this run's, still held."""
+        return bool(data) and data.get("state") == "held" and data.get("run_id") == self.data["run_id"] and \
+            data.get("holder") == self.data["holder"]
+
+    def _put(self, data: dict, budget_s: Optional[float] = None) -> None:
         with self._lock:
-            self.token = self.store.replace(_encode(data), self.token, self.stale_after_s)
+            try:
+                self.token = self.store.replace(_encode(data), self.token, self.stale_after_s, budget_s)
+            except _Conflict:
+                self._settle(data, budget_s)
             self.data = data
 
+    def _settle(self, data: dict, budget_s: Optional[float]) -> None:
+        """A change refused (the lease is not at the version last written): read it back. It is `data` itself (this
+        write was applied, its reply lost): adopted. It is this run's held lease (an earlier write whose reply was
+        lost): adopted, and `data` written over it. Anything else: `_Conflict`."""
+        text, token = self.store.read()
+        try:
+            now = _decode(text, self.store.path) if text else None
+        except LeaseRefused:  # not a lease now: not ours (`_found_lost` says so)
+            raise _Conflict() from None
+        if now == data:
+            self.token = token
+            return
+        if not self.is_ours(now):
+            raise _Conflict()
+        self.token = self.store.replace(_encode(data), token, self.stale_after_s, budget_s)
+
     def renew(self) -> bool:
-        """Write a new renewal time; False (and `lost` set) when another run took the lease over."""
+        """Write a new renewal time; False (and `lost` set) when another run took the lease over. Each try is
+        bounded (an interval, at least a few seconds), so an unreachable store is said within that and retried at
+        the next interval."""
         if self.lost is not None:
             return False
         try:
-            self._put({**self.data, "renewed": self.clock()})
+            self._put({**self.data, "renewed": self.clock()}, max(self.renew_every_s, READ_BUDGET_S))
         except _Conflict:
             with self._lock:
                 self._found_lost(reclaim=True)
             if self.lost is not None:
                 return False
+        self._reached()
         self._known_at = time.monotonic()
         return True
 
@@ -445,58 +511,85 @@ class Lease:
     def raise_if_lost(self) -> None:
         """Raise `LeaseLost` when the renewal thread found the lease taken over: after every step, without I/O
         while renewals keep up. A renewal more than two intervals overdue means this process was frozen (or its
-        store is slow): the lease is reread before the next step (`ensure_held`, at most once an interval), so
-        a process that thaws stops after the step it was in, whichever of its threads runs first."""
+        store is slow or unreachable): the lease is reread before the next step (`ensure_held`, which waits for an
+        unreachable store), so a process that thaws stops after the step it was in, whichever of its threads runs
+        first."""
         if self.lost is not None:
             raise LeaseLost(self.model_dir, self.lost)
         if self._thread is not None and time.monotonic() - self._known_at > 2 * self.renew_every_s:
             self.ensure_held()
 
     def ensure_held(self) -> None:
-        """Reread the lease (on gs://: its generation) and raise `LeaseLost` when it is no longer the one this run
-        last wrote: before every checkpoint save and evaluation, so a run that thawed after being frozen past
-        the stale time writes nothing into its successor's model_dir. When the lease cannot be read (a network
-        error) the save goes on: the renewals, which retry, find a takeover. No lock is held while reading, so
-        a renewal slowed by an outage never holds training up here."""
+        """Reread the lease (on gs://: its generation) and raise `LeaseLost` when another run holds it now: before
+        every checkpoint save and evaluation, so a run that thawed after being frozen past the stale time writes
+        nothing into its successor's model_dir. A store that cannot be reached is waited for and retried (said
+        once, with since when) until the lease would go stale, then `StoreUnreachable`: a run that cannot tell
+        whether it still holds model_dir writes nothing there. No lock is held while reading, so a renewal slowed
+        by an outage never holds training up here."""
         if self.lost is None:
             checked_at = time.monotonic()
-            if not self._version_is(self.token):
+            if self._current_version() != self.token:
                 # A renewal may be between its write and its new token: under the lock it has finished.
                 with self._lock:
-                    if not self._version_is(self.token):
+                    if self._current_version() != self.token:
                         self._found_lost(reclaim=True)
             if self.lost is None:
                 self._known_at = max(self._known_at, checked_at)
         if self.lost is not None:
             raise LeaseLost(self.model_dir, self.lost)
 
-    def _version_is(self, token: object) -> bool:
-        """Whether the lease is still the one written with `token`; True when it cannot be read (a network error
-        is not a reason to stop training: the renewals, which retry, find a takeover)."""
-        try:
-            return self.store.version(CHECK_BUDGET_S) == token
-        except Exception:
-            return True
+    def _current_version(self) -> object:
+        """The lease's version now (`store.version`), waiting while the store cannot be reached, up to the stale
+        time since the lease was last known ours."""
+        while True:
+            try:
+                version = self.store.version(CHECK_BUDGET_S)
+            except Exception as exc:
+                since = self._unreached(exc)
+                if time.monotonic() - self._known_at > self.stale_after_s:
+                    raise StoreUnreachable(self.model_dir, since[0], time.monotonic() - since[1], exc) from None
+                time.sleep(min(1.0, self.renew_every_s))  # the next try: the store's own retries have waited already
+                continue
+            self._reached()
+            return version
+
+    def _unreached(self, exc: BaseException) -> Tuple[float, float]:
+        with self._said:
+            if self._unreachable_since is None:
+                self._unreachable_since = (time.time(), time.monotonic())
+                self.on_unreachable(self._unreachable_since[0], exc)
+            return self._unreachable_since
+
+    def _reached(self) -> None:
+        with self._said:
+            if self._unreachable_since is not None:
+                since, self._unreachable_since = self._unreachable_since, None
+                self.on_reachable(since[0], time.monotonic() - since[1])
 
     def _found_lost(self, reclaim: bool = False) -> None:
-        """The lease is not the one this run last wrote: `lost` says whose it is now. A lease file that is gone
-        (removed by hand, or with model_dir) is no other run's: with `reclaim` it is made again, ours (an
-        exclusive create: a run that made it first has taken it, and this one is lost)."""
+        """The lease is not the one this run last wrote: `lost` says whose it is now. This run's own, held (a write
+        applied whose reply was lost), is adopted as it is. A lease file that is gone (removed by hand, or with
+        model_dir) is no other run's: with `reclaim` it is made again, ours (an exclusive create: a run that made
+        it first has taken it, and this one is lost)."""
         try:
-            text, _ = self.store.read()
+            text, token = self.store.read()
             if text is None and reclaim:
                 try:
                     self.token = self.store.create(_encode(self.data))
                     return
                 except _Conflict:
-                    text, _ = self.store.read()
+                    text, token = self.store.read()
                 except Exception:  # model_dir cannot be written now: its own writes say so, naming it
                     return
-            self.lost = _decode(text, self.store.path) if text else {"state": "missing"}
+            now = _decode(text, self.store.path) if text else None
+            if self.is_ours(now):
+                self.token, self.data = token, now
+                return
+            self.lost = now or {"state": "missing"}
         except Exception:  # changed, but unreadable now: lost all the same
             self.lost = {"state": "unreadable"}
 
-    def start_renewing(self, on_lost: Callable[[dict], None], on_error: Callable[[BaseException], None]) -> "Lease":
+    def start_renewing(self, on_lost: Callable[[dict], None]) -> "Lease":
         def loop():
             while not self._stop.wait(self.renew_every_s):
                 try:
@@ -504,7 +597,7 @@ class Lease:
                         on_lost(self.lost)
                         return
                 except Exception as exc:  # a failed renewal is retried: the lease goes stale only after many
-                    on_error(exc)
+                    self._unreached(exc)
 
         self._thread = threading.Thread(target=loop, name="tpulaunch-lease", daemon=True)
         self._thread.start()
@@ -561,17 +654,21 @@ def acquire(model_dir: str, *, run_id: str, command: str, take: bool = False,
 
 
 def _acquire(store, model_dir, run_id, command, take, clock, renew, stale) -> Lease:
+    holder = secrets.token_hex(8)  # this lease's, in every write of it: a lease read back with it is ours
     for _ in range(5):  # each pass loses only to another run's change, which the next pass reads
         text, token = store.read()
         now = clock()
         mine = {"state": "held", "host": socket.gethostname(), "pid": os.getpid(), "run_id": run_id,
-                "command": command, "started": now, "renewed": now, "renew_every_s": renew, "stale_after_s": stale,
-                "took_over": None}
+                "holder": holder, "command": command, "started": now, "renewed": now, "renew_every_s": renew,
+                "stale_after_s": stale, "took_over": None}
         try:
             if text is None:
                 token = store.create(_encode(mine))
             else:
                 held = _decode(text, store.path)
+                if held["state"] == "held" and held.get("holder") == holder:
+                    # This run's own write, applied though its reply was lost (the retry failed its precondition).
+                    return Lease(store, held, token, renew, stale, clock)
                 age = now - held["renewed"]
                 if held["state"] == "held":
                     gone = holder_gone(held)

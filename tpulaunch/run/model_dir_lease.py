@@ -30,9 +30,14 @@ def held_lease(model_dir: str, command: str, *, take: bool, say: Callable[[str],
         say(f"lease | lost: {leases.holder_text(now_holder)} took run.model_dir {model_dir} over while this "
             "run held it; this run writes nothing more there")
 
-    def renew_failed(exc: BaseException) -> None:
-        say(f"lease | could not renew the lease on {model_dir} ({type(exc).__name__}: {first_line(exc)}); "
-            "retrying")
+    def unreachable(since: float, exc: BaseException) -> None:  # said once, however long it lasts
+        say(f"lease | cannot reach the lease {leases.lease_path(model_dir)} since {leases.clock_text(since)} "
+            f"({leases.reason(exc)}); retrying: the run holds off writing to model_dir until it can tell its lease is "
+            f"still its own, up to the lease's stale time ({lease.stale_after_s:g} s)")
+
+    def reachable(since: float, seconds: float) -> None:
+        say(f"lease | reachable again after {leases.age_text(seconds)} (unreachable since {leases.clock_text(since)}); "
+            "the lease is still this run's")
 
     lease = None
     try:
@@ -40,7 +45,8 @@ def held_lease(model_dir: str, command: str, *, take: bool, say: Callable[[str],
         # the `finally` below releases the lease.
         with deferred(until_recorded=True):
             lease = leases.acquire(model_dir, run_id=leases.new_run_id(), command=command, take=take)
-            lease.start_renewing(on_lost=lost, on_error=renew_failed)
+            lease.on_unreachable, lease.on_reachable = unreachable, reachable
+            lease.start_renewing(on_lost=lost)
         took = lease.took_over
         if took:
             why = ("at once (--take-lease)" if took["forced"] else
