@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from tpulaunch.errors import AlreadyReported, TpuLaunchError, first_line
+from tpulaunch.errors import AlreadyReported, TpuLaunchError, first_line, resource_limit_error
 from tpulaunch.run.events import RunRecorder
 from tpulaunch.run.lease import LeaseLost, holder_text
 from tpulaunch.run.signals import Terminated
@@ -33,6 +33,9 @@ def outcome(recorder: RunRecorder, error: BaseException = None) -> str:
         return f"stopped ({error.name})"
     if isinstance(error, TpuLaunchError) and not isinstance(error, AlreadyReported):
         return f"failed: {error.message}"
+    limited = resource_limit_error(error)
+    if limited is not None:  # out of memory under ulimit -v, too many open files: the limit, as the user is told
+        return f"failed: {limited.message}"
     return f"failed: {type(error).__name__}: {first_line(error)}"
 
 

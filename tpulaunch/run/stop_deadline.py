@@ -108,6 +108,9 @@ def _watch(fd: int, grace: float) -> None:
                 continue
             if first is None:
                 first, deadline = signum, time.monotonic() + grace
+                name = signal.Signals(signum).name
+                _say(f"stop | {name}: the run stops at its next step boundary; if it has not ended in {grace:g} s, "
+                     "it is stopped where it is" + (" (a second Ctrl-C: at once)" if signum == signal.SIGINT else ""))
             elif signum == signal.SIGINT:  # a second Ctrl-C: the user does not want to wait for the step
                 _force(first, grace, second=True)
                 return
