@@ -24,7 +24,7 @@ import time
 from typing import Callable, List, Optional, Tuple
 
 from tpulaunch.run.lease import _seconds
-from tpulaunch.run.signals import HANDLED, exit_code_of
+from tpulaunch.run.signals import HANDLED, exit_code_of, handling_from_start
 
 GRACE_ENV = "TPULAUNCH_STOP_GRACE_S"
 GRACE_S = 30.0
@@ -82,11 +82,13 @@ class Ending:
 
 def arm() -> None:
     """Watch for SIGINT/SIGTERM/SIGHUP from a thread of this module's own, once per process (main thread only:
-    elsewhere signals are not this process's to handle). Reads the grace first: a bad $TPULAUNCH_STOP_GRACE_S is
-    refused here, as the run starts."""
+    elsewhere signals are not this process's to handle), and only in `tpulaunch`'s own process (`signals.
+    handle_from_start` ran: its entry point's): a program running the CLI inside its own (a test through click's
+    CliRunner) keeps its signals, and a stop must never end it. Reads the grace first: a bad
+    $TPULAUNCH_STOP_GRACE_S is refused here, as the run starts."""
     global _armed
     grace = grace_s()
-    if _armed or threading.current_thread() is not threading.main_thread():
+    if _armed or not handling_from_start() or threading.current_thread() is not threading.main_thread():
         return
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)  # the C handler must never block
