@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import errno
 import re
+import resource  # here, not where a limit is read: with every file descriptor taken, no module can be imported
 from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
@@ -284,8 +285,6 @@ def resource_limit_error(exc: BaseException) -> Optional[ResourceLimitError]:
 
 def _memory_limit() -> Optional[tuple]:
     """(what the limit is, with its value; the ulimit option; bytes) of this process's memory limit, or None."""
-    import resource
-
     for name, option, what in (("RLIMIT_AS", "ulimit -v", "address-space limit"),
                                ("RLIMIT_DATA", "ulimit -d", "data-segment limit")):
         soft, _hard = resource.getrlimit(getattr(resource, name))
@@ -299,16 +298,12 @@ def _size(size: int) -> str:
 
 
 def _files_limit() -> str:
-    import resource
-
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     hard_text = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
     return f"this process may open {soft} (ulimit -n {soft}; its hard limit is {hard_text})"
 
 
 def _more_files() -> int:
-    import resource
-
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = max(4096, soft * 4)
     return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
