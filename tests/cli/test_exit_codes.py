@@ -78,10 +78,11 @@ def test_too_many_open_files_exits_1_naming_the_limit_and_the_fix():
     done = _greedy("files", {resource.RLIMIT_NOFILE: 64})
     assert done.returncode == ExitCode.PROBLEMS, done.stderr
     hard_text = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
+    more = 4096 if hard == resource.RLIM_INFINITY else min(4096, hard)
     assert done.stderr.splitlines() == [
         f"error: too many open files (this process may open 64 (ulimit -n 64; its hard limit is {hard_text})): "
         f"OSError: [Errno 24] Too many open files: '/dev/null'",
-        f"  hint: raise the limit before running (ulimit -n {4096 if hard == resource.RLIM_INFINITY else min(4096, hard)}); "
+        f"  hint: raise the limit before running (ulimit -n {more}); "
         "or name fewer, larger data files"]
 
 

@@ -2,9 +2,10 @@
 estimator engine; the keras and jax engines: tests/keras_engine/test_keras_stop_deadline.py). Real `tpulaunch`
 processes, real FIFOs, real signals, a real address-space limit.
 
-A run's input that blocks (the job's input_fn reads a FIFO that nothing more is written into) holds its step: the graceful stop at the
-next step boundary cannot come. After the grace ($TPULAUNCH_STOP_GRACE_S, 2 s here) the run is stopped where it
-is: exit 130, its record says why, its lease is released, and the last checkpoint stays the one to resume from."""
+A run's input that blocks (the job's input_fn reads a FIFO that nothing more is written into) holds its step:
+the graceful stop at the next step boundary cannot come. After the grace ($TPULAUNCH_STOP_GRACE_S, 2 s here)
+the run is stopped where it is: exit 130, its record says why, its lease is released, and the last checkpoint
+stays the one to resume from."""
 
 from __future__ import annotations
 
@@ -110,7 +111,8 @@ def test_a_step_waiting_on_its_input_is_stopped_record_written_lease_released(pr
     run_dir = tmp_path / "run"
     grace = GRACE_S if how == "after the grace" else "600"
     run = Run(["train", str(root / "job.yaml"), "--local", "--model-dir", str(run_dir), "--set", "eval=null",
-               "--set", "data.input_fn=stream:train_input_fn", "--set", "data.train=null", "--set", "data.eval=null", "--set", "train.steps=100000",
+               "--set", "data.input_fn=stream:train_input_fn", "--set", "data.train=null", "--set", "data.eval=null",
+               "--set", "train.steps=100000",
                "--set", "run.log_every_steps=1"], env=cli_env(TPULAUNCH_STOP_GRACE_S=grace))
     writer = []
     opening = threading.Thread(target=lambda: writer.append(os.open(root / "stream.fifo", os.O_WRONLY)), daemon=True)

@@ -58,7 +58,8 @@ def not_a_file(path: str) -> Optional[Tuple[str, str]]:
         return None
     if stat.S_ISREG(mode):
         return None
-    return next(((what, why) for test, what, why in _NOT_A_FILE if test(mode)), ("not a regular file", "it is not a file"))
+    return next(((what, why) for test, what, why in _NOT_A_FILE if test(mode)),
+                ("not a regular file", "it is not a file"))
 
 
 def not_a_file_text(path: str, found: Tuple[str, str]) -> Tuple[str, str]:

@@ -55,8 +55,8 @@ class Ending:
     (`action(ForcedStop)`).
 
     `describe`: what the run has not finished, as (what, guess), e.g. ("the step did not return", "waiting on its
-    input?"), for the forced stop's reason. `after`: what a forced stop of this block tells the user (the checkpoint to resume
-    from)."""
+    input?"), for the forced stop's reason. `after`: what a forced stop of this block tells the user (the
+    checkpoint to resume from)."""
 
     def __init__(self, action: Callable[[Optional[ForcedStop]], None], *,
                  describe: Optional[Callable[[], Tuple[str, Optional[str]]]] = None,
