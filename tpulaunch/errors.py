@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import errno
 import re
+import resource  # here, not where a limit is read: with every file descriptor taken, no module can be imported
 from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
@@ -227,3 +228,82 @@ def storage_error(exc: BaseException) -> Optional[StorageError]:
                 path = paths[-1].rstrip(".:") if paths else None
             return StorageError(errno.errorcode[code], said, str(path) if path is not None else None, hint)
     return None
+
+
+# ------------------------------------------------------------------------------------------- resource limits
+
+# Out of host memory, as Python, the C++ runtime, TensorFlow, XLA and the dynamic loader say it. Under an address-space
+# limit (`ulimit -v`) each of them fails this way: mapping a framework's library at import, protobuf's descriptor
+# pool, a thread's stack, a tensor's allocation.
+_OUT_OF_MEMORY = ("std::bad_alloc", "OOM when allocating", "Out of memory", "out of memory",
+                  "failed to map segment from shared object", "Cannot allocate memory", "can't start new thread",
+                  "cannot allocate memory")
+# ... but not a device's (a TPU's HBM, a GPU's): no host limit is involved there.
+_DEVICE_MEMORY = ("hbm", "HBM", "device:GPU", "device:TPU", "GPU memory", "TPU memory")
+_TOO_MANY_FILES = "Too many open files"
+
+
+class ResourceLimitError(TpuLaunchError):
+    """A failure for want of a resource this process is limited in: host memory (its address space, `ulimit -v`)
+    or open files (`ulimit -n`), with the limit's current value and the fix."""
+
+
+def resource_limit_error(exc: BaseException) -> Optional[ResourceLimitError]:
+    """The error to show for `exc` when it failed for want of host memory or file descriptors, else None.
+
+    Told by type (MemoryError), errno (ENOMEM, EMFILE) or the words of its message or of an error it was raised
+    from (an ImportError of a library the loader could not map; TensorFlow's and XLA's RESOURCE_EXHAUSTED)."""
+    if storage_error(exc) is not None:  # a full disk also comes as RESOURCE_EXHAUSTED
+        return None
+    texts, cause, seen = [], exc, 0
+    while cause is not None and seen < 8:  # the error and what it was raised from
+        texts.append(f"{type(cause).__name__}: {getattr(cause, 'message', None) or cause}")
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    text = "\n".join(texts)
+    said = f"{type(exc).__name__}: {first_line(exc)}" if str(exc).strip() else type(exc).__name__
+    number = getattr(exc, "errno", None) if isinstance(exc, OSError) else None
+    if number in (errno.EMFILE, errno.ENFILE) or _TOO_MANY_FILES in text:
+        return ResourceLimitError(f"too many open files ({_files_limit()}): {said}",
+                                  hint=f"raise the limit before running (ulimit -n {_more_files()}); or name fewer, "
+                                       "larger data files")
+    limit = _memory_limit()
+    memory = (isinstance(exc, MemoryError) or number == errno.ENOMEM
+              or any(words in text for words in _OUT_OF_MEMORY)
+              # A C extension that fails without saying why, under a memory limit: an allocation it did not check.
+              or (limit is not None and isinstance(exc, SystemError)))
+    if not memory or any(words in text for words in _DEVICE_MEMORY):
+        return None
+    if limit is None:
+        return ResourceLimitError(
+            f"out of host memory (no ulimit -v or -d limit on this process: the machine's memory ran out): {said}",
+            hint="a smaller train.batch_size (or eval.batch_size), a smaller model, or a machine with more memory")
+    return ResourceLimitError(
+        f"out of memory under this process's {limit[0]}: {said}",
+        hint=f"raise the limit before running ({limit[1]} unlimited, or well above {_size(limit[2])}); TensorFlow and "
+             "JAX reserve far more address space than they use; or a smaller train.batch_size (or model)")
+
+
+def _memory_limit() -> Optional[tuple]:
+    """(what the limit is, with its value; the ulimit option; bytes) of this process's memory limit, or None."""
+    for name, option, what in (("RLIMIT_AS", "ulimit -v", "address-space limit"),
+                               ("RLIMIT_DATA", "ulimit -d", "data-segment limit")):
+        soft, _hard = resource.getrlimit(getattr(resource, name))
+        if soft != resource.RLIM_INFINITY:
+            return f"{what} of {_size(soft)} ({option} {soft // 1024})", option, soft
+    return None
+
+
+def _size(size: int) -> str:
+    return f"{size / 2 ** 30:.1f} GiB" if size >= 2 ** 30 else f"{size / 2 ** 20:.0f} MiB"
+
+
+def _files_limit() -> str:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    hard_text = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
+    return f"this process may open {soft} (ulimit -n {soft}; its hard limit is {hard_text})"
+
+
+def _more_files() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max(4096, soft * 4)
+    return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)

@@ -198,4 +198,27 @@ def test_a_directory_among_the_matches_is_named(tmp_path):
     write(tmp_path / "data/eval-0.tfrecord", good_records(8))
     found, _ = problems(path)
     assert [(f[1], f[2], f[4]) for f in found if f[0] == "error"] == [
-        ("data-is-directory", "data.train", f"{tmp_path}/data/train-dir is a directory, not a TFRecord file")]
+        ("data-is-directory", "data.train",
+         f"{tmp_path}/data/train-dir is a directory, not a TFRecord file: a directory holds files, it is not one")]
+
+
+def test_a_fifo_and_a_socket_among_the_matches_are_refused_at_their_key_never_opened(tmp_path):
+    """A FIFO nobody writes would hold the dry run forever (it was reported as an empty file once opened); a
+    socket cannot be read. Each is refused at the key whose pattern matched it, with the fix."""
+    import socket
+
+    path = job(tmp_path, train="data/train-*")
+    write(tmp_path / "data/train-0.tfrecord", good_records(8))
+    os.mkfifo(tmp_path / "data/train-fifo")
+    listening = socket.socket(socket.AF_UNIX)
+    listening.bind(str(tmp_path / "data/train-socket"))
+    write(tmp_path / "data/eval-0.tfrecord", good_records(8))
+    try:
+        found, _ = problems(path)
+    finally:
+        listening.close()
+    assert [(f[1], f[2], f[4]) for f in found if f[0] == "error"] == [
+        ("data-not-a-file", "data.train", f"{tmp_path}/data/train-fifo is a FIFO (named pipe), not a TFRecord file: "
+                                          "reading it waits, without end, for something to write into it"),
+        ("data-not-a-file", "data.train", f"{tmp_path}/data/train-socket is a socket, not a TFRecord file: it cannot "
+                                          "be read as a file")]

@@ -37,3 +37,62 @@ def test_a_job_with_problems_exits_1_and_a_usage_error_2(tmp_path):
     job.write_text("name: x\nmodel: {builder: a:b}\n")
     assert CliRunner().invoke(cli, ["validate", "--static", str(job)]).exit_code == ExitCode.PROBLEMS == 1
     assert CliRunner().invoke(cli, ["validate", "--no-such-option", str(job)]).exit_code == ExitCode.USAGE == 2
+
+
+# A command that needs more than this machine lets it have, run as a program of its own under a limit set in the child.
+GREEDY = """
+import os, sys
+from tpulaunch.cli.base import command, pass_obj
+
+@command()
+@pass_obj
+def greedy(obj):
+    if sys.argv[1] == "files":
+        kept = []
+        while True:
+            kept.append(open(os.devnull))
+    bytearray(1 << 50)  # a petabyte
+
+greedy([])
+"""
+
+
+def _greedy(what: str, limits: dict) -> "subprocess.CompletedProcess":
+    import resource
+    import subprocess
+    import sys
+
+    from paths import REPO
+
+    def limit() -> None:
+        for name, soft in limits.items():
+            resource.setrlimit(name, (soft, resource.getrlimit(name)[1]))
+
+    return subprocess.run([sys.executable, "-c", GREEDY, what], capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, preexec_fn=limit)
+
+
+def test_too_many_open_files_exits_1_naming_the_limit_and_the_fix():
+    """A real EMFILE under `ulimit -n 64`: the limit as getrlimit reads it, and how to raise it; not exit 70."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    done = _greedy("files", {resource.RLIMIT_NOFILE: 64})
+    assert done.returncode == ExitCode.PROBLEMS, done.stderr
+    hard_text = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
+    more = 4096 if hard == resource.RLIM_INFINITY else min(4096, hard)
+    assert done.stderr.splitlines() == [
+        f"error: too many open files (this process may open 64 (ulimit -n 64; its hard limit is {hard_text})): "
+        f"OSError: [Errno 24] Too many open files: '/dev/null'",
+        f"  hint: raise the limit before running (ulimit -n {more}); "
+        "or name fewer, larger data files"]
+
+
+def test_a_memory_error_exits_1_naming_the_address_space_limit():
+    """A real MemoryError under `ulimit -v 2000000`: the limit, in GiB and as ulimit writes it; not exit 70."""
+    import resource
+
+    done = _greedy("memory", {resource.RLIMIT_AS: 2000000 * 1024})
+    assert done.returncode == ExitCode.PROBLEMS, done.stderr
+    assert done.stderr.splitlines()[0] == ("error: out of memory under this process's address-space limit of 1.9 GiB "
+                                           "(ulimit -v 2000000): MemoryError")

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from tpulaunch.checks.paths import as_list, has_glob
+from tpulaunch.checks.paths import as_list, has_glob, not_a_file, not_a_file_text
 from tpulaunch.errors import first_line
 from tpulaunch.job.schema import DTYPE_BYTES, TensorSpec
 from tpulaunch.job.load import LoadedJob
@@ -119,11 +119,19 @@ def _expand(loaded: LoadedJob, split: str, patterns, problems: list) -> list:
             problems.append(loaded.problem(key, "data-unreachable", f"cannot list '{pattern}': {first_line(exc)}",
                                            _access_hint(pattern)))
             continue
-        # Directories among the matches are reported when sampled (stat): checking each of 100k
-        # matches here would cost a request per file on gs://.
+        # A local match that is not a regular file is refused here, at its own key, and never opened (a FIFO
+        # would hold the dry run forever). Directories on gs:// are reported when sampled (stat): checking each
+        # of 100k matches here would cost a request per file.
         if not matched:
             problems.append(loaded.problem(key, "no-files", f"no files match '{pattern}'", _no_match_hint(pattern)))
-        files.extend(matched)
+        for path in matched:
+            found = not_a_file(path)
+            if found is None:
+                files.append(path)
+                continue
+            message, hint = not_a_file_text(path, found)
+            code = "data-is-directory" if found[0] == "a directory" else "data-not-a-file"
+            problems.append(loaded.problem(key, code, message, hint))
     return files
 
 

@@ -1,4 +1,4 @@
-"""The form of data and model_dir paths: no filesystem, no network, no TensorFlow.
+"""The form of data and model_dir paths: no network, no TensorFlow (the filesystem only for what a local path is).
 
 A Cloud TPU node reads input and writes checkpoints through its own hosts, which see Cloud Storage but
 not this machine's disk: a local path there fails only once training starts. On a TPU VM (`tpu.name:
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Iterator, Union
+import stat
+from typing import Iterator, Optional, Tuple, Union
 
 from tpulaunch.job.load import LoadedJob
 
@@ -33,6 +34,40 @@ def as_list(files: Union[str, list, None]) -> list:
     if files is None:
         return []
     return [files] if isinstance(files, str) else list(files)
+
+
+# What a local data path that is not a regular file is, and why it cannot be read as TFRecords.
+_NOT_A_FILE = (
+    (stat.S_ISDIR, "a directory", "a directory holds files, it is not one"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)", "reading it waits, without end, for something to write into it"),
+    (stat.S_ISSOCK, "a socket", "it cannot be read as a file"),
+    (stat.S_ISCHR, "a character device", "reading it waits on the device or never ends"),
+    (stat.S_ISBLK, "a block device", "it is a disk, not a file on one"),
+)
+
+
+def not_a_file(path: str) -> Optional[Tuple[str, str]]:
+    """(what it is, why it cannot be read) for a local data path that is not a regular file (a FIFO, a socket, a
+    device, a directory), else None: also for a URL (Cloud Storage holds objects only) and a path that is missing
+    or cannot be looked at (said where it is listed or read). Symbolic links are followed."""
+    if "://" in path:
+        return None
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return next(((what, why) for test, what, why in _NOT_A_FILE if test(mode)),
+                ("not a regular file", "it is not a file"))
+
+
+def not_a_file_text(path: str, found: Tuple[str, str]) -> Tuple[str, str]:
+    """(message, hint) for a data path that is not a regular file: validate's problem and train's refusal."""
+    what, why = found
+    return (f"{path} is {what}, not a TFRecord file: {why}",
+            "name only TFRecord files (a glob such as DIR/*.tfrecord matches only them), or move it out of the "
+            "data directory")
 
 
 def path_form_error(path: str) -> Union[tuple, None]:

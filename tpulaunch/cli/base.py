@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Optional, Union
 import click
 
 from tpulaunch.cli.render.problems import FORMATS, PIPE_WIDTH, PlainText, plain_text, write_line
-from tpulaunch.errors import AlreadyReported, ExitCode, TpuLaunchError, first_line, is_graph_error, storage_error
+from tpulaunch.errors import (AlreadyReported, ExitCode, TpuLaunchError, first_line, is_graph_error,
+                             resource_limit_error, storage_error)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -131,6 +132,11 @@ def _invoke_mapped(ctx: click.Context, invoke):
             click.echo(f"error: {storage.text()}", err=True)
             click.echo(f"  hint: {storage.hint}", err=True)
             ctx.exit(int(ExitCode.PROBLEMS))
+        limited = resource_limit_error(exc)
+        if limited is not None:  # out of memory under ulimit -v, too many open files: the limit and the fix
+            click.echo(f"error: {limited.message}", err=True)
+            click.echo(f"  hint: {limited.hint}", err=True)
+            ctx.exit(int(limited.exit_code))
         # One line: TensorFlow's messages carry the graph's stack frames, dozens of lines (--debug shows all).
         if is_graph_error(exc):  # the job's own graph failed while it ran: the job's to fix, like any problem
             click.echo(f"error: {type(exc).__name__} while the graph ran: {redact(first_line(exc))} (rerun with "

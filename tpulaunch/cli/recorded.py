@@ -9,12 +9,12 @@ before the import starts.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterator, Optional
 
 from tpulaunch.run import phases
 from tpulaunch.run.events import RunRecorder
 from tpulaunch.run.run_record import outcome, write_record
-from tpulaunch.run.signals import Terminated, deferred, raise_if_held, raise_if_swallowed
+from tpulaunch.run.signals import deferred, raise_if_held, raise_if_swallowed
 
 
 @contextlib.contextmanager
@@ -26,18 +26,35 @@ def recorded_run(obj, recorder: RunRecorder, engine, checked, command: str, *,
     "export". The job's check, from the recorder's start to now, is the first phase (the first line,
     before TensorFlow loads), TensorFlow's import the second; a `PhaseWatch` says when a phase runs
     far past what is usual. When the block ends, however it ends, the run's record is appended to model_dir
-    (when `record`, and once TensorFlow was loaded: it writes through TensorFlow's filesystem, and
-    model_dir may be gs://; a run a signal stopped before that is recorded too), and the recorder is
-    closed; a signal arriving meanwhile waits until the record is whole. `lease`: the model_dir lease the
+    (when `record`; a run that ended before TensorFlow loaded, through which a gs:// model_dir is written, only
+    to a local one), and the recorder is closed; a signal arriving meanwhile waits until the record is whole.
+    A step that does not return after a signal is stopped where it is (`run/stop_deadline.py`): the record
+    is then written from there, stopped with the reason. `lease`: the model_dir lease the
     run holds (`run/lease.py`): its run id and any takeover go into the record, and a run that lost it is
     recorded as fenced (`run/run_record.py`), never as done.
     """
+    from tpulaunch.run import stop_deadline
     from tpulaunch.run.phase_watch import PhaseWatch
 
     recorder.phase_done(phases.CHECK, recorder.phases.started_at)
     watch = PhaseWatch(recorder, on_tpu=checked.plan.on_tpu).start()
     loaded, error = False, None
+
+    def end(forced: Optional[BaseException]) -> None:
+        """The record (a run that ended before TensorFlow loaded too: written without it where model_dir is local),
+        then the recorder closed; `forced`: a signal's stop the run did not reach in time (`run/stop_deadline.py`)."""
+        try:
+            ended = forced or error
+            if record and (loaded or ended is not None):
+                write_record(recorder, engine, checked.job, checked.plan, command, outcome(recorder, ended),
+                             lease, through_framework=loaded, say=_say(obj))
+        finally:
+            recorder.close()
+
+    ending = stop_deadline.Ending(end, describe=lambda: _unfinished(recorder),
+                                  after=lambda: _resume_from(recorder) if command == "train" else None)
     try:
+        stop_deadline.arm()  # a signal is honoured within its grace, whatever the step waits on
         raise_if_held()  # a signal that came while the lease was taken: this run is recorded as it stopped
         with recorder.phase(phases.LOAD):
             engine.load()
@@ -54,12 +71,27 @@ def recorded_run(obj, recorder: RunRecorder, engine, checked, command: str, *,
     finally:
         watch.stop()
         with deferred():
-            try:
-                if record and (loaded or isinstance(error, (KeyboardInterrupt, Terminated))):
-                    write_record(recorder, engine, checked.job, checked.plan, command, outcome(recorder, error),
-                                 lease, through_framework=loaded, say=_say(obj))
-            finally:
-                recorder.close()
+            ending()
+
+
+# The phases in which the run waits on its step (training's, or an evaluation's).
+_STEPPING = (phases.FIRST_STEP, phases.TRAINING, phases.EVALUATION)
+
+
+def _unfinished(recorder: RunRecorder) -> tuple:
+    """What a run that did not stop in time had not finished, and what it likely waits on."""
+    current = recorder.phases.current()
+    if current is None:
+        return "the run did not end", None
+    if current[0] in _STEPPING:
+        return "the step did not return", "waiting on its input, a store or a collective?"
+    return f"the phase '{current[0]}' did not end", None
+
+
+def _resume_from(recorder: RunRecorder) -> str:
+    last = recorder.last_checkpoint
+    return ("a rerun of the same command resumes from the last complete checkpoint"
+            + (f", {last}" if last else " in model_dir"))
 
 
 def _refuse_what_validate_refuses(checked, command: str) -> None:

@@ -188,7 +188,10 @@ def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Option
     is taken over) or --take-lease.
 
     Ctrl-C (or SIGTERM, SIGHUP) finishes the current step, saves a checkpoint there and exits 130 (143,
-    129); running the same command again continues from that step. A run whose lease another run took
+    129); running the same command again continues from that step. A step that does not return within 30 s
+    of the signal ($TPULAUNCH_STOP_GRACE_S: its input, a store or a collective never answers), or a second
+    Ctrl-C, stops the run where it is: its record written, its lease released, no checkpoint at the stop
+    (the last one stays the one to resume from). A run whose lease another run took
     over (it was frozen past the stale time, or --take-lease) stops before its next write there, exit 5. A checkpoint that a preemption cut
     in half is skipped: training resumes from the one before it.
 

@@ -15,7 +15,7 @@ import time
 from typing import Callable, List, Optional, Tuple
 
 from tpulaunch.checks.data import CORRUPT_RECORD_AT
-from tpulaunch.checks.paths import as_list
+from tpulaunch.checks.paths import as_list, not_a_file, not_a_file_text
 from tpulaunch.engine.plain import features_as_dict, input_settings, spec_errors, tensor_specs
 from tpulaunch.errors import TpuLaunchError, first_line
 from tpulaunch.job.schema import Job
@@ -89,7 +89,13 @@ def _files_for(job: Job, mode: str):
     if files is None:
         raise TpuLaunchError(f"data.{mode}: no {mode} files in the job",
                              hint=f"set data.{mode} to a TFRecord file or glob")
-    return expand_files(files, what=f"data.{mode}")
+    found = expand_files(files, what=f"data.{mode}")
+    refused = [(path, kind) for path in found for kind in [not_a_file(path)] if kind is not None]
+    if refused:  # never opened: a FIFO would hold the run's first step forever
+        message, hint = not_a_file_text(*refused[0])
+        more = f" (and {len(refused) - 1} more like it)" if len(refused) > 1 else ""
+        raise TpuLaunchError(f"data.{mode}: {message}{more}", hint=hint)
+    return found
 
 
 def _unread_files(job: Job, mode: str) -> List[str]:

@@ -10,6 +10,7 @@ from typing import Callable, Iterator, Optional
 from tpulaunch.errors import first_line
 from tpulaunch.run import lease as leases
 from tpulaunch.run.signals import deferred
+from tpulaunch.run.stop_deadline import Ending
 from tpulaunch.run.workers import is_chief_worker
 
 
@@ -39,12 +40,21 @@ def held_lease(model_dir: str, command: str, *, take: bool, say: Callable[[str],
         say(f"lease | reachable again after {leases.age_text(seconds)} (unreachable since {leases.clock_text(since)}); "
             "the lease is still this run's")
 
-    lease = None
+    def release(forced=None) -> None:
+        try:
+            lease.release()
+        except Exception as exc:  # left held, it goes stale: the next run takes it over
+            say(f"lease | not released ({type(exc).__name__}: {first_line(exc)}); it goes stale after "
+                f"{lease.stale_after_s:g} s")
+
+    lease, ending = None, None
     try:
         # A signal here is raised once the lease is taken and the run record's block runs (it records the stop);
-        # the `finally` below releases the lease.
+        # the `finally` below releases the lease (or, when the run's step does not return after a signal, the
+        # forced stop does: `stop_deadline.py`).
         with deferred(until_recorded=True):
             lease = leases.acquire(model_dir, run_id=leases.new_run_id(), command=command, take=take)
+            ending = Ending(release)
             lease.on_unreachable, lease.on_reachable = unreachable, reachable
             lease.start_renewing(on_lost=lost)
         took = lease.took_over
@@ -56,13 +66,9 @@ def held_lease(model_dir: str, command: str, *, take: bool, say: Callable[[str],
                 f"{leases.age_text(took['renewed_s_ago'])} ago: {why}")
         yield lease
     finally:
-        if lease is not None:
+        if ending is not None:
             with deferred():
-                try:
-                    lease.release()
-                except Exception as exc:  # left held, it goes stale: the next run takes it over
-                    say(f"lease | not released ({type(exc).__name__}: {first_line(exc)}); it goes stale after "
-                        f"{lease.stale_after_s:g} s")
+                ending()
     if lease.lost is not None:  # after its last write (its record checked the lease): nothing of it is mixed
         say(f"lease | {leases.holder_text(lease.lost)} took run.model_dir {model_dir} over as this run ended, "
             "after its last write there")

@@ -6,17 +6,21 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from tpulaunch.errors import AlreadyReported, TpuLaunchError, first_line
+from tpulaunch.errors import AlreadyReported, TpuLaunchError, first_line, resource_limit_error
 from tpulaunch.run.events import RunRecorder
 from tpulaunch.run.lease import LeaseLost, holder_text
 from tpulaunch.run.signals import Terminated
+from tpulaunch.run.stop_deadline import ForcedStop
 
 FENCED = "fenced"  # the outcome's first word for a run whose model_dir lease another run took over
 
 
 def outcome(recorder: RunRecorder, error: BaseException = None) -> str:
     """"done", "stopped (SIGINT)", "stopped (TPU PREEMPTED)", "fenced: lease lost to host ..., pid ..., run ...",
-    "failed: <what went wrong>"."""
+    "stopped (SIGINT): the step did not return within 30 s of SIGINT (...)" (a step the signal's stop could not
+    wait for), "failed: <what went wrong>"."""
+    if isinstance(error, ForcedStop):
+        return f"stopped ({error.name}): {error.reason}"
     if isinstance(error, LeaseLost):
         return f"{FENCED}: lease lost to {holder_text(error.holder)}"
     if recorder.stopped_by:
@@ -31,6 +35,9 @@ def outcome(recorder: RunRecorder, error: BaseException = None) -> str:
 
     if isinstance(error, TpuLaunchError) and not isinstance(error, AlreadyReported):
         return f"failed: {redact(error.message)}"
+    limited = resource_limit_error(error)
+    if limited is not None:  # out of memory under ulimit -v, too many open files: the limit, as the user is told
+        return f"failed: {redact(limited.message)}"
     return f"failed: {type(error).__name__}: {redact(first_line(error))}"
 
 
@@ -51,7 +58,7 @@ def write_record(recorder: RunRecorder, engine, job, plan, command: str, ended: 
     remote, fenced = "://" in model_dir, ended.startswith(FENCED)
     if remote and (fenced or not through_framework):
         why = ("another run holds its lease now, and an append there rewrites the whole record (it could erase that "
-               "run's line)" if fenced else "the run stopped before TensorFlow, through which it is written, loaded")
+               "run's line)" if fenced else "the run ended before TensorFlow, through which it is written, loaded")
         say(f"run record not written to {model_dir}: {why}")
         return
     line = record_line_of(recorder, job, plan, command, ended, lease)

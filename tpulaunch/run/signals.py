@@ -139,10 +139,19 @@ def _quiet_about_swallowed_signals(unraisable) -> None:
     sys.__unraisablehook__(unraisable)
 
 
+_from_start = False  # `handle_from_start` ran: this process is tpulaunch's own (its entry point's)
+
+
+def handling_from_start() -> bool:
+    """Whether this process is `tpulaunch` itself, its signals handled from its first instant (not a program
+    running the CLI inside its own, such as a test through click's CliRunner)."""
+    return _from_start
+
+
 def handle_from_start() -> None:
     """Install the raising handlers (main thread only; elsewhere the defaults stay)."""
-    global _raised, _held_until_recorded
-    _raised, _held_until_recorded = None, False
+    global _raised, _held_until_recorded, _from_start
+    _raised, _held_until_recorded, _from_start = None, False, True
     sys.unraisablehook = _quiet_about_swallowed_signals
     if threading.current_thread() is threading.main_thread():
         for signum in HANDLED:

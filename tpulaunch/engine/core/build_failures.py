@@ -16,7 +16,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from tpulaunch.errors import TpuLaunchError, first_line
+from tpulaunch.errors import TpuLaunchError, first_line, resource_limit_error
 from tpulaunch.job.imports import removed_in_tensorflow2
 from tpulaunch.job.yamlfile import dotted
 
@@ -65,6 +65,9 @@ def build_errors(job, mode: str, stage: tuple = ("model", "builder")):
     except Exception as exc:  # noqa: BLE001 (the user's code, Keras or TensorFlow: located, never "unexpected")
         if _named_key(exc)[:1] in (("train",), ("eval",)):  # the run's settings (no batch to evaluate), not its code
             raise
+        limited = resource_limit_error(exc)
+        if limited is not None:  # the machine's limit, not the job's code: said with the limit and its fix
+            raise limited from exc
         key, detail, hint = blame(exc, stage, job)
         code = exc.code if isinstance(exc, TpuLaunchError) else None
         raise BuildError(key, {"infer": "predict"}.get(mode, mode), detail, hint, code) from exc

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tpulaunch.engine.core.build_failures import BuildError, blame, build_errors
 from tpulaunch.engine.estimator.params import mode_params
-from tpulaunch.errors import TpuLaunchError
+from tpulaunch.errors import TpuLaunchError, resource_limit_error
 
 MODEL_FN = ("model", "model_fn")
 
@@ -69,10 +69,14 @@ def located(function, job, mode: str, key: tuple):
     return tf_decorator.make_decorator(function, job_function)
 
 
-def located_error(job, mode: str, exc: BaseException) -> BuildError:
-    """`exc`, raised while building `mode`, as a BuildError at the job key its code comes from."""
+def located_error(job, mode: str, exc: BaseException) -> TpuLaunchError:
+    """`exc`, raised while building `mode`, as a BuildError at the job key its code comes from (or, when the
+    machine's limit on memory or open files failed it, as that: `errors.resource_limit_error`)."""
     if isinstance(exc, BuildError):
         return exc
+    limited = resource_limit_error(exc)
+    if limited is not None:
+        return limited
     key, message, hint = blame(exc, _stage(job, mode, exc), job)
     code = exc.code if isinstance(exc, TpuLaunchError) else None
     return BuildError(key, {"infer": "predict"}.get(mode, mode), message, hint, code)
