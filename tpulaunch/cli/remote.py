@@ -122,6 +122,55 @@ def _controller(obj: Context, job_file: str, overrides, *, target: str, api_endp
     return controller, record
 
 
+def _has_gke(job_file: str, overrides) -> bool:
+    """Whether the job names a GKE cluster (read from the file alone: validate says what else is wrong)."""
+    from tpulaunch.errors import JobFileError
+    from tpulaunch.job.load import load_job
+
+    try:
+        return load_job(job_file, overrides, env={}).data.get("gke") is not None
+    except (JobFileError, AttributeError):
+        return False
+
+
+def _run_on_gke(obj: Context, job_file: str, overrides, *, recreate: int, dry_run: bool, poll_s: float) -> None:
+    """The job checked, staged (or only named, --dry-run) and submitted as a JobSet, then followed."""
+    from tpulaunch.remote import gke, secret_manager
+    from tpulaunch.remote.stage import stage_job
+    from tpulaunch.remote.startup import startup_script
+
+    say = _say(obj)
+    secret_refs = _secret_references(job_file, overrides)
+    checked = _checked(obj, job_file, overrides, rehearsal=False, env=secret_manager.validation_env(secret_refs))
+    job = checked.job
+    if job.gke is None:
+        raise TpuLaunchError(f"--dry-run prints the JobSet of a job with a gke: section; {job_file} runs on a TPU VM",
+                             hint=f"tpulaunch rehearse {job_file} runs run's whole TPU VM path on this machine",
+                             exit_code=ExitCode.USAGE)
+    if not dry_run:
+        gke.connect(job.gke.context)  # a cluster out of reach is said before anything is staged
+    project = job.gke.project or job.tpu.project
+    secrets = [{"name": ref.name, "optional": ref.default is not None} for ref in secret_refs] if dry_run else \
+        secret_manager.require(checked.loaded, job, secret_refs, project, job_file=job_file)
+    stage = stage_job(checked, job_file, overrides, engine=checked.plan.engine, target="tpu",
+                      secrets={"project": project, "names": secrets}, write=not dry_run)
+    sub = gke.submission(checked, stage, startup_script(stage), recreate=recreate)
+    if dry_run:
+        obj.out.file.write(gke.as_yaml(sub.manifest))
+        return
+    say(f"stage | {stage.uploaded} new of {stage.total} files | {stage.url}")
+    follower = gke.GkeRun(sub, say=say, out=_out(obj), poll_s=poll_s)
+    follower.submit()
+    try:
+        code = follower.follow()
+    except KeyboardInterrupt:
+        say(f"detached: JobSet '{sub.name}' goes on in the cluster, restarted there by cause")
+        say(f"  reattach: tpulaunch run {job_file}    end it: tpulaunch cancel {job_file}")
+        raise AlreadyReported(ExitCode.INTERRUPTED) from None
+    if code:
+        raise AlreadyReported(code)
+
+
 def _detached(obj: Context, job_file: str, controller) -> None:
     say = _say(obj)
     say(f"detached: the run goes on on TPU node '{controller.ref.name}' ({controller.ref.zone})")
@@ -141,10 +190,14 @@ def _detached(obj: Context, job_file: str, controller) -> None:
               help="Read the run's progress and the node's state this often.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=1800, show_default=True,
               metavar="SECONDS", help="Give up waiting for the TPU to be created (a queued resource may wait long).")
+@click.option("--dry-run", is_flag=True,
+              help="A job with gke: print the JobSet it would submit, as YAML `kubectl apply -f -` takes; nothing is "
+                   "staged, submitted or created.")
 @pass_obj
 def run(obj: Context, job_file: str, overrides, recreate: int, after_preemption: str, keep_tpu: bool,
-        host_timeout_s: float, try_wait_s: float, poll_s: float, timeout_s: float):
-    """Run the job on its TPU VM and supervise it from this machine (a laptop, CI, Cloud Shell).
+        host_timeout_s: float, try_wait_s: float, poll_s: float, timeout_s: float, dry_run: bool):
+    """Run the job on its TPU VM and supervise it from this machine (a laptop, CI, Cloud Shell), or, for a job
+    with a gke: section, submit it to the GKE cluster as a JobSet and follow it (docs/gke.md).
 
     Validates the job (nothing is created for a job validate refuses), stages it under run.model_dir
     (gs://; content-addressed: a rerun stages nothing new), creates the TPU as `tpulaunch up` does with a
@@ -156,14 +209,21 @@ def run(obj: Context, job_file: str, overrides, recreate: int, after_preemption:
     retried); 3 the TPU lost with no recovery left (--recreate N), a host that failed its install or did not
     start within --host-timeout; 4 no capacity; 130 detached.
 
+    On GKE the cluster's JobSet controller restarts the job by cause (--recreate N: at most N restarts), so this
+    machine need not stay awake: Ctrl-C detaches, the same command reattaches, `tpulaunch cancel JOB` ends it.
+
     \b
     Examples:
       tpulaunch run job.yaml --recreate 3
       tpulaunch run job.yaml --recreate 3 --after-preemption next-zone   # with tpu.zones
       tpulaunch rehearse job.yaml --preempt-at 12     # the same path on this machine first
+      tpulaunch run gke-job.yaml --dry-run | kubectl apply -f -
     """
     from tpulaunch.tpu import api
 
+    if dry_run or _has_gke(job_file, overrides):
+        _run_on_gke(obj, job_file, overrides, recreate=recreate, dry_run=dry_run, poll_s=poll_s)
+        return
     controller, record = _controller(obj, job_file, overrides, target="tpu", api_endpoint=api.endpoint(),
                                      recreate=recreate, poll_s=poll_s, timeout_s=timeout_s,
                                      host_timeout_s=host_timeout_s, try_wait_s=try_wait_s, keep_tpu=keep_tpu,

@@ -15,11 +15,22 @@ BOOTED="$(date +%s.%N)"
 META="${TPULAUNCH_METADATA_URL:-http://metadata.google.internal/computeMetadata/v1/}"
 SYSTEM_PYTHON="${REHEARSAL_PYTHON:-python3}"
 attribute() { curl -sSf -H "Metadata-Flavor: Google" "${META}instance/attributes/$1"; }
-WORKER="$(attribute agent-worker-number)" || { echo "tpulaunch | no agent-worker-number in the metadata"; exit 1; }
-ATTEMPT="$(attribute tpulaunch-attempt)" || ATTEMPT=1
-ENDPOINTS="$(attribute worker-network-endpoints)" || ENDPOINTS=""
-ZONE="$(curl -sSf -H "Metadata-Flavor: Google" "${META}instance/zone")" || ZONE=""
-ZONE="${ZONE##*/}"              # projects/N/zones/Z: the zone the VM was made in (tpu.zones' fallback may pick any)
+if [ -n "${TPU_WORKER_ID:-}" ]; then
+  # A GKE pod of the run's JobSet (remote/jobset.py): GKE gives the host's place in its slice, JobSet the slice's
+  # index and its restart count; the run's hosts are numbered slice after slice, worker 0 of slice 0 the chief.
+  WORKER=$(( ${TPULAUNCH_SLICE:-0} * ${TPULAUNCH_HOSTS_PER_SLICE:-1} + TPU_WORKER_ID ))
+  ATTEMPT=$(( ${TPULAUNCH_RESTART_ATTEMPT:-0} + 1 ))
+  ENDPOINTS="${TPU_WORKER_HOSTNAMES:-}"
+  ACCELERATOR="${TPU_ACCELERATOR_TYPE:-a GKE TPU slice}"
+  ZONE=""
+else
+  WORKER="$(attribute agent-worker-number)" || { echo "tpulaunch | no agent-worker-number in the metadata"; exit 1; }
+  ATTEMPT="$(attribute tpulaunch-attempt)" || ATTEMPT=1
+  ENDPOINTS="$(attribute worker-network-endpoints)" || ENDPOINTS=""
+  ACCELERATOR="$(attribute accelerator-type)" || ACCELERATOR=""
+  ZONE="$(curl -sSf -H "Metadata-Flavor: Google" "${META}instance/zone")" || ZONE=""
+  ZONE="${ZONE##*/}"            # projects/N/zones/Z: the zone the VM was made in (tpu.zones' fallback may pick any)
+fi
 HOSTS="$(echo "$ENDPOINTS" | tr ',' '\n' | grep -c .)"
 [ "$HOSTS" -ge 1 ] || HOSTS=1
 DISK="${HOME:-/root}/tpulaunch"
@@ -67,7 +78,7 @@ fail() {
   exit 1
 }
 
-say "worker $WORKER of $HOSTS, $(attribute accelerator-type) | VM $ATTEMPT of the run"
+say "worker $WORKER of $HOSTS, $ACCELERATOR | VM $ATTEMPT of the run"
 status installing
 if [ -n "$REHEARSAL_PYTHON" ]; then
   PY="$REHEARSAL_PYTHON"
@@ -96,6 +107,10 @@ for requirement in missing:
     print(f"ERROR: {requirement} is not installed in this machine's Python (a rehearsal installs nothing)")
 sys.exit(1 if missing else 0)
 CHECK
+elif [ -n "${TPULAUNCH_IMAGE_PYTHON:-}" ]; then
+  # A container image's own Python: what the image has (its JAX and libtpu) is used, the rest installed over it
+  PY="$TPULAUNCH_IMAGE_PYTHON"
+  step installing "installing the job's requirements failed" "$PY" -m pip install -q "${REQUIREMENTS[@]}"
 else
   # --system-site-packages: what the TPU image already has (its TensorFlow) is not installed twice
   step installing "making the venv failed" python3 -m venv --system-site-packages "$DISK/venv"
