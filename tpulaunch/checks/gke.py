@@ -9,6 +9,8 @@ from tpulaunch.tpu.types import UnknownTpuType, parse_tpu_type
 
 def gke_problems(loaded: LoadedJob) -> list:
     """What the engine runs (in a container, on several slices), what GKE offers, and what the job names."""
+    if loaded.local:  # on this machine (`--local`, a rehearsal's hosts): tpu: and gke: do not apply
+        return []
     gke, tpu, about = loaded.section("gke"), loaded.section("tpu"), loaded.engine_about
     problems = []
     if gke is not None:

@@ -171,6 +171,30 @@ def _run_on_gke(obj: Context, job_file: str, overrides, *, recreate: int, dry_ru
         raise AlreadyReported(code)
 
 
+def _rehearse_on_gke(obj: Context, job_file: str, overrides, *, preempt_at, recreate: int, poll_s: float,
+                     python: str) -> None:
+    """The JobSet `run` would submit, its pods local processes under JobSet's failure handling
+    (`remote/jobset_rehearsal.py`); local paths stand for the bucket."""
+    from tpulaunch.remote import gke
+    from tpulaunch.remote.jobset_rehearsal import LocalJobSet
+    from tpulaunch.remote.stage import stage_job
+    from tpulaunch.remote.startup import startup_script
+
+    say = _say(obj)
+    checked = _checked(obj, job_file, overrides, rehearsal=True)
+    stage = stage_job(checked, job_file, overrides, engine=checked.plan.engine, target="local")
+    say(f"stage | {stage.uploaded} new of {stage.total} files | {stage.url}")
+    sub = gke.submission(checked, stage, startup_script(stage, rehearsal_python=python), recreate=recreate)
+    local = LocalJobSet(sub.manifest, stage.model_dir, say=say, out=_out(obj), preempt_at=preempt_at, poll_s=poll_s)
+    try:
+        code = local.run()
+    except KeyboardInterrupt:
+        say("rehearsal stopped: its pods ended with it; the checkpoints stay in run.model_dir")
+        raise AlreadyReported(ExitCode.INTERRUPTED) from None
+    if code:
+        raise AlreadyReported(code)
+
+
 def _detached(obj: Context, job_file: str, controller) -> None:
     say = _say(obj)
     say(f"detached: the run goes on on TPU node '{controller.ref.name}' ({controller.ref.zone})")
@@ -279,6 +303,10 @@ def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, 
 
     from tpulaunch.tpu import api
 
+    if _has_gke(job_file, overrides):
+        _rehearse_on_gke(obj, job_file, overrides, preempt_at=preempt_at, recreate=recreate, poll_s=poll_s,
+                         python=sys.executable)
+        return
     external = api.endpoint()
     if external and preempt_at:
         raise TpuLaunchError("--preempt-at needs the rehearsal's own TPU API server",

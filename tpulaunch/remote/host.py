@@ -145,6 +145,8 @@ def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[f
         process = subprocess.Popen(command, cwd=os.path.join(disk, "job"), env=env, stdin=subprocess.DEVNULL,
                                    stdout=log, stderr=subprocess.STDOUT)
     status.update(phase="training", started=time.time(), train_pid=process.pid)
+    if os.environ.get("TPU_WORKER_ID") is not None:  # a GKE pod (on a TPU VM every process hears the shutdown)
+        _forward_stop_signals(process)
     stop = threading.Event()
     if shipped:
         def ship():
@@ -159,6 +161,19 @@ def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[f
             store.write(remote_log, handle.read())
     status.update(phase="ended", exit_code=code, ended=time.time(), message=_last_message(log_path) if code else "")
     return code
+
+
+def _forward_stop_signals(process: subprocess.Popen) -> None:
+    """A stop asked of this runner reaches the train: in a GKE pod only the container's first process gets the
+    kubelet's SIGTERM (startup.sh passes it here), so train hears of a preemption and saves its checkpoint."""
+    import signal
+
+    def forward(signum, frame):
+        if process.poll() is None:
+            process.send_signal(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
 
 
 def main(argv=None) -> int:

@@ -63,7 +63,7 @@ def build(*, job_name: str, gke, slices: int, tpu_slice: GkeSlice, image: str, s
             "name": CONTAINER,
             "image": image,
             "command": ["bash", "-c", startup_script],
-            "env": _environment(tpu_slice, slices, python),
+            "env": _environment(name, tpu_slice, slices, python),
             "resources": {"requests": {TPU_RESOURCE: tpu_slice.chips_per_host},
                           "limits": {TPU_RESOURCE: tpu_slice.chips_per_host}},
             "securityContext": {"privileged": True},  # GKE before 1.28 reaches the TPU chips only so
@@ -109,15 +109,39 @@ def build(*, job_name: str, gke, slices: int, tpu_slice: GkeSlice, image: str, s
     }
 
 
-def _environment(tpu_slice: GkeSlice, slices: int, python: Optional[str]) -> list:
-    """What the startup script reads in a pod beside GKE's own TPU_WORKER_ID and TPU_WORKER_HOSTNAMES."""
+def pod_hostname(name: str, slice_index: int, host: int) -> str:
+    """A pod's DNS name, as JobSet gives it (`<jobset>-<replicated job>-<job index>-<pod index>.<jobset>`)."""
+    return f"{name}-{REPLICATED_JOB}-{slice_index}-{host}.{name}"
+
+
+def run_hosts(name: str, slices: int, hosts: int) -> str:
+    """Every host of the run, slice after slice (what the host runner's $TF_CONFIG lists; worker 0 the chief)."""
+    return ",".join(f"{pod_hostname(name, s, h)}:{HOST_PORT}" for s in range(slices) for h in range(hosts))
+
+
+HOST_PORT = 8476  # where the run's hosts meet (jax.distributed's coordinator on host 0)
+MEGASCALE_PORT = 8080  # libtpu's multislice coordinator (the port Google's multislice examples use)
+
+
+def _environment(name: str, tpu_slice: GkeSlice, slices: int, python: Optional[str]) -> list:
+    """What the startup script reads in a pod beside GKE's own TPU_WORKER_ID and TPU_WORKER_HOSTNAMES; on several
+    slices, what libtpu's multislice reads too (JAX's GKE cluster detection turns MEGASCALE_* into its processes)."""
+    slice_index = {"fieldRef": {"fieldPath": f"metadata.annotations['{JOB_INDEX_KEY}']"}}
     env = [
         {"name": "TPULAUNCH_SLICES", "value": str(slices)},
         {"name": "TPULAUNCH_HOSTS_PER_SLICE", "value": str(tpu_slice.hosts)},
-        {"name": "TPULAUNCH_SLICE", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{JOB_INDEX_KEY}']"}}},
+        {"name": "TPULAUNCH_SLICE", "valueFrom": slice_index},
         {"name": "TPULAUNCH_RESTART_ATTEMPT",
          "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{RESTART_ATTEMPT_KEY}']"}}},
+        {"name": "TPULAUNCH_RUN_HOSTS", "value": run_hosts(name, slices, tpu_slice.hosts)},
     ]
+    if slices > 1:
+        env += [
+            {"name": "MEGASCALE_COORDINATOR_ADDRESS", "value": f"{pod_hostname(name, 0, 0)}:{MEGASCALE_PORT}"},
+            {"name": "MEGASCALE_NUM_SLICES", "value": str(slices)},
+            {"name": "MEGASCALE_SLICE_ID", "valueFrom": slice_index},
+            {"name": "MEGASCALE_PORT", "value": str(MEGASCALE_PORT)},
+        ]
     if python:
         env.append({"name": "TPULAUNCH_IMAGE_PYTHON", "value": python})
     return env

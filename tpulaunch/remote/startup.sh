@@ -20,7 +20,7 @@ if [ -n "${TPU_WORKER_ID:-}" ]; then
   # index and its restart count; the run's hosts are numbered slice after slice, worker 0 of slice 0 the chief.
   WORKER=$(( ${TPULAUNCH_SLICE:-0} * ${TPULAUNCH_HOSTS_PER_SLICE:-1} + TPU_WORKER_ID ))
   ATTEMPT=$(( ${TPULAUNCH_RESTART_ATTEMPT:-0} + 1 ))
-  ENDPOINTS="${TPU_WORKER_HOSTNAMES:-}"
+  ENDPOINTS="${TPULAUNCH_RUN_HOSTS:-${TPU_WORKER_HOSTNAMES:-}}"   # every slice's hosts
   ACCELERATOR="${TPU_ACCELERATOR_TYPE:-a GKE TPU slice}"
   ZONE=""
 else
@@ -133,9 +133,19 @@ else:
 tarfile.open(fileobj=io.BytesIO(data)).extractall(into)
 FETCH
 export PYTHONPATH="$DISK/pkg"
+# A stop for this script (a GKE pod's SIGTERM reaches only its first process) goes on to the host runner, which
+# passes it to train: train saves its checkpoint and ends, as on a TPU VM shutting down.
 "$PY" -m tpulaunch.remote.host --stage "$STAGE" --worker "$WORKER" --hosts "$HOSTS" --endpoints "$ENDPOINTS" --zone "$ZONE" \
-  --attempt "$ATTEMPT" --disk "$DISK" --booted "$BOOTED" --installed "$INSTALLED" 2>&1 | tee -a "$LOG"
-CODE=${PIPESTATUS[0]}
+  --attempt "$ATTEMPT" --disk "$DISK" --booted "$BOOTED" --installed "$INSTALLED" > >(tee -a "$LOG") 2>&1 &
+RUNNER=$!
+trap 'kill -TERM "$RUNNER" 2>/dev/null' TERM
+trap 'kill -INT "$RUNNER" 2>/dev/null' INT
+wait "$RUNNER"
+CODE=$?
+while kill -0 "$RUNNER" 2>/dev/null; do  # the wait a trapped signal cut short: wait for the runner's own end
+  wait "$RUNNER"
+  CODE=$?
+done
 # The host runner keeps the status from its start; one that failed before writing it (the stage unreadable,
 # model_dir not writable) leaves its reason here.
 [ "$CODE" -eq 0 ] || put "$LOG" "$ATTEMPTS/$ATTEMPT/worker-$WORKER.startup.log"
