@@ -177,3 +177,123 @@ def test_failing_builder_import_in_validate_is_a_problem_not_a_traceback(tmp_pat
     assert result.exit_code == 1
     assert "Traceback" not in result.output and "unexpected" not in result.output
     assert "broken_models" in result.output and "boom at import" in result.output
+
+
+# ----------------------------------------------------------------------------------- secrets by origin
+
+# A `${VAR}` under keys that do not look secret (a string and a number), and a --set under a secret-looking key.
+CONN, PORT, PASSWORD = "postgres://me:pw-8f3a1c@db.internal/x", 54321, "hunter2-from-the-command-line"
+ORIGIN_MODELS = '''
+import hashlib
+import os
+
+import tensorflow as tf
+
+
+def build(num_classes=2, conn=None, port=None, db_password=None):
+    """Writes a hash of the values it was given where the test looks (outside model_dir)."""
+    seen = f"{conn}|{port!r}|{db_password}"
+    with open(os.environ["SECRET_PROOF"], "w") as handle:
+        handle.write(hashlib.sha256(seen.encode()).hexdigest())
+    image = tf.keras.Input(shape=(8, 8, 1), name="image")
+    x = tf.keras.layers.GlobalAveragePooling2D()(tf.keras.layers.Conv2D(2, 3, padding="same")(image))
+    return tf.keras.Model(image, tf.keras.layers.Dense(num_classes)(x))
+'''
+ORIGIN_JOB = """\
+name: origin
+model:
+  builder: origin_models:build
+  params:
+    num_classes: 2
+    conn: ${DB_CONN}
+    port: ${DB_PORT}
+  optimizer: {name: sgd, learning_rate: 0.01}
+data:
+  train: data/train.tfrecord
+  features: {image: {shape: [8, 8, 1]}}
+  labels: {label: {shape: [], dtype: int64}}
+train: {batch_size: 8, steps: 2}
+run: {model_dir: runs/origin, save_checkpoints_steps: 2, log_every_steps: 1}
+"""
+
+
+def _tpulaunch(project, *args, **env):
+    import subprocess
+
+    from paths import REPO
+
+    environ = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1", "DB_CONN": CONN, "DB_PORT": str(PORT),
+               "SECRET_PROOF": str(project / "proof"), **env}
+    return subprocess.run([sys.executable, "-m", "tpulaunch", *args], cwd=project, env=environ, capture_output=True,
+                          text=True, timeout=600)
+
+
+def _holding(root, *values) -> list:
+    """Every file under `root` that holds one of `values`."""
+    return [str(path) for path in root.rglob("*") if path.is_file()
+            and any(str(value).encode() in path.read_bytes() for value in values)]
+
+
+@pytest.fixture(scope="module")
+def origin_project(tmp_path_factory):
+    import numpy as np
+
+    from records import write_examples
+
+    root = tmp_path_factory.mktemp("origin")
+    (root / "origin_models.py").write_text(ORIGIN_MODELS)
+    (root / "job.yaml").write_text(ORIGIN_JOB)
+    (root / "data").mkdir()
+    rng = np.random.default_rng(0)
+    write_examples(root / "data" / "train.tfrecord",
+                   [{"image": rng.normal(size=64).astype(np.float32), "label": i % 2} for i in range(16)])
+    return root
+
+
+def test_secrets_by_origin_reach_the_builder_and_no_file_of_model_dir_nor_the_output(origin_project):
+    """`train`: the job copy, the run record and every other file it writes under model_dir, and its output."""
+    import hashlib
+
+    import yaml
+
+    trained = _tpulaunch(origin_project, "train", "job.yaml", "--local",
+                         "--set", f"model.params.db_password={PASSWORD}")
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    expected = hashlib.sha256(f"{CONN}|{PORT!r}|{PASSWORD}".encode()).hexdigest()
+    assert (origin_project / "proof").read_text() == expected  # the builder got the values
+    model_dir = origin_project / "runs" / "origin"
+    assert (model_dir / "tpulaunch-job.yaml").exists() and (model_dir / "tpulaunch-runs.jsonl").exists()
+    assert any(model_dir.glob("model.ckpt-2*"))
+    assert _holding(model_dir, CONN, PORT, PASSWORD) == []
+    assert not {CONN, str(PORT), PASSWORD} & {word for word in (trained.stdout + trained.stderr).split()}
+    assert CONN not in trained.stdout + trained.stderr and PASSWORD not in trained.stdout + trained.stderr
+    copy = yaml.safe_load((model_dir / "tpulaunch-job.yaml").read_text())
+    assert copy["model"]["params"] == {"num_classes": 2, "conn": SECRET_MASK, "port": SECRET_MASK,
+                                       "db_password": SECRET_MASK}
+    assert (model_dir / "tpulaunch-job.yaml").stat().st_mode & 0o777 == 0o600
+
+
+def test_explain_reads_a_var_secret_from_the_environment_and_refuses_one_from_set(origin_project):
+    explained = _tpulaunch(origin_project, "explain", "job.yaml", "--engine", "estimator")
+    assert explained.returncode == 0, explained.stderr
+    assert "os.environ['DB_CONN']" in explained.stdout and "int(os.environ['DB_PORT'])" in explained.stdout
+    assert CONN not in explained.stdout + explained.stderr
+    assert str(PORT) not in explained.stdout + explained.stderr
+    refused = _tpulaunch(origin_project, "explain", "job.yaml", "--engine", "estimator",
+                         "--set", f"model.params.db_password={PASSWORD}")
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "model.params.db_password: a secret given with --set would be written into the program" in refused.stderr
+    assert 'write `db_password: "${DB_PASSWORD}"` into the job file instead' in refused.stderr
+    assert PASSWORD not in refused.stdout + refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_a_secret_quoted_in_an_error_message_is_masked(origin_project, tmp_path):
+    """The job's own builder fails with a message quoting a secret: the message shows it masked."""
+    (tmp_path / "origin_models.py").write_text(
+        "def build(num_classes=2, conn=None, **params):\n    raise ValueError(f'cannot reach {conn}')\n")
+    (tmp_path / "job.yaml").write_text(ORIGIN_JOB.replace("data/train.tfrecord",
+                                                          str(origin_project / "data" / "train.tfrecord")))
+    failed = _tpulaunch(tmp_path, "validate", "job.yaml", "--local")
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "cannot reach ***" in failed.stdout + failed.stderr
+    assert CONN not in failed.stdout + failed.stderr

@@ -46,9 +46,10 @@ SLOW_MODELS = textwrap.dedent("""\
         raise ValueError("this builder is broken on purpose")
 
 
-    def with_token(api_token, **params):
+    def with_token(api_token, conn, **params):
         import hashlib
         print("builder | api_token sha256", hashlib.sha256(api_token.encode()).hexdigest(), flush=True)
+        print("builder | conn sha256", hashlib.sha256(conn.encode()).hexdigest(), flush=True)
         return build(**params)
     """)
 
@@ -236,12 +237,14 @@ def test_a_host_that_never_starts_is_named_within_the_host_timeout(job):
     assert "--recreate is 0" in failed.stderr and f"`tpulaunch down {job}`" in failed.stderr
 
 
+CONN = "postgres://me:c0nn-pw@db.internal/x"  # under a key that does not look secret
 TOKEN = "tok-3f9a1c7e-never-written"
 
 
 def test_a_secret_reaches_the_builder_from_secret_manager_and_is_written_nowhere(job, tpu_api, tmp_path):
+    # A key that looks secret, and one that does not: each value came from a ${VAR}, so both are secrets.
     text = job.read_text().replace("builder: slow_models:build", "builder: slow_models:with_token").replace(
-        "params: {num_classes: 10}", 'params: {num_classes: 10, api_token: "${API_TOKEN}"}')
+        "params: {num_classes: 10}", 'params: {num_classes: 10, api_token: "${API_TOKEN}", conn: "${DB_CONN}"}')
     job.write_text(text)
     secrets = tmp_path / "secrets"  # stands for Secret Manager: the file API_TOKEN is secret API_TOKEN
     secrets.mkdir()
@@ -252,23 +255,28 @@ def test_a_secret_reaches_the_builder_from_secret_manager_and_is_written_nowhere
     assert not (job.parent / "runs").exists()  # nothing staged, nothing created
 
     (secrets / "API_TOKEN").write_text(TOKEN)
+    (secrets / "DB_CONN").write_text(CONN)
     tpu_api.secrets_from(str(secrets))
     tpu_api.run_vms(str(tmp_path / "vms"))  # this server's VMs keep their disks after the run, to be searched
     done = rehearse(job, "--set", "train.steps=3", TPULAUNCH_TPU_API_ENDPOINT=tpu_api.endpoint,
                     TPULAUNCH_SECRET_MANAGER_URL=tpu_api.secret_manager_url)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "secrets | the VM reads API_TOKEN from Secret Manager (project 'test-project')" in done.stderr
+    assert "secrets | the VM reads API_TOKEN, DB_CONN from Secret Manager (project 'test-project')" in done.stderr
     import hashlib
 
     assert f"builder | api_token sha256 {hashlib.sha256(TOKEN.encode()).hexdigest()}" in done.stdout
-    assert TOKEN not in done.stdout + done.stderr
+    assert f"builder | conn sha256 {hashlib.sha256(CONN.encode()).hexdigest()}" in done.stdout
+    assert TOKEN not in done.stdout + done.stderr and CONN not in done.stdout + done.stderr
     files = [path for root in (job.parent / "runs", tmp_path / "vms") for path in root.rglob("*") if path.is_file()]
     assert any(path.name == "startup-script" for path in files) and any(p.name == "worker-0.log" for p in files)
-    assert [path for path in files if TOKEN.encode() in path.read_bytes()] == []
+    assert any(path.name == "tpulaunch-job.yaml" for path in files) and any(p.name == "run.json" for p in files)
+    assert [path for path in files if TOKEN.encode() in path.read_bytes() or CONN.encode() in path.read_bytes()] == []
     node = tpu_api.created[0]["node"]
-    assert TOKEN not in json.dumps(node["metadata"])
-    manifest = next((job.parent / "runs/q/tpulaunch-remote/stages").glob("*.json")).read_text()
-    assert '"API_TOKEN"' in manifest  # the stage names the secret, no more
+    assert TOKEN not in json.dumps(node["metadata"]) and CONN not in json.dumps(node["metadata"])
+    stage = job.parent / "runs/q/tpulaunch-remote/stages"
+    manifest = next(stage.glob("*.json"))
+    assert '"API_TOKEN"' in manifest.read_text() and '"DB_CONN"' in manifest.read_text()  # names, no more
+    assert manifest.stat().st_mode & 0o777 == 0o600  # the stage's files: this user's alone
 
 
 def test_after_a_preemption_next_zone_recreates_the_node_in_the_next_of_tpu_zones(job):

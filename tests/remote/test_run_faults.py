@@ -59,17 +59,20 @@ def test_a_var_with_no_secret_is_refused_at_its_key_with_the_command_that_create
     assert tpu_api.created == []
 
 
-def test_a_secret_under_a_key_that_train_would_record_is_refused(tpu_api, tmp_path):
+def test_a_secret_given_with_set_is_refused_before_anything_is_staged(tpu_api, tmp_path):
+    """The VM's train reads its --sets from the stage: a secret there would be written in clear under model_dir."""
     tpu_api.secrets_from(str(tmp_path))
-    (tmp_path / "GREETING").write_text("hello")
-    job = JOB.replace("params: {num_classes: 10}", 'params: {num_classes: 10, greeting: "${GREETING}"}')
-    (tmp_path / "job.yaml").write_text(job)
+    (tmp_path / "job.yaml").write_text(JOB)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TPULAUNCH_", "TPU_"))}
     env.update(PYTHONPATH=str(REPO), NO_GCE_CHECK="True", TPULAUNCH_TPU_API_ENDPOINT=tpu_api.endpoint,
                TPULAUNCH_SECRET_MANAGER_URL=tpu_api.secret_manager_url)
-    failed = subprocess.run([sys.executable, "-m", "tpulaunch", "run", "job.yaml"], cwd=tmp_path, env=env,
+    failed = subprocess.run([sys.executable, "-m", "tpulaunch", "run", "job.yaml", "--set", "train.steps=5",
+                             "--set", "model.params.db_password=hunter2-on-the-command-line"], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=120)
     assert failed.returncode == 1, failed.stdout + failed.stderr
-    assert "job.yaml:2:" in failed.stderr and "rename the key 'greeting'" in failed.stderr
-    assert "${GREETING} would be written into run.model_dir/tpulaunch-job.yaml" in failed.stderr
+    assert "--set:2:" in failed.stderr
+    assert ("model.params.db_password: a secret given with --set: the TPU VM's train reads its --sets from the "
+            "stage under run.model_dir, which would hold it in clear") in failed.stderr
+    assert 'write `db_password: "${DB_PASSWORD}"` into the job file instead' in failed.stderr
+    assert "hunter2-on-the-command-line" not in failed.stdout + failed.stderr and "Traceback" not in failed.stderr
     assert tpu_api.created == []

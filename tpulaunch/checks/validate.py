@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
 
 from tpulaunch.errors import JobFileError, Problem
@@ -31,8 +31,12 @@ class Validation:
 
 
 def _sorted(problems: Sequence[Problem]) -> list:
-    # Stable: file order, then as found. `--set` problems (file "--set") come first.
-    return sorted(problems, key=lambda p: (p.file != "--set", p.file, p.line, p.column))
+    # Stable: file order, then as found. `--set` problems (file "--set") come first. A message that quotes a
+    # secret of the job (a check's, the job's own code's) shows it masked.
+    from tpulaunch.job.secrets import redact
+
+    return sorted((replace(p, message=redact(p.message), hint=redact(p.hint)) for p in problems),
+                  key=lambda p: (p.file != "--set", p.file, p.line, p.column))
 
 
 def validate_job(

@@ -103,15 +103,20 @@ def _invoke_mapped(ctx: click.Context, invoke):
 
             traceback.print_exc()
         err = obj.text_out(stderr=True)
+        from dataclasses import replace
+
+        from tpulaunch.job.secrets import redact  # a message that quotes a secret of the job shows it masked
+
         if exc.problems:
             from tpulaunch.cli.render.problems import render_text
 
-            render_text(err, exc.problems, file=exc.problems[0].file, snippets=True)
+            problems = [replace(p, message=redact(p.message), hint=redact(p.hint)) for p in exc.problems]
+            render_text(err, problems, file=problems[0].file, snippets=True)
         if exc.message and (exc.show_message or not exc.problems):
             prefix = [("error:", "bold red"), " "] if exc.show_message == "error" else []
-            write_line(err, [*prefix, exc.message])
+            write_line(err, [*prefix, redact(exc.message)])
             if exc.hint:
-                write_line(err, ["  ", ("hint:", "cyan"), f" {exc.hint}"])
+                write_line(err, ["  ", ("hint:", "cyan"), f" {redact(exc.hint)}"])
         ctx.exit(int(exc.exit_code))
     except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
         raise
@@ -121,6 +126,8 @@ def _invoke_mapped(ctx: click.Context, invoke):
     except Exception as exc:  # a bug in tpulaunch or an unexpected library error
         if ctx.ensure_object(Context).debug:
             raise
+        from tpulaunch.job.secrets import redact
+
         storage = storage_error(exc) if _may_be_storage(exc) else None
         if storage is not None:  # a full disk, a quota, a read-only filesystem, permissions: said so, with the path
             click.echo(f"error: {storage.text()}", err=True)
@@ -128,10 +135,10 @@ def _invoke_mapped(ctx: click.Context, invoke):
             ctx.exit(int(ExitCode.PROBLEMS))
         # One line: TensorFlow's messages carry the graph's stack frames, dozens of lines (--debug shows all).
         if is_graph_error(exc):  # the job's own graph failed while it ran: the job's to fix, like any problem
-            click.echo(f"error: {type(exc).__name__} while the graph ran: {first_line(exc)} (rerun with --debug "
-                       "for the traceback)", err=True)
+            click.echo(f"error: {type(exc).__name__} while the graph ran: {redact(first_line(exc))} (rerun with "
+                       "--debug for the traceback)", err=True)
             ctx.exit(int(ExitCode.PROBLEMS))
-        click.echo(f"error: unexpected {type(exc).__name__}: {first_line(exc)} (an internal error, exit code "
+        click.echo(f"error: unexpected {type(exc).__name__}: {redact(first_line(exc))} (an internal error, exit code "
                    f"{int(ExitCode.INTERNAL)}: rerun with --debug for the traceback and report it)", err=True)
         ctx.exit(int(ExitCode.INTERNAL))
 

@@ -395,14 +395,16 @@ def verbatim_lines(standalone_module: str, runs: str, source: str, tail: str) ->
 def env_reads(program: str, loaded: LoadedJob) -> str:
     """`program` with every string value that a `${VAR}` of the job file filled read from the environment
     when the program runs (`os.environ['API_TOKEN']`, `'gs://' + os.environ['BUCKET'] + '/data'`), never
-    written in it. A value under a secret-looking key, or from a secret-looking variable, that would still
-    be in the program (a value the program holds in another form) refuses the program, naming the key."""
+    written in it. A secret (`job/secrets.py`: every `${VAR}` outside tpu: and the paths), or a value from a
+    secret-looking variable, that would still be in the program (a value the program holds in another form)
+    refuses the program, naming the key; so does a secret given with --set, which has no variable to be read from."""
     marks = loaded.marks
+    _refuse_secret_sets(loaded)
     head, banner, verbatim = program.partition(BANNER)  # tpulaunch's own code after the banner holds no job value
     for path, text in marks.env_texts.items():
         value = _value_at(loaded.data, path)
         parts = env_parts(text)
-        secret = any(looks_secret(str(key)) for key in path) or any(
+        secret = loaded.secrets.covers(path) or any(
             looks_secret(part[0]) for part in parts if not isinstance(part, str))
         if _set_on_command_line(marks, path) or value is None or value == "" or not (
                 isinstance(value, str) or secret):
@@ -429,6 +431,15 @@ def env_reads(program: str, loaded: LoadedJob) -> str:
                      "it another way (the job's code reading the environment itself), or run the job with "
                      "`tpulaunch train`")
     return head + banner + verbatim
+
+
+def _refuse_secret_sets(loaded: LoadedJob) -> None:
+    """A secret given with --set (under a secret-looking key): the program would hold its value in clear."""
+    from tpulaunch.job.secrets import set_secret_fix
+
+    for path in sorted(loaded.secrets.from_command_line, key=lambda path: tuple(map(str, path))):
+        raise TpuLaunchError(f"{dotted(path)}: a secret given with --set would be written into the program in clear",
+                             hint=set_secret_fix(path, "the program reads it from the environment when it runs"))
 
 
 def _value_at(data: Any, path: tuple) -> Any:

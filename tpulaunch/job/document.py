@@ -6,21 +6,11 @@ from typing import Any
 
 from tpulaunch.job.schema import Job
 
-# Where a job holds mappings of the user's own keys: the only places a secret-looking name can be
-# (everywhere else the schema fixes the key names, and `key` there is a TFRecord feature key).
-_FREE_FORM = (("model", "params"), ("model", "optimizer", "args"), ("flags",))
-
 
 def job_document(job: Job) -> dict:
-    """The resolved job as plain data, with values under secret-looking keys in free-form mappings masked."""
-    from tpulaunch.job.yamlfile import mask_secrets
-
-    document = job.model_dump(mode="json", exclude_none=True)
-    for keys in _FREE_FORM:
-        parent = value_at(document, keys[:-1])
-        if isinstance(parent, dict) and keys[-1] in parent:
-            parent[keys[-1]] = mask_secrets(parent[keys[-1]])
-    return document
+    """The resolved job as plain data, its secrets masked (`job/secrets.py`: the values from `${VAR}`s, from `--set`s
+    under secret-looking keys, and under secret-looking keys of the job's own mappings)."""
+    return job.secrets.mask(job.model_dump(mode="json", exclude_none=True))
 
 
 def value_at(document: Any, keys: tuple):

@@ -19,8 +19,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from tpulaunch.errors import JobFileError, Problem
 from tpulaunch.job.schema import SECTIONS, Job, search_path_of
-from tpulaunch.job.yamlfile import (DOCUMENT_PATH, SECRET_MASK, Mark, Marks, dotted, looks_secret, parse_yaml,
-                                    read_job_text)
+from tpulaunch.job.secrets import NONE, PATH_KEYS, Secrets, free_form, remember, secrets_of
+from tpulaunch.job.yamlfile import DOCUMENT_PATH, SECRET_MASK, Mark, Marks, dotted, parse_yaml, read_job_text
 
 
 @dataclass
@@ -35,6 +35,7 @@ class LoadedJob:
     invalid: set = field(default_factory=set)  # sections that failed validation
     problems: list = field(default_factory=list)
     local: bool = False  # checked for a run on this machine (`--local`): tpu: and partition: do not apply
+    secrets: Secrets = NONE  # which of its values are secrets (`job/secrets.py`), read by everything that shows them
 
     def section(self, name: str):
         """The validated section, or None (absent or invalid: see `usable`; tpu/partition when local, partition kept
@@ -112,13 +113,6 @@ def _override_error(file, index, key, code, message, hint) -> JobFileError:
     return JobFileError(message, hint=hint, problems=[Problem("error", "--set", index, 1, key or DOCUMENT_PATH, code, message, hint)])
 
 
-def _free_form(path: tuple) -> bool:
-    """Whether new keys may be created at `path` (free keyword arguments, not schema fields): params, flags, and the
-    arguments of a call (`model.model_fn.args`, `data.input_fn.train.args`, ...)."""
-    return path in {("model", "params"), ("eval", "params"), ("model", "optimizer", "args"), ("flags",)} or (
-        len(path) > 1 and path[-1] == "args" and path[0] in ("model", "data"))
-
-
 def _keys_of(model: type) -> dict:
     """The keys a pydantic model takes in a job file (a field's alias when it has one: `from`) -> field info."""
     return {info.alias or name: info for name, info in model.model_fields.items()}
@@ -194,7 +188,7 @@ def apply_overrides(data: Any, marks: Marks, overrides: Sequence[Override]) -> t
                 continue
         elif isinstance(node, dict):
             allowed = _schema_fields(parent)
-            if last not in node and not _free_form(parent) and not (allowed and last in allowed):
+            if last not in node and not free_form(parent) and not (allowed and last in allowed):
                 problems.append(_unknown_override(index, ov, ov.path, data))
                 continue
         else:
@@ -264,12 +258,6 @@ def _real_path(loc: tuple, data: Any) -> tuple:
 
 
 
-def _secret_from_env(path: tuple, marks: Marks) -> bool:
-    """Whether the value at `path` came from ${VAR} under a key that looks secret: never shown in messages."""
-    keys = [str(p) for p in path if isinstance(p, str)]
-    return any(looks_secret(k) for k in keys) and any(path[: len(ref)] == ref for ref in marks.env_refs)
-
-
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -286,7 +274,7 @@ def schema_problems(exc: ValidationError, loaded: LoadedJob, prefix: tuple = ())
             continue
         seen.add(key)
         name = str(path[-1]) if path else ""
-        secret = _secret_from_env(path, loaded.marks)
+        secret = loaded.secrets.covers(path)
         shown = SECRET_MASK if secret else _short(err.get("input"))
         if kind == "extra_forbidden":
             allowed = sorted(_schema_fields(path[:-1]) or [])
@@ -350,9 +338,6 @@ def _field_description(path: tuple) -> Optional[str]:
 
 
 # ------------------------------------------------------------------------------------------- loading
-
-PATH_KEYS = (("data", "train"), ("data", "eval"), ("run", "model_dir"), ("run", "warm_start", "from"), ("python_path",))
-
 
 def _is_remote(path: str) -> bool:
     return "://" in path
@@ -433,9 +418,12 @@ def load_job(filename: str, overrides: Sequence[str] = (), env: Optional[Mapping
     _anchor_relative_paths(data, marks, os.path.dirname(os.path.abspath(filename)))
     _tensorflow_partition_forms(data, marks)
     loaded.data = data
+    loaded.secrets = secrets_of(data, marks)
+    remember(loaded.secrets)
     problems += override_problems
     try:
-        loaded.job = Job.model_validate(data).located_at(os.path.dirname(os.path.abspath(filename)))
+        loaded.job = Job.model_validate(data).located_at(os.path.dirname(os.path.abspath(filename))).keeping(
+            loaded.secrets)
     except ValidationError as exc:
         # A value emptied by an unset ${VAR} or a refused tag was reported already; a type error would repeat it.
         env_paths = {p.path for p in problems if p.code in ("env-var-unset", "yaml-unsupported-tag", "yaml-bad-tagged-value")}

@@ -577,6 +577,7 @@ class Job(Strict):
                     "job file's own directory and before PYTHONPATH: a program's source tree, e.g. tensorflow/tpu's "
                     "[models, models/official/resnet], which its README puts on PYTHONPATH")
     _source_dir: Optional[str] = PrivateAttr(None)  # the job file's directory, set by load_job
+    _secrets: Any = PrivateAttr(None)  # which values are secrets (`job/secrets.py`), set by load_job
 
     @property
     def on_tpu(self) -> bool:
@@ -587,6 +588,18 @@ class Job(Strict):
         """Where the job's import paths are looked up before PYTHONPATH: the job file's directory, then
         python_path (relative to it)."""
         return search_path_of(self._source_dir, self.python_path)
+
+    @property
+    def secrets(self):
+        """Which of the job's values are secrets (`job.secrets.Secrets`): masked wherever the job is written."""
+        from tpulaunch.job.secrets import NONE
+
+        return self._secrets or NONE
+
+    def keeping(self, secrets) -> "Job":
+        """This job, knowing which of its values are secrets (`job.secrets.Secrets`, found when it was loaded)."""
+        self._secrets = secrets
+        return self
 
     def located_at(self, directory: str) -> "Job":
         """This job, with its import paths resolved from `directory` (the job file's)."""

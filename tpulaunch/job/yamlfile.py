@@ -79,20 +79,11 @@ def dotted(path: Path) -> str:
 
 
 SECRET_MASK = "***"
-"""What a value under a secret-looking key is shown as, in every output and in the job copy."""
+"""What a secret (`job/secrets.py`) is shown as, in every output and in the job copy."""
 
 
 def looks_secret(name: str) -> bool:
     return bool(_SECRET_NAME.search(name))
-
-
-def mask_secrets(value):
-    """`value` with the values under secret-looking keys of every nested mapping replaced by SECRET_MASK."""
-    if isinstance(value, dict):
-        return {k: SECRET_MASK if looks_secret(str(k)) else mask_secrets(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [mask_secrets(v) for v in value]
-    return value
 
 
 _PLAIN_COLLECTION_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")

@@ -141,7 +141,8 @@ def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[f
         return 1
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **worker_env(worker, hosts, hosts_run, endpoints or []), **values}
     command = train_command(manifest, disk, hosts, zone)
-    with open(log_path, "ab") as log:
+    # Readable by this user alone: the train's output may quote anything of the job's.
+    with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
         process = subprocess.Popen(command, cwd=os.path.join(disk, "job"), env=env, stdin=subprocess.DEVNULL,
                                    stdout=log, stderr=subprocess.STDOUT)
     status.update(phase="training", started=time.time(), train_pid=process.pid)

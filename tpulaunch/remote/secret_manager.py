@@ -58,9 +58,9 @@ def references(loaded) -> List[Reference]:
 def controller_side(path: tuple) -> bool:
     """A value the controller needs on this machine (where the TPU is, where the run is staged, the data): it is
     resolved here and reaches the VM as a `--set` (stage.vm_sets), never from Secret Manager."""
-    from tpulaunch.job.load import PATH_KEYS
+    from tpulaunch.job.secrets import place
 
-    return path[:1] == ("tpu",) or any(path[:len(keys)] == tuple(keys) for keys in PATH_KEYS)
+    return place(path)
 
 
 def vm_references(refs: Sequence[Reference]) -> List[Reference]:
@@ -135,41 +135,15 @@ def existing(project: str, names: Sequence[str], url: Optional[str] = None) -> D
     return found
 
 
-def _recorded(document, path: tuple) -> bool:
-    """Whether train's copy of the job in model_dir (`job/document.job_document`) holds the value at
-    `path` as it is, rather than masked (only values under secret-looking keys of free-form mappings are)."""
-    from tpulaunch.job.yamlfile import SECRET_MASK
-
-    for key in path:
-        if document == SECRET_MASK:
-            return False
-        if isinstance(document, dict) and key in document:
-            document = document[key]
-        elif isinstance(document, list) and isinstance(key, int) and key < len(document):
-            document = document[key]
-        else:
-            return False  # not in the copy at all
-    return document != SECRET_MASK
-
-
 def require(loaded, job, refs: Sequence[Reference], project: str, *, job_file: str, url: Optional[str] = None,
             rehearsal: bool = False, environ: Mapping[str, str] = os.environ) -> List[dict]:
     """The secrets the VM reads ([{"name", "optional"}], for the stage's manifest), after checking that each VAR
-    the VM resolves has one; the missing ones are refused at each place the job uses them, and so is one that
-    the VM's `train` would write into model_dir with the job (a key that does not look secret)."""
+    the VM resolves has one; the missing ones are refused at each place the job uses them. (The VM's `train` masks
+    every `${VAR}`'s value wherever it writes the job: `job/secrets.py`.)"""
     if not refs:
         return []
-    from tpulaunch.engine.core.model_dir import JOB_COPY
-    from tpulaunch.job.document import job_document
-
     found = existing(project, [ref.name for ref in refs], url)
-    document = job_document(job)
-    problems = [loaded.problem(
-        ref.path, "remote-secret-recorded",
-        f"${{{ref.name}}} would be written into run.model_dir/{JOB_COPY} by the VM's train, which masks only the "
-        f"values of secret-looking keys (their names have secret, token, password, key or credential in them)",
-        f"rename the key '{ref.path[-1]}' (e.g. {ref.path[-1]}_token), or write the value into the job if it is "
-        "no secret") for ref in refs if (found[ref.name] or ref.default is None) and _recorded(document, ref.path)]
+    problems = []
     where = ("in the rehearsal's Secret Manager (`rehearse --secrets DIR`: a file DIR/NAME holds a secret's value)"
              if rehearsal else f"in Secret Manager (project '{project}')")
     for ref in refs:

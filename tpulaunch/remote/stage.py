@@ -5,7 +5,8 @@ What is staged (`layout.py` says where):
 - the job file as its author wrote it (its `${VAR}`s stay references: no value of this machine's environment is
   written; the VM reads them from Secret Manager, the manifest naming which), with the `--set`s the VM's
   `tpulaunch train` gets: the ones given here, then the job's local paths as this machine resolved them
-  (relative paths are relative to the job file, which the VM does not have);
+  (relative paths are relative to the job file, which the VM does not have). A secret given with --set (under a
+  secret-looking key, `job/secrets.py`) is refused: it would be written here in clear;
 - the job's own code: the modules its import paths name that sit next to the job file, and each `python_path`
   directory (deterministic .tar.gz files);
 - tpulaunch itself (this installation's package folder), and which extra of it the VM installs (the engine's
@@ -184,6 +185,24 @@ def _refuse_environment(loaded, job_file: str) -> None:
         raise TpuLaunchError(f"not staging {job_file}: fix the problems above", problems=problems)
 
 
+def _refuse_secret_sets(loaded, job_file: str) -> None:
+    """A secret given with --set (`job/secrets.py`: under a secret-looking key) would be written into the stage in
+    clear, as the VM's train reads its --sets from there: refused, with the way that keeps its value out of every
+    file (a `${VAR}` in the job file, read on the VM from Secret Manager)."""
+    from tpulaunch.job.secrets import env_name, set_secret_fix
+
+    problems = [loaded.problem(
+        path, "remote-secret-set",
+        "a secret given with --set: the TPU VM's train reads its --sets from the stage under run.model_dir, "
+        "which would hold it in clear",
+        set_secret_fix(path, f"the VM reads secret {env_name(path)} from Secret Manager into train's environment; "
+                             f"in a rehearsal, the file {env_name(path)} in --secrets DIR"))
+        for path in sorted(loaded.secrets.from_command_line, key=lambda path: tuple(map(str, path)))]
+    if not problems:
+        return
+    raise TpuLaunchError(f"not staging {job_file}: a secret cannot travel as a --set", problems=problems)
+
+
 def vm_sets(loaded, overrides: Sequence[str], python_path_dirs: Sequence[str], *, target: str) -> List[str]:
     """The `--set`s the VM's train gets: the given ones, then the job's paths as resolved here (absolute, or
     gs://), then python_path as the staged folders (relative to the VM's job file)."""
@@ -223,6 +242,7 @@ def stage_job(checked, job_file: str, overrides: Sequence[str], *, engine: str, 
     assert target in TARGETS
     loaded, job = checked.loaded, checked.job
     _refuse_environment(loaded, job_file)
+    _refuse_secret_sets(loaded, job_file)
     model_dir = job.run.model_dir
     job_dir = os.path.dirname(os.path.abspath(job_file))
     blobs: List[Tuple[str, bytes]] = []

@@ -90,6 +90,7 @@ def write(url: str, data: bytes) -> None:
         return
     os.makedirs(os.path.dirname(url) or ".", exist_ok=True)
     temporary = f"{url}.{os.getpid()}.{secrets.token_hex(3)}.tmp"
-    with open(temporary, "wb") as handle:
+    # Readable by this user alone: a run's files (its stage, logs, record) hold what the job holds.
+    with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as handle:
         handle.write(data)
     os.replace(temporary, url)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from tpulaunch.run.events import RunRecorder
 
 JOB_COPY = "tpulaunch-job.yaml"
-"""The resolved job, written into model_dir by `train` (secrets masked)."""
+"""The resolved job, written into model_dir by `train` (its secrets masked: `job/secrets.py`), mode 0600."""
 # TPUEstimator's name-based checkpoints, or the keras engine's object-based ones (tf.train.Checkpoint).
 STEP_KEYS = ("global_step", "global_step/.ATTRIBUTES/VARIABLE_VALUE")
 
@@ -68,6 +68,10 @@ def write_job_copy(job: Job, model_dir: str, *, force: bool = False) -> str:
     # (which the next resume would read as a job with another model), and no temporary file.
     temporary = path + ".tmp"
     try:
+        if "://" not in temporary:  # readable by this user alone, from its first byte: it holds the job's values
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.fchmod(fd, 0o600)  # a temporary left by a cut-off write keeps its mode otherwise
+            os.close(fd)
         with tf.io.gfile.GFile(temporary, "w") as handle:
             handle.write(yaml.safe_dump(document, sort_keys=False))
         tf.io.gfile.rename(temporary, path, overwrite=True)
