@@ -227,3 +227,16 @@ def storage_error(exc: BaseException) -> Optional[StorageError]:
                 path = paths[-1].rstrip(".:") if paths else None
             return StorageError(errno.errorcode[code], said, str(path) if path is not None else None, hint)
     return None
+
+
+# What libtpu and TensorFlow say when the host's TPU chips are not there or another process holds them: an
+# infrastructure failure (a host without its TPU, a leftover process), which `run` recovers from on both targets.
+_TPU_UNAVAILABLE = re.compile(
+    r"TPU initialization failed|Cannot find any TPU cores|No \w+ device found|TPU is already in use by process"
+    r"|Couldn't open device: /dev/(?:accel|vfio)")
+
+
+def tpu_unavailable(exc: BaseException) -> Optional[str]:
+    """The first line of an error that says this host's TPU chips cannot be found or opened, or None."""
+    text = str(getattr(exc, "message", None) or exc)
+    return first_line(exc) if _TPU_UNAVAILABLE.search(text) else None
