@@ -77,6 +77,9 @@ def _controller(obj: Context, job_file: str, overrides, *, target: str, api_endp
                 secrets_url: Optional[str] = None,
                 on_step=None):
     """The job checked (validate's static checks for its TPU), staged, and a Controller for it."""
+    from tpulaunch.tpu import api
+
+    api.require_client()  # before anything is staged: a missing client leaves nothing behind
     from tpulaunch.remote.controller import Controller, RunRecord
     from tpulaunch.remote.stage import stage_job
     from tpulaunch.remote.startup import startup_script
@@ -195,10 +198,11 @@ def _rehearse_on_gke(obj: Context, job_file: str, overrides, *, preempt_at, recr
         raise AlreadyReported(code)
 
 
-def _detached(obj: Context, job_file: str, controller) -> None:
+def _detached(obj: Context, job_file: str, controller, verb: str = "run") -> None:
+    """Ctrl-C: the run goes on; the command that reattaches (the same verb: a rehearsal's run is rehearse's)."""
     say = _say(obj)
     say(f"detached: the run goes on on TPU node '{controller.ref.name}' ({controller.ref.zone})")
-    say(f"  reattach: tpulaunch run {job_file}    end it: {controller.down_command()}")
+    say(f"  reattach: tpulaunch {verb} {job_file}    end it: {controller.down_command()}")
     raise AlreadyReported(ExitCode.INTERRUPTED)
 
 
@@ -335,7 +339,7 @@ def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, 
             controller.run(record)
         except KeyboardInterrupt:
             if rehearsal is None:
-                _detached(obj, job_file, controller)
+                _detached(obj, job_file, controller, verb="rehearse")
             _say(obj)("rehearsal stopped: its TPU VMs ended with it; the checkpoints stay in run.model_dir")
             raise AlreadyReported(ExitCode.INTERRUPTED) from None
     finally:
