@@ -263,3 +263,26 @@ def test_no_cluster_is_one_message(tmp_path):
     assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
     assert "error: no kubeconfig reaches the cluster" in done.stderr
     assert "gcloud container clusters get-credentials" in done.stderr
+
+
+def test_logs_prints_the_chiefs_lines_and_cancel_deletes_the_jobset(tmp_path, cluster):
+    api, env = cluster
+    (tmp_path / "job.yaml").write_text(JOB)
+    follower = _run_in_background(tmp_path, env)
+    assert api.created.wait(60), follower.communicate(timeout=5)
+    _chief_writes(env, "train | start | step 0/100 | batch 64\ntrain | step 10/100 | loss 1.2\n",
+                  {"worker": 0, "phase": "training", "exit_code": None})
+    shown = tpulaunch("logs", "job.yaml", cwd=tmp_path, env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines() == ["train | start | step 0/100 | batch 64", "train | step 10/100 | loss 1.2"]
+    assert "logs | host 0 of VM 1 | gs://bucket/runs/ct/tpulaunch-remote/attempts/1/worker-0.log" in shown.stderr
+
+    cancelled = tpulaunch("cancel", "job.yaml", cwd=tmp_path, env=env)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert "JobSet 'ct-seg' deleted with its pods" in cancelled.stderr
+    assert api.jobset("ct-seg") is None and ("DELETE", "/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/"
+                                            "ct-seg") in [(m, p.split("?")[0]) for m, p in api.requests]
+    out, err = follower.communicate(timeout=60)  # the follower sees it gone
+    assert follower.returncode == 3 and "JobSet 'ct-seg' is gone" in err, out + err
+    again = tpulaunch("cancel", "job.yaml", cwd=tmp_path, env=env)
+    assert again.returncode == 0 and "not found in namespace 'default': nothing to cancel" in again.stderr

@@ -345,3 +345,97 @@ def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, 
     finally:
         if rehearsal is not None:
             rehearsal.stop()
+
+
+@command("logs")
+@job_argument
+@set_option
+@click.option("--host", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="Which host's lines (worker N of the run; 0 is the chief).")
+@click.option("--attempt", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Which VM of the run (or restart of a JobSet); default: the newest.")
+@click.option("--follow", "-f", "keep_following", is_flag=True, help="Keep printing new lines until the host ends.")
+@click.option("--poll", "poll_s", type=click.FloatRange(min=0.05), default=5, show_default=True, metavar="SECONDS",
+              help="With --follow, read the log this often.")
+@pass_obj
+def logs(obj: Context, job_file: str, overrides, host: int, attempt: Optional[int], keep_following: bool,
+         poll_s: float):
+    """Print what a host of the job's remote run (`run` on a TPU VM or on GKE, or `rehearse`) printed, from
+    run.model_dir, where each host's lines are kept: no connection to the VM or the cluster is needed.
+
+    \b
+    Examples:
+      tpulaunch logs job.yaml                 # the chief's lines, newest VM
+      tpulaunch logs job.yaml --host 3 -f     # host 3, following
+    """
+    from tpulaunch.remote.follow import HostLog, host_status, newest_attempt
+
+    model_dir = _model_dir_of(job_file, overrides)
+    attempt = attempt or newest_attempt(model_dir)
+    if not attempt:
+        raise TpuLaunchError(f"no remote run has written to {model_dir} yet",
+                             hint=f"start one: tpulaunch run {job_file}", exit_code=ExitCode.PROBLEMS)
+    log, out = HostLog(model_dir, attempt, host), _out(obj)
+    _say(obj)(f"logs | host {host} of VM {attempt} | {log.url}")
+    while True:
+        for line in log.new_lines():
+            out(line)
+        status = host_status(model_dir, attempt, host) or {}
+        if not keep_following or status.get("exit_code") is not None:
+            return
+        time.sleep(poll_s)
+
+
+@command("cancel")
+@job_argument
+@set_option
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=600, show_default=True,
+              metavar="SECONDS", help="How long to wait for the TPU node to be deleted.")
+@click.pass_context
+def cancel(ctx: click.Context, job_file: str, overrides, timeout_s: float):
+    """End the job's remote run and delete what `run` created (its JobSet on GKE, its TPU node otherwise);
+    run.model_dir and its checkpoints stay: `tpulaunch run` starts again from the newest one.
+
+    \b
+    Examples:
+      tpulaunch cancel job.yaml
+    """
+    from tpulaunch.errors import JobFileError
+    from tpulaunch.job.load import load_job
+
+    obj = ctx.ensure_object(Context)
+    try:
+        loaded = load_job(job_file, overrides, env={})
+    except JobFileError:
+        loaded = None
+    on_gke = loaded.section("gke") if loaded is not None else None
+    if on_gke is not None:
+        from tpulaunch.remote import gke
+
+        name = str(loaded.data.get("name"))
+        deleted = gke.cancel(name, on_gke)
+        _say(obj)(f"cancel | JobSet '{_jobset_name(name)}' " + (
+            "deleted with its pods; the checkpoints stay in run.model_dir" if deleted
+            else f"not found in namespace '{on_gke.namespace}': nothing to cancel"))
+        return
+    from tpulaunch.cli.lifecycle import down
+
+    ctx.invoke(down, job_file=job_file, overrides=overrides, timeout_s=timeout_s)
+
+
+def _jobset_name(job_name: str) -> str:
+    from tpulaunch.remote.jobset import jobset_name
+
+    return jobset_name(job_name)
+
+
+def _model_dir_of(job_file: str, overrides) -> str:
+    """run.model_dir of the job file, read without checking the rest."""
+    from tpulaunch.job.load import load_job
+
+    loaded = load_job(job_file, overrides, env={})
+    run = loaded.section("run")
+    if run is None:
+        raise TpuLaunchError(f"{job_file} has no valid run.model_dir", hint=f"tpulaunch validate {job_file}",
+                             exit_code=ExitCode.PROBLEMS)
+    return run.model_dir

@@ -69,3 +69,18 @@ def host_status(model_dir: str, attempt: int, worker: int = 0) -> Optional[dict]
     except ValueError:
         return None
     return found if isinstance(found, dict) else None
+
+
+def attempt_taken(model_dir: str, attempt: int) -> bool:
+    """Whether a VM (or a JobSet's restart) of model_dir has the number `attempt`: its claim, or what its chief
+    wrote."""
+    return any(store.exists(url) for url in (layout.vm_claim(model_dir, attempt), layout.host_status(model_dir, attempt, 0),
+                                             layout.host_log(model_dir, attempt, 0)))
+
+
+def newest_attempt(model_dir: str) -> int:
+    """The highest attempt number taken under model_dir (0: no remote run wrote there)."""
+    highest = 0
+    while attempt_taken(model_dir, highest + 1):
+        highest += 1
+    return highest

@@ -169,14 +169,6 @@ class GkeRun:
                                      exit_code=ExitCode.CLUSTER)
             time.sleep(self.poll_s)
 
-    def cancel(self) -> bool:
-        """Delete the JobSet and its pods (the checkpoints stay in model_dir); False when there was none."""
-        try:
-            self._call("deleting the JobSet", self.api.delete_namespaced_custom_object, self.sub.name,
-                       propagation_policy="Foreground")
-        except self.ApiException:
-            return False
-        return True
 
 
 def _condition(status: dict) -> Optional[str]:
@@ -191,3 +183,18 @@ def _message(status: dict) -> str:
         if condition.get("type") == "Failed":
             return condition.get("message") or condition.get("reason") or "no reason given"
     return "no reason given"
+
+
+def cancel(job_name: str, gke) -> bool:
+    """Delete a job's JobSet and its pods (the checkpoints stay in run.model_dir); False when there is none."""
+    api, api_exception = connect(gke.context)
+    try:
+        api.delete_namespaced_custom_object(jobset.GROUP, jobset.VERSION, gke.namespace, jobset.PLURAL,
+                                            jobset.jobset_name(job_name), propagation_policy="Foreground")
+    except api_exception as exc:
+        if exc.status == 404:
+            return False
+        raise TpuLaunchError(f"the Kubernetes API refused deleting JobSet '{jobset.jobset_name(job_name)}' "
+                             f"(HTTP {exc.status} {exc.reason or ''})", hint="check the kubeconfig's credentials",
+                             exit_code=ExitCode.CLUSTER) from None
+    return True

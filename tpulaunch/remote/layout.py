@@ -44,6 +44,10 @@ def attempts(model_dir: str) -> str:
     return join(remote_dir(model_dir), "attempts")
 
 
+def vm_claim(model_dir: str, attempt: int) -> str:
+    return join(attempts(model_dir), str(attempt), "vm.json")
+
+
 def host_startup_log(model_dir: str, attempt: int, worker: int) -> str:
     return join(attempts(model_dir), str(attempt), f"worker-{worker}.startup.log")
 
