@@ -272,6 +272,10 @@ def test_logs_prints_the_chiefs_lines_and_cancel_deletes_the_jobset(tmp_path, cl
     assert api.created.wait(60), follower.communicate(timeout=5)
     _chief_writes(env, "train | start | step 0/100 | batch 64\ntrain | step 10/100 | loss 1.2\n",
                   {"worker": 0, "phase": "training", "exit_code": None})
+    status = tpulaunch("status", "job.yaml", cwd=tmp_path, env=env)
+    assert status.returncode == 0, status.stderr
+    assert "GKE: JobSet 'ct-seg' (default): Running | 0 of at most 0 restarts" in status.stdout
+    assert "remote run: VM 1 | 1 host training | step 10/100" in status.stdout, status.stdout
     shown = tpulaunch("logs", "job.yaml", cwd=tmp_path, env=env)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.splitlines() == ["train | start | step 0/100 | batch 64", "train | step 10/100 | loss 1.2"]

@@ -84,3 +84,37 @@ def newest_attempt(model_dir: str) -> int:
     while attempt_taken(model_dir, highest + 1):
         highest += 1
     return highest
+
+
+def run_summary(model_dir: str) -> Optional[dict]:
+    """The newest remote run under model_dir as `status` shows it: which VM (or JobSet restart), its hosts' phases,
+    the chief's newest step and checkpoint; None when no remote run wrote there."""
+    attempt = newest_attempt(model_dir)
+    if not attempt:
+        return None
+    log = HostLog(model_dir, attempt)
+    log.new_lines()
+    hosts = []
+    while True:
+        found = host_status(model_dir, attempt, len(hosts))
+        if found is None:
+            break
+        hosts.append(found)
+    phases = sorted({str(h.get("phase")) for h in hosts})
+    ended = [h.get("exit_code") for h in hosts if h.get("exit_code") is not None]
+    return {"attempt": attempt, "hosts": len(hosts), "phases": phases, "step": log.step, "steps": log.total,
+            "checkpoint": log.checkpoint, "exit_codes": ended}
+
+
+def summary_text(summary: Optional[dict]) -> str:
+    if summary is None:
+        return "none (no `tpulaunch run` or `rehearse` wrote to run.model_dir)"
+    words = [f"VM {summary['attempt']}", f"{summary['hosts']} host{'s' if summary['hosts'] != 1 else ''} "
+                                         f"{'/'.join(summary['phases']) or 'starting'}"]
+    if summary["step"] is not None:
+        words.append(f"step {summary['step']}/{summary['steps']}")
+    if summary["checkpoint"] is not None:
+        words.append(f"checkpoint {summary['checkpoint']}")
+    if summary["exit_codes"] and len(summary["exit_codes"]) == summary["hosts"]:
+        words.append(f"exit {max(summary['exit_codes'], key=abs)}")
+    return " | ".join(words)

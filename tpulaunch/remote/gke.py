@@ -198,3 +198,29 @@ def cancel(job_name: str, gke) -> bool:
                              f"(HTTP {exc.status} {exc.reason or ''})", hint="check the kubeconfig's credentials",
                              exit_code=ExitCode.CLUSTER) from None
     return True
+
+
+def read(name: str, gke) -> Optional[dict]:
+    """The JobSet `name` in the job's namespace as the cluster has it, or None."""
+    api, api_exception = connect(gke.context)
+    try:
+        return api.get_namespaced_custom_object(jobset.GROUP, jobset.VERSION, gke.namespace, jobset.PLURAL, name)
+    except api_exception as exc:
+        if exc.status == 404:
+            return None
+        raise TpuLaunchError(f"the Kubernetes API refused reading JobSet '{name}' (HTTP {exc.status})",
+                             exit_code=ExitCode.CLUSTER) from None
+    except OSError as exc:
+        raise TpuLaunchError(f"the cluster's API server could not be reached: {exc}", exit_code=ExitCode.CLUSTER) \
+            from None
+
+
+def state_of(found: dict) -> str:
+    """Completed, Failed, Suspended (Kueue has not admitted it) or Running."""
+    status = found.get("status") or {}
+    ended = _condition(status)
+    if ended:
+        return ended
+    if found.get("spec", {}).get("suspend"):
+        return "Suspended (waiting for Kueue to admit it)"
+    return "Running"
