@@ -180,6 +180,7 @@ def _rehearse_on_gke(obj: Context, job_file: str, overrides, *, preempt_at, recr
     (`remote/jobset_rehearsal.py`); local paths stand for the bucket."""
     from tpulaunch.remote import gke
     from tpulaunch.remote.jobset_rehearsal import LocalJobSet
+    from tpulaunch.remote.rehearsal import hosts_environment
     from tpulaunch.remote.stage import stage_job
     from tpulaunch.remote.startup import startup_script
 
@@ -188,7 +189,8 @@ def _rehearse_on_gke(obj: Context, job_file: str, overrides, *, preempt_at, recr
     stage = stage_job(checked, job_file, overrides, engine=checked.plan.engine, target="local")
     say(f"stage | {stage.uploaded} new of {stage.total} files | {stage.url}")
     sub = gke.submission(checked, stage, startup_script(stage, rehearsal_python=python), recreate=recreate)
-    local = LocalJobSet(sub.manifest, stage.model_dir, say=say, out=_out(obj), preempt_at=preempt_at, poll_s=poll_s)
+    local = LocalJobSet(sub.manifest, stage.model_dir, say=say, out=_out(obj), preempt_at=preempt_at, poll_s=poll_s,
+                        hosts_environment=lambda root: hosts_environment(root, preempt_at))
     try:
         code = local.run()
     except KeyboardInterrupt:
@@ -320,7 +322,7 @@ def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, 
     if not external:
         from tpulaunch.remote.rehearsal import Rehearsal
 
-        rehearsal = Rehearsal(hosts=hosts, secrets_dir=secrets_dir)
+        rehearsal = Rehearsal(hosts=hosts, secrets_dir=secrets_dir, preempt_at=preempt_at)
         _say(obj)(f"rehearsal | local Cloud TPU API at {rehearsal.endpoint}; TPU VMs are local processes (disks "
                   f"under {rehearsal.root}); local paths stand for the bucket; nothing is installed on the VMs")
     try:

@@ -76,12 +76,13 @@ class LocalJobSet:
     """Run `manifest` (a JobSet of tpulaunch's) with local processes for pods; `run()` returns how it ended."""
 
     def __init__(self, manifest: dict, model_dir: str, *, say: Say, out: Say, preempt_at: Sequence[int] = (),
-                 poll_s: float = 0.2, env: Optional[Dict[str, str]] = None, keep_disks: bool = False):
+                 poll_s: float = 0.2, hosts_environment: Callable[[str], Dict[str, str]] = lambda root: dict(os.environ),
+                 keep_disks: bool = False):
         self.manifest, self.model_dir, self.say, self.out = manifest, model_dir, say, out
         self.pending = sorted(preempt_at)
         self.poll_s, self.keep_disks = poll_s, keep_disks
-        self.env = dict(os.environ if env is None else env)
         self.root = tempfile.mkdtemp(prefix="tpulaunch-jobset-")
+        self.env = hosts_environment(self.root)  # this machine's, with where --preempt-at holds the chief
         replicated = manifest["spec"]["replicatedJobs"][0]
         self.slices = replicated["replicas"]
         self.job_spec = replicated["template"]["spec"]
