@@ -290,3 +290,15 @@ def test_logs_prints_the_chiefs_lines_and_cancel_deletes_the_jobset(tmp_path, cl
     assert follower.returncode == 3 and "JobSet 'ct-seg' is gone" in err, out + err
     again = tpulaunch("cancel", "job.yaml", cwd=tmp_path, env=env)
     assert again.returncode == 0 and "not found in namespace 'default': nothing to cancel" in again.stderr
+
+
+def test_plan_counts_every_slices_devices_and_hosts(tmp_path):
+    """Two v6e-16 slices train as one data-parallel run of 32 devices on 8 hosts: each host feeds 1/8 of the batch."""
+    (tmp_path / "job.yaml").write_text(JOB)
+    done = tpulaunch("plan", "job.yaml", "--no-memory", "--format", "json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert {k: plan["slice"][k] for k in ("tpu_type", "devices", "hosts", "replicas")} == \
+        {"tpu_type": "v6e-16 x 2", "devices": 32, "hosts": 8, "replicas": 32}
+    (train,) = plan["batches"]
+    assert (train["global_batch"], train["per_replica"], train["per_host"]) == (64, 2, 8)
