@@ -112,8 +112,16 @@ elif [ -n "${TPULAUNCH_IMAGE_PYTHON:-}" ]; then
   PY="$TPULAUNCH_IMAGE_PYTHON"
   step installing "installing the job's requirements failed" "$PY" -m pip install -q "${REQUIREMENTS[@]}"
 else
-  # --system-site-packages: what the TPU image already has (its TensorFlow) is not installed twice
-  step installing "making the venv failed" python3 -m venv --system-site-packages "$DISK/venv"
+  # --system-site-packages: what the TPU image already has (its TensorFlow) is not installed twice. Ubuntu's Python
+  # makes venvs only with its python3-venv package, which a base image need not have: installed then (as root).
+  if ! python3 -m venv --system-site-packages "$DISK/venv" >>"$LOG" 2>&1; then
+    rm -rf "$DISK/venv"
+    say "python3 -m venv failed: installing Ubuntu's python3-venv"
+    VENV_PACKAGE="python3.$(python3 -c 'import sys; print(sys.version_info[1])')-venv"
+    step installing "installing $VENV_PACKAGE failed (python3 -m venv needs it)" \
+      env DEBIAN_FRONTEND=noninteractive bash -c "apt-get update -q && apt-get install -y -q $VENV_PACKAGE"
+    step installing "making the venv failed" python3 -m venv --system-site-packages "$DISK/venv"
+  fi
   step installing "installing the job's requirements failed" \
     "$DISK/venv/bin/python" -m pip install -q "${REQUIREMENTS[@]}"
   PY="$DISK/venv/bin/python"
