@@ -27,7 +27,8 @@ pytest_plugins = ["gcs_fake", "tpu_api_server"]
 # The files that take longest on one worker (measured with --durations=0), started first: with --dist loadfile a long
 # file that starts last leaves the other worker idle at the end. The rest keep their collection order.
 SLOW_FILES_FIRST = (
-    "tests/engine/test_reference_efficientnet.py", "tests/remote/test_rehearse.py", "tests/plan/test_memory.py",
+    "tests/engine/test_reference_efficientnet.py", "tests/remote/test_rehearse.py", "tests/remote/test_rerun.py",
+    "tests/plan/test_memory.py",
     "tests/docs/test_readme_examples.py", "tests/engine/test_reference_programs.py",
     "tests/engine/test_reference_resnet.py", "tests/checks/test_user_models.py", "tests/engine/test_own_program.py",
     "tests/plan/test_xla_tpu.py",

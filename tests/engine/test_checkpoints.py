@@ -12,8 +12,10 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+import pytest
+
 from tpulaunch.engine.core.checkpoints import (
-    CheckpointRepair, Dropped, checkpoint_problem, describe_repair, latest_complete_checkpoint,
+    CheckpointRepair, Dropped, UnreadableCheckpoints, checkpoint_problem, describe_repair, latest_complete_checkpoint,
     repair_checkpoint_state,
 )
 
@@ -44,13 +46,16 @@ def state_paths(model_dir: Path):
     return state.model_checkpoint_path, list(state.all_model_checkpoint_paths)
 
 
-def test_complete_checkpoints_are_left_alone(tmp_path):
-    paths = save_checkpoints(tmp_path, [10, 20, 30])
-    before = (tmp_path / "checkpoint").read_text()
+def test_complete_checkpoints_are_left_alone_once_named_relative_to_model_dir(tmp_path):
+    paths = save_checkpoints(tmp_path, [10, 20, 30])  # the v1 Saver's default: absolute paths in the state
 
     assert latest_complete_checkpoint(str(tmp_path)) == (paths[2], 30)
+    assert repair_checkpoint_state(str(tmp_path)) == CheckpointRepair(paths[2], 30, [], rewritten=True)
+    state = (tmp_path / "checkpoint").read_text()
+    assert str(tmp_path) not in state and 'model_checkpoint_path: "model.ckpt-30"' in state, state
+    assert state_paths(tmp_path) == (paths[2], paths)
     assert repair_checkpoint_state(str(tmp_path)) == CheckpointRepair(paths[2], 30, [], rewritten=False)
-    assert (tmp_path / "checkpoint").read_text() == before
+    assert (tmp_path / "checkpoint").read_text() == state
 
 
 def test_truncated_data_shard_falls_back_to_the_previous_checkpoint(tmp_path):
@@ -100,15 +105,27 @@ def test_corrupted_bytes_of_the_same_length_are_caught_by_reading_back(tmp_path)
     assert latest_complete_checkpoint(str(tmp_path)) == (paths[0], 10)
 
 
-def test_no_complete_checkpoint_removes_the_state_file_so_training_starts_afresh(tmp_path):
+def test_checkpoint_files_none_of_which_restores_are_refused_not_trained_over(tmp_path):
     (path,) = save_checkpoints(tmp_path, [10])
     data_file(path).write_bytes(b"x")
+    state = (tmp_path / "checkpoint").read_text()
+
+    with pytest.raises(UnreadableCheckpoints) as refused:
+        repair_checkpoint_state(str(tmp_path))
+    assert f"{path}: {checkpoint_problem(path)}" in refused.value.message
+    assert (tmp_path / "checkpoint").read_text() == state
+
+
+def test_a_state_naming_only_checkpoints_with_no_file_left_is_removed_so_training_starts_afresh(tmp_path):
+    (path,) = save_checkpoints(tmp_path, [10])
+    for name in tmp_path.glob("model.ckpt-10.*"):
+        name.unlink()
 
     repair = repair_checkpoint_state(str(tmp_path))
     assert (repair.path, repair.step, repair.rewritten) == (None, None, True)
     assert not (tmp_path / "checkpoint").exists()
-    assert tf.train.latest_checkpoint(str(tmp_path)) is None
-    assert describe_repair(repair)[-1] == "no complete checkpoint left: training starts from step 0"
+    assert describe_repair(repair) == [f"skipping incomplete checkpoint {path}: no .index file",
+                                       "no checkpoint file left: training starts from step 0"]
 
 
 def test_empty_or_missing_model_dir(tmp_path):
@@ -122,3 +139,40 @@ def test_missing_state_file_is_rebuilt_from_the_checkpoints_on_disk(tmp_path):
 
     assert repair_checkpoint_state(str(tmp_path)) == CheckpointRepair(paths[1], 20, [], rewritten=True)
     assert tf.train.latest_checkpoint(str(tmp_path)) == paths[1]
+
+
+def test_state_entries_naming_another_folder_are_never_named_nor_deleted_from_model_dir(tmp_path):
+    """A state copied from elsewhere, naming `../other/...` and an absolute path there: the repair names model_dir's
+    own checkpoints by their names, and a CheckpointManager (the keras and jax engines') saving past max_to_keep
+    deletes only inside its own folder."""
+    from tpulaunch.engine import portable
+
+    other, model_dir = tmp_path / "other", tmp_path / "model_dir"
+    other.mkdir()
+    model_dir.mkdir()
+    theirs = save_checkpoints(other, [1, 2])
+    before = {p.name: p.read_bytes() for p in other.iterdir()}
+    save_checkpoints(model_dir, [3])
+    # As a CheckpointManager writes it: with the times it saved them (it manages, and deletes, those newer than
+    # its last preserved one).
+    (model_dir / "checkpoint").write_text(
+        f'model_checkpoint_path: "{theirs[1]}"\n'
+        f'all_model_checkpoint_paths: "../other/model.ckpt-1"\nall_model_checkpoint_paths: "{theirs[1]}"\n'
+        'all_model_checkpoint_timestamps: 1000.0\nall_model_checkpoint_timestamps: 1001.0\n'
+        'last_preserved_timestamp: 1.0\n')
+
+    checkpoint = tf.train.Checkpoint(v=tf.Variable(1.0))
+    manager = portable.checkpoint_manager_class(lambda: None)(checkpoint, str(model_dir), max_to_keep=1,
+                                                              checkpoint_name="model.ckpt")
+    for step in (4, 5):
+        manager.save(checkpoint_number=step)
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == before
+    assert str(tmp_path / "other") not in (model_dir / "checkpoint").read_text()
+
+    (model_dir / "checkpoint").write_text(f'model_checkpoint_path: "{theirs[1]}"\n'
+                                          'all_model_checkpoint_paths: "../other/model.ckpt-1"\n')
+    repair = repair_checkpoint_state(str(model_dir))
+    assert repair.path == str(model_dir / "model.ckpt-5") and repair.rewritten
+    assert state_paths(model_dir) == (repair.path, [repair.path])
+    assert "other" not in (model_dir / "checkpoint").read_text()
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == before

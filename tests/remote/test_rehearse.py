@@ -1,115 +1,31 @@
 """`tpulaunch rehearse` end to end, with real processes: the controller (the CLI in a process of its own), the
 local Cloud TPU API, TPU VMs as local processes running the node's startup script, and on them `tpulaunch
-train` of the quickstart CNN on this machine's CPU (20 steps, a checkpoint every 5, batch 8, 64 records).
-
-The job's builder (staged next to the job file, so staging the job's own code is proven too) pauses 0.2 s a
-step, so that the controller reads a step from the run's log while the run still trains it.
+train` of the quickstart CNN on this machine's CPU (the job: `tests/rehearsals.py`). Reruns in the same
+model_dir: `test_rerun.py`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 from pathlib import Path
 
 import pytest
 
-from paths import REPO
-
-SLOW_MODELS = textwrap.dedent("""\
-    import time
-
-    import tensorflow as tf
-
-    from tpulaunch.models.cnn import build as cnn
-
-
-    def _pause(x):
-        def sleep(value):
-            time.sleep(0.2)
-            return value
-        return tf.ensure_shape(tf.numpy_function(sleep, [x], x.dtype), x.shape)
-
-
-    def build(**params):
-        model = cnn(**params)
-        inputs = tf.keras.Input(shape=(32, 32, 3), name="image")
-        return tf.keras.Model(inputs, model(tf.keras.layers.Lambda(_pause)(inputs)))
-
-
-    def broken(**params):
-        raise ValueError("this builder is broken on purpose")
-
-
-    def with_token(api_token, conn, **params):
-        import hashlib
-        print("builder | api_token sha256", hashlib.sha256(api_token.encode()).hexdigest(), flush=True)
-        print("builder | conn sha256", hashlib.sha256(conn.encode()).hexdigest(), flush=True)
-        return build(**params)
-    """)
-
-JOB = textwrap.dedent("""\
-    name: quickstart
-    model:
-      builder: slow_models:build
-      params: {num_classes: 10}
-      loss: sparse_categorical_crossentropy
-      optimizer: {name: adam, learning_rate: 0.003}
-    data:
-      train: ../data/train-*.tfrecord
-      eval: ../data/eval-*.tfrecord
-      features:
-        image: {shape: [32, 32, 3], dtype: float32}
-      labels:
-        label: {shape: [], dtype: int64}
-    tpu: {name: rehearsal-tpu, zone: us-central1-a, project: test-project, type: v3-8}
-    train: {batch_size: 8, steps: 20}
-    eval: {batch_size: 8, steps: 2}
-    run: {model_dir: runs/q, save_checkpoints_steps: 5, log_every_steps: 1}
-    """)
+from rehearsals import rehearsal_env as _env, rehearse, run_record as _record, synth_data, write_job
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("quickstart")
-    subprocess.run([sys.executable, "-m", "tpulaunch", "data", "synth", "--example", "quickstart", str(root / "data"),
-                    "--records", "64"], check=True, cwd=REPO, capture_output=True)
-    return root
+    return synth_data(tmp_path_factory.mktemp("quickstart"))
 
 
 @pytest.fixture
 def job(data, tmp_path) -> Path:
-    folder = data / tmp_path.name
-    folder.mkdir()
-    (folder / "slow_models.py").write_text(SLOW_MODELS)
-    (folder / "job.yaml").write_text(JOB)
-    return folder / "job.yaml"
-
-
-def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TPULAUNCH_TPU", "TPU_"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return {**env, "NO_GCE_CHECK": "True", **extra}
-
-
-def rehearse(job: Path, *args: str, **env) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run([sys.executable, "-m", "tpulaunch", "rehearse", str(job), *args], cwd=job.parent,
-                              env=_env(**env), capture_output=True, text=True, timeout=300)
-    except subprocess.TimeoutExpired as hung:  # say where it stood, and what each host last wrote
-        said = [(hung.stdout or b"").decode(errors="replace")[-3000:], (hung.stderr or b"").decode(errors="replace")[-3000:]]
-        for log in sorted(job.parent.glob("runs/q/tpulaunch-remote/attempts/*/*")):
-            said.append(f"--- {log.relative_to(job.parent)}\n" + log.read_text(errors="replace")[-1500:])
-        raise AssertionError("rehearse did not end within 300 s:\n" + "\n".join(said)) from None
-
-
-def _record(job: Path) -> dict:
-    return json.loads((job.parent / "runs/q/tpulaunch-remote/run.json").read_text())
+    return write_job(data / tmp_path.name)
 
 
 def test_preempted_vm_is_recreated_and_the_run_finishes_with_no_step_lost_beyond_its_checkpoint(job):

@@ -62,7 +62,7 @@ def test_a_nan_loss_stops_with_exit_1_naming_the_step_and_the_last_good_checkpoi
     assert "train.on_nan: {rollback: N}" in err and "unexpected" not in err and "Traceback" not in err, err
     # model.ckpt-6 holds the NaN step's weights: model_dir points at the good one, so a rerun resumes from it.
     state = (run_dir / "checkpoint").read_text()
-    assert f'model_checkpoint_path: "{run_dir / "model.ckpt-4"}"' in state and "model.ckpt-6" not in state, state
+    assert 'model_checkpoint_path: "model.ckpt-4"' in state and "model.ckpt-6" not in state, state
     record = json.loads((run_dir / RECORD_FILE).read_text().splitlines()[-1])
     assert record["outcome"].startswith("failed: the loss became NaN at step 6") and "nan_rollbacks" not in record
 

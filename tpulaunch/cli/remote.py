@@ -233,7 +233,8 @@ def run(obj: Context, job_file: str, overrides, recreate: int, after_preemption:
     (gs://; content-addressed: a rerun stages nothing new), creates the TPU as `tpulaunch up` does with a
     startup script in its metadata that runs `tpulaunch train` on the VM, then shows the run's progress
     from what it writes to model_dir. Ctrl-C detaches (the run goes on); running the same command again
-    reattaches; `tpulaunch down JOB` ends it. The TPU is deleted when the run ends (--keep-tpu keeps it).
+    reattaches; once a run has ended, a rerun starts a VM of its own (it trains on from the newest checkpoint);
+    `tpulaunch down JOB` ends it. The TPU is deleted when the run ends (--keep-tpu keeps it).
 
     Exit codes: 0 done; the host's own code when the job failed on the VM (1 the job, 70 a crash; never
     retried); 3 the TPU lost with no recovery left (--recreate N), a host that failed its install or did not

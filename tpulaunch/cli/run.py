@@ -354,5 +354,5 @@ def export(obj: Context, job_file: str, out_dir: str, overrides, checkpoint: Opt
     engine = checked.engine
     recorder = _recorder(obj.out, started_at=began)
     with recorded_run(obj, recorder, engine, checked, "export", record=False), recorder.phase(phases.EXPORT):
-        path = engine.export(checked.job, checked.plan, out_dir, checkpoint=checkpoint)
+        path = engine.export(checked.job, checked.plan, out_dir, checkpoint=checkpoint, say=recorder.note)
     obj.out.print(f"exported {path}", highlight=False, markup=False, soft_wrap=True)

@@ -13,7 +13,7 @@ machine); what a method needs beyond them comes as keyword arguments.
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 if TYPE_CHECKING:
     from tpulaunch.job.load import LoadedJob
@@ -62,8 +62,10 @@ class Engine(abc.ABC):
         """Evaluate the latest (or the given) checkpoint, telling `recorder`; returns the metrics."""
 
     @abc.abstractmethod
-    def export(self, job: "Job", plan: "Plan", out_dir: str, *, checkpoint: Optional[str] = None) -> str:
-        """Write a SavedModel for serving; returns its directory."""
+    def export(self, job: "Job", plan: "Plan", out_dir: str, *, checkpoint: Optional[str] = None,
+               say: Optional[Callable[[str], None]] = None) -> str:
+        """Write a SavedModel for serving of the given checkpoint, else model_dir's newest complete one (`say` told
+        which when a newer one was skipped); returns its directory."""
 
     def append_run_record(self, model_dir: str, line: str) -> str:
         """Append one JSON line to model_dir's run record (`run.record`); returns the file's path. Written through

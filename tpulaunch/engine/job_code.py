@@ -56,13 +56,15 @@ def as_given(path: str, given: str) -> str:
     return path if absolute == given else os.path.join(given, os.path.relpath(path, absolute))
 
 
-def export_from_command_line(export: Callable[..., str], job: Job, plan, out_dir: str, checkpoint: Optional[str]) -> str:
-    """An engine runner's `export(job, plan, out_dir, checkpoint=, search_path=)` with the job's code running
+def export_from_command_line(export: Callable[..., str], job: Job, plan, out_dir: str, checkpoint: Optional[str],
+                             say: Optional[Callable[[str], None]] = None) -> str:
+    """An engine runner's `export(job, plan, out_dir, checkpoint=, search_path=, say=)` with the job's code running
     (`running_job_code`) and the command line's paths kept relative to where tpulaunch started; the SavedModel's
-    directory as the user wrote `out_dir`."""
+    directory as the user wrote `out_dir`. `say`: told which checkpoint is exported when a newer one was skipped."""
     given, out_dir, checkpoint = out_dir, command_line_path(out_dir), command_line_path(checkpoint)
     with running_job_code(job):
-        path = export(job, plan, out_dir, checkpoint=checkpoint, search_path=job.search_path)
+        path = export(job, plan, out_dir, checkpoint=checkpoint, search_path=job.search_path,
+                      say=say or (lambda line: None))
     return as_given(path, given)
 
 

@@ -801,20 +801,34 @@ def checkpoint_class(write_through: Optional[Callable[[Callable[[str], Any], str
     return WrittenThrough
 
 
+def name_in(directory: str, path: str) -> Optional[str]:
+    """`path`'s file name when it names a file right in `directory`, else None. `path` is as TensorFlow holds it: a
+    state entry is resolved against the state file's folder (`tf.train.get_checkpoint_state`). A state file copied
+    or moved with its directory may name the old place, or `../` anything: such an entry is never this directory's
+    to name or delete."""
+    parent, _, name = _normal(path).rpartition("/")
+    return name if name and parent == _normal(directory).rstrip("/") else None
+
+
+def _normal(path: str) -> str:
+    scheme, sep, rest = path.rpartition("://")
+    return f"{scheme}{sep}{os.path.normpath(rest)}" if sep else os.path.abspath(path)
+
+
 def write_checkpoint_state(directory: str, latest: str, paths: list, *, fence: Callable[[], None],
-                           relative: bool = True, timestamps: Optional[list] = None,
-                           last_preserved: Optional[float] = None) -> None:
-    """directory's `checkpoint` state file naming `latest` and `paths`, as TensorFlow's
+                           timestamps: Optional[list] = None, last_preserved: Optional[float] = None) -> None:
+    """directory's `checkpoint` state file naming `latest` and `paths` by their names in `directory` (a copied or
+    moved directory's state names its own files; an entry elsewhere is left out), as TensorFlow's
     update_checkpoint_state_internal writes it, to a temporary name first: `fence()` comes after that write, right
     before the rename, so a run frozen while writing it names nothing once it thaws."""
     from google.protobuf import text_format
 
-    def written(path):  # as update_checkpoint_state_internal(save_relative_paths=True) writes them
-        return os.path.relpath(path, directory) if relative and os.path.isabs(path) else path
-
+    kept = [(name_in(directory, path), index) for index, path in enumerate(paths)]
+    kept = [(name, index) for name, index in kept if name]
     state = tf.compat.v1.train.generate_checkpoint_state_proto(
-        directory, written(latest), all_model_checkpoint_paths=[written(path) for path in paths],
-        all_model_checkpoint_timestamps=timestamps, last_preserved_timestamp=last_preserved)
+        directory, name_in(directory, latest) or latest, all_model_checkpoint_paths=[name for name, _ in kept],
+        all_model_checkpoint_timestamps=[timestamps[index] for _, index in kept] if timestamps else None,
+        last_preserved_timestamp=last_preserved)
     path = os.path.join(directory, "checkpoint")
     temporary = f"{path}.tmp{secrets.token_hex(16)}"  # TensorFlow's temporary name for it
     try:
@@ -843,6 +857,8 @@ def checkpoint_manager_class(fence: Optional[Callable[[], None]]):
 
         def _sweep(self):
             fence()
+            for path in [path for path in self._maybe_delete if name_in(self.directory, path) is None]:
+                del self._maybe_delete[path]  # named elsewhere by a copied or moved state: never deleted from here
             super()._sweep()
 
     return Fenced

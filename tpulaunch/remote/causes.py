@@ -13,6 +13,7 @@ fails the same way and costs TPU time.
 | exited 1 (the job's mistake, a NaN loss, a failed graph), 2, 70 (a crash), 130 (stopped by hand on the VM), any other | the job's |
 | a host not started within --host-timeout (hung at boot, or cannot write model_dir) | infrastructure |
 | a host whose startup script failed a step (its install): the same script fails the same way on a new VM | not retried |
+| worker 0's train refused model_dir's lease, or its lease taken over (exit 1 or 5 with another live holder, as its status's `lease_holder` says): another run writes model_dir | contention: not retried, the holder named |
 
 On a multi-host slice the exit codes are those of every host that trains (worker 0's, or each host's for an
 engine whose hosts all train).
@@ -27,6 +28,7 @@ from tpulaunch.tpu import node as cluster
 
 INFRASTRUCTURE = "infrastructure"
 JOB = "job"
+CONTENTION = "contention"  # another run holds model_dir's lease: neither the job's failure nor a lost VM
 
 LOST_TPU_EXIT = int(ExitCode.CLUSTER)  # train's own exit code when the TPU it drove was lost
 

@@ -5,17 +5,26 @@ again with the same startup script: the job resumes from its newest complete che
 
 It holds nothing the run needs: killed or detached, it is started again (`tpulaunch run JOB`) and reattaches
 to the node it created (the node's metadata names the stage it runs), reading its record (`run.json`) back.
+
+Each run reads only the files its own VMs write: every VM created for model_dir gets a number no earlier one had
+(`layout.py`), so a rerun after a failed run, or with more steps, starts a VM of its own and trains. A rerun
+reattaches to the node it finds when that node runs this job's stage and is still this run's (its record not
+ended) or still training; a node left from a run that ended (`--keep-tpu`) is deleted and a VM of this run's
+created. Before it creates a VM the controller reads model_dir's lease (`contention.py`): an earlier VM's train
+that still holds it with no node to reattach to is stopped first (it saves a checkpoint, the new VM resumes from
+it); any other live holder refuses the run before anything is created.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional
 
 from tpulaunch.errors import ExitCode, TpuLaunchError
-from tpulaunch.remote import causes, layout, store
+from tpulaunch.remote import causes, contention, layout, store
 from tpulaunch.remote.follow import HostLog, host_status
 from tpulaunch.remote.stage import Stage
 from tpulaunch.tpu import node as cluster
@@ -129,6 +138,7 @@ class Controller:
         self.say, self.out, self.on_step = say, out, on_step
         self.vm = 0
         self.record: Optional[RunRecord] = None
+        self.previous: Optional[RunRecord] = None  # the record model_dir had when this controller started
         self.log: Optional[HostLog] = None
         self.hosts = 1  # hosts of the node's slice
         self.statuses: Dict[int, dict] = {}  # worker -> its status (follow.host_status), once it wrote one
@@ -193,30 +203,107 @@ class Controller:
     def _attach(self) -> None:
         """Find the run's node: reattach to it, wait for it, recover it, or create it."""
         node = self._find()
-        if node is None:
-            self._create(len(self.record.vms) + 1)
+        if node is not None:
+            metadata = node.get("metadata") or {}
+            state = node.get("state")
+            if layout.STAGE_KEY not in metadata:
+                raise TpuLaunchError(
+                    f"TPU node '{self.ref.name}' exists but was not created by `tpulaunch run` (no startup script of "
+                    "it)", hint=f"`{self.down_command()}` deletes it, or set tpu.name to another node",
+                    exit_code=ExitCode.CLUSTER)
+            if metadata[layout.STAGE_KEY] != self.stage.digest:
+                raise TpuLaunchError(
+                    f"TPU node '{self.ref.name}' runs another staged job (stage {metadata[layout.STAGE_KEY][:12]}, "
+                    f"this job's is {self.stage.digest[:12]}): the job file, its code or its --set values changed",
+                    hint=f"let that run end, or `{self.down_command()}` first (the checkpoints stay in "
+                         "model_dir)", exit_code=ExitCode.CLUSTER)
+            vm = int(metadata.get(layout.ATTEMPT_KEY) or 1)
+            ended = self._ended_earlier(vm)
+            if ended is None:
+                self.vm = vm
+                self._follow_vm(node)
+                self._read()  # its lines so far (the step it reached, when it was lost)
+                self.say(f"tpu | reattached to TPU node '{self.ref.name}' ({state}), VM {self.vm} of the run")
+                if causes.node_cause(state):
+                    self._recover(str(state))
+                elif state != "READY":
+                    self.life.create(wait_s=self.create_timeout_s)  # on its way: waited for
+                return
+            self.say(f"tpu | TPU node '{self.ref.name}' is left from a run that ended (VM {vm}: {ended}): deleting "
+                     "it; this run creates a VM of its own")
+            self.life.delete(wait_s=self.create_timeout_s)
+        self._clear_model_dir()
+        self._create(self._next_vm())
+
+    def _ended_earlier(self, vm: int) -> Optional[str]:
+        """How VM `vm` (found running this job's stage) ended in a run before this one, in words; None when it is
+        this run's to reattach to: in this run's record, or its train not ended (still booting or training)."""
+        if self.record is self.previous and any(item.get("vm") == vm for item in self.record.vms):
+            return None  # a controller that was killed or detached: its record goes on
+        status = host_status(self.model_dir, vm, 0)
+        if status is None or status.get("phase") != "ended":
+            return None
+        return causes.exit_text(status.get("exit_code") or 0) if status.get("exit_code") else "done"
+
+    # ------------------------------------------------------------------ the VM numbers and model_dir's lease
+
+    def _taken(self, vm: int) -> bool:
+        return any(store.exists(url) for url in (layout.vm_claim(self.model_dir, vm),
+                                                 layout.host_status(self.model_dir, vm, 0),
+                                                 layout.host_log(self.model_dir, vm, 0)))
+
+    def _highest_vm(self) -> int:
+        """The highest number a VM of model_dir has taken (0: none): the records' and, after them, any folder
+        under attempts/ (a VM whose record was overwritten, or whose controller was killed while creating it)."""
+        known = [item.get("vm") or 0 for record in (self.record, self.previous) if record for item in record.vms]
+        highest = max(known, default=0)
+        while self._taken(highest + 1):
+            highest += 1
+        return highest
+
+    def _next_vm(self) -> int:
+        """The number of the VM about to be created, claimed (`attempts/<n>/vm.json`) before the node is: no VM
+        of model_dir had it, so the controller reads only what this VM writes."""
+        vm = self._highest_vm() + 1
+        claim = {"vm": vm, "stage": self.stage.digest, "node": self.ref.name, "run_started": self.record.started,
+                 "claimed": time.time()}
+        store.write(layout.vm_claim(self.model_dir, vm), (json.dumps(claim, indent=1) + "\n").encode())
+        return vm
+
+    def _clear_model_dir(self) -> None:
+        """Before a VM is created: nothing else may hold model_dir's lease, or the VM's train is refused it. An
+        earlier VM's train that still holds it with no node found (its controller killed with its rehearsal's
+        local API) is stopped here, said; any other live holder refuses the run before anything is created."""
+        holder = contention.live_holder(self.model_dir)
+        if holder is None:
             return
-        metadata = node.get("metadata") or {}
-        state = node.get("state")
-        if layout.STAGE_KEY not in metadata:
+        from tpulaunch.run import lease as leases
+
+        who = leases.holder_text(holder)
+        age = leases.age_text(time.time() - float(holder.get("renewed") or 0))
+        found = contention.orphan_vm(self.model_dir, holder, range(self._highest_vm(), 0, -1))
+        if found is None:
+            self._end(f"failed: {causes.CONTENTION}: run.model_dir held by {who}")
             raise TpuLaunchError(
-                f"TPU node '{self.ref.name}' exists but was not created by `tpulaunch run` (no startup script of it)",
-                hint=f"`{self.down_command()}` deletes it, or set tpu.name to another node",
+                f"run.model_dir {self.model_dir} is in use: {holder.get('command') or 'a run'} by {who} holds its "
+                f"lease, last renewed {age} ago; a VM's train would be refused it (nothing was created)",
+                hint="wait for that run to end, or stop it, then rerun (it resumes from model_dir's newest "
+                     "checkpoint); or use another run.model_dir", exit_code=ExitCode.CLUSTER)
+        vm, status = found
+        orphan = (f"VM {vm} of an earlier run still trains in run.model_dir (train pid {holder.get('pid')} on "
+                  f"{holder.get('host')}, holding its lease, last renewed {age} ago) but no TPU node of it is found")
+        if holder.get("host") != socket.gethostname():
+            self._end(f"failed: {causes.CONTENTION}: run.model_dir held by VM {vm} of an earlier run")
+            raise TpuLaunchError(
+                f"{orphan} in {', '.join(dict.fromkeys(p.zone for p in self.fallback.tries))}: this machine cannot "
+                "stop it (nothing was created)",
+                hint="wait for it to end (its lease released), or delete its TPU VM where it is, then rerun",
                 exit_code=ExitCode.CLUSTER)
-        if metadata[layout.STAGE_KEY] != self.stage.digest:
-            raise TpuLaunchError(
-                f"TPU node '{self.ref.name}' runs another staged job (stage {metadata[layout.STAGE_KEY][:12]}, this "
-                f"job's is {self.stage.digest[:12]}): the job file, its code or its --set values changed",
-                hint=f"let that run end, or `{self.down_command()}` first (the checkpoints stay in "
-                     "model_dir)", exit_code=ExitCode.CLUSTER)
-        self.vm = int(metadata.get(layout.ATTEMPT_KEY) or 1)
-        self._follow_vm(node)
-        self._read()  # its lines so far (the step it reached, when it was lost)
-        self.say(f"tpu | reattached to TPU node '{self.ref.name}' ({state}), VM {self.vm} of the run")
-        if causes.node_cause(state):
-            self._recover(str(state))
-        elif state != "READY":
-            self.life.create(wait_s=self.create_timeout_s)  # on its way: waited for
+        self.say(f"tpu | {orphan} (its controller was killed with its rehearsal's local API): stopping it before "
+                 "this run's VM starts")
+        how = contention.stop_local(self.model_dir, holder)
+        self.say(f"tpu | stopped VM {vm} of the earlier run: {how}; this run's VM resumes from model_dir's newest "
+                 "checkpoint")
 
     # ------------------------------------------------------------------ recovery
 
@@ -260,7 +347,7 @@ class Controller:
             if len(self.fallback.tries) > 1 else ""
         self.say(f"tpu | recovery {used + 1} of {self.recreate}: creating TPU node '{self.ref.name}' again with the "
                  f"same startup script{first}")
-        self._create(self.vm + 1, tries)
+        self._create(self._next_vm(), tries)
         recovery.recreate_s = round(time.monotonic() - started, 3)
         self._save_recovery()
 
@@ -345,7 +432,7 @@ class Controller:
             failed.hint = f"`{self.down_command()}` removes it" + (f"; {failed.hint}" if failed.hint else "")
 
     def _run(self, record: RunRecord) -> None:
-        previous = RunRecord.load(self.model_dir)
+        previous = self.previous = RunRecord.load(self.model_dir)
         if previous is not None and previous.stage == record.stage and previous.outcome is None:
             record = previous  # a controller that was killed or detached: its record goes on
         self.record = record
@@ -379,6 +466,9 @@ class Controller:
             self._read()
             text = causes.exit_text(code)
             who = f"worker {worker}" + (" (the chief)" if worker == 0 and self.hosts > 1 else "")
+            holder = self.statuses[worker].get("lease_holder")
+            if holder:
+                self._contention(who, code, holder)
             if causes.exit_cause(code) == causes.INFRASTRUCTURE:
                 self._recover(f"{who}: {text}" if self.hosts > 1 else text)
                 return False
@@ -396,6 +486,20 @@ class Controller:
             self._read()
             self._finish()
         return done
+
+    def _contention(self, who: str, code: int, holder: dict) -> None:
+        """The VM's train was refused model_dir's lease (or lost it): another run writes model_dir. Not the job's
+        failure, and not recovered by a new VM while that run lives: the run ends saying who holds it."""
+        from tpulaunch.run.lease import holder_text
+
+        holder_words = f"{holder.get('command') or 'a run'} by {holder_text(holder)}"
+        self._end(f"failed: {causes.CONTENTION}: run.model_dir held by {holder_words}")
+        self._remove_node()
+        raise TpuLaunchError(
+            f"VM {self.vm} of the run could not train ({who}, exit code {code}): run.model_dir's lease is held by "
+            f"{holder_words}, another run writing {self.model_dir}; not a failure of the job's own",
+            hint="wait for that run to end, or stop it, then rerun: it resumes from model_dir's newest checkpoint",
+            exit_code=ExitCode.CLUSTER)
 
     def _startup_failed(self, worker: int, status: dict) -> None:
         """A host whose startup script failed a step (an install, fetching tpulaunch): not retried, since the same

@@ -9,7 +9,8 @@ model_dir's lease and writes its shared files (the others are told they are not 
 convention `run/workers.py` reads). A host with nothing to run says so in its status and exits 0.
 
 The train's output goes to `attempts/<A>/worker-<N>.log` under run.model_dir and the host's status beside it
-(`worker-<N>.json`: its phase, when it booted, installed, started, the train's pid and host, how it ended). It
+(`worker-<N>.json`: its phase, when it booted, installed, started, the train's pid and host, how it ended, and
+for a chief whose train failed while another run held model_dir's lease, that holder: `lease_holder`). It
 exits with the train's exit code, which the controller reads (`causes.py`) to decide between recovering and
 stopping.
 
@@ -160,7 +161,10 @@ def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[f
     if shipped:
         with open(log_path, "rb") as handle:
             store.write(remote_log, handle.read())
-    status.update(phase="ended", exit_code=code, ended=time.time(), message=_last_message(log_path) if code else "")
+    # a train refused model_dir's lease exits 1, one whose lease another run took over 5 (`tpulaunch.errors`)
+    ended = {"lease_holder": _other_holder(model_dir, process.pid)} if code in (1, 5) and worker == CHIEF else {}
+    status.update(phase="ended", exit_code=code, ended=time.time(), message=_last_message(log_path) if code else "",
+                  **{key: value for key, value in ended.items() if value})
     return code
 
 
@@ -175,6 +179,17 @@ def _forward_stop_signals(process: subprocess.Popen) -> None:
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, forward)
+
+
+def _other_holder(model_dir: str, train_pid: int) -> Optional[dict]:
+    """The run that holds model_dir's lease now when it is not this host's train (which then was refused the lease,
+    or lost it to that run): the controller tells contention from a failure of the job's own by it."""
+    from tpulaunch.remote.contention import held_by_other
+
+    try:
+        return held_by_other(model_dir, socket.gethostname(), train_pid)
+    except Exception:  # the lease unreadable now: the exit code alone is said
+        return None
 
 
 def main(argv=None) -> int:

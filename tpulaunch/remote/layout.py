@@ -4,12 +4,15 @@
         blobs/<sha256>                 staged files, named by their content (the job, its code, tpulaunch)
         stages/<sha256>.json           a stage's manifest: what the VM fetches and runs (named by its content)
         run.json                       the controller's record: the node, each VM it created, each recovery
+        attempts/<n>/vm.json           the n-th VM's claim on its number: the run and stage it was created for
         attempts/<n>/worker-<i>.log    what host i of the n-th VM printed (`tpulaunch train`'s lines)
         attempts/<n>/worker-<i>.json   that host's status: its phase, when it booted, installed, started, how it ended
         attempts/<n>/worker-<i>.startup.log   its startup script's output, when a step of it failed
 
-`n` counts the VMs a run created (the node's `tpulaunch-attempt` metadata): a recreated node writes a new
-folder, so the lines of a VM that was lost stay next to those of the one that replaced it.
+`n` numbers every VM created for this model_dir (the node's `tpulaunch-attempt` metadata), by all its runs: a
+run's first VM takes the number after the last one taken (claimed with `vm.json` before the node is created),
+so no run reads another run's files (a failed run's status, a shorter run's end), and a recreated node writes a
+new folder, so the lines of a VM that was lost stay next to those of the one that replaced it.
 """
 
 from __future__ import annotations

@@ -10,9 +10,15 @@ systems, hangs). `latest_complete_checkpoint` verifies each candidate, newest fi
 * the data shards hold at least the bytes the index says the numeric tensors take, and, when the
   data is small (FULL_READ_BYTES), every tensor reads back (which also checks each tensor's CRC).
 
-`repair_checkpoint_state` rewrites the state file to name that checkpoint, so the Estimator
-restores from it. Files of dropped checkpoints are left in place for inspection; the next save
-of the same step overwrites them.
+The candidates are model_dir's own checkpoints, whatever the `checkpoint` state file names: every
+`*.index` there, and each entry of the state taken by its name in model_dir (a copied or moved
+model_dir's state may name the old place; a stale one, a deleted step). `repair_checkpoint_state`
+rewrites the state file to name that checkpoint, by names relative to model_dir (TensorFlow resolves
+them against the state file's folder), so every engine restores from it and a copy of model_dir names
+and deletes only its own files. When checkpoint files exist and none can be restored, it refuses
+(`UnreadableCheckpoints`, exit 1) instead of letting training start from step 0 over them.
+`readable_checkpoint` is the same choice for evaluate and export. Files of dropped checkpoints are
+left in place for inspection; the next save of the same step overwrites them.
 
 Paths may be local or gs:// (tf.io.gfile). TensorFlow is imported inside the functions.
 """
@@ -24,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
-from tpulaunch.errors import first_line
+from tpulaunch.errors import TpuLaunchError, first_line
 
 STATE_FILE = "checkpoint"
 # Read every tensor back only when the data is at most this large (a restart should not have to
@@ -123,44 +129,115 @@ def latest_complete_checkpoint(model_dir: str) -> Optional[Tuple[str, int]]:
     return found
 
 
-def repair_checkpoint_state(model_dir: str) -> CheckpointRepair:
-    """Point the state file at the newest complete checkpoint, leaving out incomplete ones.
+class UnreadableCheckpoints(TpuLaunchError):
+    """model_dir holds checkpoint files and none of them can be restored: nothing is trained (or evaluated)
+    over them."""
 
-    The state file is rewritten only when it names a checkpoint that is not complete (or is
-    missing while a complete checkpoint exists); otherwise it is left untouched. With no complete
-    checkpoint at all, a state file naming incomplete ones is removed, so training starts afresh
-    instead of failing to restore.
+
+def repair_checkpoint_state(model_dir: str) -> CheckpointRepair:
+    """Point the state file at the newest complete checkpoint, leaving out incomplete ones and naming
+    each by its name in model_dir.
+
+    The state file is rewritten only when it names a checkpoint that is not complete, anything but
+    model_dir's own checkpoints by relative names, or is missing while a complete checkpoint exists;
+    otherwise it is left untouched. A state file naming only checkpoints with no file left is removed,
+    so training starts afresh.
+
+    Raises:
+        UnreadableCheckpoints: checkpoint files exist and none of them is complete.
     """
     import tensorflow as tf
 
     found, dropped = _newest_complete(model_dir)
-    state = _state(model_dir)
-    current = state.model_checkpoint_path if state is not None else None
+    raw = _raw_state(model_dir)
     if found is None:
-        state_path = os.path.join(model_dir, STATE_FILE)
-        if state is not None and dropped:
-            tf.io.gfile.remove(state_path)
+        refuse_unreadable(model_dir, dropped, "training from step 0 would overwrite them")
+        if raw is not None:
+            tf.io.gfile.remove(os.path.join(model_dir, STATE_FILE))
             return CheckpointRepair(None, None, dropped, rewritten=True)
         return CheckpointRepair(None, None, dropped)
     path, step = found
-    listed = list(state.all_model_checkpoint_paths) if state is not None else []
-    bad = {d.path for d in dropped}
-    keep = [p for p in listed if p not in bad and _step_key(p) <= _step_key(path)]
-    if path not in keep:
-        keep.append(path)
+    name = os.path.basename(path)
+    stamps = {}
+    if raw is not None and len(raw.all_model_checkpoint_timestamps) == len(raw.all_model_checkpoint_paths):
+        stamps = {os.path.basename(p): t for p, t in zip(raw.all_model_checkpoint_paths,
+                                                         raw.all_model_checkpoint_timestamps)}
+    listed = [os.path.basename(p) for p in raw.all_model_checkpoint_paths] if raw is not None else []
+    bad = {os.path.basename(d.path) for d in dropped}
+    keep = [p for p in dict.fromkeys(listed)
+            if p not in bad and _step_key(p) <= _step_key(name) and _exists(os.path.join(model_dir, p) + ".index")]
+    if name not in keep:
+        keep.append(name)
     keep.sort(key=_step_key)
-    if current == path and keep == listed:
+    if raw is not None and raw.model_checkpoint_path == name and list(raw.all_model_checkpoint_paths) == keep:
         return CheckpointRepair(path, step, dropped)
-    tf.compat.v1.train.update_checkpoint_state(model_dir, path, all_model_checkpoint_paths=keep)
+    timestamps = [stamps[p] for p in keep] if all(p in stamps for p in keep) else None
+    tf.compat.v1.train.update_checkpoint_state(
+        model_dir, name, all_model_checkpoint_paths=keep, all_model_checkpoint_timestamps=timestamps,
+        last_preserved_timestamp=raw.last_preserved_timestamp if raw is not None and timestamps else None)
     return CheckpointRepair(path, step, dropped, rewritten=True)
 
 
+def refuse_unreadable(model_dir: str, dropped: List[Dropped], why: str) -> None:
+    """Raise UnreadableCheckpoints naming each dropped checkpoint that has files in model_dir, when there are any."""
+    present = [d for d in dropped if _files_of(d.path)]
+    if present:
+        named = "; ".join(f"{d.path}: {d.reason}" for d in present)
+        raise UnreadableCheckpoints(
+            f"no checkpoint in {model_dir} can be restored ({named})",
+            hint=f"{why}: restore them from a copy, or move them out of model_dir to start afresh, or use another "
+                 "run.model_dir (--model-dir)", code="unreadable-checkpoints")
+
+
+@dataclass(frozen=True)
+class Readable:
+    """The checkpoint evaluate or export reads, and the lines that say why it is not the newest one."""
+
+    path: str
+    step: Optional[int]
+    lines: List[str]
+
+
+def readable_checkpoint(model_dir: str, checkpoint: Optional[str], verb: str) -> Optional[Readable]:
+    """The checkpoint to read: `checkpoint` (--checkpoint) when given, else model_dir's newest complete one
+    (whatever its state file names); None when model_dir holds no checkpoint. `verb` ("evaluating", "exporting")
+    words the line that says which one is read when a newer one was skipped.
+
+    Raises:
+        TpuLaunchError: the given checkpoint cannot be restored (named, with why); UnreadableCheckpoints: model_dir
+            holds checkpoint files and none can be restored.
+    """
+    if checkpoint:
+        problem = checkpoint_problem(checkpoint)
+        if problem:
+            found, _ = _newest_complete(model_dir)
+            other = f"; the newest complete one in model_dir is {found[0]}" if found and found[0] != checkpoint else ""
+            raise TpuLaunchError(f"--checkpoint {checkpoint} cannot be restored: {problem}",
+                                 hint="name a complete checkpoint: model.ckpt-STEP, without its extension" + other)
+        return Readable(checkpoint, None, [])
+    found, dropped = _newest_complete(model_dir)
+    if found is None:
+        refuse_unreadable(model_dir, dropped, "nothing can be read from them")
+        return None
+    path, step = found
+    lines = [f"skipping incomplete checkpoint {d.path}: {d.reason}" for d in dropped]
+    if lines:
+        lines.append(f"{verb} {path} (step {step}), the newest complete checkpoint")
+    return Readable(path, step, lines)
+
+
 def describe_repair(repair: CheckpointRepair) -> List[str]:
-    """One line per dropped checkpoint, plus where training resumes (for the progress display)."""
+    """One line per dropped checkpoint, plus where training resumes (for the progress display); one line when only
+    the state file was rewritten (it named checkpoints elsewhere, by absolute paths, or was missing)."""
     lines = [f"skipping incomplete checkpoint {d.path}: {d.reason}" for d in repair.dropped]
-    if repair.dropped:
-        lines.append(f"resuming from {repair.path} (step {repair.step})" if repair.path
-                     else "no complete checkpoint left: training starts from step 0")
+    if repair.path is None:
+        if repair.dropped:
+            lines.append("no checkpoint file left: training starts from step 0")
+    elif repair.dropped:
+        lines.append(f"resuming from {repair.path} (step {repair.step})")
+    elif repair.rewritten:
+        lines.append(f"checkpoint state repaired: it names {repair.path} (step {repair.step}) and model_dir's other "
+                     "checkpoints by their names in model_dir")
     return lines
 
 
@@ -180,33 +257,52 @@ def _newest_complete(model_dir: str):
     return None, dropped
 
 
-def _state(model_dir: str):
+def _raw_state(model_dir: str):
+    """The state file as written (its entries not resolved against model_dir), or None (none, or unparsable)."""
     import tensorflow as tf
+    from google.protobuf import text_format
 
+    path = os.path.join(model_dir, STATE_FILE)
     try:
-        return tf.train.get_checkpoint_state(model_dir)
-    except (tf.errors.OpError, ValueError):  # a state file that does not parse
+        if not tf.io.gfile.exists(path):
+            return None
+        with tf.io.gfile.GFile(path) as handle:
+            text = handle.read()
+        state = tf.compat.v1.train.generate_checkpoint_state_proto(model_dir, "")
+        state.Clear()
+        return text_format.Parse(text, state)
+    except (tf.errors.OpError, text_format.ParseError, ValueError):
         return None
 
 
 def _candidates(model_dir: str) -> List[str]:
-    """Checkpoint prefixes, newest (highest step) first, without duplicates."""
+    """model_dir's checkpoint prefixes, newest (highest step) first: every `*.index` there, and each entry of the
+    state file by its name in model_dir (whatever folder the entry names: a copied or moved model_dir's state
+    names the old one; an entry with no file left is reported as such)."""
     import tensorflow as tf
 
-    state = _state(model_dir)
-    paths = []
+    state = _raw_state(model_dir)
+    names = set()
     if state is not None:
-        paths = [*state.all_model_checkpoint_paths, state.model_checkpoint_path]
-    elif tf.io.gfile.isdir(model_dir):
-        paths = [name[: -len(".index")] for name in tf.io.gfile.glob(os.path.join(model_dir, "*.index"))]
-    unique = {_normalize(p, model_dir): None for p in paths if p}
-    return sorted(unique, key=_step_key, reverse=True)
+        names = {os.path.basename(p.rstrip("/")) for p in [*state.all_model_checkpoint_paths,
+                                                             state.model_checkpoint_path] if p}
+    if tf.io.gfile.isdir(model_dir):
+        names |= {os.path.basename(name)[: -len(".index")]
+                  for name in tf.io.gfile.glob(os.path.join(glob_escape(model_dir), "*.index"))}
+    return sorted((os.path.join(model_dir, name) for name in names if name),
+                  key=lambda path: (_step_key(path), path), reverse=True)
 
 
-def _normalize(path: str, model_dir: str) -> str:
-    if "://" in path or os.path.isabs(path):
-        return path
-    return os.path.join(model_dir, path)
+def _exists(path: str) -> bool:
+    import tensorflow as tf
+
+    return tf.io.gfile.exists(path)
+
+
+def _files_of(prefix: str) -> List[str]:
+    import tensorflow as tf
+
+    return tf.io.gfile.glob(glob_escape(prefix) + ".*")
 
 
 def _step_key(path: str) -> int:
@@ -267,10 +363,12 @@ def last_good_checkpoint(model_dir: str) -> Optional[Tuple[str, int]]:
 
 def roll_back_to(model_dir: str, path: str) -> None:
     """Point the state file at `path`, leaving newer checkpoints out of it (their files stay, for inspection; the
-    next save of the same step overwrites them): a rerun, or the next session, restores `path`."""
+    next save of the same step overwrites them): a rerun, or the next session, restores `path`. Entries by their
+    names in model_dir."""
     import tensorflow as tf
 
-    state = _state(model_dir)
-    listed = list(state.all_model_checkpoint_paths) if state is not None else []
-    keep = sorted({p for p in listed if _step_key(p) < _step_key(path)} | {path}, key=_step_key)
-    tf.compat.v1.train.update_checkpoint_state(model_dir, path, all_model_checkpoint_paths=keep)
+    state = _raw_state(model_dir)
+    listed = [os.path.basename(p) for p in state.all_model_checkpoint_paths] if state is not None else []
+    name = os.path.basename(path)
+    keep = sorted({p for p in listed if _step_key(p) < _step_key(name)} | {name}, key=_step_key)
+    tf.compat.v1.train.update_checkpoint_state(model_dir, name, all_model_checkpoint_paths=keep)

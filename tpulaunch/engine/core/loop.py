@@ -19,7 +19,8 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from tpulaunch.engine.core.lost_tpu import is_lost_tpu_error, recover
-from tpulaunch.engine.core.model_dir import checkpoint_step, model_dir_errors, repair_checkpoints, write_job_copy
+from tpulaunch.engine.core.model_dir import (checkpoint_step, checkpoint_to_read, model_dir_errors, repair_checkpoints,
+                                             write_job_copy)
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.run.lease import ensure_held
 from tpulaunch.run.signals import EvaluationStopped, StopSignal, TrainingStopped
@@ -67,14 +68,13 @@ def evaluates(job: "Job") -> bool:
     return job.eval is not None and (job.data.eval is not None or bool(job.data.input_fn))
 
 
-def check_evaluable(job: "Job", checkpoint: Optional[str]) -> None:
-    """Refuse an evaluation with nothing to evaluate: no eval section or data, or no checkpoint (none given, none in
-    model_dir)."""
+def check_evaluable(job: "Job", checkpoint: Optional[str], say: Callable[[str], None]) -> str:
+    """The checkpoint to evaluate (`model_dir.checkpoint_to_read`: the given one, or model_dir's newest complete one,
+    `say` told when a newer one was skipped); refuses an evaluation with nothing to evaluate: no eval section or
+    data, or no checkpoint that can be restored."""
     if not evaluates(job):
         raise TpuLaunchError("the job has nothing to evaluate", hint="add an eval: section and data.eval")
-    if checkpoint is None and checkpoint_step(job.run.model_dir) is None:
-        raise TpuLaunchError(f"no checkpoint in {job.run.model_dir} to evaluate",
-                             hint="train first, or pass --checkpoint PATH")
+    return checkpoint_to_read(job.run.model_dir, checkpoint, "evaluate", say)
 
 
 def train(job: "Job", session_for: Callable[[Callable[[], bool]], TrainingSession], *, recorder: "RunRecorder",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from tpulaunch.errors import TpuLaunchError, first_line, storage_error
 from tpulaunch.job.document import job_document, value_at
@@ -40,6 +40,25 @@ def checkpoint_step(model_dir: str) -> Optional[int]:
         if reader.has_tensor(key):
             return int(reader.get_tensor(key))
     return None
+
+
+def checkpoint_to_read(model_dir: str, checkpoint: Optional[str], verb: str, say: Callable[[str], None]) -> str:
+    """The checkpoint `evaluate` or `export` (`verb`) reads: `checkpoint` (--checkpoint) once it is complete, else
+    model_dir's newest complete one, whatever the state file names; `say` is told which one and why when a newer
+    one was skipped.
+
+    Raises:
+        TpuLaunchError: no checkpoint at all, a damaged --checkpoint (named), or checkpoint files none of which can be
+            restored (named; exit 1, never a traceback).
+    """
+    from tpulaunch.engine.core.checkpoints import readable_checkpoint
+
+    readable = readable_checkpoint(model_dir, checkpoint, "evaluating" if verb == "evaluate" else "exporting")
+    if readable is None:
+        raise TpuLaunchError(f"no checkpoint in {model_dir} to {verb}", hint="train first, or pass --checkpoint PATH")
+    for line in readable.lines:
+        say(line)
+    return readable.path
 
 
 def write_job_copy(job: Job, model_dir: str, *, force: bool = False) -> str:

@@ -54,10 +54,10 @@ class EstimatorEngine(Engine):
             return runner.evaluate(job, plan, checkpoint=checkpoint, recorder=recorder,
                                    cluster_resolver=cluster_resolver, search_path=job.search_path)
 
-    def export(self, job, plan, out_dir: str, *, checkpoint: Optional[str] = None) -> str:
+    def export(self, job, plan, out_dir: str, *, checkpoint: Optional[str] = None, say=None) -> str:
         from tpulaunch.engine.estimator import runner
 
-        return export_from_command_line(runner.export, job, plan, out_dir, checkpoint)
+        return export_from_command_line(runner.export, job, plan, out_dir, checkpoint, say)
 
     def program(self, loaded, plan) -> str:
         from tpulaunch.engine.estimator.program import explain_script

@@ -166,14 +166,16 @@ class StagedSaver(tf.compat.v1.train.Saver):
                             save_debug_info=save_debug_info)
         if write_state and path is not None:  # as the Saver does, but the state file written fenced
             self._RecordLastCheckpoint(path)
-            portable.write_checkpoint_state(model_dir, path, self.last_checkpoints, relative=self._save_relative_paths,
-                                            fence=lambda: ensure_held(model_dir))
+            portable.write_checkpoint_state(model_dir, path, self.last_checkpoints, fence=lambda: ensure_held(model_dir))
             self._MaybeDeleteOldCheckpoints(meta_graph_suffix=meta_graph_suffix)
         return path
 
     def _MaybeDeleteOldCheckpoints(self, meta_graph_suffix="meta"):  # noqa: N802 (TensorFlow's name)
         if getattr(self, "_model_dir", None):  # a run frozen while naming its checkpoint deletes none of its successor's
             ensure_held(self._model_dir)
+            # What a copied or moved state names elsewhere is never deleted from here.
+            self._last_checkpoints = [entry for entry in self._last_checkpoints
+                                      if portable.name_in(self._model_dir, entry[0])]
         super()._MaybeDeleteOldCheckpoints(meta_graph_suffix)
 
 

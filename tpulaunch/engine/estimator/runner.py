@@ -9,11 +9,11 @@ differ. TensorFlow is imported inside the functions that need it.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple
 
 from tpulaunch.engine.pipeline import naming_read_errors
 from tpulaunch.engine.core import loop
-from tpulaunch.engine.core.model_dir import checkpoint_step
+from tpulaunch.engine.core.model_dir import checkpoint_step, checkpoint_to_read
 from tpulaunch.engine.estimator.make import input_fn_for, make_estimator
 from tpulaunch.engine.estimator.plain import log_every_steps
 from tpulaunch.engine.plain import spec_errors
@@ -163,17 +163,18 @@ def _evaluate_into(estimator, job: Job, use_tpu: bool, search_path: Sequence[str
 def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None,
              recorder: Optional[RunRecorder] = None, cluster_resolver: Any = None,
              search_path: Sequence[str] = ()) -> EvalResult:
-    """Evaluate the latest checkpoint in model_dir (or `checkpoint`) for `eval.steps` batches.
+    """Evaluate the newest complete checkpoint in model_dir (or `checkpoint`) for `eval.steps` batches.
 
     The result is also handed to `recorder` (its renderers show it), when given. `plan`: as for `train`.
 
     Raises:
         TpuLaunchError: no eval section or data, or no checkpoint to evaluate.
     """
-    loop.check_evaluable(job, checkpoint)
+    recorder = recorder or RunRecorder()
+    checkpoint = loop.check_evaluable(job, checkpoint, recorder.note)
     estimator = make_estimator(job, plan, cluster_resolver=cluster_resolver, search_path=search_path)
     ensure_held(job.run.model_dir)  # it writes its summaries into model_dir/eval
-    return _evaluate_into(estimator, job, plan.on_tpu, search_path, recorder or RunRecorder(), checkpoint)
+    return _evaluate_into(estimator, job, plan.on_tpu, search_path, recorder, checkpoint)
 
 
 # ----------------------------------------------------------------------------------------- export
@@ -205,8 +206,9 @@ def serving_input_receiver_fn(job: Job, search_path: Sequence[str] = ()):
 
 
 def export(job: Job, plan: Plan, out_dir: str, *, checkpoint: Optional[str] = None,
-           search_path: Sequence[str] = ()) -> str:
-    """Write a SavedModel (CPU/GPU serving graph) of the latest checkpoint under `out_dir`.
+           search_path: Sequence[str] = (), say: Callable[[str], None] = lambda line: None) -> str:
+    """Write a SavedModel (CPU/GPU serving graph) of the newest complete checkpoint (or `checkpoint`) under
+    `out_dir`; `say` is told which one when a newer one was skipped.
 
     The serving signature takes `data.features` as declared. A failed export leaves `out_dir` as it
     was: TensorFlow's half-written `temp-*` directory is removed (and `out_dir` too when this export
@@ -222,8 +224,7 @@ def export(job: Job, plan: Plan, out_dir: str, *, checkpoint: Optional[str] = No
 
     from tpulaunch.engine.core.build_failures import BuildError
 
-    if checkpoint is None and checkpoint_step(job.run.model_dir) is None:
-        raise TpuLaunchError(f"no checkpoint in {job.run.model_dir} to export", hint="train first")
+    checkpoint = checkpoint_to_read(job.run.model_dir, checkpoint, "export", say)
     from tpulaunch.engine.estimator.make import plan_on_this_machine
 
     # The serving graph is a CPU/GPU one whatever the command's target.

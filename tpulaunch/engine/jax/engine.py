@@ -73,10 +73,10 @@ class JaxEngine(Engine):
             return runner.evaluate(job, plan, checkpoint=command_line_path(checkpoint), recorder=recorder,
                                    search_path=job.search_path)
 
-    def export(self, job, plan, out_dir: str, *, checkpoint: Optional[str] = None) -> str:
+    def export(self, job, plan, out_dir: str, *, checkpoint: Optional[str] = None, say=None) -> str:
         from tpulaunch.engine.jax import runner
 
-        return export_from_command_line(runner.export, job, plan, out_dir, checkpoint)
+        return export_from_command_line(runner.export, job, plan, out_dir, checkpoint, say)
 
     def append_run_record(self, model_dir: str, line: str) -> str:
         from tpulaunch.run.workers import is_chief_worker

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from tpulaunch.engine.core import loop
 from tpulaunch.engine.core.build_failures import build_errors
-from tpulaunch.engine.core.model_dir import checkpoint_step
+from tpulaunch.engine.core.model_dir import checkpoint_step, checkpoint_to_read
 from tpulaunch.engine.jax.hosts import refuse_split_over_hosts
 from tpulaunch.engine.pipeline import make_input_fn, naming_read_errors
 from tpulaunch.engine.plain import log_every_steps, spec_errors
-from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.schema import Job
 from tpulaunch.plan.build import Plan
 from tpulaunch.run import phases
@@ -172,9 +171,9 @@ def _evaluate_into(training, job: Job, recorder: RunRecorder, should_stop=None) 
 
 def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None, recorder: Optional[RunRecorder] = None,
              search_path: Sequence[str] = ()) -> EvalResult:
-    """Evaluate model_dir's latest checkpoint (or `checkpoint`) for `eval.steps` batches."""
-    loop.check_evaluable(job, checkpoint)
+    """Evaluate model_dir's newest complete checkpoint (or `checkpoint`) for `eval.steps` batches."""
     recorder = recorder or RunRecorder()
+    checkpoint = loop.check_evaluable(job, checkpoint, recorder.note)
     with recorder.phase(phases.BUILD):
         training = make_training(job, plan, search_path=search_path)
     with recorder.phase(phases.RESTORE):
@@ -185,13 +184,12 @@ def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None, recorder
 # ----------------------------------------------------------------------------------------- export
 
 def export(job: Job, plan: Plan, out_dir: str, *, checkpoint: Optional[str] = None,
-           search_path: Sequence[str] = ()) -> str:
-    """A SavedModel of model_dir's latest checkpoint (or `checkpoint`) under `out_dir/<timestamp>`; nothing left
-    on failure."""
+           search_path: Sequence[str] = (), say: Callable[[str], None] = lambda line: None) -> str:
+    """A SavedModel of model_dir's newest complete checkpoint (or `checkpoint`) under `out_dir/<timestamp>` (`say`
+    told which one when a newer one was skipped); nothing left on failure."""
     import tensorflow as tf
 
-    if checkpoint is None and checkpoint_step(job.run.model_dir) is None:
-        raise TpuLaunchError(f"no checkpoint in {job.run.model_dir} to export", hint="train first")
+    checkpoint = checkpoint_to_read(job.run.model_dir, checkpoint, "export", say)
     training = make_training(job, plan, search_path=search_path)
     training.restore(checkpoint)
     existed = tf.io.gfile.exists(out_dir)

@@ -64,10 +64,10 @@ class KerasEngine(Engine):
                                    cluster_resolver=cluster_resolver, search_path=job.search_path,
                                    cpu_replicas=cpu_replicas)
 
-    def export(self, job, plan, out_dir: str, *, checkpoint: Optional[str] = None) -> str:
+    def export(self, job, plan, out_dir: str, *, checkpoint: Optional[str] = None, say=None) -> str:
         from tpulaunch.engine.keras import runner
 
-        return export_from_command_line(runner.export, job, plan, out_dir, checkpoint)
+        return export_from_command_line(runner.export, job, plan, out_dir, checkpoint, say)
 
     def append_run_record(self, model_dir: str, line: str) -> str:
         from tpulaunch.run.workers import is_chief_worker

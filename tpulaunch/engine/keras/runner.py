@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple
 
 from tpulaunch.engine.pipeline import naming_read_errors
 from tpulaunch.engine.core import loop
 from tpulaunch.engine.core.build_failures import build_errors
-from tpulaunch.engine.core.model_dir import checkpoint_step, model_dir_errors
+from tpulaunch.engine.core.model_dir import checkpoint_to_read, model_dir_errors
 from tpulaunch.engine.core.staged_save import staged_write
 from tpulaunch.engine.plain import log_every_steps, spec_errors
 from tpulaunch.engine.keras import plain
@@ -34,13 +34,18 @@ if TYPE_CHECKING:
     from tpulaunch.run.watchdog import WatchPlan
 
 
-def _refuse_estimator_checkpoints(model_dir: str) -> None:
-    """A TPUEstimator model_dir holds name-based checkpoints the keras engine's object-based restore cannot read."""
+def _refuse_estimator_checkpoints(model_dir: str, path: Optional[str] = None) -> None:
+    """A TPUEstimator model_dir holds name-based checkpoints the keras engine's object-based restore cannot read
+    (`path`: the checkpoint to read; default model_dir's newest complete one, a damaged newer one passed over)."""
     import tensorflow as tf
 
-    path = tf.train.latest_checkpoint(model_dir)
+    from tpulaunch.engine.core.checkpoints import latest_complete_checkpoint
+
     if path is None:
-        return
+        found = latest_complete_checkpoint(model_dir)
+        if found is None:
+            return
+        path = found[0]
     names = {name for name, _ in tf.train.list_variables(path)}
     if "global_step" in names and plain.STEP_KEY not in names:
         raise TpuLaunchError(
@@ -283,11 +288,11 @@ def _evaluate_into(training, job: Job, plan: Plan, recorder: RunRecorder, should
 def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None, recorder: Optional[RunRecorder] = None,
              cluster_resolver: Any = None, search_path: Sequence[str] = (),
              cpu_replicas: Optional[int] = None) -> EvalResult:
-    """Evaluate model_dir's latest checkpoint (or `checkpoint`) for `eval.steps` batches."""
-    loop.check_evaluable(job, checkpoint)
+    """Evaluate model_dir's newest complete checkpoint (or `checkpoint`) for `eval.steps` batches."""
     recorder = recorder or RunRecorder()
+    checkpoint = loop.check_evaluable(job, checkpoint, recorder.note)
     with recorder.phase(phases.BUILD):
-        _refuse_estimator_checkpoints(job.run.model_dir)
+        _refuse_estimator_checkpoints(job.run.model_dir, checkpoint)
         training = make_training(job, plan, cluster_resolver=cluster_resolver,
                                  search_path=search_path, cpu_replicas=cpu_replicas)
         _note_compile(training, recorder)
@@ -299,15 +304,15 @@ def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None, recorder
 # ----------------------------------------------------------------------------------------- export
 
 def export(job: Job, plan: Plan, out_dir: str, *, checkpoint: Optional[str] = None,
-           search_path: Sequence[str] = ()) -> str:
-    """A SavedModel of the latest checkpoint (or `checkpoint`) under `out_dir/<timestamp>`; nothing left on failure."""
+           search_path: Sequence[str] = (), say: Callable[[str], None] = lambda line: None) -> str:
+    """A SavedModel of the newest complete checkpoint (or `checkpoint`) under `out_dir/<timestamp>` (`say` told which
+    one when a newer one was skipped); nothing left on failure."""
     import tensorflow as tf
 
     from tpulaunch.engine.keras import standalone
 
-    if checkpoint is None and checkpoint_step(job.run.model_dir) is None:
-        raise TpuLaunchError(f"no checkpoint in {job.run.model_dir} to export", hint="train first")
-    _refuse_estimator_checkpoints(job.run.model_dir)
+    checkpoint = checkpoint_to_read(job.run.model_dir, checkpoint, "export", say)
+    _refuse_estimator_checkpoints(job.run.model_dir, checkpoint)
     training = make_training(job, plan, use_tpu=False, search_path=search_path)
     training.restore(checkpoint)
     existed = tf.io.gfile.exists(out_dir)
