@@ -157,7 +157,10 @@ def _run_on_gke(obj: Context, job_file: str, overrides, *, recreate: int, dry_ru
         secret_manager.require(checked.loaded, job, secret_refs, project, job_file=job_file)
     stage = stage_job(checked, job_file, overrides, engine=checked.plan.engine, target="tpu",
                       secrets={"project": project, "names": secrets}, write=not dry_run)
-    sub = gke.submission(checked, stage, startup_script(stage), recreate=recreate)
+    from tpulaunch.remote.follow import newest_attempt
+
+    base = 0 if dry_run else newest_attempt(stage.model_dir)  # this run's VMs are numbered after the earlier runs'
+    sub = gke.submission(checked, stage, startup_script(stage), recreate=recreate, attempt_base=base)
     if dry_run:
         obj.out.file.write(gke.as_yaml(sub.manifest))
         return
@@ -188,7 +191,10 @@ def _rehearse_on_gke(obj: Context, job_file: str, overrides, *, preempt_at, recr
     checked = _checked(obj, job_file, overrides, rehearsal=True)
     stage = stage_job(checked, job_file, overrides, engine=checked.plan.engine, target="local")
     say(f"stage | {stage.uploaded} new of {stage.total} files | {stage.url}")
-    sub = gke.submission(checked, stage, startup_script(stage, rehearsal_python=python), recreate=recreate)
+    from tpulaunch.remote.follow import newest_attempt
+
+    sub = gke.submission(checked, stage, startup_script(stage, rehearsal_python=python), recreate=recreate,
+                         attempt_base=newest_attempt(stage.model_dir))
     local = LocalJobSet(sub.manifest, stage.model_dir, say=say, out=_out(obj), preempt_at=preempt_at, poll_s=poll_s,
                         hosts_environment=lambda root: hosts_environment(root, preempt_at))
     try:

@@ -7,7 +7,7 @@ status and from what the chief writes to model_dir. The JobSet's controller in t
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from tpulaunch.errors import ExitCode, TpuLaunchError
@@ -35,8 +35,9 @@ class Submission:
         return self.manifest["metadata"]["name"]
 
 
-def submission(checked, stage: Stage, startup_script: str, *, recreate: int) -> Submission:
-    """The JobSet for a checked job with a gke: section and its stage."""
+def submission(checked, stage: Stage, startup_script: str, *, recreate: int, attempt_base: int = 0) -> Submission:
+    """The JobSet for a checked job with a gke: section and its stage; `attempt_base`: the VMs model_dir's earlier
+    runs took (`follow.newest_attempt`), so this run's pods write their own attempts' folders."""
     from tpulaunch.seam.registry import about
 
     job = checked.job
@@ -44,7 +45,8 @@ def submission(checked, stage: Stage, startup_script: str, *, recreate: int) -> 
     tpu_slice = gke_slice(parse_tpu_type(job.tpu.type))
     manifest = jobset.build(job_name=job.name, gke=job.gke, slices=job.tpu.slices, tpu_slice=tpu_slice,
                             image=job.gke.image or engine.container_image, startup_script=startup_script,
-                            stage_digest=stage.digest, recreate=recreate, python=engine.container_python)
+                            stage_digest=stage.digest, recreate=recreate, python=engine.container_python,
+                            attempt_base=attempt_base)
     return Submission(manifest, stage, job.gke.namespace, job.gke.context)
 
 
@@ -127,6 +129,7 @@ class GkeRun:
                     hint=f"end it first: tpulaunch cancel JOB (or kubectl delete jobset {self.sub.name} -n "
                          f"{self.sub.namespace})", exit_code=ExitCode.PROBLEMS)
             self.say(f"gke | reattached to JobSet '{self.sub.name}' ({self.sub.namespace})")
+            self.sub = replace(self.sub, manifest=existing)  # its own numbering of attempts, set when it was made
             return existing
         created = self._call("creating the JobSet", self.api.create_namespaced_custom_object, self.sub.manifest)
         self.say(f"gke | JobSet '{self.sub.name}' created in namespace '{self.sub.namespace}'"
@@ -134,10 +137,15 @@ class GkeRun:
                     if jobset.QUEUE_LABEL in self.sub.manifest["metadata"]["labels"] else ""))
         return created
 
+    @property
+    def attempt_base(self) -> int:
+        env = self.sub.manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+        return int(next(item["value"] for item in env["env"] if item["name"] == "TPULAUNCH_ATTEMPT_BASE"))
+
     def follow(self) -> int:
         """Follow the JobSet to its end: the chief's lines, restarts as they happen; the exit code."""
-        model_dir = self.sub.stage.model_dir
-        seen_restarts, log = 0, HostLog(model_dir, 1)
+        model_dir, base = self.sub.stage.model_dir, self.attempt_base
+        seen_restarts, log = 0, HostLog(model_dir, base + 1)
         began = time.monotonic()
         while True:
             current = self.get()
@@ -150,7 +158,7 @@ class GkeRun:
                 limit = self.sub.manifest["spec"]["failurePolicy"]["maxRestarts"]
                 self.say(f"gke | restart {restarts} of at most {limit}: every pod recreated, the job resumes from "
                          "its newest checkpoint")
-                seen_restarts, log = restarts, HostLog(model_dir, restarts + 1)
+                seen_restarts, log = restarts, HostLog(model_dir, base + restarts + 1)
             for line in log.new_lines():
                 self.out(line)
             ended = _condition(status)
@@ -158,7 +166,7 @@ class GkeRun:
                 self.say(f"gke | JobSet '{self.sub.name}' completed")
                 return 0
             if ended == "Failed":
-                chief = host_status(model_dir, seen_restarts + 1) or {}
+                chief = host_status(model_dir, base + seen_restarts + 1) or {}
                 code = chief.get("exit_code") or int(ExitCode.CLUSTER)
                 self.say(f"gke | JobSet '{self.sub.name}' failed: {_message(status)}"
                          + (f" (the chief exited {code})" if chief else ""))

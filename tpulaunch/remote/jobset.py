@@ -43,11 +43,12 @@ def jobset_name(job_name: str) -> str:
 
 
 def build(*, job_name: str, gke, slices: int, tpu_slice: GkeSlice, image: str, startup_script: str,
-          stage_digest: str, recreate: int, python: Optional[str] = None) -> dict:
+          stage_digest: str, recreate: int, python: Optional[str] = None, attempt_base: int = 0) -> dict:
     """The JobSet as plain data (what `kubectl apply -f -` takes once dumped as YAML).
 
     `gke`: the job's gke: section; `startup_script`: the one `startup.py` fills for the stage; `python`: the image's
-    Python that runs it (the image's own, so its packages are used rather than installed again)."""
+    Python that runs it (the image's own, so its packages are used rather than installed again); `attempt_base`:
+    the highest VM number model_dir's runs took before this one (its restarts number on from it)."""
     name = jobset_name(job_name)
     labels = {JOB_LABEL: name}
     if gke.queue:
@@ -63,7 +64,7 @@ def build(*, job_name: str, gke, slices: int, tpu_slice: GkeSlice, image: str, s
             "name": CONTAINER,
             "image": image,
             "command": ["bash", "-c", startup_script],
-            "env": _environment(name, tpu_slice, slices, python),
+            "env": _environment(name, tpu_slice, slices, python, attempt_base),
             "resources": {"requests": {TPU_RESOURCE: tpu_slice.chips_per_host},
                           "limits": {TPU_RESOURCE: tpu_slice.chips_per_host}},
             "securityContext": {"privileged": True},  # GKE before 1.28 reaches the TPU chips only so
@@ -123,7 +124,7 @@ HOST_PORT = 8476  # where the run's hosts meet (jax.distributed's coordinator on
 MEGASCALE_PORT = 8080  # libtpu's multislice coordinator (the port Google's multislice examples use)
 
 
-def _environment(name: str, tpu_slice: GkeSlice, slices: int, python: Optional[str]) -> list:
+def _environment(name: str, tpu_slice: GkeSlice, slices: int, python: Optional[str], attempt_base: int) -> list:
     """What the startup script reads in a pod beside GKE's own TPU_WORKER_ID and TPU_WORKER_HOSTNAMES; on several
     slices, what libtpu's multislice reads too (JAX's GKE cluster detection turns MEGASCALE_* into its processes)."""
     slice_index = {"fieldRef": {"fieldPath": f"metadata.annotations['{JOB_INDEX_KEY}']"}}
@@ -134,6 +135,7 @@ def _environment(name: str, tpu_slice: GkeSlice, slices: int, python: Optional[s
         {"name": "TPULAUNCH_RESTART_ATTEMPT",
          "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{RESTART_ATTEMPT_KEY}']"}}},
         {"name": "TPULAUNCH_RUN_HOSTS", "value": run_hosts(name, slices, tpu_slice.hosts)},
+        {"name": "TPULAUNCH_ATTEMPT_BASE", "value": str(attempt_base)},
     ]
     if slices > 1:
         env += [

@@ -92,6 +92,8 @@ class LocalJobSet:
         self.grace_s = min(self.job_spec["template"]["spec"].get("terminationGracePeriodSeconds", 30), REHEARSAL_GRACE_S)
         self.max_restarts = manifest["spec"]["failurePolicy"]["maxRestarts"]
         self.restarts = 0
+        env = {item["name"]: item.get("value") for item in self.container.get("env", [])}
+        self.attempt_base = int(env.get("TPULAUNCH_ATTEMPT_BASE") or 0)  # model_dir's earlier runs' VMs
 
     # ------------------------------------------------------------------------------------------ JobSet's behaviour
 
@@ -136,7 +138,7 @@ class LocalJobSet:
     def _attempt(self) -> int:
         """One generation of pods, to the first failure (every pod stopped then) or until all exit 0."""
         pods = self._start_pods()
-        log = HostLog(self.model_dir, self.restarts + 1)
+        log = HostLog(self.model_dir, self.attempt_base + self.restarts + 1)
         preempted: Optional[Pod] = None
         killed_at = 0.0
         try:

@@ -19,7 +19,7 @@ if [ -n "${TPU_WORKER_ID:-}" ]; then
   # A GKE pod of the run's JobSet (remote/jobset.py): GKE gives the host's place in its slice, JobSet the slice's
   # index and its restart count; the run's hosts are numbered slice after slice, worker 0 of slice 0 the chief.
   WORKER=$(( ${TPULAUNCH_SLICE:-0} * ${TPULAUNCH_HOSTS_PER_SLICE:-1} + TPU_WORKER_ID ))
-  ATTEMPT=$(( ${TPULAUNCH_RESTART_ATTEMPT:-0} + 1 ))
+  ATTEMPT=$(( ${TPULAUNCH_ATTEMPT_BASE:-0} + ${TPULAUNCH_RESTART_ATTEMPT:-0} + 1 ))   # after model_dir's earlier runs
   ENDPOINTS="${TPULAUNCH_RUN_HOSTS:-${TPU_WORKER_HOSTNAMES:-}}"   # every slice's hosts
   ACCELERATOR="${TPU_ACCELERATOR_TYPE:-a GKE TPU slice}"
   ZONE=""
