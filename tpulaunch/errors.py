@@ -307,3 +307,16 @@ def _more_files() -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = max(4096, soft * 4)
     return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+
+
+# What libtpu and TensorFlow say when the host's TPU chips are not there or another process holds them: an
+# infrastructure failure (a host without its TPU, a leftover process), which `run` recovers from on both targets.
+_TPU_UNAVAILABLE = re.compile(
+    r"TPU initialization failed|Cannot find any TPU cores|No \w+ device found|TPU is already in use by process"
+    r"|Couldn't open device: /dev/(?:accel|vfio)")
+
+
+def tpu_unavailable(exc: BaseException) -> Optional[str]:
+    """The first line of an error that says this host's TPU chips cannot be found or opened, or None."""
+    text = str(getattr(exc, "message", None) or exc)
+    return first_line(exc) if _TPU_UNAVAILABLE.search(text) else None

@@ -35,7 +35,7 @@ def test_schema_describes_every_section(tmp_path):
     assert result.exit_code == 0, result.output
     schema = json.loads(out.read_text())
     assert schema["title"] == "tpulaunch job"
-    assert set(schema["properties"]) == {"name", "model", "data", "tpu", "partition", "train", "eval", "run", "flags",
+    assert set(schema["properties"]) == {"name", "model", "data", "tpu", "gke", "partition", "train", "eval", "run", "flags",
                                          "python_path"}
     assert sorted(schema["required"]) == ["data", "model", "name", "run"]
 

@@ -96,3 +96,45 @@ def test_a_memory_error_exits_1_naming_the_address_space_limit():
     assert done.returncode == ExitCode.PROBLEMS, done.stderr
     assert done.stderr.splitlines()[0] == ("error: out of memory under this process's address-space limit of 1.9 GiB "
                                            "(ulimit -v 2000000): MemoryError")
+
+
+def _libtpu_without_a_tpu() -> str:
+    """What libtpu itself says on a host with no TPU (this machine), from XLA's own environment (.venv-xla)."""
+    import subprocess
+
+    from paths import REPO
+
+    python = REPO / ".venv-xla" / "bin" / "python"
+    if not python.is_file():
+        import pytest
+
+        pytest.skip("XLA's TPU compiler environment (.venv-xla, the README's test command) is not installed")
+    said = subprocess.run([str(python), "-c", "import jax; jax.devices()"], capture_output=True, text=True,
+                          env={"JAX_PLATFORMS": "tpu", "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert said.returncode != 0
+    return [line for line in said.stderr.splitlines() if line.startswith("RuntimeError: ")][-1][len("RuntimeError: "):]
+
+
+def _raising(message: str):
+    @command()
+    @pass_obj
+    def failing(obj):
+        raise RuntimeError(message)
+
+    return failing
+
+
+def test_a_host_whose_tpu_cannot_be_found_exits_3_which_run_recovers_from():
+    """An infrastructure failure (the chips missing or held by another process), never exit 70: `run` recreates the
+    VM, a JobSet restarts its pods (remote/causes.py)."""
+    from tpulaunch.remote.causes import INFRASTRUCTURE, exit_cause
+
+    message = _libtpu_without_a_tpu()
+    assert "TPU initialization failed" in message
+    result = CliRunner().invoke(_raising(message), [])
+    assert result.exit_code == ExitCode.CLUSTER == 3
+    assert result.stderr.startswith("error: this host's TPU cannot be used: Unable to initialize backend 'tpu'")
+    assert exit_cause(result.exit_code) == INFRASTRUCTURE
+    held = "TPU initialization failed: open(/dev/accel0): Device or resource busy; Couldn't open device: /dev/accel0"
+    assert CliRunner().invoke(_raising(held), []).exit_code == 3
+    assert CliRunner().invoke(_raising("Failed to open libtpu.so"), []).exit_code == 70  # not installed: not this

@@ -209,3 +209,16 @@ def test_after_a_preemption_next_zone_recreates_the_node_in_the_next_of_tpu_zone
     assert (record["zone"], record["outcome"], record["final_step"]) == ("us-central1-b", "done", 10)
     (recovery,) = record["recoveries"]
     assert recovery["cause"] == "PREEMPTED" and recovery["resumed_from"] == 5
+
+
+def test_preempt_at_lands_at_its_step_whatever_the_jobs_log_cadence(job):
+    """A job that logs every 100 steps is preempted at step 7 of its own count (the chief holds there until the
+    rehearsal preempts it), not at the next log line after it."""
+    done = rehearse(job, "--preempt-at", "7", "--recreate", "1", "--set", "run.log_every_steps=100")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (recovery,) = _record(job)["recoveries"]
+    assert recovery["step"] == 7 and recovery["resumed_from"] == recovery["checkpoint_step"] == 5
+    first = (job.parent / "runs/q/tpulaunch-remote/attempts/1/worker-0.log").read_text()
+    assert "train | step 7/20 | held here: the rehearsal preempts now" in first
+    assert "train | step 8/20" not in first
+    assert "rehearsal | preempted TPU node 'rehearsal-tpu' at step 7:" in done.stderr

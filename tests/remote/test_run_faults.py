@@ -76,3 +76,20 @@ def test_a_secret_given_with_set_is_refused_before_anything_is_staged(tpu_api, t
     assert 'write `db_password: "${DB_PASSWORD}"` into the job file instead' in failed.stderr
     assert "hunter2-on-the-command-line" not in failed.stdout + failed.stderr and "Traceback" not in failed.stderr
     assert tpu_api.created == []
+
+def test_without_the_cloud_tpu_client_nothing_is_staged_and_the_hint_adds_no_tensorflow(tmp_path, monkeypatch):
+    """The quickstart's environment without google-cloud-tpu: refused before staging, with a hint that installs the
+    client alone (tpulaunch[tpu] would put `tensorflow` beside the installed tensorflow-cpu)."""
+    from click.testing import CliRunner
+
+    from tpulaunch.cli.app import cli
+
+    monkeypatch.setitem(sys.modules, "google.cloud.tpu_v2", None)  # an environment without it
+    (tmp_path / "job.yaml").write_text(JOB.replace("gs://tpulaunch-test-bucket/runs/a", str(tmp_path / "runs"))
+                                       .replace("gs://tpulaunch-test-bucket/data", str(tmp_path / "data")))
+    (tmp_path / "data").mkdir()
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["rehearse", "job.yaml"])
+    assert result.exit_code != 0 and "needs google-cloud-tpu, which is not installed" in result.stderr, result.output
+    assert "installs no TensorFlow" in result.stderr and "tpulaunch[tpu]" not in result.stderr
+    assert not (tmp_path / "runs" / "tpulaunch-remote").exists()

@@ -318,6 +318,10 @@ def static_problems(loaded: LoadedJob) -> list:
         problems.extend(rule(loaded))
     problems.extend(engine_problems(loaded))
     problems.extend(fit_problems(loaded))
+    if loaded.usable("tpu", "gke", "run"):
+        from tpulaunch.checks.gke import gke_problems
+
+        problems.extend(gke_problems(loaded))
     if loaded.usable("tpu", "run"):
         problems.extend(stack_problems(loaded))
     problems.extend(head_problems(loaded))

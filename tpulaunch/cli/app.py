@@ -24,6 +24,8 @@ LAZY_COMMANDS = {
     "down": "tpulaunch.cli.lifecycle:down",
     "run": "tpulaunch.cli.remote:run",
     "rehearse": "tpulaunch.cli.remote:rehearse",
+    "logs": "tpulaunch.cli.remote:logs",
+    "cancel": "tpulaunch.cli.remote:cancel",
     "data": "tpulaunch.cli.data:data",
     "explain": "tpulaunch.cli.explain:explain",
     "schema": "tpulaunch.cli.project:schema",

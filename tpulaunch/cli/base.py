@@ -15,7 +15,7 @@ import click
 
 from tpulaunch.cli.render.problems import FORMATS, PIPE_WIDTH, PlainText, plain_text, write_line
 from tpulaunch.errors import (AlreadyReported, ExitCode, TpuLaunchError, first_line, is_graph_error,
-                             resource_limit_error, storage_error)
+                             resource_limit_error, storage_error, tpu_unavailable)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -127,6 +127,13 @@ def _invoke_mapped(ctx: click.Context, invoke):
 
         if ctx.ensure_object(Context).debug:  # then the line and exit code it has without --debug
             _print_traceback(redact)
+        unavailable = tpu_unavailable(exc)
+        if unavailable is not None:  # the host's chips missing or held: the infrastructure's, retried by `run`
+            click.echo(f"error: this host's TPU cannot be used: {redact(unavailable)}", err=True)
+            click.echo("  hint: another process may hold the chips (`sudo lsof -w /dev/accel*`, or /dev/vfio on v5e "
+                       "and later), or the VM has no TPU attached; `tpulaunch run` recreates the VM (exit code 3)",
+                       err=True)
+            ctx.exit(int(ExitCode.CLUSTER))
         storage = storage_error(exc) if _may_be_storage(exc) else None
         if storage is not None:  # a full disk, a quota, a read-only filesystem, permissions: said so, with the path
             click.echo(f"error: {storage.text()}", err=True)

@@ -77,6 +77,9 @@ def _controller(obj: Context, job_file: str, overrides, *, target: str, api_endp
                 secrets_url: Optional[str] = None,
                 on_step=None):
     """The job checked (validate's static checks for its TPU), staged, and a Controller for it."""
+    from tpulaunch.tpu import api
+
+    api.require_client()  # before anything is staged: a missing client leaves nothing behind
     from tpulaunch.remote.controller import Controller, RunRecord
     from tpulaunch.remote.stage import stage_job
     from tpulaunch.remote.startup import startup_script
@@ -122,10 +125,92 @@ def _controller(obj: Context, job_file: str, overrides, *, target: str, api_endp
     return controller, record
 
 
-def _detached(obj: Context, job_file: str, controller) -> None:
+def _has_gke(job_file: str, overrides) -> bool:
+    """Whether the job names a GKE cluster (read from the file alone: validate says what else is wrong)."""
+    from tpulaunch.errors import JobFileError
+    from tpulaunch.job.load import load_job
+
+    try:
+        return load_job(job_file, overrides, env={}).data.get("gke") is not None
+    except (JobFileError, AttributeError):
+        return False
+
+
+def _run_on_gke(obj: Context, job_file: str, overrides, *, recreate: int, dry_run: bool, poll_s: float) -> None:
+    """The job checked, staged (or only named, --dry-run) and submitted as a JobSet, then followed."""
+    from tpulaunch.remote import gke, secret_manager
+    from tpulaunch.remote.stage import stage_job
+    from tpulaunch.remote.startup import startup_script
+
+    say = _say(obj)
+    secret_refs = _secret_references(job_file, overrides)
+    checked = _checked(obj, job_file, overrides, rehearsal=False, env=secret_manager.validation_env(secret_refs))
+    job = checked.job
+    if job.gke is None:
+        raise TpuLaunchError(f"--dry-run prints the JobSet of a job with a gke: section; {job_file} runs on a TPU VM",
+                             hint=f"tpulaunch rehearse {job_file} runs run's whole TPU VM path on this machine",
+                             exit_code=ExitCode.USAGE)
+    if not dry_run:
+        gke.connect(job.gke.context)  # a cluster out of reach is said before anything is staged
+    project = job.gke.project or job.tpu.project
+    secrets = [{"name": ref.name, "optional": ref.default is not None} for ref in secret_refs] if dry_run else \
+        secret_manager.require(checked.loaded, job, secret_refs, project, job_file=job_file)
+    stage = stage_job(checked, job_file, overrides, engine=checked.plan.engine, target="tpu",
+                      secrets={"project": project, "names": secrets}, write=not dry_run)
+    from tpulaunch.remote.follow import newest_attempt
+
+    base = 0 if dry_run else newest_attempt(stage.model_dir)  # this run's VMs are numbered after the earlier runs'
+    sub = gke.submission(checked, stage, startup_script(stage), recreate=recreate, attempt_base=base)
+    if dry_run:
+        obj.out.file.write(gke.as_yaml(sub.manifest))
+        return
+    say(f"stage | {stage.uploaded} new of {stage.total} files | {stage.url}")
+    follower = gke.GkeRun(sub, say=say, out=_out(obj), poll_s=poll_s)
+    follower.submit()
+    try:
+        code = follower.follow()
+    except KeyboardInterrupt:
+        say(f"detached: JobSet '{sub.name}' goes on in the cluster, restarted there by cause")
+        say(f"  reattach: tpulaunch run {job_file}    end it: tpulaunch cancel {job_file}")
+        raise AlreadyReported(ExitCode.INTERRUPTED) from None
+    if code:
+        raise AlreadyReported(code)
+
+
+def _rehearse_on_gke(obj: Context, job_file: str, overrides, *, preempt_at, recreate: int, poll_s: float,
+                     python: str) -> None:
+    """The JobSet `run` would submit, its pods local processes under JobSet's failure handling
+    (`remote/jobset_rehearsal.py`); local paths stand for the bucket."""
+    from tpulaunch.remote import gke
+    from tpulaunch.remote.jobset_rehearsal import LocalJobSet
+    from tpulaunch.remote.rehearsal import hosts_environment
+    from tpulaunch.remote.stage import stage_job
+    from tpulaunch.remote.startup import startup_script
+
+    say = _say(obj)
+    checked = _checked(obj, job_file, overrides, rehearsal=True)
+    stage = stage_job(checked, job_file, overrides, engine=checked.plan.engine, target="local")
+    say(f"stage | {stage.uploaded} new of {stage.total} files | {stage.url}")
+    from tpulaunch.remote.follow import newest_attempt
+
+    sub = gke.submission(checked, stage, startup_script(stage, rehearsal_python=python), recreate=recreate,
+                         attempt_base=newest_attempt(stage.model_dir))
+    local = LocalJobSet(sub.manifest, stage.model_dir, say=say, out=_out(obj), preempt_at=preempt_at, poll_s=poll_s,
+                        hosts_environment=lambda root: hosts_environment(root, preempt_at))
+    try:
+        code = local.run()
+    except KeyboardInterrupt:
+        say("rehearsal stopped: its pods ended with it; the checkpoints stay in run.model_dir")
+        raise AlreadyReported(ExitCode.INTERRUPTED) from None
+    if code:
+        raise AlreadyReported(code)
+
+
+def _detached(obj: Context, job_file: str, controller, verb: str = "run") -> None:
+    """Ctrl-C: the run goes on; the command that reattaches (the same verb: a rehearsal's run is rehearse's)."""
     say = _say(obj)
     say(f"detached: the run goes on on TPU node '{controller.ref.name}' ({controller.ref.zone})")
-    say(f"  reattach: tpulaunch run {job_file}    end it: {controller.down_command()}")
+    say(f"  reattach: tpulaunch {verb} {job_file}    end it: {controller.down_command()}")
     raise AlreadyReported(ExitCode.INTERRUPTED)
 
 
@@ -141,10 +226,14 @@ def _detached(obj: Context, job_file: str, controller) -> None:
               help="Read the run's progress and the node's state this often.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=1800, show_default=True,
               metavar="SECONDS", help="Give up waiting for the TPU to be created (a queued resource may wait long).")
+@click.option("--dry-run", is_flag=True,
+              help="A job with gke: print the JobSet it would submit, as YAML `kubectl apply -f -` takes; nothing is "
+                   "staged, submitted or created.")
 @pass_obj
 def run(obj: Context, job_file: str, overrides, recreate: int, after_preemption: str, keep_tpu: bool,
-        host_timeout_s: float, try_wait_s: float, poll_s: float, timeout_s: float):
-    """Run the job on its TPU VM and supervise it from this machine (a laptop, CI, Cloud Shell).
+        host_timeout_s: float, try_wait_s: float, poll_s: float, timeout_s: float, dry_run: bool):
+    """Run the job on its TPU VM and supervise it from this machine (a laptop, CI, Cloud Shell), or, for a job
+    with a gke: section, submit it to the GKE cluster as a JobSet and follow it (docs/gke.md).
 
     Validates the job (nothing is created for a job validate refuses), stages it under run.model_dir
     (gs://; content-addressed: a rerun stages nothing new), creates the TPU as `tpulaunch up` does with a
@@ -157,14 +246,21 @@ def run(obj: Context, job_file: str, overrides, recreate: int, after_preemption:
     retried); 3 the TPU lost with no recovery left (--recreate N), a host that failed its install or did not
     start within --host-timeout; 4 no capacity; 130 detached.
 
+    On GKE the cluster's JobSet controller restarts the job by cause (--recreate N: at most N restarts), so this
+    machine need not stay awake: Ctrl-C detaches, the same command reattaches, `tpulaunch cancel JOB` ends it.
+
     \b
     Examples:
       tpulaunch run job.yaml --recreate 3
       tpulaunch run job.yaml --recreate 3 --after-preemption next-zone   # with tpu.zones
       tpulaunch rehearse job.yaml --preempt-at 12     # the same path on this machine first
+      tpulaunch run gke-job.yaml --dry-run | kubectl apply -f -
     """
     from tpulaunch.tpu import api
 
+    if dry_run or _has_gke(job_file, overrides):
+        _run_on_gke(obj, job_file, overrides, recreate=recreate, dry_run=dry_run, poll_s=poll_s)
+        return
     controller, record = _controller(obj, job_file, overrides, target="tpu", api_endpoint=api.endpoint(),
                                      recreate=recreate, poll_s=poll_s, timeout_s=timeout_s,
                                      host_timeout_s=host_timeout_s, try_wait_s=try_wait_s, keep_tpu=keep_tpu,
@@ -220,6 +316,10 @@ def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, 
 
     from tpulaunch.tpu import api
 
+    if _has_gke(job_file, overrides):
+        _rehearse_on_gke(obj, job_file, overrides, preempt_at=preempt_at, recreate=recreate, poll_s=poll_s,
+                         python=sys.executable)
+        return
     external = api.endpoint()
     if external and preempt_at:
         raise TpuLaunchError("--preempt-at needs the rehearsal's own TPU API server",
@@ -229,7 +329,7 @@ def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, 
     if not external:
         from tpulaunch.remote.rehearsal import Rehearsal
 
-        rehearsal = Rehearsal(hosts=hosts, secrets_dir=secrets_dir)
+        rehearsal = Rehearsal(hosts=hosts, secrets_dir=secrets_dir, preempt_at=preempt_at)
         _say(obj)(f"rehearsal | local Cloud TPU API at {rehearsal.endpoint}; TPU VMs are local processes (disks "
                   f"under {rehearsal.root}); local paths stand for the bucket; nothing is installed on the VMs")
     try:
@@ -248,9 +348,103 @@ def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, 
             controller.run(record)
         except KeyboardInterrupt:
             if rehearsal is None:
-                _detached(obj, job_file, controller)
+                _detached(obj, job_file, controller, verb="rehearse")
             _say(obj)("rehearsal stopped: its TPU VMs ended with it; the checkpoints stay in run.model_dir")
             raise AlreadyReported(ExitCode.INTERRUPTED) from None
     finally:
         if rehearsal is not None:
             rehearsal.stop()
+
+
+@command("logs")
+@job_argument
+@set_option
+@click.option("--host", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="Which host's lines (worker N of the run; 0 is the chief).")
+@click.option("--attempt", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Which VM of the run (or restart of a JobSet); default: the newest.")
+@click.option("--follow", "-f", "keep_following", is_flag=True, help="Keep printing new lines until the host ends.")
+@click.option("--poll", "poll_s", type=click.FloatRange(min=0.05), default=5, show_default=True, metavar="SECONDS",
+              help="With --follow, read the log this often.")
+@pass_obj
+def logs(obj: Context, job_file: str, overrides, host: int, attempt: Optional[int], keep_following: bool,
+         poll_s: float):
+    """Print what a host of the job's remote run (`run` on a TPU VM or on GKE, or `rehearse`) printed, from
+    run.model_dir, where each host's lines are kept: no connection to the VM or the cluster is needed.
+
+    \b
+    Examples:
+      tpulaunch logs job.yaml                 # the chief's lines, newest VM
+      tpulaunch logs job.yaml --host 3 -f     # host 3, following
+    """
+    from tpulaunch.remote.follow import HostLog, host_status, newest_attempt
+
+    model_dir = _model_dir_of(job_file, overrides)
+    attempt = attempt or newest_attempt(model_dir)
+    if not attempt:
+        raise TpuLaunchError(f"no remote run has written to {model_dir} yet",
+                             hint=f"start one: tpulaunch run {job_file}", exit_code=ExitCode.PROBLEMS)
+    log, out = HostLog(model_dir, attempt, host), _out(obj)
+    _say(obj)(f"logs | host {host} of VM {attempt} | {log.url}")
+    while True:
+        for line in log.new_lines():
+            out(line)
+        status = host_status(model_dir, attempt, host) or {}
+        if not keep_following or status.get("exit_code") is not None:
+            return
+        time.sleep(poll_s)
+
+
+@command("cancel")
+@job_argument
+@set_option
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=600, show_default=True,
+              metavar="SECONDS", help="How long to wait for the TPU node to be deleted.")
+@click.pass_context
+def cancel(ctx: click.Context, job_file: str, overrides, timeout_s: float):
+    """End the job's remote run and delete what `run` created (its JobSet on GKE, its TPU node otherwise);
+    run.model_dir and its checkpoints stay: `tpulaunch run` starts again from the newest one.
+
+    \b
+    Examples:
+      tpulaunch cancel job.yaml
+    """
+    from tpulaunch.errors import JobFileError
+    from tpulaunch.job.load import load_job
+
+    obj = ctx.ensure_object(Context)
+    try:
+        loaded = load_job(job_file, overrides, env={})
+    except JobFileError:
+        loaded = None
+    on_gke = loaded.section("gke") if loaded is not None else None
+    if on_gke is not None:
+        from tpulaunch.remote import gke
+
+        name = str(loaded.data.get("name"))
+        deleted = gke.cancel(name, on_gke)
+        _say(obj)(f"cancel | JobSet '{_jobset_name(name)}' " + (
+            "deleted with its pods; the checkpoints stay in run.model_dir" if deleted
+            else f"not found in namespace '{on_gke.namespace}': nothing to cancel"))
+        return
+    from tpulaunch.cli.lifecycle import down
+
+    ctx.invoke(down, job_file=job_file, overrides=overrides, timeout_s=timeout_s)
+
+
+def _jobset_name(job_name: str) -> str:
+    from tpulaunch.remote.jobset import jobset_name
+
+    return jobset_name(job_name)
+
+
+def _model_dir_of(job_file: str, overrides) -> str:
+    """run.model_dir of the job file, read without checking the rest."""
+    from tpulaunch.job.load import load_job
+
+    loaded = load_job(job_file, overrides, env={})
+    run = loaded.section("run")
+    if run is None:
+        raise TpuLaunchError(f"{job_file} has no valid run.model_dir", hint=f"tpulaunch validate {job_file}",
+                             exit_code=ExitCode.PROBLEMS)
+    return run.model_dir

@@ -98,6 +98,11 @@ def _recorder(console, **settings):
         from tpulaunch.run.render_live import LiveRenderer
 
         recorder.subscribe(LiveRenderer(console, get_time=recorder.get_time))
+    from tpulaunch.run import rehearsal_hold
+
+    hold = rehearsal_hold.subscriber(recorder.total_steps)  # a rehearsal's --preempt-at, at the host's own step
+    if hold is not None:
+        recorder.subscribe(hold)
     return recorder
 
 

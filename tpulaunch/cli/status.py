@@ -51,7 +51,20 @@ def status(obj, job_file, wait_s, fmt, overrides):
     checked = load_checked(job_file, overrides, verb="checking the TPU of", sections=("tpu",))
     lease = _lease(checked)
     last_run = _last_run(checked, obj)
+    remote_run = _remote_run(checked)
     job_tpu = checked.loaded.section("tpu")
+    on_gke = checked.loaded.section("gke")
+    if on_gke is not None:  # no TPU node of its own: the JobSet, and what its pods write to model_dir
+        jobset = _jobset(checked, on_gke)
+        if fmt == "json":
+            click.echo(json.dumps({"file": job_file, "gke": jobset, "lease": lease, "last_run": last_run,
+                                   "remote_run": remote_run}, indent=2, default=str))
+        else:
+            obj.out.print(f"GKE: {jobset['text']}", highlight=False, markup=False, soft_wrap=True)
+            _print_lease(obj.out, lease)
+            _print_last_run(obj.out, last_run)
+            _print_remote_run(obj.out, remote_run)
+        return
     if job_tpu is None:
         if fmt == "json":
             click.echo(json.dumps({"file": job_file, "tpu": None, "runs": "locally", "usable": True, "lease": lease,
@@ -94,12 +107,13 @@ def status(obj, job_file, wait_s, fmt, overrides):
         node.findings = [f for f in node.findings if f.code != "runtime-version-mismatch"]
     if fmt == "json":
         extra = {"problems": [p.to_dict() for p in stack]} if stack else {}
-        click.echo(json.dumps({"file": job_file, **node.to_dict(), "lease": lease, "last_run": last_run, **extra},
-                              indent=2))
+        click.echo(json.dumps({"file": job_file, **node.to_dict(), "lease": lease, "last_run": last_run,
+                               "remote_run": remote_run, **extra}, indent=2))
     else:
         render_status(obj.out, node)
         _print_lease(obj.out, lease)
         _print_last_run(obj.out, last_run)
+        _print_remote_run(obj.out, remote_run)
     if any(p.is_error for p in stack):
         if fmt == "json":  # the problems are in the JSON already
             raise AlreadyReported(ExitCode.PROBLEMS)
@@ -107,6 +121,42 @@ def status(obj, job_file, wait_s, fmt, overrides):
                              problems=stack, exit_code=ExitCode.PROBLEMS)
     if not node.usable:
         raise AlreadyReported(ExitCode.CLUSTER)
+
+
+def _remote_run(checked) -> dict:
+    """The newest `run`/`rehearse` under model_dir (its VM, hosts, step, checkpoint), or why it is unknown."""
+    from tpulaunch.remote.follow import run_summary, summary_text
+
+    run = checked.loaded.section("run")
+    if run is None:
+        return {"text": "unknown (the job has no valid run.model_dir)"}
+    try:
+        summary = run_summary(run.model_dir)
+    except Exception as exc:  # noqa: BLE001 — an unreachable bucket, no credentials: status still answers
+        return {"text": f"unknown ({getattr(exc, 'message', None) or first_line(exc)})"}
+    return {**(summary or {}), "text": summary_text(summary)}
+
+
+def _print_remote_run(console, remote_run: dict) -> None:
+    console.print(f"remote run: {remote_run['text']}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _jobset(checked, on_gke) -> dict:
+    """The job's JobSet as the cluster has it: its state and restarts, or why it is unknown."""
+    from tpulaunch.remote import gke
+
+    name = gke.jobset.jobset_name(str(checked.loaded.data.get("name")))
+    try:
+        found = gke.read(name, on_gke)
+    except TpuLaunchError as exc:
+        return {"name": name, "state": "unknown", "text": f"JobSet '{name}': unknown ({exc.message})"}
+    if found is None:
+        return {"name": name, "state": "none", "text": f"JobSet '{name}': none in namespace '{on_gke.namespace}'"}
+    state = gke.state_of(found)
+    restarts = int((found.get("status") or {}).get("restarts") or 0)
+    limit = found.get("spec", {}).get("failurePolicy", {}).get("maxRestarts")
+    return {"name": name, "state": state, "restarts": restarts,
+            "text": f"JobSet '{name}' ({on_gke.namespace}): {state} | {restarts} of at most {limit} restarts"}
 
 
 def _lease(checked) -> dict:

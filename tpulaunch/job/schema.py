@@ -403,6 +403,8 @@ class Tpu(Strict):
     subnetwork: Optional[str] = Field(None, description="VPC subnetwork for the node; default: the network's own")
     queued: Optional[bool] = Field(
         None, description="create through a queued resource; default: yes for v5e, v5p and v6e types, no for older")
+    slices: int = Field(1, ge=1, description="slices of tpu.type the job trains on, data-parallel across them over "
+                                             "the data-center network (multislice; the jax engine only)")
 
     @model_validator(mode="after")
     def _one_tier(self):
@@ -430,6 +432,28 @@ class Tpu(Strict):
                 and data["zones"] and isinstance(data["zones"][0], str):
             data = {**data, "zone": data["zones"][0]}
         return data
+
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class Gke(Strict):
+    """Where `tpulaunch run` submits the job as a JobSet instead of creating a TPU VM (docs/gke.md)."""
+
+    cluster: str = Field(description="the GKE cluster's name (its TPU node pools run the job)")
+    location: str = Field(description="the cluster's region or zone, e.g. us-central2 or us-central2-b")
+    project: Optional[str] = Field(None, description="the cluster's Google Cloud project; default tpu.project")
+    namespace: str = Field("default", pattern=DNS_LABEL, max_length=63,
+                           description="the Kubernetes namespace the JobSet is created in")
+    queue: Optional[str] = Field(None, description="the Kueue LocalQueue that admits the job "
+                                                   "(label kueue.x-k8s.io/queue-name); none: no queueing")
+    priority_class: Optional[str] = Field(None, description="the pods' PriorityClass, e.g. medium")
+    image: Optional[str] = Field(None, description="the container image the pods run; default: the engine's stock "
+                                                   "image (`tpulaunch run --dry-run` names it)")
+    service_account: Optional[str] = Field(None, description="the pods' Kubernetes service account (Workload "
+                                                             "Identity: the one that may read and write run.model_dir)")
+    context: Optional[str] = Field(None, description="the kubeconfig context that reaches the cluster; default: "
+                                                     "the current one, as kubectl finds it")
 
 
 PartitionDims = Optional[List[int]]
@@ -536,6 +560,8 @@ class Job(Strict):
     model: Model
     data: Data
     tpu: Optional[Tpu] = Field(None, description="absent: run locally on CPU/GPU")
+    gke: Optional[Gke] = Field(None, description="`tpulaunch run` submits the job to this GKE cluster as a JobSet "
+                                                 "(one Job per slice) instead of creating a TPU VM")
     partition: Optional[PartitionOrAuto] = Field(
         None, description="input partition dims per tensor, or 'auto': tpulaunch splits the largest spatial axes "
                           "of the main feature over tpu.cores_per_replica (see `tpulaunch plan`)")

@@ -24,8 +24,14 @@ from tpulaunch.tpu.types import TpuType, lookup
 # ------------------------------------------------------------------------------- the arithmetic
 
 def tpu_type_for(tpu) -> Optional[TpuType]:
-    """The accelerator type of a `tpu:` section, or None (no section, or a name no generation offers)."""
-    return lookup(tpu.type) if tpu is not None else None
+    """What the job trains on: the accelerator type of a `tpu:` section, times `tpu.slices` (a multislice run's
+    devices, chips and hosts are all its slices'), or None (no section, or a name no generation offers)."""
+    found = lookup(tpu.type) if tpu is not None else None
+    slices = getattr(tpu, "slices", 1) or 1
+    if found is None or slices == 1:
+        return found
+    return replace(found, name=f"{found.name} x {slices}", chips=found.chips * slices, cores=found.cores * slices,
+                   devices=found.devices * slices, hosts=found.hosts * slices)
 
 
 def layout_for(tpu) -> Optional[rules.SliceLayout]:

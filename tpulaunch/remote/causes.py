@@ -48,6 +48,12 @@ def exit_cause(code: int) -> str:
     return JOB
 
 
+def infrastructure_exit_codes() -> list:
+    """The exit codes (1-255) a recovery answers, as `exit_cause` reads them: what a JobSet restarts on and fails on
+    none of (`jobset.py`), so both `run` targets recover from the same causes."""
+    return [code for code in range(1, 256) if exit_cause(code) == INFRASTRUCTURE]
+
+
 def exit_text(code: int) -> str:
     names = {1: "the job failed", 2: "a usage error", 3: "the TPU was lost", 4: "no capacity",
              70: "tpulaunch crashed", 130: "stopped by hand (SIGINT)", 137: "killed (SIGKILL)",

@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional
 
 from tpulaunch.errors import ExitCode, TpuLaunchError
 from tpulaunch.remote import causes, contention, layout, store
-from tpulaunch.remote.follow import HostLog, host_status
+from tpulaunch.remote.follow import HostLog, attempt_taken, host_status
 from tpulaunch.remote.stage import Stage
 from tpulaunch.tpu import node as cluster
 from tpulaunch.tpu.lifecycle import Placement
@@ -247,17 +247,12 @@ class Controller:
 
     # ------------------------------------------------------------------ the VM numbers and model_dir's lease
 
-    def _taken(self, vm: int) -> bool:
-        return any(store.exists(url) for url in (layout.vm_claim(self.model_dir, vm),
-                                                 layout.host_status(self.model_dir, vm, 0),
-                                                 layout.host_log(self.model_dir, vm, 0)))
-
     def _highest_vm(self) -> int:
         """The highest number a VM of model_dir has taken (0: none): the records' and, after them, any folder
         under attempts/ (a VM whose record was overwritten, or whose controller was killed while creating it)."""
         known = [item.get("vm") or 0 for record in (self.record, self.previous) if record for item in record.vms]
         highest = max(known, default=0)
-        while self._taken(highest + 1):
+        while attempt_taken(self.model_dir, highest + 1):
             highest += 1
         return highest
 

@@ -69,3 +69,52 @@ def host_status(model_dir: str, attempt: int, worker: int = 0) -> Optional[dict]
     except ValueError:
         return None
     return found if isinstance(found, dict) else None
+
+
+def attempt_taken(model_dir: str, attempt: int) -> bool:
+    """Whether a VM (or a JobSet's restart) of model_dir has the number `attempt`: its claim, or what its chief
+    wrote."""
+    return any(store.exists(url) for url in (layout.vm_claim(model_dir, attempt), layout.host_status(model_dir, attempt, 0),
+                                             layout.host_log(model_dir, attempt, 0)))
+
+
+def newest_attempt(model_dir: str) -> int:
+    """The highest attempt number taken under model_dir (0: no remote run wrote there)."""
+    highest = 0
+    while attempt_taken(model_dir, highest + 1):
+        highest += 1
+    return highest
+
+
+def run_summary(model_dir: str) -> Optional[dict]:
+    """The newest remote run under model_dir as `status` shows it: which VM (or JobSet restart), its hosts' phases,
+    the chief's newest step and checkpoint; None when no remote run wrote there."""
+    attempt = newest_attempt(model_dir)
+    if not attempt:
+        return None
+    log = HostLog(model_dir, attempt)
+    log.new_lines()
+    hosts = []
+    while True:
+        found = host_status(model_dir, attempt, len(hosts))
+        if found is None:
+            break
+        hosts.append(found)
+    phases = sorted({str(h.get("phase")) for h in hosts})
+    ended = [h.get("exit_code") for h in hosts if h.get("exit_code") is not None]
+    return {"attempt": attempt, "hosts": len(hosts), "phases": phases, "step": log.step, "steps": log.total,
+            "checkpoint": log.checkpoint, "exit_codes": ended}
+
+
+def summary_text(summary: Optional[dict]) -> str:
+    if summary is None:
+        return "none (no `tpulaunch run` or `rehearse` wrote to run.model_dir)"
+    words = [f"VM {summary['attempt']}", f"{summary['hosts']} host{'s' if summary['hosts'] != 1 else ''} "
+                                         f"{'/'.join(summary['phases']) or 'starting'}"]
+    if summary["step"] is not None:
+        words.append(f"step {summary['step']}/{summary['steps']}")
+    if summary["checkpoint"] is not None:
+        words.append(f"checkpoint {summary['checkpoint']}")
+    if summary["exit_codes"] and len(summary["exit_codes"]) == summary["hosts"]:
+        words.append(f"exit {max(summary['exit_codes'], key=abs)}")
+    return " | ".join(words)

@@ -147,6 +147,8 @@ def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[f
         process = subprocess.Popen(command, cwd=os.path.join(disk, "job"), env=env, stdin=subprocess.DEVNULL,
                                    stdout=log, stderr=subprocess.STDOUT)
     status.update(phase="training", started=time.time(), train_pid=process.pid)
+    if os.environ.get("TPU_WORKER_ID") is not None:  # a GKE pod (on a TPU VM every process hears the shutdown)
+        _forward_stop_signals(process)
     stop = threading.Event()
     if shipped:
         def ship():
@@ -164,6 +166,19 @@ def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[f
     status.update(phase="ended", exit_code=code, ended=time.time(), message=_last_message(log_path) if code else "",
                   **{key: value for key, value in ended.items() if value})
     return code
+
+
+def _forward_stop_signals(process: subprocess.Popen) -> None:
+    """A stop asked of this runner reaches the train: in a GKE pod only the container's first process gets the
+    kubelet's SIGTERM (startup.sh passes it here), so train hears of a preemption and saves its checkpoint."""
+    import signal
+
+    def forward(signum, frame):
+        if process.poll() is None:
+            process.send_signal(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
 
 
 def _other_holder(model_dir: str, train_pid: int) -> Optional[dict]:

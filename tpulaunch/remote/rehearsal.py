@@ -16,16 +16,28 @@ import shutil
 import tempfile
 from typing import Callable, List, Optional, Sequence
 
+from tpulaunch.run import rehearsal_hold
 from tpulaunch.tpu.local_api import STOCKOUT_ENV, TpuApiServer
 
 
+def hosts_environment(root: str, preempt_at: Sequence[int] = ()) -> dict:
+    """The environment a rehearsal's hosts run in: this machine's, and where `--preempt-at` holds the chief's train
+    (`run/rehearsal_hold.py`: the preemption lands at the host's own step, whatever the log cadence)."""
+    if not preempt_at:
+        return dict(os.environ)
+    folder = os.path.join(root, "holds")
+    os.makedirs(folder, exist_ok=True)
+    return {**os.environ, **rehearsal_hold.environment(preempt_at, folder)}
+
+
 class Rehearsal:
-    def __init__(self, *, hosts: Optional[int] = None, secrets_dir: Optional[str] = None):
+    def __init__(self, *, hosts: Optional[int] = None, secrets_dir: Optional[str] = None,
+                 preempt_at: Sequence[int] = ()):
         self.root = tempfile.mkdtemp(prefix="tpulaunch-rehearsal-")
         self.server = TpuApiServer().start()
         self.server.secrets_from(secrets_dir)  # a folder stands for Secret Manager: the file NAME is secret NAME
         self.server.stockouts_from(os.environ.get(STOCKOUT_ENV, ""))  # zones without capacity, to rehearse fallback
-        self.server.run_vms(self.root, env=os.environ, hosts=hosts)
+        self.server.run_vms(self.root, env=hosts_environment(self.root, preempt_at), hosts=hosts)
 
     @property
     def endpoint(self) -> str:

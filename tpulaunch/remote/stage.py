@@ -231,10 +231,11 @@ def vm_sets(loaded, overrides: Sequence[str], python_path_dirs: Sequence[str], *
 
 
 def stage_job(checked, job_file: str, overrides: Sequence[str], *, engine: str, target: str = "tpu",
-              secrets: Optional[dict] = None, say=lambda text: None) -> Stage:
+              secrets: Optional[dict] = None, say=lambda text: None, write: bool = True) -> Stage:
     """Stage the checked job under its run.model_dir; returns the Stage (what was new, what was there).
 
-    `secrets`: which secrets the VM reads into train's environment (`secret_manager.require`), by name only."""
+    `secrets`: which secrets the VM reads into train's environment (`secret_manager.require`), by name only;
+    `write`: False to name the stage without writing it (`run --dry-run`)."""
     from tpulaunch import __version__
     from tpulaunch.seam.registry import about
 
@@ -289,6 +290,8 @@ def stage_job(checked, job_file: str, overrides: Sequence[str], *, engine: str, 
     text = (json.dumps(manifest, sort_keys=True, indent=1) + "\n").encode()
     digest = digest_of(text)
     uploaded = 0
+    if not write:
+        return Stage(model_dir, digest, manifest, 0, len(dict(blobs)) + 1)
     for blob_digest, data in dict(blobs).items():
         url = layout.blob(model_dir, blob_digest)
         if not store.exists(url):

@@ -15,11 +15,22 @@ BOOTED="$(date +%s.%N)"
 META="${TPULAUNCH_METADATA_URL:-http://metadata.google.internal/computeMetadata/v1/}"
 SYSTEM_PYTHON="${REHEARSAL_PYTHON:-python3}"
 attribute() { curl -sSf -H "Metadata-Flavor: Google" "${META}instance/attributes/$1"; }
-WORKER="$(attribute agent-worker-number)" || { echo "tpulaunch | no agent-worker-number in the metadata"; exit 1; }
-ATTEMPT="$(attribute tpulaunch-attempt)" || ATTEMPT=1
-ENDPOINTS="$(attribute worker-network-endpoints)" || ENDPOINTS=""
-ZONE="$(curl -sSf -H "Metadata-Flavor: Google" "${META}instance/zone")" || ZONE=""
-ZONE="${ZONE##*/}"              # projects/N/zones/Z: the zone the VM was made in (tpu.zones' fallback may pick any)
+if [ -n "${TPU_WORKER_ID:-}" ]; then
+  # A GKE pod of the run's JobSet (remote/jobset.py): GKE gives the host's place in its slice, JobSet the slice's
+  # index and its restart count; the run's hosts are numbered slice after slice, worker 0 of slice 0 the chief.
+  WORKER=$(( ${TPULAUNCH_SLICE:-0} * ${TPULAUNCH_HOSTS_PER_SLICE:-1} + TPU_WORKER_ID ))
+  ATTEMPT=$(( ${TPULAUNCH_ATTEMPT_BASE:-0} + ${TPULAUNCH_RESTART_ATTEMPT:-0} + 1 ))   # after model_dir's earlier runs
+  ENDPOINTS="${TPULAUNCH_RUN_HOSTS:-${TPU_WORKER_HOSTNAMES:-}}"   # every slice's hosts
+  ACCELERATOR="${TPU_ACCELERATOR_TYPE:-a GKE TPU slice}"
+  ZONE=""
+else
+  WORKER="$(attribute agent-worker-number)" || { echo "tpulaunch | no agent-worker-number in the metadata"; exit 1; }
+  ATTEMPT="$(attribute tpulaunch-attempt)" || ATTEMPT=1
+  ENDPOINTS="$(attribute worker-network-endpoints)" || ENDPOINTS=""
+  ACCELERATOR="$(attribute accelerator-type)" || ACCELERATOR=""
+  ZONE="$(curl -sSf -H "Metadata-Flavor: Google" "${META}instance/zone")" || ZONE=""
+  ZONE="${ZONE##*/}"            # projects/N/zones/Z: the zone the VM was made in (tpu.zones' fallback may pick any)
+fi
 HOSTS="$(echo "$ENDPOINTS" | tr ',' '\n' | grep -c .)"
 [ "$HOSTS" -ge 1 ] || HOSTS=1
 DISK="${HOME:-/root}/tpulaunch"
@@ -68,7 +79,7 @@ fail() {
   exit 1
 }
 
-say "worker $WORKER of $HOSTS, $(attribute accelerator-type) | VM $ATTEMPT of the run"
+say "worker $WORKER of $HOSTS, $ACCELERATOR | VM $ATTEMPT of the run"
 status installing
 if [ -n "$REHEARSAL_PYTHON" ]; then
   PY="$REHEARSAL_PYTHON"
@@ -97,9 +108,21 @@ for requirement in missing:
     print(f"ERROR: {requirement} is not installed in this machine's Python (a rehearsal installs nothing)")
 sys.exit(1 if missing else 0)
 CHECK
+elif [ -n "${TPULAUNCH_IMAGE_PYTHON:-}" ]; then
+  # A container image's own Python: what the image has (its JAX and libtpu) is used, the rest installed over it
+  PY="$TPULAUNCH_IMAGE_PYTHON"
+  step installing "installing the job's requirements failed" "$PY" -m pip install -q "${REQUIREMENTS[@]}"
 else
-  # --system-site-packages: what the TPU image already has (its TensorFlow) is not installed twice
-  step installing "making the venv failed" python3 -m venv --system-site-packages "$DISK/venv"
+  # --system-site-packages: what the TPU image already has (its TensorFlow) is not installed twice. Ubuntu's Python
+  # makes venvs only with its python3-venv package, which a base image need not have: installed then (as root).
+  if ! python3 -m venv --system-site-packages "$DISK/venv" >>"$LOG" 2>&1; then
+    rm -rf "$DISK/venv"
+    say "python3 -m venv failed: installing Ubuntu's python3-venv"
+    VENV_PACKAGE="python3.$(python3 -c 'import sys; print(sys.version_info[1])')-venv"
+    step installing "installing $VENV_PACKAGE failed (python3 -m venv needs it)" \
+      env DEBIAN_FRONTEND=noninteractive bash -c "apt-get update -q && apt-get install -y -q $VENV_PACKAGE"
+    step installing "making the venv failed" python3 -m venv --system-site-packages "$DISK/venv"
+  fi
   step installing "installing the job's requirements failed" \
     "$DISK/venv/bin/python" -m pip install -q "${REQUIREMENTS[@]}"
   PY="$DISK/venv/bin/python"
@@ -119,9 +142,19 @@ else:
 tarfile.open(fileobj=io.BytesIO(data)).extractall(into)
 FETCH
 export PYTHONPATH="$DISK/pkg"
+# A stop for this script (a GKE pod's SIGTERM reaches only its first process) goes on to the host runner, which
+# passes it to train: train saves its checkpoint and ends, as on a TPU VM shutting down.
 "$PY" -m tpulaunch.remote.host --stage "$STAGE" --worker "$WORKER" --hosts "$HOSTS" --endpoints "$ENDPOINTS" --zone "$ZONE" \
-  --attempt "$ATTEMPT" --disk "$DISK" --booted "$BOOTED" --installed "$INSTALLED" 2>&1 | tee -a "$LOG"
-CODE=${PIPESTATUS[0]}
+  --attempt "$ATTEMPT" --disk "$DISK" --booted "$BOOTED" --installed "$INSTALLED" > >(tee -a "$LOG") 2>&1 &
+RUNNER=$!
+trap 'kill -TERM "$RUNNER" 2>/dev/null' TERM
+trap 'kill -INT "$RUNNER" 2>/dev/null' INT
+wait "$RUNNER"
+CODE=$?
+while kill -0 "$RUNNER" 2>/dev/null; do  # the wait a trapped signal cut short: wait for the runner's own end
+  wait "$RUNNER"
+  CODE=$?
+done
 # The host runner keeps the status from its start; one that failed before writing it (the stage unreadable,
 # model_dir not writable) leaves its reason here.
 [ "$CODE" -eq 0 ] || put "$LOG" "$ATTEMPTS/$ATTEMPT/worker-$WORKER.startup.log"

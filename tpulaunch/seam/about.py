@@ -79,6 +79,11 @@ class EngineAbout:
     # (`plan/xla_tpu.py`), run in `plan/memory.py`'s step child; None: the step is exported through TensorFlow
     # (`plan/xla_export.py`)
     step_exporter: Optional[str] = None
+    # The container image a GKE pod runs its jobs in (`gke:`, docs/gke.md): a stock image with its framework for TPUs,
+    # and that image's Python; None: its TPU runtime exists only as TPU VM images, so it refuses gke:
+    container_image: Optional[str] = None
+    container_python: str = "python3"
+    multislice: bool = False  # trains across several slices over the data-center network (tpu.slices > 1)
 
     @property
     def display(self) -> str:

@@ -60,13 +60,24 @@ def is_google_host(url: str) -> bool:
     return host == "googleapis.com" or host.endswith(".googleapis.com")
 
 
-def client(api_endpoint: Optional[str] = None):
-    """A `tpu_v2.TpuClient` over REST for `api_endpoint` (default: `endpoint()`, else Google's)."""
+# The Cloud TPU client alone, without a TensorFlow beside the installed one ([tpu] brings `tensorflow`, which would
+# land beside [cpu]'s tensorflow-cpu): what `status`, `up`, `run` and `rehearse` need on this machine.
+CLIENT_INSTALL = "pip install 'google-cloud-tpu>=1.10,<1.28' (the Cloud TPU client; it installs no TensorFlow)"
+
+
+def require_client() -> None:
+    """Refuse, before anything is staged or created, when google-cloud-tpu is not installed."""
     try:
-        from google.cloud import tpu_v2
+        from google.cloud import tpu_v2  # noqa: F401
     except ImportError as exc:
         raise TpuLaunchError(f"asking the Cloud TPU API needs google-cloud-tpu, which is not installed "
-                             f"(no module named '{exc.name}')", hint="pip install 'tpulaunch[tpu]'") from None
+                             f"(no module named '{exc.name}')", hint=CLIENT_INSTALL) from None
+
+
+def client(api_endpoint: Optional[str] = None):
+    """A `tpu_v2.TpuClient` over REST for `api_endpoint` (default: `endpoint()`, else Google's)."""
+    require_client()
+    from google.cloud import tpu_v2
     url = api_endpoint or endpoint()
     kwargs = {}
     if url and not is_google_host(url):

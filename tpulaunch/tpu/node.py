@@ -217,7 +217,8 @@ def _tpu_service(discovery_url: Optional[str], timeout: float):
     except ImportError as exc:
         raise TpuLaunchError(f"TensorFlow's TPUClusterResolver needs google-api-python-client, which is not installed "
                              f"(no module named '{exc.name}')",
-                             hint="pip install 'tpulaunch[tpu]'") from None
+                             hint="pip install 'google-api-python-client>=1.8' 'oauth2client>=4.1' (TensorFlow's TPU "
+                                  "resolver's client; it installs no TensorFlow)") from None
 
     url = discovery_url_for(discovery_url)
     http = httplib2.Http(timeout=timeout)

@@ -24,6 +24,11 @@ ABOUT = EngineAbout(
     partition_on_devices=True,  # a device mesh over this machine's devices (engine/jax/mesh.py)
     batches_per_replica=False,  # one pipeline makes the global batch; DataParallel splits it over the devices
     tpu_extra="jax-tpu",
+    # Google's JAX AI image for TPUs (jax 0.8.1 with libtpu; Keras and tpulaunch's own requirements are installed
+    # over it by the pod's startup script), in the virtualenv it ships
+    container_image="us-docker.pkg.dev/cloud-tpu-images/jax-ai-image/tpu:jax0.8.1-rev1",
+    container_python="/opt/venv/bin/python",
+    multislice=True,
     tpu_hosts="every",
     batches_per_host=True,  # each host reads its share of every global batch (engine/jax/hosts.py)
     tpu_loops=False,  # one step per call on a TPU too: tpu.iterations_per_loop does not set its cadence

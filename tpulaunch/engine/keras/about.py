@@ -27,6 +27,9 @@ ABOUT = EngineAbout(
     cpu_replicas=True,
     tpu_runtime="pjrt",
     tpu_extra="keras-tpu",
+    # Google publishes no TensorFlow image for TPUs on GKE: a plain Python image, tensorflow-tpu and libtpu installed
+    # over it by the pod's startup script (the keras-tpu extra)
+    container_image="python:3.11-slim",
     # Its process loads libtpu, which drives the chips of its own host only: on a multi-host slice every host runs
     # the program (the same TPUStrategy), worker 0 the chief.
     tpu_hosts="every",
