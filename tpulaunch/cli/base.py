@@ -93,14 +93,15 @@ def storage_errors_in_threads_said_in_one_line() -> None:
 
 def _invoke_mapped(ctx: click.Context, invoke):
     """Run a command; a TpuLaunchError becomes its message and exit code, an internal error one line."""
+    # Imported before the command runs: a command that used up every file descriptor could not import it after.
+    from tpulaunch.job.secrets import redact  # a message that quotes a secret of the job shows it masked
+
     try:
         return invoke(ctx)
     except AlreadyReported as exc:
         ctx.exit(int(exc.exit_code))
     except TpuLaunchError as exc:
         obj: Context = ctx.ensure_object(Context)
-        from tpulaunch.job.secrets import redact  # a message that quotes a secret of the job shows it masked
-
         if obj.debug:
             _print_traceback(redact)
         err = obj.text_out(stderr=True)
@@ -123,8 +124,6 @@ def _invoke_mapped(ctx: click.Context, invoke):
         click.echo("interrupted", err=True)
         ctx.exit(int(ExitCode.INTERRUPTED))
     except Exception as exc:  # a bug in tpulaunch or an unexpected library error
-        from tpulaunch.job.secrets import redact
-
         if ctx.ensure_object(Context).debug:  # then the line and exit code it has without --debug
             _print_traceback(redact)
         unavailable = tpu_unavailable(exc)
