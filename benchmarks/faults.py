@@ -28,7 +28,10 @@ Kinds (`--kinds`, all by default):
   SIGINT after 60 s must still stop it);
 - memory-limit: the run under an address-space limit (`ulimit -v`) drawn between 2 and 8 GiB: it either trains or
   stops with exit 1 naming the limit, its record written and its lease released (never exit 70); the rerun without
-  the limit finishes.
+  the limit finishes;
+- storage-outage: run.model_dir on gs:// (fake-gcs-server behind the suite's Cloud Storage proxy, tests/gcs_fake.py),
+  the store unreachable for 2 to 10 s at a random step: the run waits for it and ends at its steps, exit 0, its
+  record line written and its lease released — never fenced by its own lease.
 
 After each fault (and the rerun, where one is due) the campaign checks the final step against train.steps, that
 every checkpoint the state file lists reads back with finite values, that every run record line parses (a torn line
@@ -72,13 +75,18 @@ FENCED_EXIT = int(ExitCode.LEASE_LOST)  # a run that lost model_dir's lease (doc
 SIGNAL_KINDS = {"sigkill": signal.SIGKILL, "sigint": signal.SIGINT, "sigterm": signal.SIGTERM,
                 "sighup": signal.SIGHUP}
 KINDS = (*SIGNAL_KINDS, "sigstop", "disk-full", "corrupt-shard", "nan", "copied-dir", "moved-dir", "damaged-state",
-         "damaged-newest", "blocking-input", "memory-limit")
+         "damaged-newest", "blocking-input", "memory-limit", "storage-outage")
 INTERNAL_ERROR_EXIT = int(ExitCode.INTERNAL)
 EXPECTED_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129, signal.SIGKILL: -signal.SIGKILL}
 RECORDS = "tpulaunch-runs.jsonl"
 LEASE = "tpulaunch.lease"
 # The lease's timing for the sigstop fault: renewed every 0.5 s, stale after 3 s.
 FAST_LEASE = {"TPULAUNCH_LEASE_RENEW_S": "0.5", "TPULAUNCH_LEASE_STALE_S": "3"}
+# The storage outage's lease: renewed every second, stale after 60 s (an outage misses renewals, far from stale); and
+# TensorFlow's gs:// retrying a second apart for as long as it takes, as it waits on Cloud Storage.
+OUTAGE_LEASE = {"TPULAUNCH_LEASE_RENEW_S": "1", "TPULAUNCH_LEASE_STALE_S": "60"}
+PATIENT_TF = {"GCS_RETRY_CONFIG_MAX_RETRIES": "1000", "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "1000000"}
+TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
 
 _STEP = re.compile(r"^train \| step (\d+)/")
 _DONE = re.compile(r"^done \| step (\d+)/(\d+) \| (\d+) steps in")
@@ -484,6 +492,79 @@ class Campaign:
         self.at_most_a_checkpoint_lost(fault, "the memory limit")
         return fault
 
+    def storage_outage_fault(self, rng: random.Random) -> Fault:
+        """model_dir on gs://, its store unreachable for a few seconds mid-run: waited for, never a takeover."""
+        from pathlib import Path
+
+        sys.path.insert(0, TESTS)  # the suite's local Cloud Storage: fake-gcs-server behind a proxy that can fail
+        from gcs_fake import free_port, local_gcs
+        from lease_runs import fake_gcs_server, storage_client_env
+
+        fault = Fault("storage-outage")
+        self.count += 1
+        model_dir = f"gs://runs/{self.count:03d}-storage-outage"
+        work = Path(self.root) / "gcs" / f"{self.count:03d}"
+        work.mkdir(parents=True)
+        port = free_port()
+        with fake_gcs_server(port, external_url="https://www.googleapis.com"), \
+                local_gcs(work, upstream_port=port) as gcs:
+            gcs.make_bucket("runs")
+            client_env = storage_client_env(gcs)
+            env = {**interrupts._env(), **gcs.env, **client_env, **OUTAGE_LEASE, **PATIENT_TF}
+            child = subprocess.Popen(self.command(model_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=env)
+            reader = interrupts._Reader(child.stdout)
+            reader.start()
+            errors: list = []
+            threading.Thread(target=lambda: errors.append(child.stderr.read()), daemon=True).start()
+            at = rng.randint(1, self.steps // 2)
+            if _wait(lambda: reader.snapshot()[0] >= at or child.poll() is not None, 300) and child.poll() is None:
+                fault.last_step_seen = reader.snapshot()[0]
+                seconds = rng.uniform(2.0, 10.0)
+                fault.detail = f" ({seconds:.1f} s at step {fault.last_step_seen})"
+                with gcs.outage():
+                    time.sleep(seconds)  # the fault's length (what is checked is the run's end, after it)
+            else:
+                fault.landed = False
+            try:
+                child.wait(600)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                fault.failures.append("still running 600 s after the outage")
+            reader.join(10)
+            time.sleep(0.05)
+            stderr = "".join(errors)
+            fault.exit_code = child.returncode
+            if child.returncode != 0:
+                fault.failures.append(f"exit {child.returncode} after a storage outage: {stderr[-1500:]}")
+            if "Traceback" in stderr:
+                fault.failures.append(f"a traceback: {stderr[-1500:]}")
+            fault.resumed_from, fault.final_step = _resumed_and_final(list(reader.lines))
+            if fault.final_step != self.steps:
+                fault.failures.append(f"ended at step {fault.final_step}, not {self.steps}")
+            saved = {name: os.environ.get(name) for name in client_env}
+            os.environ.update(client_env)
+            try:
+                from lease_runs import gcs_records
+
+                from tpulaunch.run import lease as leases
+
+                records = gcs_records(model_dir)
+                held = leases.read_lease(model_dir)
+            finally:
+                for name, value in saved.items():
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
+            outcomes = [record.get("outcome") for record in records]
+            if outcomes != ["done"]:
+                fault.records_lost = 0 if outcomes else 1
+                fault.failures.append(f"run record outcomes {outcomes}, expected ['done']")
+            if (held or {}).get("state") != "released":
+                fault.failures.append(f"the lease is left {(held or {}).get('state')!r}")
+        return fault
+
     def engine_set(self) -> List[str]:
         return [] if self.engine == "estimator" else ["--set", f"run.engine={self.engine}"]
 
@@ -699,8 +780,10 @@ def run_campaign(root: str, *, engine: str, kinds, per_kind: int, seed: int, ste
                 fault = campaign.damaged_newest_fault(rng)
             elif kind == "blocking-input":
                 fault = campaign.blocking_input_fault()
-            else:
+            elif kind == "memory-limit":
                 fault = campaign.memory_limit_fault(rng)
+            else:
+                fault = campaign.storage_outage_fault(rng)
             faults.append(fault)
             report(_line(fault))
     return faults
