@@ -27,11 +27,16 @@ pytest_plugins = ["gcs_fake", "tpu_api_server"]
 # The files that take longest on one worker (measured with --durations=0), started first: with --dist loadfile a long
 # file that starts last leaves the other worker idle at the end. The rest keep their collection order.
 SLOW_FILES_FIRST = (
+    "tests/run/test_keep_checkpoints.py",
     "tests/engine/test_reference_efficientnet.py", "tests/remote/test_rehearse.py", "tests/remote/test_rerun.py",
     "tests/plan/test_memory.py",
     "tests/docs/test_readme_examples.py", "tests/engine/test_reference_programs.py",
     "tests/engine/test_reference_resnet.py", "tests/checks/test_user_models.py", "tests/engine/test_own_program.py",
     "tests/plan/test_xla_tpu.py",
+    "tests/run/test_lease_outage.py", "tests/run/test_stop_deadline.py", "tests/checks/test_gate_limits.py",
+    "tests/keras_engine/test_oracle_jax.py", "tests/keras_engine/test_keep_checkpoints_keras.py",
+    "tests/keras_engine/test_gke_rehearse.py", "tests/keras_engine/test_oracle_keras.py",
+    "tests/keras_engine/test_keras_stop_deadline.py",
     "tests/keras_engine/test_keras_train.py", "tests/keras_engine/test_jax_engine.py",
     "tests/keras_engine/test_jax_xla_plan.py", "tests/keras_engine/test_startup_lines.py",
     "tests/keras_engine/test_keras3_models.py", "tests/keras_engine/test_jax_partition.py",
