@@ -66,7 +66,9 @@ def render_memory(console: Console, memory: dict) -> None:
     if memory.get("auto_partition"):
         console.print("    partition: auto chose the dims shown above", highlight=False)
     rec = memory.get("recommendation")
-    if rec:
+    if rec and rec.get("source") == "xla":  # XLA's compiled batch: its words are in the lines above
+        pass
+    elif rec:
         whose = "the estimate's recommendation" if memory.get("answered_by") == "xla" else "recommendation"
         console.print(f"    [cyan]{whose}:[/] {escape(recommendation_text(rec))}", highlight=False, soft_wrap=True)
     xla = memory.get("xla")
