@@ -21,6 +21,8 @@ import tempfile
 # wants XLA's compiler names the suite's (`.venv-xla`, tests/plan/test_xla_tpu.py).
 os.environ["HOME"] = tempfile.mkdtemp(prefix="tpulaunch-tests-home-")
 os.environ.pop("TPULAUNCH_XLA_PYTHON", None)
+for _cache in ("TPULAUNCH_CACHE", "XDG_CACHE_HOME"):  # XLA's cached answers: the empty home's, not the contributor's
+    os.environ.pop(_cache, None)
 
 pytest_plugins = ["gcs_fake", "tpu_api_server"]
 
