@@ -56,13 +56,14 @@ def _versions(python: str) -> str:
 
 
 def _cache_path(python: str, request: dict, hlo: bytes) -> Optional[Path]:
-    """Where XLA's answer for this exported step on this topology, with this compiler, is kept; None when the
-    compiler's versions cannot be read (nothing is cached then)."""
+    """Where XLA's answer for this exported step on this topology, with this compiler (its versions, and
+    `xla_compile.py`, which reads its figures), is kept; None when the versions cannot be read (nothing is cached)."""
     versions = _versions(python)
     if versions is None:
         return None
     said = {k: v for k, v in request.items() if k != "hlo"}
-    key = hashlib.sha256(hlo + json.dumps([said, versions], sort_keys=True).encode()).hexdigest()
+    compiler = Path(__file__).with_name("xla_compile.py").read_bytes()  # what it reports, and how
+    key = hashlib.sha256(hlo + compiler + json.dumps([said, versions], sort_keys=True).encode()).hexdigest()
     return xla_home.cache_dir() / f"{key}.json"
 
 
