@@ -18,8 +18,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICKSTART_ON_V3 = ["--set", "tpu={type: v3-8, name: t, zone: europe-west4-a, project: p}", "--set",
-                    "data.train=gs://b/train-*.tfrecord", "--set", "data.eval=gs://b/eval-*.tfrecord",
-                    "--set", "run.model_dir=gs://b/run"]
+                    "data.train=gs://my-bucket/train-*.tfrecord", "--set", "data.eval=gs://my-bucket/eval-*.tfrecord",
+                    "--set", "run.model_dir=gs://my-bucket/run"]
 
 
 def main() -> None:

@@ -36,7 +36,7 @@ SLOW_FILES_FIRST = (
     "tests/keras_engine/test_keras_train.py", "tests/keras_engine/test_jax_engine.py",
     "tests/keras_engine/test_jax_xla_plan.py", "tests/keras_engine/test_startup_lines.py",
     "tests/keras_engine/test_keras3_models.py", "tests/keras_engine/test_jax_partition.py",
-    "tests/keras_engine/test_jax_tpu_slice.py",
+    "tests/keras_engine/test_jax_tpu_slice.py", "tests/keras_engine/test_jax_project_jobs.py",
 )
 
 
