@@ -21,6 +21,8 @@ import tempfile
 # wants XLA's compiler names the suite's (`.venv-xla`, tests/plan/test_xla_tpu.py).
 os.environ["HOME"] = tempfile.mkdtemp(prefix="tpulaunch-tests-home-")
 os.environ.pop("TPULAUNCH_XLA_PYTHON", None)
+for _cache in ("TPULAUNCH_CACHE", "XDG_CACHE_HOME"):  # XLA's cached answers: the empty home's, not the contributor's
+    os.environ.pop(_cache, None)
 
 pytest_plugins = ["gcs_fake", "tpu_api_server"]
 
@@ -40,7 +42,7 @@ SLOW_FILES_FIRST = (
     "tests/keras_engine/test_keras_train.py", "tests/keras_engine/test_jax_engine.py",
     "tests/keras_engine/test_jax_xla_plan.py", "tests/keras_engine/test_startup_lines.py",
     "tests/keras_engine/test_keras3_models.py", "tests/keras_engine/test_jax_partition.py",
-    "tests/keras_engine/test_jax_tpu_slice.py",
+    "tests/keras_engine/test_jax_tpu_slice.py", "tests/keras_engine/test_jax_project_jobs.py",
 )
 
 

@@ -12,9 +12,11 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Optional
 
 import test_xla_tpu as estimator_xla
 from paths import REPO
+from tpulaunch.plan import xla_home
 from test_xla_tpu import compiler  # noqa: F401 (the fixture)
 
 KERAS3_CNN = textwrap.dedent('''
@@ -44,15 +46,29 @@ def jax_job(tmp_path, *, image: int, batch: int, tpu_type: str) -> str:
     return path
 
 
-def test_plan_shows_xlas_figures_for_the_jax_engines_step_beside_its_estimate(tmp_path, compiler):  # noqa: F811
+def test_plan_shows_xlas_figures_for_the_jax_engines_step_beside_its_estimate_and_a_second_plan_is_cached(
+        tmp_path, compiler):  # noqa: F811
     job = jax_job(tmp_path, image=32, batch=64, tpu_type="v5litepod-4")  # 16 examples per v5e chip
-    out = _tpulaunch("plan", job).stdout
+    python, log = estimator_xla.counting_compiler(tmp_path, compiler)
+    env = {xla_home.ENV_VAR: python, xla_home.CACHE_ENV_VAR: str(tmp_path / "cache")}
+    first = _tpulaunch("plan", job, env=env)
+    out, compiled = first.stdout, estimator_xla.compile_children(log)
     # The estimate's table, from the engine's own step: the CNN's weights and Adam's two slots, counted.
     assert "optimizer slots (2 per weight)" in out and "built at tile" in out, out
-    # XLA's answer for the step JAX lowered, beside it.
-    assert ("answered by XLA: XLA's TPU compiler (v5e:2x2, 1 core(s) per replica, 16 examples per replica): fits"
-            in out), out
+    # XLA's answer for the step JAX lowered, beside it, held to XLA's own line, and its batch one it compiled.
+    assert ("answered by XLA: XLA's TPU compiler (v5e:2x2, 1 core(s) per replica, 16 examples per replica): "
+            "compiled" in out), out
+    assert "usable HBM: 15.75 GiB per core, XLA's own limit for v5e:2x2" in out, out
     assert "the estimate says fits at" in out and "memory: fits (XLA's TPU compiler)" in out, out
+    assert "the largest batch compiled that fits, not a bound" in out and "large headroom: up to" not in out, out
+    assert compiled >= 1 and first.stderr.count("plan: XLA's TPU compiler: compiling the step") == compiled
+
+    second = _tpulaunch("plan", job, env=env)  # the same job: every answer from the cache, no compiler started
+    assert estimator_xla.compile_children(log) == compiled, log.read_text()
+    assert "compiling" not in second.stderr and second.stderr.count("the answer cached in") == compiled, second.stderr
+    assert "XLA's answer from the cache" in second.stdout
+    summary = [line for line in out.splitlines() if line.strip().startswith("XLA: ")]
+    assert summary and summary == [line for line in second.stdout.splitlines() if line.strip().startswith("XLA: ")]
 
 
 def test_validate_refuses_a_jax_step_xla_cannot_fit_with_its_words_and_a_batch(tmp_path, compiler):  # noqa: F811
@@ -71,9 +87,9 @@ def test_validate_refuses_a_jax_step_xla_cannot_fit_with_its_words_and_a_batch(t
     assert "examples per replica fit (train.batch_size:" in problem.hint
 
 
-def _tpulaunch(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+def _tpulaunch(*args: str, env: Optional[dict] = None) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     done = subprocess.run([sys.executable, "-m", "tpulaunch", *args], capture_output=True, text=True, cwd=str(REPO),
-                          env=dict(env, COLUMNS="400"), timeout=600)
+                          env=dict(base, COLUMNS="400", **(env or {})), timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return done

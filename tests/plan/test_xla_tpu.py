@@ -63,8 +63,9 @@ def test_plan_reports_xlas_per_core_figures_and_says_xla_answered(tmp_path, comp
     assert xla["usable_bytes"] == int(15.48 * 1024 ** 3)
     # Weights and Adam's two slots are donated into the step's outputs: charged once, not twice.
     assert xla["aliased"] > 3 * 94538 * 4
-    assert xla["per_core_bytes"] == (xla["arguments"] + xla["outputs"] - xla["aliased"] + xla["temporaries"]
-                                     + xla["generated_code"])
+    assert xla["buffers_total"] == (xla["arguments"] + xla["outputs"] - xla["aliased"] + xla["temporaries"]
+                                    + xla["generated_code"])
+    assert 0 < xla["per_core_bytes"] <= xla["buffers_total"]  # XLA's peak: not every buffer is live at once
     assert memory["verdict"] == "fits" and memory["estimate_verdict"] == "fits"
 
 
@@ -156,3 +157,69 @@ def test_a_step_xla_cannot_be_given_is_a_located_warning_and_the_estimate_answer
     problems = xla_fit_problems(loaded, build_plan(loaded.job))
     assert [(p.code, p.path, p.severity) for p in problems] == [("xla-no-answer", "model.builder", "warning")]
     assert "ResizeNearestNeighborGrad" in problems[0].message
+
+
+def counting_compiler(tmp_path, real: str) -> tuple:
+    """An interpreter for the compiler's environment that logs each start (its arguments) before running the real
+    one: the log says which compile children ran."""
+    log = tmp_path / "compiler-starts.log"
+    wrapper = tmp_path / "xla-python"
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper), log
+
+
+def compile_children(log) -> int:
+    return sum("xla_compile import main" in line for line in log.read_text().splitlines()) if log.exists() else 0
+
+
+@pytest.fixture(scope="module")
+def planned_twice(tmp_path_factory):
+    """`plan` of one job twice, with a cache of its own: (first, second), each (memory section, stderr, compile
+    children that ran)."""
+    if not SIDE_PYTHON.is_file():
+        pytest.fail(f"XLA's TPU compiler is not installed at {SIDE_PYTHON}")
+    tmp_path = tmp_path_factory.mktemp("planned-twice")
+    python, log = counting_compiler(tmp_path, str(SIDE_PYTHON))
+    env = dict(os.environ, **{xla_home.ENV_VAR: python, xla_home.CACHE_ENV_VAR: str(tmp_path / "cache")})
+    job = cnn_job(tmp_path, batch=64)  # 8 examples per v3 core: fits, with room for more
+    runs = []
+    for _ in range(2):
+        before = compile_children(log)
+        done = subprocess.run([sys.executable, "-m", "tpulaunch", "plan", job, "--format", "json"],
+                              capture_output=True, text=True, cwd=str(REPO), env=env, timeout=900)
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs.append((json.loads(done.stdout)["memory"], done.stderr, compile_children(log) - before))
+    return runs
+
+
+def test_the_verdict_and_the_estimate_are_held_to_xlas_own_usable_line(planned_twice):
+    (memory, said, _), _ = planned_twice
+    xla = memory["xla_tpu"]
+    # One line: XLA's own limit for the topology (its out-of-memory message's "available HBM"), shown as the
+    # section's usable HBM and the one the verdict is held to.
+    assert memory["usable_bytes"] == xla["usable_bytes"] == int(15.48 * 1024 ** 3)
+    assert memory["verdict"] == "fits" and xla["per_core_bytes"] <= xla["usable_bytes"]
+    for compiled in xla["nearest"]["compiled"]:  # no batch is called fitting above the line
+        assert compiled["fits"] == (compiled["bytes"] <= xla["usable_bytes"]), compiled
+
+
+def test_the_recommended_batch_is_the_largest_one_xla_compiled_that_fits(planned_twice):
+    (memory, said, children), _ = planned_twice
+    compiled = memory["xla_tpu"]["nearest"]["compiled"]
+    recommended = memory["recommendation"]
+    assert recommended["source"] == "xla" and recommended["action"] == "batch"
+    fitting = [c["per_replica_batch"] for c in compiled if c["fits"]]
+    assert recommended["per_replica_batch"] == max(fitting) and recommended["global_batch"] == 8 * max(fitting)
+    # Each batch named was compiled, each compile said while it ran.
+    assert children == len(compiled) == said.count("plan: XLA's TPU compiler: compiling the step at"), said
+    assert memory["estimate_recommendation"]["per_replica_batch"] in [c["per_replica_batch"] for c in compiled]
+
+
+def test_a_second_plan_of_the_same_job_answers_from_the_cache_without_compiling(planned_twice):
+    (first, _, compiled_first), (second, said, compiled_second) = planned_twice
+    assert compiled_first >= 1 and compiled_second == 0, (compiled_first, compiled_second)
+    assert "compiling" not in said and said.count("the answer cached in") == compiled_first, said
+    assert "/cache/xla/" in second["xla_tpu"]["cached"]  # under TPULAUNCH_CACHE, not the repository
+    for key in ("verdict", "usable_bytes", "recommendation"):
+        assert second[key] == first[key], key

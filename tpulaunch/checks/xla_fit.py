@@ -19,8 +19,8 @@ def xla_fit_problems(loaded: "LoadedJob", plan: "Plan") -> list:
     job = loaded.job
     if job is None or plan.slice is None or not job.model.builder or xla_home.compiler_python() is None:
         return []
-    from tpulaunch.plan.xla_tpu import XlaUnavailable, compile_step, nearest_fitting_batch
-    from tpulaunch.plan.xla_words import figures_text, nearest_text
+    from tpulaunch.plan.xla_tpu import XlaUnavailable, compile_step, fits, nearest_fitting_batch, usable_bytes
+    from tpulaunch.plan.xla_words import figures_text, human_bytes, nearest_text
 
     try:
         result = compile_step(job, plan, plan.per_replica_batch)
@@ -36,8 +36,12 @@ def xla_fit_problems(loaded: "LoadedJob", plan: "Plan") -> list:
             path = ("model", "builder")
         return [loaded.problem(path, "xla-no-answer", f"XLA's TPU compiler could not answer: {said}",
                                "plan shows the estimate instead", severity="warning")]
-    if result["fits"]:
+    if fits(result, plan):
         return []
+    if result["fits"]:  # compiled, yet its peak is above XLA's own line: said, not refused
+        return [loaded.problem(("train", "batch_size"), "xla-above-usable",
+                               f"{figures_text(result)}, above the usable {human_bytes(usable_bytes(result, plan))}",
+                               "a smaller train.batch_size leaves XLA room", severity="warning")]
     try:
         found = nearest_fitting_batch(job, plan, result)
     except XlaUnavailable:

@@ -71,12 +71,13 @@ def reference_blocks(specs: Sequence[str]) -> list:
     """For each reference model module the job names, its source as a module object in the program."""
     lines: list = []
     seen: set = set()
-    for spec in specs:
-        module = spec.partition(":")[0]
+    modules = [spec.partition(":")[0] for spec in specs]
+    for module in _with_reference_imports(modules):
         if not module.startswith(REFERENCE_PACKAGE) or module in seen:
             continue
         seen.add(module)
-        source = module_source(module)
+        # A reference module's imports of its siblings (which_keras) read the copies above it.
+        source = module_source(module).replace(f"from {REFERENCE_PACKAGE}", "from reference_models.")
         name = _reference_name(module)
         private = "reference_models." + module[len(REFERENCE_PACKAGE):]  # never shadows an installed tpulaunch
         # Verbatim in a raw string, so it reads as the module; repr() where that could not round-trip.
@@ -89,6 +90,17 @@ def reference_blocks(specs: Sequence[str]) -> list:
             "",
         ]
     return lines
+
+
+def _with_reference_imports(modules: Sequence[str]) -> list:
+    """`modules` with the reference modules each imports (`from tpulaunch.models.X import ...`) before it."""
+    out: list = []
+    for module in modules:
+        if module.startswith(REFERENCE_PACKAGE):
+            out += [REFERENCE_PACKAGE + found for found in
+                    re.findall(rf"^from {re.escape(REFERENCE_PACKAGE)}(\w+) import", module_source(module), re.M)]
+        out.append(module)
+    return out
 
 
 def _module_file(module: str, search_path: Sequence[str]) -> Optional[str]:

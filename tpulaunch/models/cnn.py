@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import tensorflow as tf
+from tpulaunch.models.which_keras import keras as _keras
 
 
 def build(num_classes: int = 10, input_shape: Sequence[int] = (32, 32, 3), filters: int = 32,
-          dropout: float = 0.0) -> tf.keras.Model:
+          dropout: float = 0.0):
     """Three conv/pool stages (filters, 2x, 4x), global average pooling and a dense classifier.
 
     Sized so that 300 steps at batch 64 on 32x32 images take about a minute on a CPU.
@@ -20,21 +20,22 @@ def build(num_classes: int = 10, input_shape: Sequence[int] = (32, 32, 3), filte
         dropout: dropout rate before the classifier (0 disables it).
 
     Returns:
-        A functional Keras model mapping [B, *input_shape] images to float logits [B, num_classes].
+        A functional Keras model (the engine's Keras: `which_keras.py`) mapping [B, *input_shape] images to float logits [B, num_classes].
     """
     if len(input_shape) != 3:
         raise ValueError(f"input_shape must be (height, width, channels), got {tuple(input_shape)}")
     if num_classes < 1:
         raise ValueError(f"num_classes must be at least 1, got {num_classes}")
-    inputs = tf.keras.Input(shape=tuple(input_shape), name="image")
+    keras = _keras()
+    inputs = keras.Input(shape=tuple(input_shape), name="image")
     x = inputs
     for stage in range(3):
-        x = tf.keras.layers.Conv2D(filters * 2 ** stage, 3, padding="same", activation="relu",
+        x = keras.layers.Conv2D(filters * 2 ** stage, 3, padding="same", activation="relu",
                                    name=f"conv{stage + 1}")(x)
-        x = tf.keras.layers.MaxPooling2D(2, padding="same", name=f"pool{stage + 1}")(x)
-    x = tf.keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
+        x = keras.layers.MaxPooling2D(2, padding="same", name=f"pool{stage + 1}")(x)
+    x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
     if dropout:
-        x = tf.keras.layers.Dropout(dropout, name="dropout")(x)
+        x = keras.layers.Dropout(dropout, name="dropout")(x)
     # float32 logits even under a mixed_bfloat16 policy: the loss needs full precision.
-    logits = tf.keras.layers.Dense(num_classes, dtype="float32", name="logits")(x)
-    return tf.keras.Model(inputs, logits, name="cnn")
+    logits = keras.layers.Dense(num_classes, dtype="float32", name="logits")(x)
+    return keras.Model(inputs, logits, name="cnn")

@@ -11,7 +11,8 @@ anchors of one cell (scale octaves outer, aspect ratios inner): the same order i
 outputs are reshaped, so `encode_targets` and the model agree anchor for anchor.
 
 The anchor and target functions use numpy only (the data synthesizer calls them without TensorFlow);
-TensorFlow is imported inside the functions that build the model or compute the loss.
+the model is built with the engine's Keras and the loss written in its ops (`which_keras.py`), imported inside the
+functions that build the model or compute the loss.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import math
 from typing import Sequence, Tuple, Union
 
 import numpy as np
+
+from tpulaunch.models.which_keras import keras as _keras, ops as _ops
 
 ImageSize = Union[int, Sequence[int]]
 
@@ -193,24 +196,24 @@ def encode_targets(boxes: np.ndarray, classes: np.ndarray, image_size: ImageSize
 def _conv_bn(x, filters: int, kernel: int, strides: int, name: str, relu: bool = True, zero_gamma: bool = False):
     """Bias-free convolution, batch norm, optional ReLU. Strided convolutions pad by the kernel only
     (independent of the input size), as the published ResNet does."""
-    import tensorflow as tf
+    keras = _keras()
 
     padding = "same"
     if strides > 1:
         pad = kernel - 1
         if pad:
-            x = tf.keras.layers.ZeroPadding2D(((pad // 2, pad - pad // 2), (pad // 2, pad - pad // 2)),
+            x = keras.layers.ZeroPadding2D(((pad // 2, pad - pad // 2), (pad // 2, pad - pad // 2)),
                                               name=f"{name}_pad")(x)
         padding = "valid"
-    x = tf.keras.layers.Conv2D(filters, kernel, strides=strides, padding=padding, use_bias=False,
+    x = keras.layers.Conv2D(filters, kernel, strides=strides, padding=padding, use_bias=False,
                                kernel_initializer="he_normal", name=f"{name}_conv")(x)
-    x = tf.keras.layers.BatchNormalization(momentum=0.997, epsilon=1e-4,
+    x = keras.layers.BatchNormalization(momentum=0.997, epsilon=1e-4,
                                            gamma_initializer="zeros" if zero_gamma else "ones", name=f"{name}_bn")(x)
-    return tf.keras.layers.ReLU(name=f"{name}_relu")(x) if relu else x
+    return keras.layers.ReLU(name=f"{name}_relu")(x) if relu else x
 
 
 def _residual_block(x, filters: int, strides: int, bottleneck: bool, name: str):
-    import tensorflow as tf
+    keras = _keras()
 
     out_filters = filters * 4 if bottleneck else filters
     shortcut = x
@@ -224,19 +227,19 @@ def _residual_block(x, filters: int, strides: int, bottleneck: bool, name: str):
     else:
         y = _conv_bn(x, filters, 3, strides, f"{name}_a")
         y = _conv_bn(y, filters, 3, 1, f"{name}_b", relu=False, zero_gamma=True)
-    y = tf.keras.layers.Add(name=f"{name}_add")([y, shortcut])
-    return tf.keras.layers.ReLU(name=f"{name}_out")(y)
+    y = keras.layers.Add(name=f"{name}_add")([y, shortcut])
+    return keras.layers.ReLU(name=f"{name}_out")(y)
 
 
 def _resnet(x, depth: int) -> dict:
     """ResNet v1 backbone; returns {level: feature} for C2..C5 (strides 4..32)."""
-    import tensorflow as tf
+    keras = _keras()
 
     if depth not in _RESNET_BLOCKS:
         raise ValueError(f"resnet_depth must be one of {sorted(_RESNET_BLOCKS)}, got {depth}")
     bottleneck = depth >= 50
     x = _conv_bn(x, 64, 7, 2, "stem")
-    x = tf.keras.layers.MaxPool2D(3, strides=2, padding="same", name="stem_pool")(x)
+    x = keras.layers.MaxPool2D(3, strides=2, padding="same", name="stem_pool")(x)
     features = {}
     for stage, blocks in enumerate(_RESNET_BLOCKS[depth]):
         for block in range(blocks):
@@ -248,9 +251,7 @@ def _resnet(x, depth: int) -> dict:
 
 def _fpn(backbone: dict, min_level: int, max_level: int, features: int) -> dict:
     """Feature pyramid {level: [B, H/2**level, W/2**level, features]} for min_level..max_level."""
-    import tensorflow as tf
-
-    layers = tf.keras.layers
+    layers = _keras().layers
     top = _BACKBONE_TOP_LEVEL
     lateral = {level: layers.Conv2D(features, 1, name=f"fpn_lateral{level}")(backbone[level])
                for level in range(min_level, top + 1)}
@@ -272,16 +273,16 @@ def _fpn(backbone: dict, min_level: int, max_level: int, features: int) -> dict:
 def _head(pyramid: dict, outputs_per_anchor: int, anchors_per_cell: int, features: int, convs: int,
           name: str, bias_init: float):
     """Convolutions shared across levels (batch norm per level), then [B, A, outputs_per_anchor]."""
-    import tensorflow as tf
+    keras = _keras()
+    layers = keras.layers
 
-    layers = tf.keras.layers
     def init():
-        return tf.keras.initializers.RandomNormal(stddev=0.01)
+        return keras.initializers.RandomNormal(stddev=0.01)
 
     shared = [layers.Conv2D(features, 3, padding="same", kernel_initializer=init(), name=f"{name}_conv{i}")
               for i in range(convs)]
     predict = layers.Conv2D(outputs_per_anchor * anchors_per_cell, 3, padding="same", kernel_initializer=init(),
-                            bias_initializer=tf.keras.initializers.Constant(bias_init), name=f"{name}_predict")
+                            bias_initializer=keras.initializers.Constant(bias_init), name=f"{name}_predict")
     per_level = []
     for level, x in pyramid.items():
         for i, conv in enumerate(shared):
@@ -318,7 +319,7 @@ def build(num_classes: int = 90, input_shape: Sequence[int] = (640, 640, 3), min
     Raises:
         ValueError: an input shape or level configuration the pyramid cannot tile.
     """
-    import tensorflow as tf
+    keras = _keras()
 
     input_shape = tuple(input_shape)
     if len(input_shape) != 3:
@@ -328,12 +329,12 @@ def build(num_classes: int = 90, input_shape: Sequence[int] = (640, 640, 3), min
     _check_levels(input_shape[:2], min_level, max_level)
     anchors_per_cell = num_scales * len(tuple(aspect_ratios))
 
-    inputs = tf.keras.Input(shape=input_shape, name="image")
+    inputs = keras.Input(shape=input_shape, name="image")
     pyramid = _fpn(_resnet(inputs, resnet_depth), min_level, max_level, fpn_features)
     prior = -math.log((1 - PRIOR_PROBABILITY) / PRIOR_PROBABILITY)
     cls_logits = _head(pyramid, num_classes, anchors_per_cell, fpn_features, head_convs, "cls_logits", prior)
     box_regression = _head(pyramid, 4, anchors_per_cell, fpn_features, head_convs, "box_regression", 0.0)
-    return tf.keras.Model(inputs, {"cls_logits": cls_logits, "box_regression": box_regression}, name="retinanet")
+    return keras.Model(inputs, {"cls_logits": cls_logits, "box_regression": box_regression}, name="retinanet")
 
 
 # ------------------------------------------------------------------------------------------- loss
@@ -350,28 +351,29 @@ def loss(labels: dict, outputs: dict):
         summed over non-ignored anchors and classes; the box part is the Huber loss (delta 0.1)
         summed over positive anchors, divided by 4; both divided by (positives in the batch + 1).
     """
-    import tensorflow as tf
+    ops = _ops()  # the engine's: TensorFlow's, or keras.ops on JAX
 
-    cls_targets = tf.cast(labels["cls_targets"], tf.int32)
-    box_targets = tf.cast(labels["box_targets"], tf.float32)
-    logits = tf.cast(outputs["cls_logits"], tf.float32)
-    box_outputs = tf.cast(outputs["box_regression"], tf.float32)
-    num_classes = tf.shape(logits)[-1]
+    cls_targets = ops.cast(labels["cls_targets"], "int32")
+    box_targets = ops.cast(labels["box_targets"], "float32")
+    logits = ops.cast(outputs["cls_logits"], "float32")
+    box_outputs = ops.cast(outputs["box_regression"], "float32")
+    num_classes = int(logits.shape[-1])
 
-    positive = tf.cast(cls_targets > 0, tf.float32)  # [B, A]
-    valid = tf.cast(cls_targets >= 0, tf.float32)
-    normalizer = tf.reduce_sum(positive) + 1.0
+    positive = ops.cast(cls_targets > 0, "float32")  # [B, A]
+    valid = ops.cast(cls_targets >= 0, "float32")
+    normalizer = ops.sum(positive) + 1.0
 
     # Class k is one-hot column k-1; background and ignored rows are all zeros.
-    onehot = tf.one_hot(cls_targets - 1, num_classes, dtype=tf.float32)
-    cross_entropy = tf.nn.sigmoid_cross_entropy_with_logits(labels=onehot, logits=logits)
-    probs = tf.sigmoid(logits)
+    onehot = ops.one_hot(cls_targets - 1, num_classes, dtype="float32")
+    # TensorFlow's sigmoid_cross_entropy_with_logits, written out: max(x, 0) - x z + log(1 + exp(-|x|)).
+    cross_entropy = ops.relu(logits) - logits * onehot + ops.log1p(ops.exp(-ops.abs(logits)))
+    probs = ops.sigmoid(logits)
     p_t = onehot * probs + (1.0 - onehot) * (1.0 - probs)
     alpha_t = onehot * FOCAL_ALPHA + (1.0 - onehot) * (1.0 - FOCAL_ALPHA)
-    focal = alpha_t * tf.pow(1.0 - p_t, FOCAL_GAMMA) * cross_entropy
-    cls_loss = tf.reduce_sum(focal * valid[..., None]) / normalizer
+    focal = alpha_t * ops.power(1.0 - p_t, FOCAL_GAMMA) * cross_entropy
+    cls_loss = ops.sum(focal * valid[..., None]) / normalizer
 
-    error = tf.abs(box_outputs - box_targets)
-    huber = tf.where(error <= HUBER_DELTA, 0.5 * tf.square(error), HUBER_DELTA * error - 0.5 * HUBER_DELTA ** 2)
-    box_loss = tf.reduce_sum(huber * positive[..., None]) / (normalizer * 4.0)
+    error = ops.abs(box_outputs - box_targets)
+    huber = ops.where(error <= HUBER_DELTA, 0.5 * ops.square(error), HUBER_DELTA * error - 0.5 * HUBER_DELTA ** 2)
+    box_loss = ops.sum(huber * positive[..., None]) / (normalizer * 4.0)
     return cls_loss + BOX_LOSS_WEIGHT * box_loss

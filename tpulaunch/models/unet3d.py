@@ -11,28 +11,30 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import tensorflow as tf
+from tpulaunch.models.which_keras import keras as _keras
 
 UPSAMPLING_MODES = ("transposed", "upsampling")
 
 
 def _conv_block(x, filters: int, batch_norm: bool, name: str):
     """3x3x3 convolution (with bias, as in the reference), optional batch norm, ReLU."""
-    x = tf.keras.layers.Conv3D(filters, 3, padding="same", name=f"{name}_conv")(x)
+    keras = _keras()
+    x = keras.layers.Conv3D(filters, 3, padding="same", name=f"{name}_conv")(x)
     if batch_norm:
-        x = tf.keras.layers.BatchNormalization(axis=-1, name=f"{name}_bn")(x)
-    return tf.keras.layers.ReLU(name=f"{name}_relu")(x)
+        x = keras.layers.BatchNormalization(axis=-1, name=f"{name}_bn")(x)
+    return keras.layers.ReLU(name=f"{name}_relu")(x)
 
 
 def _upsample(x, mode: str, name: str):
     """Doubles every spatial dimension; the transposed convolution keeps the channel count."""
+    keras = _keras()
     if mode == "transposed":
-        return tf.keras.layers.Conv3DTranspose(x.shape[-1], 2, strides=2, name=name)(x)
-    return tf.keras.layers.UpSampling3D(2, name=name)(x)
+        return keras.layers.Conv3DTranspose(x.shape[-1], 2, strides=2, name=name)(x)
+    return keras.layers.UpSampling3D(2, name=name)(x)
 
 
 def build(num_classes: int = 3, input_shape: Sequence[int] = (128, 128, 128, 1), base_filters: int = 32,
-          depth: int = 4, batch_norm: bool = True, upsampling: str = "transposed") -> tf.keras.Model:
+          depth: int = 4, batch_norm: bool = True, upsampling: str = "transposed"):
     """Builds the 3D UNet.
 
     Args:
@@ -46,7 +48,7 @@ def build(num_classes: int = 3, input_shape: Sequence[int] = (128, 128, 128, 1),
             (nearest-neighbour repeat, no weights, less memory).
 
     Returns:
-        A functional Keras model mapping [B, D, H, W, C] volumes to float32 logits
+        A functional Keras model (the engine's Keras: `which_keras.py`) mapping [B, D, H, W, C] volumes to float32 logits
         [B, D, H, W, num_classes].
 
     Raises:
@@ -65,7 +67,8 @@ def build(num_classes: int = 3, input_shape: Sequence[int] = (128, 128, 128, 1),
     if any(size % factor for size in input_shape[:3]):
         raise ValueError(f"spatial sizes {input_shape[:3]} must be divisible by 2**(depth-1) = {factor}")
 
-    inputs = tf.keras.Input(shape=input_shape, name="volume")
+    keras = _keras()
+    inputs = keras.Input(shape=input_shape, name="volume")
     skips = []
     x = inputs
     for level in range(depth):
@@ -74,15 +77,15 @@ def build(num_classes: int = 3, input_shape: Sequence[int] = (128, 128, 128, 1),
         x = _conv_block(x, filters * 2, batch_norm, f"down{level}_b")
         if level < depth - 1:
             skips.append(x)
-            x = tf.keras.layers.MaxPool3D(2, strides=2, padding="valid", name=f"pool{level}")(x)
+            x = keras.layers.MaxPool3D(2, strides=2, padding="valid", name=f"pool{level}")(x)
 
     for level in range(depth - 2, -1, -1):
         skip = skips[level]
         x = _upsample(x, upsampling, f"up{level}")
-        x = tf.keras.layers.Concatenate(axis=-1, name=f"concat{level}")([x, skip])
+        x = keras.layers.Concatenate(axis=-1, name=f"concat{level}")([x, skip])
         x = _conv_block(x, skip.shape[-1], batch_norm, f"up{level}_a")
         x = _conv_block(x, skip.shape[-1], batch_norm, f"up{level}_b")
 
     # float32 logits even under a mixed_bfloat16 policy: the loss needs full precision.
-    logits = tf.keras.layers.Conv3D(num_classes, 1, padding="valid", dtype="float32", name="logits")(x)
-    return tf.keras.Model(inputs, logits, name="unet3d")
+    logits = keras.layers.Conv3D(num_classes, 1, padding="valid", dtype="float32", name="logits")(x)
+    return keras.Model(inputs, logits, name="unet3d")

@@ -82,7 +82,8 @@ def compile_for_topology(module, topology: str, partitions: int = 1) -> dict:
     the module's `mhlo.sharding` attributes say how), and return what one device needs.
 
     Returns:
-        {"fits": True, "arguments", "outputs", "aliased", "temporaries", "generated_code", "per_core_bytes"} or
+        {"fits": True, "arguments", "outputs", "aliased", "temporaries", "generated_code", "buffers_total",
+        "per_core_bytes" (XLA's peak), "available_bytes" (XLA's limit)} or
         {"fits": False, "required_bytes", "available_bytes", "message"} when XLA runs out of HBM.
 
     Raises:
@@ -111,9 +112,36 @@ def compile_for_topology(module, topology: str, partitions: int = 1) -> dict:
     figures = {"arguments": stats.argument_size_in_bytes, "outputs": stats.output_size_in_bytes,
                "aliased": stats.alias_size_in_bytes, "temporaries": stats.temp_size_in_bytes,
                "generated_code": stats.generated_code_size_in_bytes}
-    figures["per_core_bytes"] = (figures["arguments"] + figures["outputs"] - figures["aliased"]
-                                 + figures["temporaries"] + figures["generated_code"])
-    return dict(figures, fits=True)
+    # Every buffer added up, as if all were live at once: an upper bound of what the step holds.
+    figures["buffers_total"] = (figures["arguments"] + figures["outputs"] - figures["aliased"]
+                                + figures["temporaries"] + figures["generated_code"])
+    # XLA's own figure: the peak of its buffer assignment, what it holds against its limit (`hbm_limit`).
+    figures["per_core_bytes"] = stats.peak_memory_in_bytes or figures["buffers_total"]
+    return dict(figures, fits=True, available_bytes=hbm_limit(chosen[0].client, xc.DeviceList(tuple(chosen)),
+                                                              options))
+
+
+# A step no TPU can hold (a 128 GiB argument and as large an output): its out-of-memory message names XLA's limit.
+_TOO_LARGE = """
+func.func public @main(%arg0: tensor<8x65536x65536xf32>) -> tensor<8x65536x65536xf32> {
+  %0 = stablehlo.sine %arg0 : tensor<8x65536x65536xf32>
+  return %0 : tensor<8x65536x65536xf32>
+}
+"""
+
+
+def hbm_limit(client, devices, options) -> Optional[int]:
+    """XLA's own limit of HBM per device for these devices: what its out-of-memory message says is available, from a
+    compile of a step no TPU holds (a tenth of a second). None where the message does not say."""
+    from jax._src.lib.mlir import ir
+
+    module = ir.Module.parse(_TOO_LARGE)  # in the caller's MLIR context
+    try:
+        client.compile(module, devices, options)
+    except Exception as exc:  # noqa: BLE001
+        found = out_of_memory(str(exc))
+        return found["available_bytes"] if found else None
+    return None
 
 
 def _without_copies(module) -> int:

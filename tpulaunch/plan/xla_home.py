@@ -46,3 +46,17 @@ def not_found_reason() -> str:
     if named is not None:
         return f"asking XLA is off ({ENV_VAR}={named!r})"
     return "XLA's TPU compiler is not installed"
+
+
+# Where XLA's answers are kept between runs (`plan/xla_tpu.py`): $TPULAUNCH_CACHE, else $XDG_CACHE_HOME/tpulaunch,
+# else ~/.cache/tpulaunch; never the job's folder or the repository.
+CACHE_ENV_VAR = "TPULAUNCH_CACHE"
+
+
+def cache_dir() -> Path:
+    """The folder XLA's answers are cached in (made when first written)."""
+    named = os.environ.get(CACHE_ENV_VAR)
+    if named:
+        return Path(named).expanduser() / "xla"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
+    return Path(base) / "tpulaunch" / "xla"

@@ -54,7 +54,10 @@ def render_memory(console: Console, memory: dict) -> None:
     console.print(table)
     if memory["verdict"] in VERDICT_TEXT:
         by = " (XLA's TPU compiler)" if memory.get("answered_by") == "xla" else ""
-        console.print(f"memory: {VERDICT_TEXT[memory['verdict']]}{by}", highlight=False)
+        said = VERDICT_TEXT[memory["verdict"]]
+        if by and memory["verdict"] == "may-fit":  # XLA compiled it, above its own usable line
+            said = "[yellow]compiled, but above the usable HBM line[/]"
+        console.print(f"memory: {said}{by}", highlight=False)
     else:
         console.print(f"memory: unknown ({escape(memory.get('reason') or '')})", highlight=False)
     from tpulaunch.plan.xla_words import lines as xla_lines
@@ -66,7 +69,9 @@ def render_memory(console: Console, memory: dict) -> None:
     if memory.get("auto_partition"):
         console.print("    partition: auto chose the dims shown above", highlight=False)
     rec = memory.get("recommendation")
-    if rec:
+    if rec and rec.get("source") == "xla":  # XLA's compiled batch: its words are in the lines above
+        pass
+    elif rec:
         whose = "the estimate's recommendation" if memory.get("answered_by") == "xla" else "recommendation"
         console.print(f"    [cyan]{whose}:[/] {escape(recommendation_text(rec))}", highlight=False, soft_wrap=True)
     xla = memory.get("xla")

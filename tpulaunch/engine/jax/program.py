@@ -112,6 +112,7 @@ def explain_script(loaded: LoadedJob, plan: "Plan") -> str:
         f"LOG_EVERY_STEPS = {neutral.log_every_steps(job)!r}  # {at('run', 'log_every_steps')}: a progress line every "
         "this many steps",
         "",
+        *_precision_lines(job, at),
     ]
     written: dict = {}
     for title, settings in (("make_input_fn", inputs), ("JaxTraining", training)):
@@ -125,6 +126,15 @@ def explain_script(loaded: LoadedJob, plan: "Plan") -> str:
                             "checkpoints `tpulaunch train` runs on the jax engine", program_source(STANDALONE),
                             _tail(inputs, training))
     return env_reads("\n".join(lines) + "\n", loaded)
+
+
+def _precision_lines(job, at) -> list:
+    """bfloat16: Keras 3's policy, set before the model is built, as `engine/jax/training.py` sets it for train."""
+    if job.model.precision != "bfloat16":
+        return []
+    return ["import keras  # noqa: E402", "",
+            f'keras.mixed_precision.set_global_policy("mixed_bfloat16")  # {at("model", "precision")}: float32 '
+            "weights, bfloat16 compute", ""]
 
 
 def _tail(inputs: dict, training: dict) -> str:

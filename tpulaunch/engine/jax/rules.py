@@ -54,7 +54,8 @@ def problems(loaded: LoadedJob) -> list:
 
 
 def _model_problems(loaded: LoadedJob, model) -> list:
-    """A loss by name or one import path, an optimizer by name, metrics by the names Keras 3 compiles, float32."""
+    """A loss by name or one import path, an optimizer by name, metrics by the names Keras 3 compiles, float32 or
+    bfloat16."""
     found = []
     if isinstance(model.loss, dict):
         found.append(loaded.problem(("model", "loss"), NOT_YET, "the jax engine takes one loss for the model so far",
@@ -68,8 +69,8 @@ def _model_problems(loaded: LoadedJob, model) -> list:
         found.append(loaded.problem(("model", "metrics"), NOT_YET,
                                     "the jax engine compiles metrics by these names only so far: "
                                     f"{', '.join(METRICS)}", "list only those, or set run.engine: keras"))
-    if model.precision != "float32":
+    if model.precision not in ("float32", "bfloat16"):
         found.append(loaded.problem(("model", "precision"), NOT_YET,
-                                    f"the jax engine trains in float32 only so far, not {model.precision}",
-                                    "remove model.precision"))
+                                    f"the jax engine trains in float32 and bfloat16 only so far, not {model.precision}",
+                                    "set model.precision: bfloat16, or remove it"))
     return found

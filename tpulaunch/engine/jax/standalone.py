@@ -54,6 +54,19 @@ def own_steps_for_another_backend(model) -> list:
     return found
 
 
+def hand_batches_as_fit_does(model) -> None:
+    """The model's own train_step gets each batch as fit() hands it, (x, y): train_on_batch would hand it
+    (x, y, None), which a step written as Keras's guide writes it (`x, y = data`) cannot unpack."""
+    own_step = model.train_step
+
+    def train_step(state, data):
+        if isinstance(data, tuple) and len(data) == 3 and data[2] is None:
+            data = data[:2]
+        return own_step(state, data)
+
+    model.train_step = train_step
+
+
 def example_batch(features: dict, label: tuple) -> tuple:
     """Zeros of one example: the features ({name: (shape, dtype)}; a lone array for one feature, as the input
     pipeline hands them) and the label ((shape, dtype))."""
@@ -136,6 +149,8 @@ class JaxTraining:
             "loss": lambda: custom_loss or make_loss(keras, loss, self.model), "metrics": lambda: list(metrics)},
             jit_compile=True)
         self.compile_note = f"{type(self.model).__name__} was compiled: " + "; ".join(said) if own else None
+        if type(self.model).train_step is not keras.Model.train_step:
+            hand_batches_as_fit_does(self.model)
         if example_shapes is not None:  # built as fit() builds it at its first batch: a model whose variables come
             self.model._symbolic_build(data_batch=example_batch(*example_shapes))  # at its first call has them
         if not self.model.optimizer.built:

@@ -43,7 +43,10 @@ class JaxTraining:
     Its steps, evaluation, save and attributes (model, devices, step) are the standalone training's."""
 
     def __init__(self, job: Job, builder, builder_kwargs: dict, *, custom_loss=None, split=None):
-        _keras, jax = load_keras()  # before standalone imports TensorFlow: its import would settle Keras's backend
+        keras, jax = load_keras()  # before standalone imports TensorFlow: its import would settle Keras's backend
+        # Before the model is built: its layers take the policy when they are made. bfloat16 is mixed_bfloat16 on
+        # every device JAX runs (float32 weights, bfloat16 compute; no loss scaling), as on the TPU for the others.
+        keras.mixed_precision.set_global_policy("mixed_bfloat16" if job.model.precision == "bfloat16" else "float32")
         from tpulaunch.engine.core.staged_save import staged_write
         from tpulaunch.engine.jax import mesh, standalone
         from tpulaunch.engine.jax.plain import training_settings
