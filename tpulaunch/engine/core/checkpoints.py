@@ -94,8 +94,8 @@ def checkpoint_problem(prefix: str) -> Optional[str]:
         reader = tf.train.load_checkpoint(prefix)
         shapes = reader.get_variable_to_shape_map()
         dtypes = reader.get_variable_to_dtype_map()
-    except (tf.errors.OpError, ValueError) as exc:
-        return f"unreadable: {first_line(exc)}"
+    except Exception as exc:  # noqa: BLE001 — a damaged file raises what its reader happens to (OpError, IndexError...)
+        return f"unreadable: {type(exc).__name__}: {first_line(exc)}"
     expected = sum(_numel(shapes[name]) * dtypes[name].size for name in shapes if dtypes[name] != tf.string)
     if complete[1] < expected:
         return f"data shards hold {complete[1]} bytes, the index lists {expected}: truncated"
@@ -103,8 +103,8 @@ def checkpoint_problem(prefix: str) -> Optional[str]:
         for name in sorted(shapes):
             try:
                 reader.get_tensor(name)
-            except (tf.errors.OpError, ValueError) as exc:
-                return f"variable {name!r} unreadable: {first_line(exc)}"
+            except Exception as exc:  # noqa: BLE001 — e.g. IndexError "Read less bytes than requested"
+                return f"variable {name!r} unreadable: {type(exc).__name__}: {first_line(exc)}"
     return None
 
 
