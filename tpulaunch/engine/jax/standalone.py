@@ -14,7 +14,6 @@ portable.py and then this module verbatim inside the standalone program (without
 names below, which the program defines above it).
 """
 
-import itertools
 import warnings
 from typing import Callable, List, Optional
 
@@ -182,13 +181,18 @@ class JaxTraining:
 
         remaining = until_stopped()
         first = next(remaining, None)
-        if first is None:
+        if first is None:  # no batch at all: an error, never metrics of nothing (a stop first: None)
             if stopped:
                 return None
             raise no_evaluation_batches()
+
+        def every_batch():  # a generator, as evaluate() takes one
+            yield first
+            yield from remaining
+
         with warnings.catch_warnings():  # an eval set shorter than `steps`, or a stop, ends the batches early
             warnings.filterwarnings("ignore", message="Your input ran out of data")
-            logs = self.model.evaluate(itertools.chain([first], remaining), steps=steps, verbose=0, return_dict=True)
+            logs = self.model.evaluate(every_batch(), steps=steps, verbose=0, return_dict=True)
         return None if stopped else {name: float(value) for name, value in logs.items()}
 
     # ------------------------------------------------------------------------------ checkpoints
