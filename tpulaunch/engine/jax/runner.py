@@ -20,6 +20,7 @@ from tpulaunch.run import phases
 from tpulaunch.run.events import EvalResult, RunRecorder, TrainSummary
 from tpulaunch.run.lease import ensure_held, raise_if_lost
 from tpulaunch.run.signals import StopSignal
+from tpulaunch.engine.core.summaries import tensorboard_events
 from tpulaunch.run.workers import is_chief_worker
 
 
@@ -99,8 +100,9 @@ def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop:
     def session_for(should_stop):
         return _JaxSession(job, plan, recorder, should_stop, search_path=search_path)
 
-    return loop.train(job, session_for, recorder=recorder, stop=stop or StopSignal(), watch=None, use_tpu=False,
-                      force=force, writes_model_dir=is_chief_worker())
+    with tensorboard_events(recorder, job.run.model_dir, is_chief_worker()):
+        return loop.train(job, session_for, recorder=recorder, stop=stop or StopSignal(), watch=None, use_tpu=False,
+                          force=force, writes_model_dir=is_chief_worker())
 
 
 class _JaxSession:
