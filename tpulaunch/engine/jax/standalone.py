@@ -14,7 +14,6 @@ portable.py and then this module verbatim inside the standalone program (without
 names below, which the program defines above it).
 """
 
-import itertools
 import warnings
 from typing import Callable, List, Optional
 
@@ -171,9 +170,13 @@ class JaxTraining:
             if stopped:
                 return None
             raise no_evaluation_batches()
+
+        def read():  # a generator: what Keras's evaluate() takes (an iterator of another type it refuses)
+            yield first
+            yield from remaining
         with warnings.catch_warnings():  # an eval set shorter than `steps`, or a stop, ends the batches early
             warnings.filterwarnings("ignore", message="Your input ran out of data")
-            logs = self.model.evaluate(itertools.chain([first], remaining), steps=steps, verbose=0, return_dict=True)
+            logs = self.model.evaluate(read(), steps=steps, verbose=0, return_dict=True)
         return None if stopped else {name: float(value) for name, value in logs.items()}
 
     # ------------------------------------------------------------------------------ checkpoints
