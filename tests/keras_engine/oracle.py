@@ -162,8 +162,56 @@ def eval_images(project: Path) -> np.ndarray:
 
 
 def eval_line(step: int, metrics: dict) -> str:
-    """The eval line `train` and `evaluate` print for these metrics (4 significant digits)."""
-    from tpulaunch.run.text import format_value
+    """The eval line `train` and `evaluate` print for these metrics (4 significant digits, in its order)."""
+    from tpulaunch.run.text import EvalResult, eval_text
 
-    shown = " | ".join(f"{name} {format_value(metrics[name])}" for name in sorted(metrics))
-    return f"eval | step {step} | {shown}"
+    return eval_text(EvalResult(step=step, metrics=metrics))
+
+
+# Keras 3's evaluate() of a checkpoint of any builder of the project's (a keras-engine one restored by
+# tf.train.Checkpoint; a jax-engine one's arrays on JAX), on records of any declared features and labels.
+EVALUATE = textwrap.dedent('''
+    import importlib, json, os, sys
+    config = json.load(open(sys.argv[1]))
+    os.environ["KERAS_BACKEND"] = config["backend"]
+    import numpy as np
+    import tensorflow as tf
+    import keras
+
+    sys.path.insert(0, config["project"])
+    module, name = config["builder"].split(":")
+    model = getattr(importlib.import_module(module), name)()
+    if config["backend"] == "tensorflow":
+        tf.train.Checkpoint(model=model).read(config["tf_checkpoint"]).expect_partial()
+    else:
+        reader = tf.train.load_checkpoint(config["tf_checkpoint"])
+        model.set_weights([reader.get_tensor(f"variables/{i}/.ATTRIBUTES/VARIABLE_VALUE")
+                           for i in range(len(model.weights))])
+    specs = {key: tf.io.FixedLenFeature(spec["shape"], spec.get("dtype", "float32"))
+             for key, spec in {**config["features"], **config["labels"]}.items()}
+    parsed = [tf.io.parse_single_example(r, specs) for r in tf.data.TFRecordDataset(config["eval"])]
+    column = lambda key: np.stack([p[key].numpy() for p in parsed])
+    x = {key: column(key) for key in config["features"]}
+    y = {key: column(key) for key in config["labels"]}
+    y = y if len(y) > 1 else next(iter(y.values()))
+    evaluated = model.evaluate(x if len(x) > 1 else next(iter(x.values())), y, batch_size=config["batch_size"],
+                               steps=config["steps"], verbose=0, return_dict=True)
+    json.dump({k: float(v) for k, v in evaluated.items()}, open(config["out"], "w"))
+''')
+
+
+def keras_evaluate(project: Path, tmp: Path, env: dict, *, builder: str, job: dict, tf_checkpoint: str,
+                   backend: str = "tensorflow") -> dict:
+    """Keras 3's `evaluate` (on `backend`: the keras engine's TensorFlow, the jax engine's JAX) of `builder`'s model
+    holding a checkpoint's weights, over `job`'s eval set at its eval batch and steps."""
+    config = {"project": str(project), "backend": backend, "builder": builder, "tf_checkpoint": tf_checkpoint,
+              "features": job["data"]["features"], "labels": job["data"]["labels"],
+              "eval": str(project / job["data"]["eval"]), "batch_size": job["eval"]["batch_size"],
+              "steps": job["eval"]["steps"], "out": str(tmp / "evaluate.json")}
+    (tmp / "evaluate.json.config").write_text(json.dumps(config))
+    (tmp / "evaluate.py").write_text(EVALUATE)
+    env = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "KERAS_BACKEND", "TF_USE_LEGACY_KERAS")}
+    ran = subprocess.run([sys.executable, str(tmp / "evaluate.py"), str(tmp / "evaluate.json.config")],
+                         capture_output=True, text=True, env=env, timeout=300, cwd=tmp)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    return json.loads((tmp / "evaluate.json").read_text())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +16,9 @@ import pytest
 import tensorflow as tf
 import yaml
 
+import test_user_models as corpus
 from keras_engine.oracle import (SERVED, STEPS, assert_metrics_equal, assert_weights_equal, eval_images, eval_line,
-                                 recorded_evals, run_oracle, write_project)
+                                 keras_evaluate, recorded_evals, run_oracle, write_project)
 from keras_engine.test_jax_engine import TPULAUNCH, _env, _variables
 
 
@@ -98,3 +100,39 @@ def test_a_run_stopped_at_step_3_and_resumed_equals_one_that_never_stopped(proje
     ours, theirs = _variables(parts), _variables(whole)
     assert sorted(ours) == sorted(theirs) and ours["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == STEPS
     assert_weights_equal([ours[name] for name in sorted(ours)], [theirs[name] for name in sorted(theirs)])
+
+
+REGRESSOR = textwrap.dedent('''
+    import keras
+
+
+    def build():
+        """A regressor its builder compiles with its own squared error and metric."""
+        image = keras.Input(shape=(8, 8, 1), name="image")
+        model = keras.Model(image, keras.layers.Dense(2)(keras.layers.Flatten()(image)))
+        model.compile(optimizer=keras.optimizers.Adam(0.02), loss="mse", metrics=["mae"])
+        return model
+''')
+
+
+def test_a_compiled_regressor_trains_with_its_own_loss_and_evaluates_as_keras_evaluate_does(tmp_path):
+    """The job sets no model.loss: the model's own squared error trains it, so its real-valued label is not
+    checked as class ids (as the job's default crossentropy would score it), and its metrics are Keras's."""
+    labels = {"target": {"shape": [2]}}
+    for split, count, seed in (("train", 32, 11), ("eval", 32, 12)):
+        corpus.write_records(tmp_path / f"{split}.tfrecord", {**corpus.IMAGE, **labels}, count, seed=seed)
+    (tmp_path / "regressor.py").write_text(REGRESSOR)
+    job = {"name": "regressor", "model": {"builder": "regressor:build"},
+           "data": {"train": "train.tfrecord", "eval": "eval.tfrecord", "features": corpus.IMAGE, "labels": labels,
+                    "shuffle_buffer": 0},
+           "train": {"batch_size": 8, "steps": 4}, "eval": {"batch_size": 8, "steps": 4},
+           "run": {"model_dir": "run", "save_checkpoints_steps": 4, "seed": 7, "engine": "jax"}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    trained = _run("train", tmp_path)
+    assert "Functional was compiled: its loss 'mse'" in trained.stdout, trained.stdout
+
+    expected = keras_evaluate(tmp_path, tmp_path, _env(), builder="regressor:build", job=job, backend="jax",
+                              tf_checkpoint=tf.train.latest_checkpoint(str(tmp_path / "run")))
+    assert set(expected) == {"loss", "mae"}
+    assert_metrics_equal(recorded_evals(tmp_path / "run", "train")[-1], expected)
+    assert eval_line(4, expected) in trained.stdout.splitlines(), trained.stdout

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import re
 import subprocess
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
+import yaml
 
+import test_user_models as corpus
 from keras_engine.oracle import (SERVED, STEPS, assert_metrics_equal, assert_weights_equal, eval_images, eval_line,
-                                 recorded_evals, run_oracle, write_project)
+                                 keras_evaluate, recorded_evals, run_oracle, write_project)
 from keras_engine.test_jax_engine import TPULAUNCH, _env
 
 
@@ -73,3 +76,47 @@ def test_a_run_stopped_at_step_3_and_resumed_equals_one_that_never_stopped(proje
     ours, theirs = _checkpoint_values(parts), _checkpoint_values(whole)
     assert sorted(ours) == sorted(theirs) and ours["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == STEPS
     assert_weights_equal([ours[name] for name in sorted(ours)], [theirs[name] for name in sorted(theirs)])
+
+
+TWO_HEADS = textwrap.dedent('''
+    import keras
+
+
+    def build():
+        """Two named heads compiled by the builder: a class scored by a crossentropy, a box by a squared error,
+        with loss weights and a weighted metric (a KerasHub-style model that brings its own compile)."""
+        image = keras.Input(shape=(8, 8, 1), name="image")
+        x = keras.layers.Dense(8, activation="relu")(keras.layers.Flatten()(image))
+        model = keras.Model(image, {"cls": keras.layers.Dense(3, name="cls")(x),
+                                    "box": keras.layers.Dense(4, name="box")(x)})
+        model.compile(optimizer=keras.optimizers.Adam(0.02),
+                      loss={"cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True), "box": "mse"},
+                      loss_weights={"cls": 0.25, "box": 2.0},
+                      metrics={"cls": [keras.metrics.SparseCategoricalAccuracy(name="acc")], "box": ["mae"]},
+                      weighted_metrics={"box": ["mse"]})
+        return model
+''')
+
+
+def test_a_compiled_two_head_model_trains_and_evaluates_with_its_own_loss_as_keras_evaluate_does(tmp_path):
+    """The job sets no model.loss: the model's own compile trains it, so only its crossentropy's label is checked
+    for class ids (the box's real values are no class ids), and every metric equals Keras's evaluate."""
+    specs = {**corpus.IMAGE, **corpus.CLS_AND_BOX}
+    corpus.write_records(tmp_path / "train.tfrecord", specs, 32, seed=11)
+    corpus.write_records(tmp_path / "eval.tfrecord", specs, 37, seed=12)  # 4 whole batches and 5 records more
+    (tmp_path / "twoheads.py").write_text(TWO_HEADS)
+    job = {"name": "two-heads", "model": {"builder": "twoheads:build"},
+           "data": {"train": "train.tfrecord", "eval": "eval.tfrecord", "features": corpus.IMAGE,
+                    "labels": corpus.CLS_AND_BOX, "shuffle_buffer": 0},
+           "train": {"batch_size": 8, "steps": 4}, "eval": {"batch_size": 8, "steps": 4},
+           "run": {"model_dir": "run", "save_checkpoints_steps": 4, "seed": 7, "engine": "keras"}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    trained = _run("train", tmp_path)
+    assert "its loss {cls: SparseCategoricalCrossentropy, box: 'mse'}" in trained.stdout, trained.stdout
+
+    expected = keras_evaluate(tmp_path, tmp_path, _env(), builder="twoheads:build", job=job,
+                              tf_checkpoint=tf.train.latest_checkpoint(str(tmp_path / "run")))
+    assert set(expected) == {"loss", "cls_loss", "box_loss", "cls_acc", "box_mae", "box_mse"}
+    (recorded,) = recorded_evals(tmp_path / "run", "train")
+    assert_metrics_equal(recorded, expected)
+    assert eval_line(4, expected) in trained.stdout.splitlines(), trained.stdout

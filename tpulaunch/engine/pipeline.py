@@ -62,25 +62,56 @@ def parse_example_fn(job: Job) -> Callable:
                                          features_as_dict(job))
 
 
-def scores_class_ids(job: Job) -> bool:
-    """Whether a label of the job is scored by a sparse categorical crossentropy (its values class ids)."""
-    loss = job.model.loss
-    return "sparse_categorical_crossentropy" in (loss.values() if isinstance(loss, dict) else [loss])
+def scores_class_ids(job: Job, model=None) -> bool:
+    """Whether a label of the job is scored by a sparse categorical crossentropy (its values class ids), by the
+    loss that trains it (`trained_loss`)."""
+    loss = trained_loss(job, model)
+    return "sparse_categorical_crossentropy" in (loss.values() if isinstance(loss, dict) else as_list(loss))
 
 
-def label_classes(job: Job, outputs, output_names=()) -> dict:
-    """label -> number of classes, for each label the job's sparse categorical crossentropy scores: the last axis
-    of the model's output paired with it (`outputs`: the model's, symbolic or abstract; none gives {}). The engine
-    hands it to `make_input_fn`, whose pipeline then checks each batch's class ids."""
+def trained_loss(job: Job, model=None):
+    """The loss the model trains with, by name: the job's `model.loss` where it sets one (or for a model never
+    compiled, its default), else a compiled model's own, which it keeps (`portable.compile_with_job`): a name, or
+    a list or dict of names as its compile() was given them ("" for a loss that is no Keras loss by name)."""
+    if model is None or "loss" in job.model.set_in_job():
+        return job.model.loss
+    from tpulaunch.engine.portable import compiled_with
+
+    own = compiled_with(model)
+    if own is None or own.get("loss") is None:
+        return job.model.loss
+    return _loss_names(own["loss"])
+
+
+def _loss_names(loss):
+    """A compile()'s loss by name: 'mse' as given, SparseCategoricalCrossentropy() or the function
+    sparse_categorical_crossentropy as "sparse_categorical_crossentropy"."""
+    if isinstance(loss, dict):
+        return {key: _loss_names(value) for key, value in loss.items()}
+    if isinstance(loss, (list, tuple)):
+        return [_loss_names(value) for value in loss]
+    if isinstance(loss, str):
+        return loss
+    name = getattr(loss, "__name__", None) or type(loss).__name__
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower() if name[:1].isupper() else name
+
+
+def label_classes(job: Job, outputs, output_names=(), model=None) -> dict:
+    """label -> number of classes, for each label the sparse categorical crossentropy that trains it scores
+    (`trained_loss`: the job's, or `model`'s own compile's): the last axis of the model's output paired with it
+    (`outputs`: the model's, symbolic or abstract; none gives {}). The engine hands it to `make_input_fn`, whose
+    pipeline then checks each batch's class ids."""
     from tpulaunch.engine.portable import SpecError, _losses_by_label, outputs_by_label, sparse_label_classes
 
     names = list(job.data.labels)
-    if not outputs or not names or not scores_class_ids(job):
+    if not outputs or not names or not scores_class_ids(job, model):
         return {}
+    loss = trained_loss(job, model)
     try:
-        return sparse_label_classes(_losses_by_label(job.model.loss, names),
-                                    outputs_by_label(outputs, names, output_names or ()))
-    except SpecError:  # outputs that do not pair with the labels: the step says so, at its key
+        losses = (outputs_by_label(loss, names, output_names or ()) if isinstance(loss, (list, tuple))
+                  else _losses_by_label(loss, names))
+        return sparse_label_classes(losses, outputs_by_label(outputs, names, output_names or ()))
+    except (SpecError, KeyError):  # outputs or losses that do not pair with the labels: the step says so
         return {}
 
 

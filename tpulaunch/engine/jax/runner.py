@@ -76,7 +76,7 @@ def _batches(job: Job, mode: str, training, skip: int = 0):
 def _label_classes(job: Job, model) -> dict:
     """The class ids the pipeline checks (`pipeline.label_classes`): from the model's symbolic outputs, or its
     output traced on abstract features (a subclassed model)."""
-    if not scores_class_ids(job):
+    if not scores_class_ids(job, model):
         return {}
     outputs = getattr(model, "outputs", None)
     if not outputs:
@@ -85,7 +85,7 @@ def _label_classes(job: Job, model) -> dict:
         from tpulaunch.engine.jax.memory_plan import data_specs
 
         outputs = jax.eval_shape(lambda features: model(features), data_specs(job, model, 1)[0])
-    return label_classes(job, outputs, getattr(model, "output_names", ()))
+    return label_classes(job, outputs, getattr(model, "output_names", ()), model)
 
 
 # ------------------------------------------------------------------------------------------ train

@@ -100,7 +100,8 @@ def _dataset(job: Job, plan: Plan, training, mode: str, skip: int = 0):
     from tpulaunch.engine.pipeline import label_classes, make_input_fn
     from tpulaunch.engine.keras import standalone
 
-    classes = label_classes(job, getattr(training.model, "outputs", None), training.output_names)
+    classes = label_classes(job, getattr(training.model, "outputs", None), training.output_names,
+                             training.model)
     return standalone.distributed_dataset(training.strategy,
                                           make_input_fn(job, mode, use_tpu=plan.on_tpu, label_classes=classes),
                                           _global_batch(plan, mode), training.preprocess, skip_steps=skip)
