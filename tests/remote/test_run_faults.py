@@ -84,7 +84,10 @@ def test_without_the_cloud_tpu_client_nothing_is_staged_and_the_hint_adds_no_ten
 
     from tpulaunch.cli.app import cli
 
+    import google.cloud
+
     monkeypatch.setitem(sys.modules, "google.cloud.tpu_v2", None)  # an environment without it
+    monkeypatch.delattr(google.cloud, "tpu_v2", raising=False)  # as imported by an earlier test of this process
     (tmp_path / "job.yaml").write_text(JOB.replace("gs://tpulaunch-test-bucket/runs/a", str(tmp_path / "runs"))
                                        .replace("gs://tpulaunch-test-bucket/data", str(tmp_path / "data")))
     (tmp_path / "data").mkdir()

@@ -19,6 +19,7 @@ import textwrap
 from importlib.machinery import PathFinder
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
+from tpulaunch.job.document import value_at
 from tpulaunch.job.flags import MODEL_DIR_FLAG, job_import_paths
 from tpulaunch.engine.sources import module_source
 from tpulaunch.errors import TpuLaunchError
@@ -416,7 +417,7 @@ def env_reads(program: str, loaded: LoadedJob) -> str:
     head, banner, verbatim = program.partition(BANNER)  # tpulaunch's own code after the banner holds no job value
     reads_written: list = []  # a read's default (`os.environ.get('N', '0.01')`) is the job file's text, no secret
     for path, text in marks.env_texts.items():
-        value = _value_at(loaded.data, path)
+        value = value_at(loaded.data, path)
         parts = env_parts(text)
         secret = loaded.secrets.covers(path) or any(
             looks_secret(part[0]) for part in parts if not isinstance(part, str))
@@ -455,15 +456,6 @@ def _refuse_secret_sets(loaded: LoadedJob) -> None:
     for path in sorted(loaded.secrets.from_command_line, key=lambda path: tuple(map(str, path))):
         raise TpuLaunchError(f"{dotted(path)}: a secret given with --set would be written into the program in clear",
                              hint=set_secret_fix(path, "the program reads it from the environment when it runs"))
-
-
-def _value_at(data: Any, path: tuple) -> Any:
-    for key in path:
-        try:
-            data = data[key]
-        except (KeyError, IndexError, TypeError):
-            return None
-    return data
 
 
 def _set_on_command_line(marks, path: tuple) -> bool:

@@ -13,10 +13,13 @@ def job_document(job: Job) -> dict:
     return job.secrets.mask(job.model_dump(mode="json", exclude_none=True))
 
 
-def value_at(document: Any, keys: tuple):
-    """The value under `keys` in a job document (None where a key is missing)."""
+def value_at(data: Any, keys) -> Any:
+    """The value under `keys` in a job as plain data (mappings by key, lists by index); None where one is missing."""
     for key in keys:
-        if not isinstance(document, dict):
+        if isinstance(data, dict) and key in data:
+            data = data[key]
+        elif isinstance(data, list) and isinstance(key, int) and -len(data) <= key < len(data):
+            data = data[key]
+        else:
             return None
-        document = document.get(key)
-    return document
+    return data

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from tpulaunch.job.document import value_at
 from tpulaunch.job.yamlfile import SECRET_MASK, looks_secret
 
 # Paths whose values are places: tpulaunch names them in its messages and `run` needs them on this machine.
@@ -76,15 +77,6 @@ def _leaves(value: Any, numbers: bool = False) -> Iterable[str]:
         for piece in (text, *(text.splitlines() if isinstance(value, str) else ())):
             if len(piece.strip()) >= MIN_REDACTED and piece != SECRET_MASK:
                 yield piece
-
-
-def _at(data: Any, path: tuple) -> Any:
-    for key in path:
-        try:
-            data = data[key]
-        except (KeyError, IndexError, TypeError):
-            return None
-    return data
 
 
 def _under(path: tuple, roots: Iterable[tuple]) -> bool:
@@ -156,11 +148,11 @@ def secrets_of(data: Any, marks) -> Secrets:
     from_command_line = [path for path in named if _under(path, set_paths)] + [
         path for path in set_paths if any(_secret_name(path[:n]) for n in range(1, len(path) + 1))]
     paths = frozenset(from_env) | frozenset(named) | frozenset(from_command_line)
-    texts = {text for path in paths for text in _leaves(_at(data, path))}
+    texts = {text for path in paths for text in _leaves(value_at(data, path))}
     # Numbers only where the job file does not show them (a ${VAR}, a --set): a key's name alone makes `key_dim: 1024`
     # no number worth masking in every message. Each ${VAR}'s own text too: a message may quote it without the rest
     # of its string (`https://me:${PW}@host`); but not a VAR's text that fills a value tpulaunch shows (a folder).
-    texts |= {text for path in [*from_env, *from_command_line] for text in _leaves(_at(data, path), numbers=True)}
+    texts |= {text for path in [*from_env, *from_command_line] for text in _leaves(value_at(data, path), numbers=True)}
     texts |= {text for path in from_env for text in _leaves(marks.env_values.get(path, []))}
     texts -= {text for path, filled in marks.env_values.items() if shown(tuple(path)) for text in filled}
     return Secrets(paths, frozenset(from_command_line), tuple(sorted(texts, key=len, reverse=True)))

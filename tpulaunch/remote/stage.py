@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from tpulaunch.errors import ExitCode, TpuLaunchError
+from tpulaunch.job.document import value_at
 from tpulaunch.remote import layout, store
 
 FORMAT = 1
@@ -156,14 +157,6 @@ def _job_dir_code(job_dir: str, data) -> List[Tuple[str, str]]:
     return entries
 
 
-def _value_at(data, keys: Sequence):
-    for key in keys:
-        if not isinstance(data, dict) or key not in data:
-            return None
-        data = data[key]
-    return data
-
-
 def _refuse_environment(loaded, job_file: str) -> None:
     """A `${VAR}` where the controller needs the value here (tpu:, the paths: `secret_manager.controller_side`) is
     resolved here and reaches the VM as a --set; one set in this environment is refused where it is used, since the
@@ -211,7 +204,7 @@ def vm_sets(loaded, overrides: Sequence[str], python_path_dirs: Sequence[str], *
     sets = list(overrides)
     local = []
     for keys in PATH_KEYS:
-        value = _value_at(loaded.data, keys)
+        value = value_at(loaded.data, keys)
         if value is None:
             continue
         if keys == ("python_path",):
@@ -258,7 +251,7 @@ def stage_job(checked, job_file: str, overrides: Sequence[str], *, engine: str, 
     own = _job_dir_code(job_dir, loaded.data)
     if own:
         bundles.append({"blob": add(tar_gz(own)), "into": "job"})
-    python_path = _value_at(loaded.data, ("python_path",)) or []
+    python_path = value_at(loaded.data, ("python_path",)) or []
     vm_dirs = []
     for index, folder in enumerate(python_path):
         if not os.path.isdir(folder):
