@@ -103,7 +103,7 @@ def checkpoint_problem(prefix: str) -> Optional[str]:
         for name in sorted(shapes):
             try:
                 reader.get_tensor(name)
-            except (tf.errors.OpError, ValueError) as exc:
+            except (tf.errors.OpError, ValueError, IndexError) as exc:  # IndexError: a shard read past its end
                 return f"variable {name!r} unreadable: {first_line(exc)}"
     return None
 

@@ -173,7 +173,8 @@ class JaxTraining:
             raise no_evaluation_batches()
         with warnings.catch_warnings():  # an eval set shorter than `steps`, or a stop, ends the batches early
             warnings.filterwarnings("ignore", message="Your input ran out of data")
-            logs = self.model.evaluate(itertools.chain([first], remaining), steps=steps, verbose=0, return_dict=True)
+            logs = self.model.evaluate(_generator(itertools.chain([first], remaining)), steps=steps, verbose=0,
+                                       return_dict=True)
         return None if stopped else {name: float(value) for name, value in logs.items()}
 
     # ------------------------------------------------------------------------------ checkpoints
@@ -229,5 +230,12 @@ def numpy_batches(input_fn: Callable, batch_size: int, skip_batches: int = 0):
     return input_fn({"batch_size": batch_size, "skip_batches": skip_batches}).as_numpy_iterator()
 
 
+def _generator(iterable):
+    """`iterable` as a generator: Keras's evaluate() takes a generator, not any iterator (an itertools.chain is
+    refused as an unrecognized data type)."""
+    yield from iterable
+
+
 __all__ = ["JaxTraining", "NotKeras3Model", "StepsForAnotherBackend", "example_batch", "keras_on_jax", "make_optimizer", "make_loss", "outputs_logits",
            "numpy_batches", "on_host", "CHECKPOINT_NAME"]
+
