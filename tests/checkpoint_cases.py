@@ -208,3 +208,19 @@ def evaluate_and_export_fall_back_past_a_truncated_index_and_a_truncated_data_sh
     assert all(line in exported.stdout for line in skipped), said(exported)
     assert f"exporting {read} (step {last - 2}), the newest complete checkpoint" in exported.stdout, said(exported)
     assert list((tmp / "exported").glob("*/saved_model.pb")), said(exported)
+
+
+def evaluate_and_export_fall_back_past_a_data_shard_short_of_its_last_bytes(job: Path, trained: Path,
+                                                                            tmp: Path) -> None:
+    """The newest `.data` shard lacks only its last 4 bytes: its size can still pass for its variables' (a Keras
+    checkpoint's shard also holds the object graph's text), so only reading the last tensor finds it short."""
+    last = checkpoint_steps(trained)[-1]
+    model_dir = copy_of(trained, tmp / "m")
+    (shard,) = model_dir.glob(f"model.ckpt-{last}.data-00000-of-*")
+    shard.write_bytes(shard.read_bytes()[:-4])
+    read = model_dir / f"model.ckpt-{last - 1}"
+    for verb, doing, args in (("evaluate", "evaluating", ()), ("export", "exporting", (str(tmp / "exported"),))):
+        result = tpulaunch(verb, job, model_dir, *args)
+        assert result.returncode == 0, said(result)
+        assert f"skipping incomplete checkpoint {model_dir / f'model.ckpt-{last}'}: " in result.stdout, said(result)
+        assert f"{doing} {read} (step {last - 1}), the newest complete checkpoint" in result.stdout, said(result)

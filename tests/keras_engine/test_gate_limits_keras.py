@@ -100,6 +100,17 @@ def test_class_ids_outside_the_loss_range_stop_training_at_the_first_batch_namin
 
 
 @pytest.mark.parametrize("engine", ["keras", "jax"])
+def test_class_ids_outside_the_loss_range_in_the_eval_set_stop_the_evaluation_naming_them(project, engine):
+    """The eval batches are read inside Keras's evaluate(): the error is still the label's, not the model's."""
+    result = _run(project, engine, "train", "data.eval=badlabels.tfrecord.gz", "eval.batch_size=8",
+                  f"run.model_dir=runs/{engine}-eval-ids")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert ("error: data.labels.label: a batch of data.eval holds class ids from -3 to 999, but only ids in [0, 3) "
+            "are classes") in result.stderr, result.stderr
+    assert "eval |" not in result.stdout
+
+
+@pytest.mark.parametrize("engine", ["keras", "jax"])
 def test_an_evaluation_of_no_whole_batch_is_an_error_never_metrics_of_0(project, engine):
     result = _run(project, engine, "train", "eval.batch_size=10", f"run.model_dir=runs/{engine}-no-batch")
     assert result.returncode == 1, result.stdout + result.stderr

@@ -38,3 +38,7 @@ def test_checkpoints_none_of_which_restores_are_refused_not_trained_over(project
 
 def test_evaluate_and_export_fall_back_past_a_truncated_index_and_a_truncated_data_shard(project, tmp_path: Path):
     cases.evaluate_and_export_fall_back_past_a_truncated_index_and_a_truncated_data_shard(*project, tmp_path)
+
+
+def test_evaluate_and_export_fall_back_past_a_data_shard_short_of_its_last_bytes(project, tmp_path: Path):
+    cases.evaluate_and_export_fall_back_past_a_data_shard_short_of_its_last_bytes(*project, tmp_path)

@@ -183,8 +183,25 @@ class _JaxSession:
 def _evaluate_into(training, job: Job, recorder: RunRecorder, should_stop=None) -> Optional[EvalResult]:
     with recorder.phase(phases.EVALUATION):
         batches = _batches(job, "eval", training)
-        with naming_read_errors(job, "eval"), build_errors(job, "eval"), spec_errors():
-            results = training.evaluate(batches, job.eval.steps, should_stop=should_stop)
+        # Keras reads the batches inside evaluate(), where build_errors would blame the model for a bad record or
+        # an out-of-range class id: the input's error is kept and raised after it, where naming_read_errors says it.
+        read_failed = []
+
+        def read():
+            try:
+                yield from batches
+            except Exception as exc:  # noqa: BLE001 (raised again below)
+                read_failed.append(exc)
+
+        with naming_read_errors(job, "eval"):
+            try:
+                with build_errors(job, "eval"), spec_errors():
+                    results = training.evaluate(read(), job.eval.steps, should_stop=should_stop)
+            except Exception:
+                if not read_failed:
+                    raise
+            if read_failed:
+                raise read_failed[0]
     if results is None:
         return None
     return recorder.evaluated(training.step, {**results, "global_step": training.step})
