@@ -246,3 +246,7 @@ def numpy_batches(input_fn: Callable, batch_size: int, skip_batches: int = 0):
     """The batches of a `portable.make_input_fn` input_fn (global batch size) as NumPy, as JAX takes them, after the
     first `skip_batches` (a resumed training's step: the batches it already trained on)."""
     return input_fn({"batch_size": batch_size, "skip_batches": skip_batches}).as_numpy_iterator()
+
+
+__all__ = ["JaxTraining", "NotKeras3Model", "StepsForAnotherBackend", "example_batch", "keras_on_jax", "make_optimizer", "make_loss", "outputs_logits",
+           "numpy_batches", "on_host", "CHECKPOINT_NAME"]
