@@ -293,6 +293,21 @@ def _memory_limit() -> Optional[tuple]:
     return None
 
 
+# Below this much address space TensorFlow and XLA may fail to start a thread, which ends the process natively
+# (std::terminate, SIGABRT): no Python runs then, so no record line is written (seen at 1.5 and 3 GiB, not at 8).
+NATIVE_ABORT_BELOW = 8 * 2 ** 30
+
+
+def low_memory_limit_warning() -> Optional[str]:
+    """A warning for a memory limit so low that the framework may abort natively, with the fix; None otherwise."""
+    limit = _memory_limit()
+    if limit is None or limit[2] >= NATIVE_ABORT_BELOW:
+        return None
+    return (f"this process runs under an {limit[0]}: TensorFlow and XLA may then fail to start a thread and abort "
+            "natively, leaving no run record (the next run takes the lease over at once); raise it "
+            f"({limit[1]} unlimited), or run the job with less memory: a smaller batch or model")
+
+
 def _size(size: int) -> str:
     return f"{size / 2 ** 30:.1f} GiB" if size >= 2 ** 30 else f"{size / 2 ** 20:.0f} MiB"
 

@@ -158,5 +158,8 @@ def test_a_run_out_of_memory_under_ulimit_v_names_the_limit_and_is_recorded(proj
     assert error.startswith("error: out of memory under this process's address-space limit of 391 MiB "
                             "(ulimit -v 400000): "), done.stderr
     assert "  hint: raise the limit before running (ulimit -v unlimited, or well above 391 MiB)" in done.stderr
+    # said before the run starts: under such a limit TensorFlow may also abort natively, where nothing is recorded
+    assert "warning: this process runs under an address-space limit of 391 MiB (ulimit -v 400000): TensorFlow and " \
+           "XLA may then fail to start a thread and abort natively" in done.stderr
     [record] = records(run_dir)
     assert record["outcome"] == "failed: " + error[len("error: "):]

@@ -18,7 +18,7 @@ import click
 
 from tpulaunch.cli.base import (Context, checkpoint_option, command, cpu_replicas_option, job_argument, local_option,
                                 pass_obj, set_option, wait_option)
-from tpulaunch.errors import AlreadyReported, TpuLaunchError
+from tpulaunch.errors import AlreadyReported, TpuLaunchError, low_memory_limit_warning
 from tpulaunch.tf_env import quiet_tensorflow
 
 
@@ -229,6 +229,9 @@ def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Option
     checked = _checked(obj, job_file, sets, local=local)
     job, engine = checked.job, checked.engine
     require(engine.name)  # a run that cannot start takes no lease
+    low_limit = low_memory_limit_warning()
+    if low_limit:
+        obj.err.print(f"warning: {low_limit}", highlight=False, markup=False, soft_wrap=True)
     with _model_dir_lease(obj, job, "train", take_lease) as lease:
         _train(obj, job_file, checked, engine, began, sets, lease, local=local, force=force, wait_s=wait_s,
                watch_node=watch_node, watch_interval=watch_interval, auto_resume=auto_resume,
