@@ -68,3 +68,16 @@ def test_a_guide_written_jax_train_step_trains_as_fit_trains_it(project, tmp_pat
     ours = [found[f"variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"] for i in range(4)]
     oracle = run_oracle(project, tmp_path, _env(), backend="jax", checkpoint=ours, builder="guide_step")
     assert_weights_equal(ours, oracle["fit"])
+
+
+def test_the_same_step_on_the_keras_engine_is_refused_at_model_builder(project):
+    """On TensorFlow Keras calls train_step(self, data): a JAX step there is refused at its key, by validate and by
+    train alike, naming the engine that runs it (it was a raw TypeError at the first step)."""
+    job = ["--set", "model.builder=oraclemodels:guide_step", "--set", "run.engine=keras", "--set", "model.metrics=[]"]
+    for verb, extra in (("validate", []), ("train", ["--local"])):
+        done = subprocess.run([*TPULAUNCH, verb, str(project / "job.yaml"), *extra, *job], capture_output=True,
+                              text=True, env=_env(), timeout=300, cwd=project)
+        said = done.stdout + done.stderr
+        assert done.returncode == 1, said
+        assert "model.builder" in said and "take(s) the state before the batch, as Keras 3 calls them on JAX" in said
+        assert "run.engine: jax" in said and "Traceback" not in said

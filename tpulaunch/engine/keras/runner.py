@@ -81,11 +81,17 @@ def make_training(job: Job, plan: Plan, *, use_tpu: Optional[bool] = None, clust
     if model_dir:
         settings["model_dir"] = model_dir
     with build_errors(job, "train"), spec_errors():
-        return standalone.KerasTraining(parts.builder, parts.builder_kwargs, strategy=strategy, policy=parts.policy,
-                                        make_optimizer=parts.make_optimizer, custom_loss=parts.whole_loss,
-                                        custom_losses=parts.custom_losses, custom_metrics=parts.custom_metrics,
-                                        write_through=staged_write,
-                                        fence=lambda: ensure_held(settings["model_dir"]), **settings)
+        try:
+            return standalone.KerasTraining(parts.builder, parts.builder_kwargs, strategy=strategy,
+                                            policy=parts.policy, make_optimizer=parts.make_optimizer,
+                                            custom_loss=parts.whole_loss, custom_losses=parts.custom_losses,
+                                            custom_metrics=parts.custom_metrics, write_through=staged_write,
+                                            fence=lambda: ensure_held(settings["model_dir"]), **settings)
+        except standalone.StepsForJax as exc:
+            raise TpuLaunchError(f"model builder {job.model.builder!r}: {exc}", code="keras-engine-jax-steps",
+                                 hint="train it on the jax engine (run.engine: jax), or write the steps as Keras does "
+                                      "on TensorFlow (keras.io: customizing what happens in fit() with TensorFlow)") \
+                from None
 
 
 def _global_batch(plan: Plan, mode: str) -> int:

@@ -336,6 +336,26 @@ def _plain_results(results: dict) -> dict:
     return out
 
 
+class StepsForJax(TypeError):
+    """The model overrides train_step or test_step as Keras 3 calls them on JAX (`step(self, state, data)`, a
+    function of the state); on TensorFlow Keras calls `step(self, data)`."""
+
+
+def own_steps_for_jax(model, own_methods: List[str]) -> List[str]:
+    """The model's own train_step / test_step written for Keras 3 on JAX: they take the state before the batch."""
+    import inspect
+
+    found = []
+    for name in ("train_step", "test_step"):
+        if name not in own_methods:
+            continue
+        parameters = [p for p in inspect.signature(getattr(type(model), name)).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if len(parameters) >= 3:  # (self, state, data)
+            found.append(name)
+    return found
+
+
 class KerasTraining:
     """The job's model, optimizer and global step under a strategy, their checkpoints, and the compiled
     training and evaluation steps.
@@ -413,6 +433,11 @@ class KerasTraining:
             self.preprocess = _fit_preprocessing(self.model)
             self.compiled = compiled_with(self.model)
             self.own_methods = own_fit_methods(self.model)
+            jax_steps = own_steps_for_jax(self.model, self.own_methods)
+            if jax_steps:
+                raise StepsForJax(f"{type(self.model).__name__}'s own {' and '.join(jax_steps)} take(s) the state "
+                                  "before the batch, as Keras 3 calls them on JAX; on TensorFlow Keras calls "
+                                  f"{jax_steps[0]}(self, data)")
             self.own_step = bool(self.own_methods) or (self.compiled is not None and "loss" not in self.given)
             if self.own_step:
                 self.optimizer = self._compile_for_own_step(make_optimizer)
@@ -816,6 +841,6 @@ def export_saved_model(training: KerasTraining, out_dir: str, label_names: List[
     return path
 
 
-__all__ = ["make_strategy", "KerasTraining", "train_loop", "distributed_dataset", "keras_optimizer_factory",
+__all__ = ["make_strategy", "KerasTraining", "StepsForJax", "train_loop", "distributed_dataset", "keras_optimizer_factory",
            "set_random_seed",
            "export_saved_model", "EvaluationInterrupted", "workers_in", "is_chief", "CHECKPOINT_NAME"]
