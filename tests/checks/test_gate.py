@@ -42,7 +42,7 @@ def test_status_is_refused_only_for_mistakes_in_tpu(tmp_path):
 def test_status_without_google_cloud_tpu_names_the_extra():
     probe = textwrap.dedent(f"""
         import sys
-        sys.modules["google.cloud.tpu_v2"] = None  # as on an install without tpulaunch[tpu]
+        sys.modules["google.cloud.tpu_v2"] = None  # as on an install without the Cloud TPU client
         from tpulaunch.cli import main
         main(["status", {CT!r}])
     """)
@@ -51,7 +51,8 @@ def test_status_without_google_cloud_tpu_names_the_extra():
     assert child.returncode == 1, child.stderr
     assert child.stderr.splitlines()[0] == ("error: asking the Cloud TPU API needs google-cloud-tpu, which is not "
                                             "installed (no module named 'google.cloud.tpu_v2')")
-    assert "pip install 'tpulaunch[tpu]'" in child.stderr and "unexpected" not in child.stderr
+    assert "pip install 'google-cloud-tpu>=1.10,<1.28' (the Cloud TPU client; it installs no TensorFlow)" \
+        in child.stderr and "unexpected" not in child.stderr
 
 
 def test_plan_matches_tensorflows_per_host_v2_arithmetic():

@@ -359,6 +359,8 @@ def test_status_text_for_a_healthy_node(run_status, tpu_api):
         "model_dir lease (gs://bucket/runs/demo): unknown (no Google Cloud credentials to reach the model_dir lease "
         "on gs://)",
         "last run: unknown (no Google Cloud credentials to read the run record on gs://)",
+        # the same store as the lease's: not read again (no second wait)
+        "remote run: unknown (no Google Cloud credentials to reach the model_dir lease on gs://)",
     ]
 
 
@@ -380,6 +382,7 @@ def test_status_json_and_cluster_exit_code_for_a_preempted_node(run_status, tpu_
                   "text": "unknown (no Google Cloud credentials to reach the model_dir lease on gs://)"},
         "last_run": {"state": "unknown", "record": None, "records": 0, "skipped": [],
                      "text": "unknown (no Google Cloud credentials to read the run record on gs://)"},
+        "remote_run": {"text": "unknown (no Google Cloud credentials to reach the model_dir lease on gs://)"},
     }
 
 

@@ -76,8 +76,9 @@ class _Findings:
         return out
 
 
-def dry_run(loaded: LoadedJob, *, records_per_file: int = 2, all_records: bool = False) -> tuple:
-    """Check every data split the job uses. Returns (problems, [DataReport])."""
+def dry_run(loaded: LoadedJob, *, records_per_file: int = 2, all_records: bool = False,
+            splits: tuple = ("train", "eval")) -> tuple:
+    """Check every data split of `splits` the job uses. Returns (problems, [DataReport])."""
     data = loaded.section("data")
     if data is None or data.input_fn:
         return [], []
@@ -87,7 +88,7 @@ def dry_run(loaded: LoadedJob, *, records_per_file: int = 2, all_records: bool =
 
     findings = _Findings(loaded)
     problems, reports = [], []
-    for split in ("train", "eval"):
+    for split in splits:
         patterns = getattr(data, split)
         if not patterns:
             continue

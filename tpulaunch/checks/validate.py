@@ -182,14 +182,15 @@ def code_problems(loaded, search_path: Sequence[str], checked: list, *, prior_ok
     return problems
 
 
-def data_problems(loaded, *, records_per_file: int = 2, all_records: bool = False, reports: bool = False):
-    """The data stage (`checks/data.py`'s dry run: the files, a sample of records, the counts against the batches),
-    which `train` and `evaluate` run too; with `reports`, (problems, the splits' reports)."""
+def data_problems(loaded, *, records_per_file: int = 2, all_records: bool = False, reports: bool = False,
+                  splits: tuple = ("train", "eval")):
+    """The data stage (`checks/data.py`'s dry run: the files, a sample of records, the counts against the batches)
+    of `splits`, which `train` runs too; with `reports`, (problems, the splits' reports)."""
     if not loaded.usable("data", "tpu", "train", "eval"):
         return ([], []) if reports else []
     from tpulaunch.checks.data import dry_run
 
-    problems, found = dry_run(loaded, records_per_file=records_per_file, all_records=all_records)
+    problems, found = dry_run(loaded, records_per_file=records_per_file, all_records=all_records, splits=splits)
     return (problems, found) if reports else problems
 
 

@@ -103,8 +103,9 @@ def _refuse_what_validate_refuses(checked, command: str) -> None:
     from tpulaunch.cli.gate import JobRefused
 
     problems = code_problems(checked.loaded, checked.loaded.search_path, [])
-    if command == "train":
-        problems += data_problems(checked.loaded)
+    if command == "train":  # data.eval only when it evaluates (a job with eval: null never reads it)
+        evaluates = checked.loaded.section("eval") is not None
+        problems += data_problems(checked.loaded, splits=("train", "eval") if evaluates else ("train",))
     errors = [p for p in problems if p.is_error]
     if errors:
         raise JobRefused(f"not running {command} on {checked.file}: fix the problems above "

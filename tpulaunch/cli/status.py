@@ -51,7 +51,7 @@ def status(obj, job_file, wait_s, fmt, overrides):
     checked = load_checked(job_file, overrides, verb="checking the TPU of", sections=("tpu",))
     lease = _lease(checked)
     last_run = _last_run(checked, obj)
-    remote_run = _remote_run(checked)
+    remote_run = _remote_run(checked, lease)
     job_tpu = checked.loaded.section("tpu")
     on_gke = checked.loaded.section("gke")
     if on_gke is not None:  # no TPU node of its own: the JobSet, and what its pods write to model_dir
@@ -123,13 +123,16 @@ def status(obj, job_file, wait_s, fmt, overrides):
         raise AlreadyReported(ExitCode.CLUSTER)
 
 
-def _remote_run(checked) -> dict:
-    """The newest `run`/`rehearse` under model_dir (its VM, hosts, step, checkpoint), or why it is unknown."""
+def _remote_run(checked, lease: dict) -> dict:
+    """The newest `run`/`rehearse` under model_dir (its VM, hosts, step, checkpoint), or why it is unknown: not
+    read where the lease could not be (the same store: its reason, without a second wait)."""
     from tpulaunch.remote.follow import run_summary, summary_text
 
     run = checked.loaded.section("run")
     if run is None:
         return {"text": "unknown (the job has no valid run.model_dir)"}
+    if lease.get("state") == "unknown":
+        return {"text": lease.get("text", "unknown")}
     try:
         summary = run_summary(run.model_dir)
     except Exception as exc:  # noqa: BLE001 — an unreachable bucket, no credentials: status still answers

@@ -19,7 +19,7 @@ import textwrap
 from importlib.machinery import PathFinder
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
-from tpulaunch.job.document import value_at
+from tpulaunch.job.yamlfile import value_at
 from tpulaunch.job.flags import MODEL_DIR_FLAG, job_import_paths
 from tpulaunch.engine.sources import module_source
 from tpulaunch.errors import TpuLaunchError

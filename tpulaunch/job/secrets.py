@@ -19,8 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from tpulaunch.job.document import value_at
-from tpulaunch.job.yamlfile import SECRET_MASK, looks_secret
+from tpulaunch.job.yamlfile import SECRET_MASK, looks_secret, value_at
 
 # Paths whose values are places: tpulaunch names them in its messages and `run` needs them on this machine.
 PATH_KEYS = (("data", "train"), ("data", "eval"), ("run", "model_dir"), ("run", "warm_start", "from"), ("python_path",))

@@ -337,3 +337,15 @@ def parse_yaml(text: str, filename: str, env: Optional[Mapping[str, str]] = None
         return data, builder.marks, builder.problems
     finally:
         loader.dispose()
+
+
+def value_at(data: Any, keys) -> Any:
+    """The value under `keys` in a job as plain data (mappings by key, lists by index); None where one is missing."""
+    for key in keys:
+        if isinstance(data, dict) and key in data:
+            data = data[key]
+        elif isinstance(data, list) and isinstance(key, int) and -len(data) <= key < len(data):
+            data = data[key]
+        else:
+            return None
+    return data

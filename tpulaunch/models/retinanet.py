@@ -11,8 +11,9 @@ anchors of one cell (scale octaves outer, aspect ratios inner): the same order i
 outputs are reshaped, so `encode_targets` and the model agree anchor for anchor.
 
 The anchor and target functions use numpy only (the data synthesizer calls them without TensorFlow);
-the model is built with the engine's Keras and the loss written in its ops (`which_keras.py`), imported inside the
-functions that build the model or compute the loss.
+the model is built with the engine's Keras (`which_keras.py`) and the loss with TensorFlow (its fused sigmoid
+crossentropy keeps less for the backward pass than the same written out), each imported inside the functions that
+use them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Sequence, Tuple, Union
 
 import numpy as np
 
-from tpulaunch.models.which_keras import keras as _keras, ops as _ops
+from tpulaunch.models.which_keras import keras as _keras
 
 ImageSize = Union[int, Sequence[int]]
 
@@ -351,29 +352,28 @@ def loss(labels: dict, outputs: dict):
         summed over non-ignored anchors and classes; the box part is the Huber loss (delta 0.1)
         summed over positive anchors, divided by 4; both divided by (positives in the batch + 1).
     """
-    ops = _ops()  # the engine's: TensorFlow's, or keras.ops on JAX
+    import tensorflow as tf  # TensorFlow's fused sigmoid crossentropy: the written-out form keeps more for backward
 
-    cls_targets = ops.cast(labels["cls_targets"], "int32")
-    box_targets = ops.cast(labels["box_targets"], "float32")
-    logits = ops.cast(outputs["cls_logits"], "float32")
-    box_outputs = ops.cast(outputs["box_regression"], "float32")
-    num_classes = int(logits.shape[-1])
+    cls_targets = tf.cast(labels["cls_targets"], tf.int32)
+    box_targets = tf.cast(labels["box_targets"], tf.float32)
+    logits = tf.cast(outputs["cls_logits"], tf.float32)
+    box_outputs = tf.cast(outputs["box_regression"], tf.float32)
+    num_classes = tf.shape(logits)[-1]
 
-    positive = ops.cast(cls_targets > 0, "float32")  # [B, A]
-    valid = ops.cast(cls_targets >= 0, "float32")
-    normalizer = ops.sum(positive) + 1.0
+    positive = tf.cast(cls_targets > 0, tf.float32)  # [B, A]
+    valid = tf.cast(cls_targets >= 0, tf.float32)
+    normalizer = tf.reduce_sum(positive) + 1.0
 
     # Class k is one-hot column k-1; background and ignored rows are all zeros.
-    onehot = ops.one_hot(cls_targets - 1, num_classes, dtype="float32")
-    # TensorFlow's sigmoid_cross_entropy_with_logits, written out: max(x, 0) - x z + log(1 + exp(-|x|)).
-    cross_entropy = ops.relu(logits) - logits * onehot + ops.log1p(ops.exp(-ops.abs(logits)))
-    probs = ops.sigmoid(logits)
+    onehot = tf.one_hot(cls_targets - 1, num_classes, dtype=tf.float32)
+    cross_entropy = tf.nn.sigmoid_cross_entropy_with_logits(labels=onehot, logits=logits)
+    probs = tf.sigmoid(logits)
     p_t = onehot * probs + (1.0 - onehot) * (1.0 - probs)
     alpha_t = onehot * FOCAL_ALPHA + (1.0 - onehot) * (1.0 - FOCAL_ALPHA)
-    focal = alpha_t * ops.power(1.0 - p_t, FOCAL_GAMMA) * cross_entropy
-    cls_loss = ops.sum(focal * valid[..., None]) / normalizer
+    focal = alpha_t * tf.pow(1.0 - p_t, FOCAL_GAMMA) * cross_entropy
+    cls_loss = tf.reduce_sum(focal * valid[..., None]) / normalizer
 
-    error = ops.abs(box_outputs - box_targets)
-    huber = ops.where(error <= HUBER_DELTA, 0.5 * ops.square(error), HUBER_DELTA * error - 0.5 * HUBER_DELTA ** 2)
-    box_loss = ops.sum(huber * positive[..., None]) / (normalizer * 4.0)
+    error = tf.abs(box_outputs - box_targets)
+    huber = tf.where(error <= HUBER_DELTA, 0.5 * tf.square(error), HUBER_DELTA * error - 0.5 * HUBER_DELTA ** 2)
+    box_loss = tf.reduce_sum(huber * positive[..., None]) / (normalizer * 4.0)
     return cls_loss + BOX_LOSS_WEIGHT * box_loss

@@ -4,13 +4,12 @@ every engine with only `run.engine` changed.
 The jax engine trains Keras 3 on JAX and sets KERAS_BACKEND=jax in its own process before anything imports Keras
 (`engine/jax/about.py`'s `process_environment`); the estimator and keras engines train tf.keras (TensorFlow 2.15's
 own, or tf-keras where the keras engine sets TF_USE_LEGACY_KERAS). The engines tell a model's Keras by its classes
-(`engine/portable.py`'s `keras_of`), so the model must be built with that Keras, and its loss written in its ops.
+(`engine/portable.py`'s `keras_of`), so the model must be built with that Keras.
 """
 
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 
 def keras3() -> bool:
@@ -28,16 +27,3 @@ def keras():
 
     return tf.keras
 
-
-def ops():
-    """Tensor operations for a loss, under one set of names: `keras.ops` with Keras 3 (the tensors are JAX's),
-    TensorFlow's otherwise."""
-    if keras3():
-        import keras as keras_3
-
-        return keras_3.ops
-    import tensorflow as tf
-
-    return SimpleNamespace(cast=tf.cast, one_hot=lambda x, n, dtype: tf.one_hot(x, n, dtype=dtype),
-                           sigmoid=tf.sigmoid, abs=tf.abs, where=tf.where, square=tf.square, sum=tf.reduce_sum,
-                           power=tf.pow, exp=tf.exp, log1p=tf.math.log1p, relu=tf.nn.relu)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from tpulaunch.errors import ExitCode, TpuLaunchError
-from tpulaunch.job.document import value_at
+from tpulaunch.job.yamlfile import value_at
 from tpulaunch.remote import layout, store
 
 FORMAT = 1

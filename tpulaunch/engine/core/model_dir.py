@@ -12,7 +12,8 @@ import re
 from typing import TYPE_CHECKING, Callable, Optional
 
 from tpulaunch.errors import TpuLaunchError, first_line, storage_error
-from tpulaunch.job.document import job_document, value_at
+from tpulaunch.job.document import job_document
+from tpulaunch.job.yamlfile import value_at
 from tpulaunch.job.schema import Job
 
 if TYPE_CHECKING:
