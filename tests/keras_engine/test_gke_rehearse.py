@@ -27,6 +27,7 @@ def _gke_job(project, steps: int, **extra) -> None:
     job["tpu"] = {"type": "v4-16", "slices": 2, "project": "test-project"}
     job["gke"] = GKE
     job["train"]["steps"] = steps
+    job["train"]["batch_size"] = 16  # divisible over two v4-16 slices' 16 devices (the 8 records, each twice)
     job["model"]["builder"] = "held:held"
     job.update(extra)
     (project / "held.py").write_text(HELD)

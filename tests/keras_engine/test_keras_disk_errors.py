@@ -15,7 +15,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import interrupts  # noqa: E402
 
-from tpulaunch.engine.keras.runner import checkpoint_step  # noqa: E402
+from tpulaunch.engine.core.model_dir import checkpoint_step  # noqa: E402
 from tpulaunch.run.record import RECORD_FILE  # noqa: E402
 
 

@@ -19,7 +19,7 @@ import yaml
 
 import test_user_models as corpus
 from paths import REPO
-from tpulaunch.engine.keras.runner import checkpoint_step
+from tpulaunch.engine.core.model_dir import checkpoint_step
 
 TRAIN = [sys.executable, "-m", "tpulaunch", "train"]
 

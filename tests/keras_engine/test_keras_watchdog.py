@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 import test_watchdog as watched
 from tpulaunch.cli import run as cli_run
-from tpulaunch.engine.keras.runner import checkpoint_step
+from tpulaunch.engine.core.model_dir import checkpoint_step
 from tpulaunch.errors import ExitCode
 
 project, api = watched.project, watched.api
