@@ -15,6 +15,8 @@ trained checkpoint, a built graph) are module-scoped fixtures that its tests sha
 import os
 import tempfile
 
+import pytest
+
 # The suite never reads the contributor's home: XLA's TPU compiler installed where the README's Install table puts
 # it (~/.tpulaunch/xla), credentials or a Keras config there would change what `plan`, `validate` and the README's
 # transcripts print. Every test process and every child it starts sees an empty home of the suite's own; a test that
@@ -25,6 +27,16 @@ for _cache in ("TPULAUNCH_CACHE", "XDG_CACHE_HOME"):  # XLA's cached answers: th
     os.environ.pop(_cache, None)
 
 pytest_plugins = ["gcs_fake", "tpu_api_server"]
+
+
+@pytest.fixture(autouse=True)
+def _each_test_forgets_the_secrets_of_the_last():
+    """A worker runs many tests in one process: the secrets a test's job had (masked in every message of the process,
+    `job/secrets.py`) are not the next test's."""
+    yield
+    from tpulaunch.job import secrets
+
+    secrets.forget()
 
 # The files that take longest on one worker (measured with --durations=0), started first: with --dist loadfile a long
 # file that starts last leaves the other worker idle at the end. The rest keep their collection order.

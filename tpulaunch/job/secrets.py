@@ -172,6 +172,12 @@ def redact(text: str) -> str:
     return _known[0].redact(text)
 
 
+def forget() -> None:
+    """Forget the jobs' secrets this process kept: for a process that runs one job after another (a test worker),
+    where one job's secret would mask the same words in the next one's messages."""
+    _known[0] = NONE
+
+
 # ----------------------------------------------------------------------- a secret given with --set
 
 def set_text(text: str) -> str:
