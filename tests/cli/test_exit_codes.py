@@ -105,10 +105,7 @@ def _libtpu_without_a_tpu() -> str:
     from paths import REPO
 
     python = REPO / ".venv-xla" / "bin" / "python"
-    if not python.is_file():
-        import pytest
-
-        pytest.skip("XLA's TPU compiler environment (.venv-xla, the README's test command) is not installed")
+    assert python.is_file(), "XLA's TPU compiler environment .venv-xla is missing: the README's test command makes it"
     said = subprocess.run([str(python), "-c", "import jax; jax.devices()"], capture_output=True, text=True,
                           env={"JAX_PLATFORMS": "tpu", "PATH": "/usr/bin:/bin"}, timeout=120)
     assert said.returncode != 0
