@@ -13,7 +13,7 @@ strings. The property, for every case:
 
 Run: .venv/bin/python benchmarks/fuzz_jobs.py [--cases 10000] [--cli-every 10] [--seed 0]
 Prints the counts (cases, by exit code, by input kind, failures) and exits 1 on any failure.
-tests/job/test_fuzz_jobs.py runs a fixed-seed slice of the same generator in the default suite.
+tests/core/job/test_fuzz_jobs.py runs a fixed-seed slice of the same generator in the default suite.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def first_step(command: list, cwd: Path, env: dict) -> float:
     raise SystemExit(f"{' '.join(command)} never reached a step (exit {proc.returncode}):\n{proc.stderr.read()}")
 
 
-# TAPAS's protobuf modules need the pure-Python protobuf (tests/engine/test_reference_programs.py): its baseline too.
+# TAPAS's protobuf modules need the pure-Python protobuf (tests/estimator/engine/test_reference_programs.py): its baseline too.
 PURE_PYTHON_PROTOBUF = {"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
 
 

@@ -1,6 +1,6 @@
 """Resolves every extra of setup.cfg with pip's own resolver against the package index, on this Python, and
 records what each resolved to in requirements/extras-resolved.json (name==version, with each package's own
-requirements). tests/tpu/test_extras.py checks that record without the network: that it matches setup.cfg, that
+requirements). tests/core/tpu/test_extras.py checks that record without the network: that it matches setup.cfg, that
 every resolution is complete and consistent, and what the stack rule says of each.
 
     python requirements/resolve_extras.py          # after changing an extra in setup.cfg

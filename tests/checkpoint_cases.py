@@ -1,4 +1,4 @@
-"""What the checkpoint-keeping tests of every engine share (tests/run/test_keep_checkpoints.py: the estimator engine;
+"""What the checkpoint-keeping tests of every engine share (tests/estimator/run/test_keep_checkpoints.py: the estimator engine;
 tests/keras_engine/test_keep_checkpoints_keras.py: the keras and jax engines): a tiny job, `tpulaunch` processes,
 checkpoints damaged the way a preemption or a disk leaves them, and what a model_dir holds, byte for byte.
 

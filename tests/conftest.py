@@ -20,7 +20,7 @@ import pytest
 # The suite never reads the contributor's home: XLA's TPU compiler installed where the README's Install table puts
 # it (~/.tpulaunch/xla), credentials or a Keras config there would change what `plan`, `validate` and the README's
 # transcripts print. Every test process and every child it starts sees an empty home of the suite's own; a test that
-# wants XLA's compiler names the suite's (`.venv-xla`, tests/plan/test_xla_tpu.py).
+# wants XLA's compiler asks for the `compiler` fixture below.
 os.environ["HOME"] = tempfile.mkdtemp(prefix="tpulaunch-tests-home-")
 os.environ.pop("TPULAUNCH_XLA_PYTHON", None)
 for _cache in ("TPULAUNCH_CACHE", "XDG_CACHE_HOME"):  # XLA's cached answers: the empty home's, not the contributor's
@@ -38,31 +38,25 @@ def _each_test_forgets_the_secrets_of_the_last():
 
     secrets.forget()
 
-# The files that take longest on one worker (measured with --durations=0), started first: with --dist loadfile a long
-# file that starts last leaves the other worker idle at the end. The rest keep their collection order.
-SLOW_FILES_FIRST = (
-    "tests/run/test_keep_checkpoints.py",
-    "tests/engine/test_reference_efficientnet.py", "tests/remote/test_rehearse.py", "tests/remote/test_rerun.py",
-    "tests/plan/test_memory.py",
-    "tests/docs/test_readme_examples.py", "tests/engine/test_reference_programs.py",
-    "tests/engine/test_reference_resnet.py", "tests/checks/test_user_models.py", "tests/engine/test_own_program.py",
-    "tests/plan/test_xla_tpu.py",
-    "tests/run/test_lease_outage.py", "tests/run/test_stop_deadline.py", "tests/checks/test_gate_limits.py",
-    "tests/keras_engine/test_oracle_jax.py", "tests/keras_engine/test_keep_checkpoints_keras.py",
-    "tests/keras_engine/test_gke_rehearse.py", "tests/keras_engine/test_oracle_keras.py",
-    "tests/keras_engine/test_keras_stop_deadline.py",
-    "tests/keras_engine/test_keras_train.py", "tests/keras_engine/test_jax_engine.py",
-    "tests/keras_engine/test_jax_xla_plan.py", "tests/keras_engine/test_startup_lines.py",
-    "tests/keras_engine/test_keras3_models.py", "tests/keras_engine/test_jax_partition.py",
-    "tests/keras_engine/test_jax_tpu_slice.py", "tests/keras_engine/test_jax_project_jobs.py",
-)
+@pytest.fixture()
+def compiler(monkeypatch):
+    """XLA's TPU compiler, the suite's own, as `plan` finds it ($TPULAUNCH_XLA_PYTHON): its interpreter's path."""
+    from paths import SUITE_XLA_PYTHON
+    from tpulaunch.plan import xla_home
+
+    if not os.path.isfile(SUITE_XLA_PYTHON):
+        pytest.fail(f"XLA's TPU compiler is not installed at {SUITE_XLA_PYTHON}: make it with `nox -s xla`")
+    monkeypatch.setenv(xla_home.ENV_VAR, SUITE_XLA_PYTHON)
+    return SUITE_XLA_PYTHON
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a module of long end-to-end runs (its worker starts it first)")
     if hasattr(config.option, "loadscopereorder"):  # pytest-xdist orders files by their number of tests otherwise
         config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(items):
-    rank = {path: index for index, path in enumerate(SLOW_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+    # With --dist loadfile a long module that starts last leaves the other worker idle at the end: the modules marked
+    # slow start first, the rest keep their collection order.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -237,7 +237,7 @@ def fake_gcs_server(port: int, external_url: Optional[str] = None) -> Iterator[s
     `external_url`: the address its resumable uploads send the client back to (default: its own).
 
     Unlike gcp-storage-emulator (the one TensorFlow's gs:// reaches in gcs_fake.py), it enforces
-    if_generation_match on uploads, which is what the lease relies on; tests/run/test_lease.py checks that it
+    if_generation_match on uploads, which is what the lease relies on; tests/estimator/run/test_lease.py checks that it
     does before trusting it."""
     url = f"http://127.0.0.1:{port}"
     process = subprocess.Popen([str(fake_gcs_binary()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",

@@ -1,4 +1,4 @@
-"""What the `tpulaunch rehearse` tests share (`tests/remote/test_rehearse.py`, `tests/remote/test_rerun.py`): the job
+"""What the `tpulaunch rehearse` tests share (`tests/estimator/remote/test_rehearse.py`, `tests/estimator/remote/test_rerun.py`): the job
 they rehearse, running it, and reading what it left in model_dir.
 
 The job is the quickstart CNN trained by `tpulaunch train` on the rehearsal's TPU VM, on this machine's CPU (20

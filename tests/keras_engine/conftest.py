@@ -1,15 +1,15 @@
-"""The keras engine's tests run under current TensorFlow with tf-keras (the `.venv-keras` of the README's
-test command: `pytest tests/keras_engine`); under TensorFlow 2.15 (the estimator engine's `.venv`, which runs the
-whole tests/ folder) they are not collected. Anywhere else they are: a package the keras engine needs that is
-missing there fails them instead of hiding them."""
+"""The keras engine's tests need its environment: current TensorFlow with tf-keras (the `keras` session of
+noxfile.py). Anywhere else they stop before collecting, saying so: never a silent skip."""
 
 import os
 
-from tpulaunch.seam.registry import installed, runnable
+import pytest
+
+from tpulaunch.seam.registry import runnable
 from tpulaunch.tf_env import set_engine_environment
 
-if installed("keras") is not None and not runnable("keras"):
-    collect_ignore_glob = ["test_*.py"]
-else:
-    set_engine_environment()  # as `tpulaunch` does before importing TensorFlow: tf.keras is then tf-keras (Keras 2)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+if not runnable("keras"):
+    raise pytest.UsageError("tests/keras_engine needs the keras engine's environment (TensorFlow 2.16 or later with "
+                            "tf-keras): run them with `nox -s keras`")
+set_engine_environment()  # as `tpulaunch` does before importing TensorFlow: tf.keras is then tf-keras (Keras 2)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -1,6 +1,6 @@
 """The builder's model is trained as written, or refused, on the keras engine too (tf-keras, TensorFlow 2.16+).
 
-The cases of tests/checks/test_builder_contract.py, each pinned to `run.engine: keras`: what the estimator engine
+The cases of tests/estimator/checks/test_builder_contract.py, each pinned to `run.engine: keras`: what the estimator engine
 refuses because its model_fn would train otherwise (a compiled model, a model's own train_step, a Keras Metric)
 trains here. The same contract for Keras 3
 models (`import keras`), which this engine trains too: tests/keras_engine/test_keras3_models.py.

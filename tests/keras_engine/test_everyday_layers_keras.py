@@ -1,5 +1,5 @@
 """Batch normalization, dropout, weight regularization and frozen layers on the keras engine: the tests of
-tests/engine/test_everyday_layers.py, each job pinned to `run.engine: keras`."""
+tests/estimator/engine/test_everyday_layers.py, each job pinned to `run.engine: keras`."""
 
 import pytest
 

@@ -1,6 +1,6 @@
 """The keras and jax engines keep every good checkpoint and touch only their own model_dir: real `tpulaunch`
 processes on real checkpoints of each engine (tests/checkpoint_cases.py; the estimator engine runs the same cases in
-tests/run/test_keep_checkpoints.py)."""
+tests/estimator/run/test_keep_checkpoints.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 import checkpoint_cases as cases
+
+pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
 
 ENGINES = ["keras", "jax"]
 

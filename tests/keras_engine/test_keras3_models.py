@@ -36,6 +36,8 @@ from tpulaunch.job.load import load_job
 from tpulaunch.job.schema import Job
 from tpulaunch.plan.build import build_plan
 
+pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
+
 ENGINE = ("--set", "run.engine=keras")
 job = corpus.job
 M = "keras3_models"
@@ -267,7 +269,7 @@ def test_two_replicas_take_the_same_step_as_one(keras3_project, tmp_path):
 
 # ------------------------------------------------------------------------------------- validate's view
 
-# The tf-keras networks of tests/plan/test_memory.py, written with Keras 3.
+# The tf-keras networks of tests/estimator/plan/test_memory.py, written with Keras 3.
 KERAS3_NETWORKS = "import keras\n" + estimator_memory.NETWORKS.replace("tf.keras.", "keras.")
 
 

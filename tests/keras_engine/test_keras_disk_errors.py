@@ -1,7 +1,7 @@
 """The keras engine on a disk that fills up mid-run (a real tmpfs): the save that does not fit is named with its
 errno and path (not TensorFlow's out-of-memory hint), its debris removed, the last complete checkpoint kept (a
 rerun resumes from it: test_keras_train.py). Skipped where this machine cannot mount a tmpfs (the estimator's twin is in
-tests/run/test_faults.py, which falls back to TensorFlow's own file layer there)."""
+tests/estimator/run/test_faults.py, which falls back to TensorFlow's own file layer there)."""
 
 import json
 import os

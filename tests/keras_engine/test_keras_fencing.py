@@ -1,7 +1,7 @@
 """The keras engine's fence: a `train` frozen (SIGSTOP) after one of its checkpoints, its lease taken over by a
 second `train --take-lease` that trains to its end, then thawed (SIGCONT): it writes no checkpoint and no
 `checkpoint` state after the takeover, exits 5 naming the new holder, and its record line says it was fenced
-(tests/run/test_fencing.py is the estimator engine's, with a takeover by staleness as well)."""
+(tests/estimator/run/test_fencing.py is the estimator engine's, with a takeover by staleness as well)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 
 from lease_runs import WIDE_MODELS, Run, check_fenced_mid_save, cli_env, freeze_after
-from keras_engine.test_keras_train import project  # noqa: F401  (the fixture: a small keras-engine job)
+from test_keras_train import project  # noqa: F401  (the fixture: a small keras-engine job)
 from tpulaunch.errors import ExitCode
 from tpulaunch.run import lease as leases
 from tpulaunch.run.record import RECORD_FILE

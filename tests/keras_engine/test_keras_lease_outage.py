@@ -1,14 +1,14 @@
 """A storage outage is not a takeover, on the keras engine: a real `train` on a gs:// model_dir (TensorFlow's gs://
 and the lease's google-cloud-storage through gcs_fake's proxy to fake-gcs-server) whose lease writes lose their
 replies after the server applied them, and whose store then stops answering after its first checkpoint. The
-estimator engine's tests, and how the fake works: tests/run/test_lease_outage.py."""
+estimator engine's tests, and how the fake works: tests/estimator/run/test_lease_outage.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from lease_runs import Run, cli_env, gcs_records, outage_storage, storage_client_env, unreachable
-from keras_engine.test_keras_train import project  # noqa: F401  (the fixture: a small keras-engine job)
+from test_keras_train import project  # noqa: F401  (the fixture: a small keras-engine job)
 from tpulaunch.run import lease as leases
 
 

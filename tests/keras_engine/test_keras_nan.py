@@ -3,7 +3,7 @@
 12, as the input goes on after the batch that made it NaN and meets that batch again in the next epoch;
 linear, as a ReLU may turn a NaN into 0 on some CPU paths and not on others) stops with
 exit 1 naming the step and the last good checkpoint (the NaN step is never saved), or with `train.on_nan:
-{rollback: 1}` restores it once, in the run record, and stops at the next one (tests/run/test_nan.py is the
+{rollback: 1}` restores it once, in the run record, and stops at the next one (tests/estimator/run/test_nan.py is the
 estimator engine's)."""
 
 from __future__ import annotations

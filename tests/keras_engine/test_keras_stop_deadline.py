@@ -1,6 +1,6 @@
 """The keras and jax engines: a stop honoured within a stated time whatever the step waits on, a data file that is
 not a regular file refused at its key, and the machine's memory limit named (the estimator engine's twins are in
-tests/run/test_stop_deadline.py). Real `tpulaunch` processes, real FIFOs, real signals, a real address-space limit.
+tests/estimator/run/test_stop_deadline.py). Real `tpulaunch` processes, real FIFOs, real signals, a real address-space limit.
 
 The step waits on "a store": a layer of the job's model reads a byte from a FIFO once the test has made it, and
 nothing is ever written there. The graceful stop at the next step boundary cannot come; after the grace
@@ -22,6 +22,8 @@ import yaml
 import test_user_models as corpus
 from lease_runs import Run, cli_env
 from stop_runs import GRACE_S, STUCK, address_space_limit, assert_ended_whole, records, wait_blocked_opening_a_fifo
+
+pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
 
 ENGINES = ["keras", "jax"]
 

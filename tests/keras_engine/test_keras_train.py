@@ -21,6 +21,8 @@ import test_user_models as corpus
 from paths import REPO
 from tpulaunch.engine.core.model_dir import checkpoint_step
 
+pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
+
 TRAIN = [sys.executable, "-m", "tpulaunch", "train"]
 
 

@@ -1,5 +1,5 @@
 """The TPU watchdog and --auto-resume on the keras engine, end to end against the local Cloud TPU API: the same
-job (tests/run/test_watchdog.py's), pinned to `run.engine: keras`, trained with `--local --watch-node`."""
+job (tests/estimator/run/test_watchdog.py's), pinned to `run.engine: keras`, trained with `--local --watch-node`."""
 
 from __future__ import annotations
 

@@ -1,15 +1,14 @@
 """XLA's own answer for a keras engine job (on v6e, which only the keras engine runs): its model's step exported under current TensorFlow and compiled for the
-TPU type by XLA's TPU compiler (`.venv-xla`, as in tests/plan/test_xla_tpu.py)."""
+TPU type by XLA's TPU compiler (the suite's own: the `compiler` fixture)."""
 
 from __future__ import annotations
 
 import os
 
 import test_xla_tpu as estimator_xla
-from test_xla_tpu import compiler  # noqa: F401 (the fixture)
 
 
-def test_plan_answers_with_xla_for_a_keras_engine_job_on_v6e(tmp_path, compiler):  # noqa: F811
+def test_plan_answers_with_xla_for_a_keras_engine_job_on_v6e(tmp_path, compiler):
     job = estimator_xla.cnn_job(tmp_path, batch=64, tpu_type="v6e-8")  # TPUEstimator has no v6e runtime; Keras has
     with open(job) as f:
         text = f.read().replace("run: {model_dir: gs://my-bucket/run}",

@@ -17,9 +17,11 @@ import tensorflow as tf
 import yaml
 
 import test_user_models as corpus
-from keras_engine.oracle import (SERVED, STEPS, assert_metrics_equal, assert_weights_equal, eval_images, eval_line,
+from oracle import (SERVED, STEPS, assert_metrics_equal, assert_weights_equal, eval_images, eval_line,
                                  keras_evaluate, recorded_evals, run_oracle, write_project)
-from keras_engine.test_jax_engine import TPULAUNCH, _env
+from test_jax_engine import TPULAUNCH, _env
+
+pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,8 @@ import sys
 import pytest
 from paths import REPO
 
+pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
+
 # A C++ log line (`I0000 00:00:1795762751.030190    2189 port.cc:153] ...`) and absl's notice before it.
 CPP_LINE = re.compile(r"\b(\w+\.cc):\d+\]|absl::InitializeLog")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from keras_engine.test_jax_engine import TPULAUNCH, _env, project  # noqa: F401  (project: the job's fixture)
+from test_jax_engine import TPULAUNCH, _env, project  # noqa: F401  (project: the job's fixture)
 
 
 def _scalars(folder: Path) -> dict:

@@ -2,7 +2,7 @@
 
 Each function mirrors one check in TPUEstimator's sources (file:line in the installed
 tensorflow_estimator 2.15.0 / tensorflow 2.15 given per function), reaching the same verdict before
-any TPU exists. tests/checks/test_tf_agreement.py runs TensorFlow's own code on the same cases and fails
+any TPU exists. tests/estimator/checks/test_tf_agreement.py runs TensorFlow's own code on the same cases and fails
 when the two disagree.
 """
 

@@ -16,7 +16,7 @@ from typing import Optional
 ENV_VAR = "TPULAUNCH_XLA_PYTHON"
 HOME_AS_WRITTEN = "~/.tpulaunch/xla"
 DEFAULT_HOME = Path(HOME_AS_WRITTEN).expanduser()
-# The versions it was checked on (requirements/xla.txt holds the same pins; tests/plan/test_xla_tpu.py keeps them so).
+# The versions it was checked on (requirements/xla.txt holds the same pins; tests/estimator/plan/test_xla_tpu.py keeps them so).
 PINS = ("jax[tpu]==0.10.2", "jaxlib==0.10.2", "libtpu==0.0.42.1")
 INSTALL = (f"python3 -m venv {HOME_AS_WRITTEN} && {HOME_AS_WRITTEN}/bin/pip install "
            + " ".join(f"'{pin}'" for pin in PINS))

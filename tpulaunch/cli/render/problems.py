@@ -57,7 +57,7 @@ _WORD = re.compile(r"\s*\S+\s*")  # a word and the blanks around it, as rich's w
 def wrapped(text: str, width: int) -> list:
     """Printable ASCII `text` cut into lines as rich's `Text.wrap` cuts it with its defaults: words
     fill a line greedily, a word wider than a line is folded, then each line loses the blanks past
-    the width and is cropped to it. (tests/cli/test_cli_fast_path.py holds this to rich's own output.)"""
+    the width and is cropped to it. (tests/core/cli/test_cli_fast_path.py holds this to rich's own output.)"""
     breaks: list = []
     used = 0
     for word in _WORD.finditer(text):

@@ -1,0 +1,97 @@
+"""The suite's sessions. `nox` runs them all (CI runs exactly that), `nox -s estimator` one, `nox -l` lists them;
+arguments after `--` go to pytest (`nox -s core -- -k secret -x`).
+
+Each session tests in the environment a user installs for what it tests (setup.cfg's extras), a virtualenv at the
+repository root made on the first run and reused while what it is made from (setup.cfg, the requirement files, the
+install arguments) is unchanged:
+
+    session     environment   made from                                      tests
+    core        .venv-core    .[test]: no TensorFlow                          tests/core
+    xla         .venv-xla     requirements/xla.txt (jax + libtpu)             tests/xla
+    estimator   .venv         .[cpu,test] + the reference programs' packages  tests/estimator
+    keras       .venv-keras   .[keras,jax,test] + KerasHub                     tests/keras_engine
+    jax         .venv-keras   (the keras session's: one TensorFlow for both)  tests/jax_engine
+
+The estimator, keras and jax sessions also test `plan`'s answer from XLA's TPU compiler: they use the xla session's
+environment ($TPULAUNCH_SUITE_XLA_PYTHON), made first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+nox.options.sessions = ["core", "xla", "estimator", "keras", "jax"]
+nox.options.default_venv_backend = "none"  # the environments below are made and kept by `_environment`
+nox.options.error_on_missing_interpreters = True
+
+PYTEST = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "auto", "--dist", "loadfile")
+XLA = (("-r", "requirements/xla.txt", "pytest"),)
+KERAS = (("-e", ".[keras,jax,test]", "-r", "tests/keras_engine/requirements.txt"),)
+
+
+def _environment(session: nox.Session, name: str, installs: tuple) -> str:
+    """The virtualenv `name` at the repository root with each of `installs` (pip install's arguments) done in it: made
+    when missing, installed again when what it is made from changed since (a stamp of those files and arguments),
+    else used as it is. Returns its Python."""
+    venv = ROOT / name
+    python = venv / "bin" / "python"
+    made_from = [ROOT / "setup.cfg"] + [ROOT / arg for step in installs for arg in step if arg.endswith(".txt")]
+    stamp = hashlib.sha256(repr(installs).encode() + b"".join(path.read_bytes() for path in made_from)).hexdigest()
+    stamp_file = venv / ".suite-stamp"
+    if not python.exists():
+        session.run("python3", "-m", "venv", str(venv), external=True)
+    if not stamp_file.exists() or stamp_file.read_text() != stamp:
+        for step in installs:
+            session.run(str(python), "-m", "pip", "install", "-q", *step, external=True)
+        stamp_file.write_text(stamp)
+    else:
+        session.log(f"{name}: up to date with setup.cfg and its requirement files")
+    return str(python)
+
+
+def _pytest(session: nox.Session, python: str, folder: str, xla: bool = False) -> None:
+    env = {"TPULAUNCH_SUITE_XLA_PYTHON": str(ROOT / ".venv-xla" / "bin" / "python")} if xla else {}
+    session.run(python, *PYTEST, folder, *session.posargs, external=True, env=env)
+
+
+@nox.session
+def core(session: nox.Session) -> None:
+    """What runs without TensorFlow: the job file, the static checks, `plan --no-memory`, the CLI's fast path, the
+    TPU's lifecycle against the local Cloud TPU API, `run`'s JobSets and startup script."""
+    _pytest(session, _environment(session, ".venv-core", (("-e", ".[test]"),)), "tests/core")
+
+
+@nox.session
+def xla(session: nox.Session) -> None:
+    """XLA's TPU compiler (jax with libtpu, compile-only: no TPU) as `plan` drives it, against jax's own compile."""
+    python = _environment(session, ".venv-xla", XLA)
+    # Its own conftest only: the suite's (tests/conftest.py) brings servers this environment has no packages for.
+    session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--confcutdir", "tests/xla", "tests/xla",
+                *session.posargs, external=True, env={"PYTHONPATH": str(ROOT)})
+
+
+@nox.session
+def estimator(session: nox.Session) -> None:
+    """The estimator engine under TensorFlow 2.15: TPUEstimator on the CPU, the reference programs, `run` rehearsed."""
+    _environment(session, ".venv-xla", XLA)
+    python = _environment(session, ".venv", (("-e", ".[cpu,test]"),
+                                             ("--no-deps", "-r", "tests/programs/requirements.txt")))
+    _pytest(session, python, "tests/estimator", xla=True)
+
+
+@nox.session
+def keras(session: nox.Session) -> None:
+    """The keras engine under current TensorFlow with tf-keras."""
+    _environment(session, ".venv-xla", XLA)
+    _pytest(session, _environment(session, ".venv-keras", KERAS), "tests/keras_engine", xla=True)
+
+
+@nox.session
+def jax(session: nox.Session) -> None:
+    """The jax engine (Keras 3 on JAX), in the keras session's environment: `.[jax]` needs current TensorFlow too."""
+    _environment(session, ".venv-xla", XLA)
+    _pytest(session, _environment(session, ".venv-keras", KERAS), "tests/jax_engine", xla=True)

@@ -1,0 +1,81 @@
+"""A NaN loss is the job's error, not tpulaunch's: a real `train` of a linear model whose data holds one record of
+NaN pixels (record 40: with no shuffle and batch 8 the loss becomes NaN at step 6, and at each 4th step after a
+rollback, as the input starts again from its first record; a linear model, as a ReLU may turn a NaN into 0 on
+some CPU paths and not on others) ends with exit 1 naming the step and the last good checkpoint, and points
+model_dir at it; `train.on_nan: {rollback: N}` restores it and goes on, N times, each in the run record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lease_runs import Run, cli_env
+from records import write_examples
+from test_train import JOB, MODELS
+from tpulaunch.run.record import RECORD_FILE
+
+LINEAR = """
+
+def linear(num_classes=2, input_shape=(8, 8, 1), **unused):
+    image = tf.keras.Input(shape=tuple(input_shape), name="image")
+    return tf.keras.Model(image, tf.keras.layers.Dense(num_classes)(tf.keras.layers.Flatten()(image)))
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("nan")
+    (root / "train_models.py").write_text(MODELS + LINEAR)
+    (root / "job.yaml").write_text(JOB)
+    rng = np.random.default_rng(1)
+    examples = []
+    for index in range(64):
+        label = int(rng.integers(2))
+        image = rng.normal(size=64).astype(np.float32) * 0.5 + (2 * label - 1)
+        if index == 40:
+            image[:] = np.nan
+        examples.append({"image": image, "label": label})
+    (root / "data").mkdir()
+    write_examples(root / "data" / "train.tfrecord", examples)
+    return root
+
+
+def _train(project: Path, model_dir: Path, *args: str) -> Run:
+    return Run(["train", str(project / "job.yaml"), "--local", "--model-dir", str(model_dir), "--set", "eval=null",
+                "--set", "model.builder=train_models:linear",
+                "--set", "data.shuffle_buffer=0", "--set", "train.steps=40", "--set", "run.save_checkpoints_steps=2",
+                *args], env=cli_env())
+
+
+def test_a_nan_loss_stops_with_exit_1_naming_the_step_and_the_last_good_checkpoint(project, tmp_path):
+    run_dir = tmp_path / "run"
+    run = _train(project, run_dir)
+    assert run.finish() == 1, run.text()
+    err = "\n".join(run.err)
+    assert f"error: the loss became NaN at step 6; the last good checkpoint is {run_dir / 'model.ckpt-4'} (step 4)" \
+           in err, err
+    assert "train.on_nan: {rollback: N}" in err and "unexpected" not in err and "Traceback" not in err, err
+    # model.ckpt-6 holds the NaN step's weights: model_dir points at the good one, so a rerun resumes from it.
+    state = (run_dir / "checkpoint").read_text()
+    assert 'model_checkpoint_path: "model.ckpt-4"' in state and "model.ckpt-6" not in state, state
+    record = json.loads((run_dir / RECORD_FILE).read_text().splitlines()[-1])
+    assert record["outcome"].startswith("failed: the loss became NaN at step 6") and "nan_rollbacks" not in record
+
+
+def test_on_nan_rollback_restores_the_last_good_checkpoint_at_most_n_times(project, tmp_path):
+    run_dir = tmp_path / "run"
+    run = _train(project, run_dir, "--set", "train.on_nan={rollback: 2}")
+    assert run.finish() == 1, run.text()
+    notes = [line for line in run.out if line.startswith("nan | ")]
+    assert notes == [
+        f"nan | the loss became NaN at step 6; the last good checkpoint is {run_dir / 'model.ckpt-4'} (step 4): "
+        "training goes on from there (rollback 1 of 2, train.on_nan)",
+        f"nan | the loss became NaN at step 10; the last good checkpoint is {run_dir / 'model.ckpt-8'} (step 8): "
+        "training goes on from there (rollback 2 of 2, train.on_nan)"], run.text()
+    assert (f"error: the loss became NaN at step 14 after 2 rollbacks (train.on_nan); the last good checkpoint is "
+            f"{run_dir / 'model.ckpt-12'} (step 12)") in "\n".join(run.err), run.text()
+    record = json.loads((run_dir / RECORD_FILE).read_text().splitlines()[-1])
+    assert [(r["step"], r["to_step"]) for r in record["nan_rollbacks"]] == [(6, 4), (10, 8)]

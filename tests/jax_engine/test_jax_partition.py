@@ -1,0 +1,96 @@
+"""Spatial partitioning on the jax engine, for real on this CPU split into 8 devices: a small UNet-style model
+trained with its images and masks split 2x2 (2 replicas of 4 devices, XLA's SPMD partitioner splitting the
+convolutions), stopped and resumed, ends with the weights of the same job unsplit on one device; an uneven split is
+refused at its key, and a replica that does not divide the devices before anything is built."""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import test_user_models as corpus
+from test_jax_engine import TPULAUNCH, _env, _variables
+
+pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
+
+UNET = textwrap.dedent('''
+    import keras
+
+
+    def unet(num_classes=3):
+        inputs = keras.Input(shape=(16, 16, 1), name="image")
+        down = keras.layers.Conv2D(4, 3, padding="same", activation="relu")(inputs)
+        x = keras.layers.MaxPooling2D()(down)
+        x = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(x)
+        x = keras.layers.UpSampling2D()(x)
+        x = keras.layers.Concatenate()([x, down])
+        return keras.Model(inputs, keras.layers.Conv2D(num_classes, 1)(x))  # a class per pixel
+''')
+IMAGE = {"image": {"shape": [16, 16, 1]}}
+MASK = {"mask": {"shape": [16, 16, 1], "dtype": "int64"}}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    """One batch of 8 records read in order (every step trains on the same examples), split 2x2 on each image
+    and its mask."""
+    root = tmp_path_factory.mktemp("jax_partition")
+    corpus.write_records(root / "train.tfrecord", {**IMAGE, **MASK}, 8, seed=1)
+    (root / "unet.py").write_text(UNET)
+    job = {
+        "name": "jax-unet",
+        "model": {"builder": "unet:unet", "loss": "sparse_categorical_crossentropy",
+                  "optimizer": {"name": "sgd", "learning_rate": 0.1}},
+        "data": {"train": "train.tfrecord", "features": IMAGE, "labels": MASK, "shuffle_buffer": 0},
+        "partition": {"features": {"image": [1, 2, 2, 1]}, "labels": {"mask": [1, 2, 2, 1]}},
+        "train": {"batch_size": 8, "steps": 3},
+        "run": {"model_dir": "runs/u", "save_checkpoints_steps": 3, "log_every_steps": 1, "seed": 3, "engine": "jax"},
+    }
+    (root / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    return root
+
+
+def _run(verb: str, project: Path, *args: str, devices: int) -> subprocess.CompletedProcess:
+    return subprocess.run([*TPULAUNCH, verb, str(project / "job.yaml"), *args], capture_output=True, text=True,
+                          env=_env(devices), timeout=300, cwd=project)
+
+
+def test_a_2x2_spatial_split_over_8_devices_trains_to_the_weights_of_the_unsplit_job_on_one_device(project, tmp_path):
+    """(Resume reads and writes a split run's checkpoints as any other: the variables are replicated.)"""
+    split, whole = tmp_path / "split", tmp_path / "whole"
+    trained = _run("train", project, "--model-dir", str(split), "--set", "train.steps=3", devices=8)
+    assert trained.returncode == 0, trained.stderr
+    assert "jax | 2 replicas × 4 cores (spatial 2×2 on image) over 8 cpu devices" in trained.stdout.splitlines()
+    unsplit = _run("train", project, "--model-dir", str(whole), "--set", "partition=null", devices=1)
+    assert unsplit.returncode == 0, unsplit.stderr
+    assert "jax | data-parallel over 1 cpu device" in unsplit.stdout.splitlines()
+
+    first, second = _variables(whole), _variables(split)
+    assert sorted(first) == sorted(second)
+    assert second["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == 3
+    for name in first:
+        np.testing.assert_allclose(second[name], first[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_an_uneven_split_is_refused_at_its_key_and_a_replica_that_does_not_divide_the_devices_before_the_build(
+        project, tmp_path):
+    uneven = _run("validate", project, "--static", "--set", "partition.features.image=[1,3,2,1]",
+                  "--set", "partition.labels.mask=[1,3,2,1]", devices=8)
+    said = uneven.stdout + uneven.stderr
+    assert uneven.returncode == 1, said
+    assert "--set:1:1: partition.features.image[1]: axis 1 of 'image' has size 16, which 3 does not divide: the jax " \
+           "engine shards an axis into equal pieces only" in said
+    assert "[partition-uneven-split]" in said and "Traceback" not in said
+
+    six = _run("train", project, "--model-dir", str(tmp_path / "six"), devices=6)
+    said = six.stdout + six.stderr
+    assert six.returncode == 1, said
+    assert "error: partition: building the train graph: a replica spans 4 devices (the product of the dims of " \
+           "'image'), which do not divide this machine's 6 cpu devices" in said
+    assert "phase | initialise" not in said and "Traceback" not in said
+    assert not (tmp_path / "six").exists() or not list((tmp_path / "six").glob("model.ckpt-*"))

@@ -1,0 +1,140 @@
+"""The jax engine's numbers against Keras 3 on JAX itself (a differential oracle, `oracle.py`): on the same records
+in the same order and the same seed, `tpulaunch train`'s weights equal `model.fit`'s; every metric `train` and
+`evaluate` print and the run record holds equals `model.evaluate` over the same eval set; `export`'s SavedModel
+answers what `model.predict` answers; a model its builder compile()d trains with its own compile where the job sets
+none; and a run stopped at step 3 and resumed ends with the weights of one that never stopped. Tolerances: oracle.py."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import yaml
+
+import test_user_models as corpus
+from oracle import (SERVED, STEPS, assert_metrics_equal, assert_weights_equal, eval_images, eval_line,
+                                 keras_evaluate, recorded_evals, run_oracle, write_project)
+from test_jax_engine import TPULAUNCH, _env, _variables
+
+pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    return write_project(tmp_path_factory.mktemp("oracle_jax"), "jax")
+
+
+def _run(verb: str, project: Path, *args: str, job: str = "job.yaml") -> subprocess.CompletedProcess:
+    result = subprocess.run([*TPULAUNCH, verb, str(project / job), *args], capture_output=True, text=True,
+                            env=_env(), timeout=300, cwd=project)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def _model_weights(model_dir: Path, count: int = 4) -> list:
+    """The model's weights in a jax-engine checkpoint: variables/0 ... variables/count-1 (the optimizer's follow)."""
+    found = _variables(model_dir)
+    return [found[f"variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"] for i in range(count)]
+
+
+def test_train_evaluate_and_export_equal_keras_fit_evaluate_and_predict(project, tmp_path):
+    model_dir = tmp_path / "run"
+    trained = _run("train", project, "--model-dir", str(model_dir))
+    ours = _model_weights(model_dir)
+    oracle = run_oracle(project, tmp_path, _env(), backend="jax", checkpoint=ours)
+    assert_weights_equal(ours, oracle["fit"])
+
+    # The evaluation at the end of train: the mean over the eval set, in the run record and on the eval line.
+    expected = oracle["evaluate"]
+    assert set(expected) == {"loss", "accuracy"}
+    (recorded,) = recorded_evals(model_dir, "train")
+    assert_metrics_equal(recorded, expected)
+    assert eval_line(STEPS, expected) in trained.stdout.splitlines(), trained.stdout
+
+    evaluated = _run("evaluate", project, "--set", f"run.model_dir={model_dir}")
+    assert eval_line(STEPS, expected) in evaluated.stdout.splitlines(), evaluated.stdout
+    assert_metrics_equal(recorded_evals(model_dir, "evaluate")[-1], expected)
+
+    exported = _run("export", project, str(tmp_path / "exported"), "--set", f"run.model_dir={model_dir}")
+    path = re.search(r"^exported (\S+)$", exported.stdout, re.MULTILINE).group(1)
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    served = serve(image=tf.constant(eval_images(project)))["outputs"].numpy()
+    np.testing.assert_allclose(served, oracle["predict"], **SERVED)
+
+
+def test_a_model_compiled_by_its_builder_trains_with_its_own_compile_where_the_job_sets_none(project, tmp_path):
+    job = yaml.safe_load((project / "job.yaml").read_text())
+    for key in ("loss", "optimizer", "metrics"):
+        del job["model"][key]
+    job["model"]["builder"] = "oraclemodels:compiled"
+    (project / "compiled.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    model_dir = tmp_path / "run"
+    trained = _run("train", project, "--model-dir", str(model_dir), job="compiled.yaml")
+    assert "Functional was compiled: its loss SparseCategoricalCrossentropy; its optimizer Adam; its metrics " \
+           "[SparseCategoricalAccuracy]" in trained.stdout, trained.stdout
+
+    ours = _model_weights(model_dir)
+    oracle = run_oracle(project, tmp_path, _env(), backend="jax", checkpoint=ours, builder="compiled", compile=False)
+    assert_weights_equal(ours, oracle["fit"])
+    assert set(oracle["evaluate"]) == {"loss", "acc"}  # its own metric, evaluated as evaluate() does
+    assert_metrics_equal(recorded_evals(model_dir, "train")[-1], oracle["evaluate"])
+
+    # The job's settings win where it sets them, and the line names what they replaced.
+    replaced = _run("train", project, "--model-dir", str(tmp_path / "replaced"), "--set", "train.steps=1",
+                    "--set", "eval=null", "--set", "model.optimizer=sgd", job="compiled.yaml")
+    assert "Functional was compiled: its loss SparseCategoricalCrossentropy; model.optimizer SGD replaces its Adam; " \
+           "its metrics [SparseCategoricalAccuracy]" in replaced.stdout, replaced.stdout
+
+
+def test_a_run_stopped_at_step_3_and_resumed_equals_one_that_never_stopped(project, tmp_path):
+    """Shuffled (a seeded buffer, reshuffled each epoch): the resumed run reads on from batch 4 of the same order."""
+    shuffled = ("--set", "data.shuffle_buffer=16", "--set", "eval=null")
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    _run("train", project, "--model-dir", str(whole), *shuffled)
+    _run("train", project, "--model-dir", str(parts), *shuffled, "--set", "train.steps=3")
+    resumed = _run("train", project, "--model-dir", str(parts), *shuffled)
+    assert f"resumed from step 3 ({parts})" in resumed.stdout.splitlines()
+    ours, theirs = _variables(parts), _variables(whole)
+    assert sorted(ours) == sorted(theirs) and ours["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == STEPS
+    assert_weights_equal([ours[name] for name in sorted(ours)], [theirs[name] for name in sorted(theirs)])
+
+
+REGRESSOR = textwrap.dedent('''
+    import keras
+
+
+    def build():
+        """A regressor its builder compiles with its own squared error and metric."""
+        image = keras.Input(shape=(8, 8, 1), name="image")
+        model = keras.Model(image, keras.layers.Dense(2)(keras.layers.Flatten()(image)))
+        model.compile(optimizer=keras.optimizers.Adam(0.02), loss="mse", metrics=["mae"])
+        return model
+''')
+
+
+def test_a_compiled_regressor_trains_with_its_own_loss_and_evaluates_as_keras_evaluate_does(tmp_path):
+    """The job sets no model.loss: the model's own squared error trains it, so its real-valued label is not
+    checked as class ids (as the job's default crossentropy would score it), and its metrics are Keras's."""
+    labels = {"target": {"shape": [2]}}
+    for split, count, seed in (("train", 32, 11), ("eval", 32, 12)):
+        corpus.write_records(tmp_path / f"{split}.tfrecord", {**corpus.IMAGE, **labels}, count, seed=seed)
+    (tmp_path / "regressor.py").write_text(REGRESSOR)
+    job = {"name": "regressor", "model": {"builder": "regressor:build"},
+           "data": {"train": "train.tfrecord", "eval": "eval.tfrecord", "features": corpus.IMAGE, "labels": labels,
+                    "shuffle_buffer": 0},
+           "train": {"batch_size": 8, "steps": 4}, "eval": {"batch_size": 8, "steps": 4},
+           "run": {"model_dir": "run", "save_checkpoints_steps": 4, "seed": 7, "engine": "jax"}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    trained = _run("train", tmp_path)
+    assert "Functional was compiled: its loss 'mse'" in trained.stdout, trained.stdout
+
+    expected = keras_evaluate(tmp_path, tmp_path, _env(), builder="regressor:build", job=job, backend="jax",
+                              tf_checkpoint=tf.train.latest_checkpoint(str(tmp_path / "run")))
+    assert set(expected) == {"loss", "mae"}
+    assert_metrics_equal(recorded_evals(tmp_path / "run", "train")[-1], expected)
+    assert eval_line(4, expected) in trained.stdout.splitlines(), trained.stdout
