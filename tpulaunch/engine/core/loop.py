@@ -89,7 +89,7 @@ def train(job: "Job", session_for: Callable[[Callable[[], bool]], TrainingSessio
             run's other workers leave model_dir to the chief).
 
     Raises:
-        TrainingStopped, EvaluationStopped, watchdog.NodeLost, TpuLaunchError: see `engine/base.py`'s train.
+        TrainingStopped, EvaluationStopped, watchdog.NodeLost, TpuLaunchError: see `seam/engine.py`'s train.
     """
     model_dir = job.run.model_dir
     with model_dir_errors(model_dir):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from tpulaunch.engine.core import loop
 from tpulaunch.engine.core.build_failures import build_errors
@@ -22,6 +22,9 @@ from tpulaunch.run.lease import ensure_held, raise_if_lost
 from tpulaunch.run.signals import StopSignal
 from tpulaunch.engine.core.summaries import tensorboard_events
 from tpulaunch.run.workers import is_chief_worker
+
+if TYPE_CHECKING:
+    from tpulaunch.run.watchdog import WatchPlan
 
 
 def make_training(job: Job, plan: Optional[Plan], *, search_path: Sequence[str] = ()):
@@ -91,8 +94,9 @@ def _label_classes(job: Job, model) -> dict:
 # ------------------------------------------------------------------------------------------ train
 
 def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop: Optional[StopSignal] = None,
-          search_path: Sequence[str] = (), force: bool = False) -> TrainSummary:
-    """Train to `job.train.steps`, resuming from model_dir's latest complete checkpoint, evaluating as the job says."""
+          search_path: Sequence[str] = (), force: bool = False, watch: Optional["WatchPlan"] = None) -> TrainSummary:
+    """Train to `job.train.steps`, resuming from model_dir's latest complete checkpoint, evaluating as the job says;
+    `watch`: the TPU node's watch (a lost node stops the run, and `--auto-resume` resumes it, as on every engine)."""
     loop.check_trainable(job)
     recorder = recorder or RunRecorder(total_steps=job.train.steps, batch_size=plan.train_batch_size,
                                        log_every_steps=log_every_steps(job), model_dir=job.run.model_dir)
@@ -101,7 +105,7 @@ def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop:
         return _JaxSession(job, plan, recorder, should_stop, search_path=search_path)
 
     with tensorboard_events(recorder, job.run.model_dir, is_chief_worker()):
-        return loop.train(job, session_for, recorder=recorder, stop=stop or StopSignal(), watch=None, use_tpu=False,
+        return loop.train(job, session_for, recorder=recorder, stop=stop or StopSignal(), watch=watch, use_tpu=False,
                           force=force, writes_model_dir=is_chief_worker())
 
 
