@@ -41,7 +41,8 @@ def make_training(job: Job, plan: Optional[Plan], *, search_path: Sequence[str] 
     with build_errors(job, "train"), spec_errors():
         whole_loss, _losses, _metrics = job_functions(job, search_path=search_path)
         training = JaxTraining(job, builder, kwargs, custom_loss=whole_loss, split=mesh.split_of(plan))
-    mesh.check_batches(job, training.layout)
+    if plan is not None:
+        mesh.check_batches(plan, training.layout)
     refuse_split_over_hosts(training.layout)
     return training
 
@@ -60,7 +61,7 @@ def trace_first_step(training, job: Job) -> None:
         jax.eval_shape(lambda f, y, state: model.train_step(state, (f, y)), features, labels, abstract_state(model))
 
 
-def _batches(job: Job, mode: str, training, skip: int = 0):
+def _batches(job: Job, plan: Plan, mode: str, training, skip: int = 0):
     """The mode's batches as NumPy: the records read by the same tf.data pipeline as the other engines', after the
     first `skip` (a resumed run's step: what it already trained on). Over several hosts each process reads its own
     share of the records and makes its share of the global batch (`hosts.py`); DataParallel puts the shares
@@ -68,11 +69,11 @@ def _batches(job: Job, mode: str, training, skip: int = 0):
     silently)."""
     from tpulaunch.engine.jax.hosts import InputShare, share
 
-    spec = job.train if mode == "train" else (job.eval or job.train)
     index, count = share()
     with naming_read_errors(job, mode):
         dataset = make_input_fn(job, mode, use_tpu=False, label_classes=_label_classes(job, training.model))(
-            {"batch_size": spec.batch_size // count, "context": InputShare(index, count), "skip_batches": skip})
+            {"batch_size": plan.per_shard(mode, count, f"{count} hosts"), "context": InputShare(index, count),
+             "skip_batches": skip})
     return dataset.as_numpy_iterator()
 
 
@@ -136,12 +137,12 @@ class _JaxSession:
 
     def prepare_evaluation(self) -> None:
         self.recorder.phase_switch(phases.BUILD_EVALUATION)
-        _batches(self.job, "eval", self.training)  # the eval files are listed and the pipeline built: a run that cannot evaluate stops here
+        _batches(self.job, self.plan, "eval", self.training)  # the eval files are listed and the pipeline built: a run that cannot evaluate stops here
 
     def train_to(self, until: int) -> int:
         job, training, recorder = self.job, self.training, self.recorder
         if self.batches is None:
-            self.batches = _batches(job, "train", training, skip=training.step)
+            self.batches = _batches(job, self.plan, "train", training, skip=training.step)
         every = job.run.save_checkpoints_steps
         recorder.phase_switch(phases.FIRST_STEP, "XLA compiles the step")
         recorder.session_began(training.step)
@@ -179,14 +180,14 @@ class _JaxSession:
         self.recorder.checkpoint_saved(self.training.step, self.training.save())
 
     def evaluate(self) -> bool:
-        return _evaluate_into(self.training, self.job, self.recorder, self.should_stop) is not None
+        return _evaluate_into(self.training, self.job, self.plan, self.recorder, self.should_stop) is not None
 
 
 # --------------------------------------------------------------------------------------- evaluate
 
-def _evaluate_into(training, job: Job, recorder: RunRecorder, should_stop=None) -> Optional[EvalResult]:
+def _evaluate_into(training, job: Job, plan: Plan, recorder: RunRecorder, should_stop=None) -> Optional[EvalResult]:
     with recorder.phase(phases.EVALUATION):
-        batches = _batches(job, "eval", training)
+        batches = _batches(job, plan, "eval", training)
         # Keras reads the batches inside evaluate(), where build_errors would blame the model for a bad record or
         # an out-of-range class id: the input's error is kept and raised after it, where naming_read_errors says it.
         read_failed = []
@@ -220,7 +221,7 @@ def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None, recorder
         training = make_training(job, plan, search_path=search_path)
     with recorder.phase(phases.RESTORE):
         training.restore(checkpoint)
-    return _evaluate_into(training, job, recorder)
+    return _evaluate_into(training, job, plan, recorder)
 
 
 # ----------------------------------------------------------------------------------------- export

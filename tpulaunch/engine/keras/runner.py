@@ -68,12 +68,10 @@ def make_training(job: Job, plan: Plan, *, use_tpu: Optional[bool] = None, clust
                                             **plain.strategy_settings(job, plan, use_tpu=use_tpu))
     except RuntimeError as exc:  # TensorFlow's runtime started before the CPU could be split
         raise TpuLaunchError(f"cannot split the CPU into {cpu_replicas} devices: {exc}") from None
-    replicas = strategy.num_replicas_in_sync
-    for batch in plan.batches:
-        if batch.global_batch % replicas:
-            raise TpuLaunchError(f"{batch.split}.batch_size {batch.global_batch} does not divide over the {replicas} "
-                                 f"replicas of {type(strategy).__name__}",
-                                 hint=f"use a multiple of {replicas} (each replica gets the same share)")
+    if not use_tpu:  # this machine's replicas are known only now (a TPU's are the Plan's, its batches checked)
+        replicas = strategy.num_replicas_in_sync
+        for batch in plan.batches:
+            plan.per_shard(batch.split, replicas, f"the {replicas} replicas of {type(strategy).__name__}")
     parts = plain.job_parts(job, use_tpu=use_tpu, search_path=search_path)  # imports the builder's Keras
     if job.run.seed is not None:
         standalone.set_random_seed(job.run.seed)
