@@ -15,7 +15,8 @@ keeps (`core/step_tensors.py`) are the same for both engines.
 
 from __future__ import annotations
 
-from tpulaunch.engine.core.build_failures import BuildError, ModeBuild, build_errors, problems_of
+from tpulaunch.engine.core.build_failures import BuildError, ModeBuild, problems_of
+from tpulaunch.engine.estimator.locate import build_errors
 from tpulaunch.engine.core.step_tensors import PROBE_BATCH, StepTensors, elements, kept_by_backward, state_bytes
 
 

@@ -14,8 +14,7 @@ import tensorflow as tf
 
 from tpulaunch.engine import portable
 from tpulaunch.engine.estimator import standalone
-from tpulaunch.engine.core.build_failures import build_errors
-from tpulaunch.engine.estimator.locate import located, located_metric_fn
+from tpulaunch.engine.estimator.locate import build_errors, located, located_metric_fn
 from tpulaunch.engine.estimator.plain import model_settings
 from tpulaunch.engine.plain import optimizer_settings
 from tpulaunch.job.flags import apply_flags

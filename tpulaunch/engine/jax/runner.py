@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from tpulaunch.engine.core import loop
-from tpulaunch.engine.core.build_failures import build_errors
+from tpulaunch.engine.jax.locate import build_errors
 from tpulaunch.engine.core.model_dir import checkpoint_step, checkpoint_to_read
 from tpulaunch.engine.jax.hosts import refuse_split_over_hosts
 from tpulaunch.engine.pipeline import label_classes, make_input_fn, naming_read_errors, scores_class_ids

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple
 
 from tpulaunch.engine.pipeline import naming_read_errors
 from tpulaunch.engine.core import loop
-from tpulaunch.engine.core.build_failures import build_errors
+from tpulaunch.engine.keras.locate import build_errors
 from tpulaunch.engine.core.model_dir import checkpoint_to_read, model_dir_errors
 from tpulaunch.engine.core.staged_save import staged_write
 from tpulaunch.engine.plain import log_every_steps, spec_errors
