@@ -37,7 +37,7 @@ def make_training(job: Job, plan: Optional[Plan], *, search_path: Sequence[str] 
 
     load_keras()
     apply_flags(job, search_path=search_path)  # before the job's code runs: it may read FLAGS as it builds
-    builder, kwargs = job_builder(job, search_path=search_path, keras3=True)
+    builder, kwargs = job_builder(job, search_path=search_path)
     with build_errors(job, "train"), spec_errors():
         whole_loss, _losses, _metrics = job_functions(job, search_path=search_path)
         training = JaxTraining(job, builder, kwargs, custom_loss=whole_loss, split=mesh.split_of(plan))
