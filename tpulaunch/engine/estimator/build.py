@@ -10,7 +10,7 @@ since the wrappers that locate them (`build_errors`, `located`) are in the code 
 
 Also here: what one training step keeps for its backward pass (`step_tensors`, the memory plan's input),
 read from the same stopped build. Locating a failure (`core/build_failures.py`) and reading what a step
-keeps (`core/step_tensors.py`) are the same for both engines.
+keeps (`core/step_tensors.py`) are the same for every engine.
 """
 
 from __future__ import annotations

@@ -118,7 +118,7 @@ def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop:
           watch: Optional["WatchPlan"] = None, profile: Optional[Tuple[int, int]] = None,
           cpu_replicas: Optional[int] = None) -> TrainSummary:
     """Train to `job.train.steps`, resuming from model_dir's latest complete checkpoint, evaluating as the job says:
-    the loop both engines run (`engine/core/loop.py`; its Raises apply), around `_KerasSession`."""
+    the loop every engine runs (`engine/core/loop.py`; its Raises apply), around `_KerasSession`."""
     loop.check_trainable(job)
     model_dir = job.run.model_dir
     recorder = recorder or RunRecorder(total_steps=job.train.steps, batch_size=plan.train_batch_size,
