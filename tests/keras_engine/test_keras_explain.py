@@ -184,7 +184,7 @@ def test_engine_keras_refuses_a_model_fn_job_naming_its_key_and_the_fix(tmp_path
     assert result.exit_code == 1, result.output
     assert "job.yaml:3:13: model.model_fn:" in result.output
     assert "hint: explain it with --engine estimator" in result.output
-    assert f"error: no keras program for {job}: model.model_fn is TPUEstimator's own" in result.output
+    assert f"error: no keras program for {job}: model.model_fn is the estimator engine's own" in result.output
     # The TPUEstimator program of the same job is still there, under this TensorFlow too: it is only text.
     estimator = CliRunner().invoke(cli, ["explain", str(job), "--engine", "estimator"])
     assert estimator.exit_code == 0, estimator.output

@@ -7,15 +7,16 @@ from typing import Optional
 from tpulaunch.errors import TpuLaunchError
 
 
-def cpu_replicas_for(engine: str, cpu_replicas: Optional[int], plan) -> dict:
-    """`--cpu-replicas`, as the engine's keyword argument ({} when not asked): only an engine that splits this
-    machine into replicas (`EngineAbout.cpu_replicas`) runs them, and only on this machine.
+def cpu_replicas_for(engine: str, cpu_replicas: Optional[int], plan) -> Optional[int]:
+    """`--cpu-replicas` for the engine (None when not asked): only an engine that splits this machine into
+    replicas (`EngineAbout.cpu_replicas`) runs them, and only on this machine. Every engine takes the option; this
+    is the one place that refuses it.
 
     Raises:
         TpuLaunchError: the job's engine cannot, or the run is on a TPU.
     """
     if cpu_replicas is None:
-        return {}
+        return None
     from tpulaunch.seam.registry import about, names
 
     if not about(engine).cpu_replicas:
@@ -24,4 +25,4 @@ def cpu_replicas_for(engine: str, cpu_replicas: Optional[int], plan) -> dict:
                              hint=f"set run.engine: {able}, or drop --cpu-replicas")
     if plan.on_tpu:
         raise TpuLaunchError("--cpu-replicas runs on this machine", hint="add --local, or drop --cpu-replicas")
-    return {"cpu_replicas": cpu_replicas}
+    return cpu_replicas

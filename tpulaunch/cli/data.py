@@ -146,6 +146,7 @@ def bench(obj: Context, job_file: str, local: bool, overrides, seconds: float, f
     """
     from tpulaunch.cli.gate import load_checked
     from tpulaunch.data.bench import bench_input, compare
+    from tpulaunch.engine.core.records import record_lines
     from tpulaunch.run.record import RECORD_FILE, last_training, read_records, skipped_text
     from tpulaunch.tf_env import quiet_tensorflow
 
@@ -158,7 +159,7 @@ def bench(obj: Context, job_file: str, local: bool, overrides, seconds: float, f
         result = bench_input(job, checked.plan, seconds=seconds, search_path=job.search_path)
     try:
         skipped: list = []
-        last = last_training(read_records(engine.run_record_lines(job.run.model_dir),
+        last = last_training(read_records(record_lines(job.run.model_dir),
                                           on_skipped=lambda number, why: skipped.append((number, why))))
         if skipped:  # a torn line (a run cut off mid-write): the whole records are compared with
             obj.err.print(skipped_text(f"{job.run.model_dir.rstrip('/')}/{RECORD_FILE}", skipped), highlight=False,

@@ -1,4 +1,4 @@
-"""`tpulaunch explain JOB.yaml [--engine estimator|keras] [-o FILE]`: print (or write) the program a job stands for."""
+"""`tpulaunch explain JOB.yaml [--engine NAME] [-o FILE]`: print (or write) the program a job stands for."""
 
 from __future__ import annotations
 
@@ -10,15 +10,6 @@ import click
 from tpulaunch.cli.base import Context, command, job_argument, pass_obj, set_option
 from tpulaunch.seam.registry import names as engine_names
 from tpulaunch.errors import TpuLaunchError
-
-# What to do instead when a job names TPUEstimator's own functions and another engine's program is asked for.
-_MIGRATE_FIX = {
-    "model.model_fn": "explain it with --engine estimator (the TPUEstimator program), or migrate the model to "
-                      "model.builder: a function returning a tf.keras.Model, with model.loss and model.metrics",
-    "data.input_fn": "explain it with --engine estimator (the TPUEstimator program), or migrate the input to "
-                     "data.train/data.eval TFRecords with data.features and data.labels",
-}
-
 
 @command(epilog="""\b
 Examples:
@@ -58,7 +49,7 @@ def explain(obj: Context, job_file: str, overrides, engine, output):
         checked = load_checked(job_file, sets, verb="explaining")
     except JobRefused as exc:
         if engine:
-            _refuse_estimator_only(job_file, engine, exc)
+            _refuse_other_engines_keys(job_file, engine, exc)
         raise
     script = checked.engine.program(checked.loaded, checked.plan)
     if output is None:
@@ -78,18 +69,21 @@ def _make_executable(path: str) -> None:
     os.chmod(path, os.stat(path).st_mode | (0o111 & ~umask))
 
 
-def _refuse_estimator_only(job_file: str, engine: str, refused: TpuLaunchError) -> None:
-    """--engine ENGINE on a job with TPUEstimator's own functions, which ENGINE does not run: those keys, what to
-    do, exit 1."""
-    from tpulaunch.checks.engine_rules import ESTIMATOR_ONLY
+def _refuse_other_engines_keys(job_file: str, engine: str, refused: TpuLaunchError) -> None:
+    """--engine ENGINE on a job with keys only another engine runs (`EngineAbout.own_keys`: TPUEstimator's own
+    functions): those keys, what to do, exit 1."""
+    from tpulaunch.checks.engine_rules import owner_of
 
-    only = [p for p in refused.problems if p.code == ESTIMATOR_ONLY]
+    owners = {id(p): owner_of(p) for p in refused.problems}
+    only = [p for p in refused.problems if owners[id(p)]]
     if not only:
         return
-    problems = [dataclasses.replace(p, hint=_MIGRATE_FIX.get(p.path, p.hint)) if p.code == ESTIMATOR_ONLY else p
+    problems = [dataclasses.replace(p, hint=f"explain it with --engine {owners[id(p)][0]} (its program), or "
+                                            f"{owners[id(p)][1].instead}") if owners[id(p)] else p
                 for p in refused.problems]
     keys = " and ".join(p.path for p in only)
+    owner = owners[id(only[0])][0]
     raise TpuLaunchError(
-        f"no {engine} program for {job_file}: {keys} {'is' if len(only) == 1 else 'are'} TPUEstimator's own "
-        "(only the estimator engine runs them)",
-        hint=f"drop --engine {engine} (or use --engine estimator) for the TPUEstimator program", problems=problems)
+        f"no {engine} program for {job_file}: {keys} {'is' if len(only) == 1 else 'are'} the {owner} engine's own "
+        "(only it runs them)",
+        hint=f"drop --engine {engine} (or use --engine {owner}) for the {owner} engine's program", problems=problems)

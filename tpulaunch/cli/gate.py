@@ -26,7 +26,7 @@ class CheckedJob:
 
     @property
     def engine(self):
-        """The job's Engine (`tpulaunch.engine.base.Engine`): the one its Plan was built for, worked out once by the
+        """The job's Engine (`tpulaunch.seam.engine.Engine`): the one its Plan was built for, worked out once by the
         checks."""
         from tpulaunch.seam.registry import engine
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator, Optional
 
+from tpulaunch.engine.core.records import append_record
 from tpulaunch.run import phases
 from tpulaunch.run.events import RunRecorder
 from tpulaunch.run.run_record import outcome, write_record
@@ -46,7 +47,7 @@ def recorded_run(obj, recorder: RunRecorder, engine, checked, command: str, *,
         try:
             ended = forced or error
             if record and (loaded or ended is not None):
-                write_record(recorder, engine, checked.job, checked.plan, command, outcome(recorder, ended),
+                write_record(recorder, append_record, checked.job, checked.plan, command, outcome(recorder, ended),
                              lease, through_framework=loaded, say=_say(obj))
         finally:
             recorder.close()

@@ -243,6 +243,7 @@ def _train(obj: Context, job_file: str, checked, engine, began: float, sets, lea
            recreate: bool, profile, cpu_replicas: Optional[int]):
     from tpulaunch.cli.recorded import recorded_run
     from tpulaunch.data.input_help import input_help
+    from tpulaunch.engine.plain import log_every_steps
     from tpulaunch.run.lease import LeaseLost
     from tpulaunch.run.signals import EvaluationStopped, TrainingStopped
     from tpulaunch.run.watchdog import NodeLost
@@ -250,7 +251,7 @@ def _train(obj: Context, job_file: str, checked, engine, began: float, sets, lea
     job = checked.job
     recorder = _recorder(obj.out, started_at=began, total_steps=job.train.steps if job.train else 0,
                          batch_size=job.train.batch_size if job.train else 0,
-                         log_every_steps=engine.log_every_steps(job), model_dir=job.run.model_dir,
+                         log_every_steps=log_every_steps(job), model_dir=job.run.model_dir,
                          input_help=input_help(job, on_tpu=checked.plan.on_tpu))
     with recorded_run(obj, recorder, engine, checked, "train", lease=lease):
         with _resolving(recorder, job, local=local, watch_node=watch_node):
@@ -260,7 +261,7 @@ def _train(obj: Context, job_file: str, checked, engine, began: float, sets, lea
                                 job_file=job_file, engine=engine.name)
         try:
             engine.train(job, checked.plan, recorder=recorder, cluster_resolver=resolver, force=force, watch=watch,
-                         profile=profile, **_replicas(engine, cpu_replicas, checked.plan))
+                         profile=profile, cpu_replicas=_replicas(engine, cpu_replicas, checked.plan))
         except LeaseLost as lost:  # fenced: say where it stopped, and what it left
             lost.message += (f", at step {recorder.step} (its last checkpoint there: "
                              f"{recorder.last_checkpoint or 'none from this run'})")
@@ -279,8 +280,8 @@ def _train(obj: Context, job_file: str, checked, engine, began: float, sets, lea
             raise AlreadyReported(stopped.exit_code) from None
 
 
-def _replicas(engine, cpu_replicas: Optional[int], plan) -> dict:
-    """`cpu_replicas` for the engine, when asked (`checks/run_options.py` holds the rule)."""
+def _replicas(engine, cpu_replicas: Optional[int], plan) -> Optional[int]:
+    """`--cpu-replicas` for the engine, when asked (`checks/run_options.py` holds the rule)."""
     from tpulaunch.checks.run_options import cpu_replicas_for
 
     return cpu_replicas_for(engine.name, cpu_replicas, plan)
@@ -330,7 +331,7 @@ def evaluate(obj: Context, job_file: str, local: bool, overrides, checkpoint: Op
             with _resolving(recorder, job, local=local, watch_node=False):
                 resolver = _resolver(job, local, wait_s)
             engine.evaluate(job, checked.plan, recorder=recorder, checkpoint=checkpoint, cluster_resolver=resolver,
-                            **_replicas(engine, cpu_replicas, checked.plan))
+                            cpu_replicas=_replicas(engine, cpu_replicas, checked.plan))
 
 
 @command()

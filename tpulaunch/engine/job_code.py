@@ -2,12 +2,9 @@
 metric functions, and the Keras precision policy.
 
 Failures become messages naming the job key: a builder that rejects model.params, one that cannot
-download its weights, one that returns something other than a Keras model (a tf.keras one, or a Keras 3
-one where the engine trains Keras 3: `keras3=True`; which Keras is told by the model's classes), and, on the
-estimator engine, a model that would train otherwise than its author wrote: one with its own train_step,
-test_step or compute_loss, or one the builder compile()d (the model_fn uses the job's loss and optimizer
-and calls none of these). The keras engine runs both (`keras/standalone.py`: a model's own step as fit()
-runs it; a compile() the job's loss, optimizer and metrics replace). A Keras Metric (class or object) given
+download its weights, one that returns something other than a Keras model, and one its engine does not
+train (the engine's own rule, passed in: the estimator engine's refuses Keras 3 models and models that would
+train otherwise than their author wrote, `engine/estimator/builder_rules.py`). A Keras Metric (class or object) given
 by import path is refused at its job key on the estimator engine and fed each batch on the keras engine; a
 Keras Loss given as a metric is refused on both; a Keras Loss as model.loss trains (portable.compute_loss).
 """
@@ -16,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.builder_args import builder_kwargs
@@ -82,12 +79,14 @@ def apply_precision(precision: str, *, use_tpu: bool) -> str:
     return name
 
 
-def job_builder(job: Job, *, search_path: Sequence[str] = (), keras3: bool = False) -> Tuple[Callable, dict]:
+def job_builder(job: Job, *, search_path: Sequence[str] = (),
+                accept: Callable[[str, Any], None] = lambda builder, model: None) -> Tuple[Callable, dict]:
     """(the job's builder, wrapped so its failures name model.builder / model.params, its keyword arguments).
 
-    `keras3`: the keras engine, which trains Keras 3 models too (else only tf.keras ones), and runs a compiled model
-    and a model's own train_step, test_step and compute_loss (the estimator engine refuses them)."""
-    from tpulaunch.engine.portable import SpecError, is_keras3, keras_of
+    The builder must return a Keras model (tf.keras or Keras 3); `accept(builder, model)` is the engine's own rule
+    of which it trains (raising a TpuLaunchError for one it does not: the estimator engine's
+    `builder_rules.accept_model`)."""
+    from tpulaunch.engine.portable import SpecError, keras_of
     from tpulaunch.engine.weights import download_error, download_failure
 
     spec = job.model
@@ -111,12 +110,12 @@ def job_builder(job: Job, *, search_path: Sequence[str] = (), keras3: bool = Fal
             message, hint = download_error(spec.builder, failure)
             raise TpuLaunchError(message, hint=hint, code="builder-download-failed") from exc
         keras = keras_of(model)
-        if keras is None or not isinstance(model, keras.Model) or (is_keras3(keras) and not keras3):
-            raise _not_a_keras_model(spec.builder, model, keras3)
+        if keras is None or not isinstance(model, keras.Model):
+            raise TpuLaunchError(f"model builder {spec.builder!r} returned {type(model).__name__}, not a Keras model "
+                                 "(tf.keras or Keras 3)",
+                                 hint="return the model itself (a Keras model), not its outputs or a wrapper")
+        accept(spec.builder, model)
         _refuse_empty_outputs(spec, model)
-        if not keras3:
-            _refuse_own_training(spec.builder, model)
-            _refuse_compiled(spec.builder, model)
         return model
 
     return checked_builder, kwargs
@@ -164,81 +163,6 @@ def job_functions(job: Job, *, search_path: Sequence[str] = (), keras_metrics: b
     custom_metrics = {path: fn for (kind, path), fn in functions.items() if kind == "metrics"}
     whole_loss = custom_losses.get(spec.loss) if isinstance(spec.loss, str) else None  # gets all labels and outputs
     return whole_loss, custom_losses, custom_metrics
-
-
-# ------------------------------------------------------------------------------- what a builder returns
-
-def _installed_version(package: str) -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def _not_a_keras_model(builder: str, model, keras3: bool) -> TpuLaunchError:
-    import tensorflow as tf
-
-    from tpulaunch.engine.portable import is_keras3, keras_of
-
-    found = type(model).__name__
-    if not is_keras3(keras_of(model)):
-        wanted = "a Keras model (tf.keras or Keras 3)" if keras3 else "a tf.keras.Model"
-        return TpuLaunchError(f"model builder {builder!r} returned {found}, not {wanted}",
-                              hint=f"return the model itself ({wanted}), not its outputs or a wrapper")
-    versions = (f"keras {_installed_version('keras')}, tf-keras {_installed_version('tf_keras')}, "
-                f"TensorFlow {tf.__version__}")
-    return TpuLaunchError(
-        f"model builder {builder!r} returned {found}, a Keras 3 model ({type(model).__module__}); this engine trains "
-        f"tf.keras (Keras 2) models. Installed: {versions}",
-        hint="train it on the keras engine (run.engine: keras, TensorFlow 2.16 or later), or in the builder's module "
-             "`import tf_keras as keras` instead of `import keras`")
-
-
-def _refuse_own_training(builder: str, model) -> None:
-    from tpulaunch.engine.portable import own_fit_methods
-
-    for method in own_fit_methods(model)[:1]:
-        raise TpuLaunchError(
-            f"model builder {builder!r} returned {type(model).__name__}, which overrides {method}: the estimator "
-            f"engine trains with the job's loss and optimizer in its model_fn and would never call it",
-            hint="train it on the keras engine (run.engine: keras, TensorFlow 2.16 or later), which runs a model's "
-                 "own step as fit() does; or move that logic into the job (model.loss as an import path "
-                 "'pkg.mod:fn(labels, outputs)', model.optimizer, model.metrics) and drop the override, or train "
-                 "the model with your own program (`tpulaunch explain` prints the one tpulaunch runs, to start from)")
-
-
-def _loss_name(loss) -> str:
-    if isinstance(loss, str):
-        return repr(loss)
-    if isinstance(loss, (dict, list, tuple)):
-        return "per output"
-    return getattr(loss, "__name__", type(loss).__name__)
-
-
-def _compile_settings(model) -> str:
-    """What compile() left on the model: 'optimizer Adam, loss SparseCategoricalCrossentropy'."""
-    found = []
-    if getattr(model, "optimizer", None) is not None:
-        found.append(f"optimizer {type(model.optimizer).__name__}")
-    loss = getattr(model, "loss", None)
-    if loss:
-        found.append(f"loss {_loss_name(loss)}")
-    return ", ".join(found) or "no optimizer or loss"
-
-
-def _refuse_compiled(builder: str, model) -> None:
-    from tpulaunch.engine.portable import compiled_with
-
-    if compiled_with(model) is not None:
-        raise TpuLaunchError(
-            f"model builder {builder!r} returned {type(model).__name__} already compiled ({_compile_settings(model)}): "
-            f"the estimator engine trains with the job's model.loss and model.optimizer in its model_fn, so "
-            f"compile()'s would be ignored",
-            hint="train it on the keras engine (run.engine: keras), which trains a compiled model; or remove "
-                 "compile() from the builder (a loaded model: load_model(path, compile=False)) and put its loss "
-                 "in model.loss and its optimizer in model.optimizer")
 
 
 # --------------------------------------------------------------------------- losses and metrics by path

@@ -1,4 +1,4 @@
-"""The input pipeline, precision, heads and losses that both engines run, on plain values.
+"""The input pipeline, precision, heads and losses that every engine runs, on plain values.
 
 This module imports only TensorFlow and the Python standard library, and takes plain values (dicts,
 lists, strings, numbers) plus the job's own callables (its Keras builder, a custom loss or metric).

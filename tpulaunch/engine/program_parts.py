@@ -1,4 +1,4 @@
-"""What both engines' `tpulaunch explain` programs are written with: job values commented with their key and
+"""What the engines' `tpulaunch explain` programs are written with: job values commented with their key and
 line, the job's own code imported (tpulaunch's reference models copied in), the job's absl flags set.
 
 `engine/estimator/program.py` (TPUEstimator) and `engine/keras/program.py` (Keras + tf.distribute) write

@@ -1,6 +1,6 @@
 """The text of an engine's standalone modules, as `tpulaunch explain` prints them, read without importing them.
 
-An engine's program is `engine/portable.py` (the pipeline, precision, heads and losses both engines
+An engine's program is `engine/portable.py` (the pipeline, precision, heads and losses every engine
 run) followed by the engine's own standalone module, both verbatim, except for the one statement
 that imports portable's names into the engine's module: in the program those names are defined just
 above it. Pure Python: importing either module would load TensorFlow.

@@ -18,7 +18,15 @@ from typing_extensions import Annotated
 
 from tpulaunch.seam.registry import names as _engine_names
 
-ENGINE_NAMES = _engine_names()  # run.engine's values: the registry's engines
+
+
+def _an_engine(value: str) -> str:
+    """run.engine names an engine of the registry (read when a job is checked, so an engine added there is one)."""
+    known = _engine_names()
+    if value not in known:
+        expected = " or ".join(", ".join(repr(name) for name in known).rsplit(", ", 1))
+        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+    return value
 
 IMPORT_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -534,9 +542,11 @@ class WarmStart(Strict):
 
 class Run(Strict):
     model_dir: str = Field(description="checkpoints, summaries and the resolved job (gs:// for a Cloud TPU)")
-    engine: Optional[Literal[ENGINE_NAMES]] = Field(
-        None, description="what trains the job: estimator (TPUEstimator, TensorFlow 2.15) or keras (Keras + "
-                          "tf.distribute, TensorFlow 2.16 and later); default: the one the installed TensorFlow has")
+    engine: Optional[Annotated[str, AfterValidator(_an_engine),
+                               WithJsonSchema({"type": "string", "enum": list(_engine_names())})]] = Field(
+        None, description="what trains the job: estimator (TPUEstimator, TensorFlow 2.15), keras (Keras + "
+                          "tf.distribute, TensorFlow 2.16 and later) or jax (Keras 3 on JAX); default: the first "
+                          "whose framework is installed in a version it runs on")
     save_checkpoints_steps: int = Field(1000, ge=1)
     keep_checkpoint_max: int = Field(5, ge=1)
     log_every_steps: Optional[int] = Field(None, ge=1, description="progress line cadence (default: iterations_per_loop)")

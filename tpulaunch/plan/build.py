@@ -159,6 +159,19 @@ class Plan:
         chosen = self.batch("train") or self.batch("eval")
         return chosen.global_batch if chosen else 1
 
+    def per_shard(self, split: str, shards: int, over: str) -> int:
+        """`split`'s global batch (train's, for an evaluation without a batch of its own) per shard, over `shards`
+        pieces an engine finds only when it runs on this machine (its devices or hosts, `over` says which). On a TPU
+        the Plan's own replicas divide the batch, checked before the run (`checks/static.check_batches`); this is
+        the same rule (`partition.check_batch`), refused with its fix, for what only the run knows."""
+        from tpulaunch.errors import TpuLaunchError
+
+        batch = self.batch(split) or self.batch("train")
+        for finding in rules.check_batch(split, batch.global_batch, shards):
+            raise TpuLaunchError(f"{batch.split}.batch_size {batch.global_batch} does not divide over {over}",
+                                 hint=finding.hint, code=finding.code)
+        return batch.global_batch // shards
+
     @property
     def eval_batch_size(self) -> Optional[int]:
         chosen = self.batch("eval")

@@ -41,11 +41,12 @@ def outcome(recorder: RunRecorder, error: BaseException = None) -> str:
     return f"failed: {type(error).__name__}: {redact(first_line(error))}"
 
 
-def write_record(recorder: RunRecorder, engine, job, plan, command: str, ended: str, lease=None, *,
-                 through_framework: bool = True, say: Callable[[str], None]) -> None:
-    """Append the run's record to model_dir/tpulaunch-runs.jsonl (`engine.append_run_record`; `engine/core/records.py`:
-    a local model_dir without the framework, so a run a signal stopped before it loaded is recorded too; gs://
-    through it). `ended`: the run's `outcome`.
+def write_record(recorder: RunRecorder, append: Callable[[str, str], object], job, plan, command: str, ended: str,
+                 lease=None, *, through_framework: bool = True, say: Callable[[str], None]) -> None:
+    """Append the run's record to model_dir/tpulaunch-runs.jsonl with `append(model_dir, line)` (`engine/core/
+    records.py`'s: a local model_dir without the framework, so a run a signal stopped before it loaded is recorded
+    too; gs:// through it). `ended`: the run's `outcome`. One record per run, the chief's: the other workers of a
+    run over several hosts (`run/workers.py`) append none.
 
     A fenced run (another run holds model_dir's lease now) shares that file with its successor. Its line, under
     its own run_id, says how it ended; it is appended only to a local model_dir, with one O_APPEND write and
@@ -54,6 +55,10 @@ def write_record(recorder: RunRecorder, engine, job, plan, command: str, ended: 
     whole object (read, add, write back without a precondition), which could erase a line the successor
     appended in between: there the fenced run writes nothing and says so.
     """
+    from tpulaunch.run.workers import is_chief_worker
+
+    if not is_chief_worker():
+        return
     model_dir = job.run.model_dir
     remote, fenced = "://" in model_dir, ended.startswith(FENCED)
     if remote and (fenced or not through_framework):
@@ -66,7 +71,7 @@ def write_record(recorder: RunRecorder, engine, job, plan, command: str, ended: 
         if fenced:
             _append_line(model_dir, line)
         else:
-            engine.append_run_record(model_dir, line)
+            append(model_dir, line)
     except Exception as exc:  # the run's own outcome matters more than its record
         say(f"run record not written to {model_dir}: {first_line(exc)}")
 

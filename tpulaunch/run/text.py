@@ -48,7 +48,7 @@ def start_text(event: TrainingStarted) -> str:
 
 
 def loss_note(event: TrainingStarted) -> str:
-    """What the loss on the progress and done lines is: the same on both engines."""
+    """What the loss on the progress and done lines is: the same on every engine."""
     window = f"mean of the last {event.loss_window} steps' losses" if event.loss_window > 1 else "the last step's loss"
     return f"train | loss: {window}, each the loss the optimizer minimizes (regularizers included)"
 

@@ -27,6 +27,25 @@ class Framework:
 
 
 @dataclass(frozen=True)
+class OwnKey:
+    """A job key only this engine runs (its framework's own functions): every other engine refuses a job that sets
+    it, at the key (`checks/engine_rules.py`), and `explain --engine OTHER` names the way out."""
+
+    key: str  # dotted, as the job file writes it: "model.model_fn"
+    what: str  # what the key holds, as messages say it: "a TPUEstimator model_fn"
+    instead: str  # what the other engines take instead, as a fix: "give model.builder (...)"
+
+
+@dataclass(frozen=True)
+class RefusedKey:
+    """A job key this engine does not honour (yet): a job that sets it is refused at the key, with the fix."""
+
+    key: str  # dotted: "data.skip_corrupt"
+    message: str
+    hint: str
+
+
+@dataclass(frozen=True)
 class EngineAbout:
     """What an engine is and can do, read by the checks, the plan and the CLI without its library.
 
@@ -51,7 +70,11 @@ class EngineAbout:
     # validate before the code checks, by its own load()): what would change another engine's job if set for every
     # engine this machine runs, as `environment` is (a Keras 3 on JAX engine's KERAS_BACKEND=jax).
     process_environment: Dict[str, str] = field(default_factory=dict)
-    static_rules: Optional[str] = None  # "module:function(loaded) -> problems": its own rules, pure Python
+    # The job keys only it runs, and those it does not honour: its one declaration of them, read by validate (every
+    # other engine refuses its own keys, it refuses its refused ones: `checks/engine_rules.py`), explain and the docs
+    own_keys: Tuple[OwnKey, ...] = ()
+    refused_keys: Tuple[RefusedKey, ...] = ()
+    static_rules: Optional[str] = None  # "module:function(loaded) -> problems": its other rules, pure Python
     # (stage, "module:function(loaded, search_path) -> problems"): its checks of the job's own code that need
     # its framework but build nothing, after the flags and the model's import paths
     code_checks: Tuple[Tuple[str, str], ...] = ()

@@ -16,7 +16,7 @@ from tpulaunch.seam.about import EngineAbout, load_attribute
 from tpulaunch.seam.installed import installed_module, installed_version
 
 if TYPE_CHECKING:
-    from tpulaunch.engine.base import Engine
+    from tpulaunch.seam.engine import Engine
 
 ENGINES = {
     "estimator": "tpulaunch.engine.estimator.about:ABOUT",

@@ -2,7 +2,7 @@
 
 TensorFlow describes a slice by a 4-D mesh `[x, y, z, devices per chip]` and, per host, the mesh
 coordinates of each of its TPU devices (`tensorflow/python/tpu/topology.py`). A real slice hands them
-over from `initialize_tpu_system`; offline checks (`validate --tf` of both engines) fabricate them here
+over from `initialize_tpu_system`; offline checks (`validate --tf` of the estimator and keras engines) fabricate them here
 so that TensorFlow's own `DeviceAssignment.build` and TPUEstimator see the slice's shape:
 
 * v2/v3: two TensorFlow devices per chip (mesh `[.., .., 1, 2]`), a 2-D torus of chips; a host owns a

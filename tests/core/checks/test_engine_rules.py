@@ -135,8 +135,8 @@ def test_estimator_only_and_unsupported_keys(tmp_path):
                       ("keras-engine-unsupported", "data.skip_corrupt"), ("keras-engine-unsupported", "run.warm_start")]
     proc = run_cli("validate", "--static", path)
     assert proc.returncode == 1
-    assert ("hint: set run.engine: estimator, or give model.builder (a function returning a tf.keras.Model)"
-            in proc.stdout)
+    assert ("hint: set run.engine: estimator, or migrate the model to model.builder (a function returning a Keras "
+            "model), with model.loss and model.metrics" in proc.stdout)
     # The estimator engine takes all four.
     assert [p for p in found(path, "run.engine=estimator") if p[0] == "error"] == []
 

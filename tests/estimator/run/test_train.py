@@ -386,7 +386,7 @@ def test_skip_corrupt_counts_the_records_it_skipped(project, tmp_path):
 
 def test_a_rerun_after_the_last_step_evaluates_what_the_run_left_unevaluated(project, tmp_path):
     """A run that reached its last step but not its final evaluation (killed, or run without eval): the rerun
-    trains nothing and evaluates, so the run's result exists (both engines run this one loop: engine/core/loop.py)."""
+    trains nothing and evaluates, so the run's result exists (every engine runs this one loop: engine/core/loop.py)."""
     job = str(project / "job.yaml")
     run_dir = tmp_path / "run"
     trained = invoke(cli_run.train, job, "--local", "--set", f"run.model_dir={run_dir}", "--set", "eval=null")

@@ -1,8 +1,8 @@
-"""Where a failure while building a job's step belongs: the job key its code comes from (both engines).
+"""Where a failure while building a job's step belongs: the job key its code comes from (every engine).
 
-The estimator's model_fn and the keras engine's KerasTraining call the job's code (builder, loss, metrics,
-optimizer) from their `standalone.py`; a failure there is located by the function, or the line, it
-failed in, and reported at that key with TensorFlow's (or the job's code's) message, in `train` as in
+Each engine's own code calls the job's code (builder, loss, metrics, optimizer) from its `standalone.py`; a
+failure there is located by the function, or the line, it failed in, as the engine declares them (`JobCodeCalls`,
+in its locate.py), and reported at that key with the framework's (or the job's code's) message, in `train` as in
 `validate`.
 """
 
@@ -13,35 +13,35 @@ import os
 import sys
 import sysconfig
 import traceback
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence, Tuple
 
 from tpulaunch.errors import TpuLaunchError, first_line, resource_limit_error
 from tpulaunch.job.imports import removed_in_tensorflow2
 from tpulaunch.job.yamlfile import dotted
 
-STANDALONE = "standalone.py"
+@dataclass(frozen=True)
+class JobCodeCalls:
+    """Where an engine's own code calls the job's code (builder, loss, metrics, optimizer), so that a failure
+    inside it is located at the job key that code comes from: each engine declares its own (its locate.py), and
+    `tests/core/engine/test_job_code_calls.py` holds each declaration against the engine's file."""
 
-# Which job key a failure inside standalone.py's model_fn belongs to, by the function it failed in.
-_KEY_OF_FUNCTION = {
-    "compute_loss": ("model", "loss"), "_single_loss": ("model", "loss"), "_label_loss": ("model", "loss"),
-    "head_for": ("model", "loss"), "metrics_by_label": ("model", "metrics"),
-    "metric_fn": ("model", "metrics"), "_one_metric": ("model", "metrics"), "_classes": ("model", "metrics"),
-    "_values_like_labels": ("model", "metrics"),
-    "factory": ("model", "optimizer"), "optimizer_factory": ("model", "optimizer"),
-    "_keras_metric": ("model", "metrics"), "_update_metric": ("model", "metrics"),
-    "_metric_objects": ("model", "metrics"), "keras_optimizer_factory": ("model", "optimizer"),
-    "fresh_keras_metric": ("model", "metrics"), "_metrics_for_compile": ("model", "metrics"),
-    "fresh_keras_loss": ("model", "loss"), "_loss_for_compile": ("model", "loss"),
-}
-# ... and, in the functions that call the job's code (the estimator's model_fn, the keras engine's
-# KerasTraining), by the line it failed on.
-_KEY_OF_LINE = (("builder(", ("model", "builder")), ("model(features", ("data", "features")),
-                ("model.build(", ("data", "features")), ("minimize(", ("model", "optimizer")),
-                ("make_optimizer(", ("model", "optimizer")), ("apply_gradients(", ("model", "optimizer")),
-                ("optimizer.build(", ("model", "optimizer")))
-_CALLERS_OF_JOB_CODE = ("model_fn", "__init__", "_forward", "_replica_train_step", "_job_step_optimizer",
-                        "_compile_for_own_step")
+    file: str  # the engine's module that calls the job's code (its standalone.py), by path
+    by_function: Mapping[str, tuple] = field(default_factory=dict)  # the key of a failure inside one of its functions
+    callers: Tuple[str, ...] = ()  # its functions that call the job's code directly, whose failures are located ...
+    by_line: Tuple[Tuple[str, tuple], ...] = ()  # ... by the text of the line they failed on
+
+    def key_in(self, frames: Sequence) -> Optional[tuple]:
+        """The job key of the innermost of `frames` in this file that says one (None: none does)."""
+        path = os.path.realpath(self.file)
+        for frame in reversed([f for f in frames if os.path.realpath(f.filename) == path]):
+            if frame.name in self.by_function:
+                return self.by_function[frame.name]
+            if frame.name in self.callers:
+                for text, key in self.by_line:
+                    if text in (frame.line or ""):
+                        return key
+        return None
 
 
 class BuildError(TpuLaunchError):
@@ -55,9 +55,9 @@ class BuildError(TpuLaunchError):
 
 
 @contextlib.contextmanager
-def build_errors(job, mode: str, stage: tuple = ("model", "builder")):
-    """Any failure of the model_fn tpulaunch makes around the job's builder (or of its metric_fn: `stage`
-    ("model", "metrics")) as a BuildError at the job key its code comes from."""
+def build_errors(job, mode: str, stage: tuple = ("model", "builder"), *, calls: JobCodeCalls):
+    """Any failure of the engine's code around the job's builder (or of its metric_fn: `stage` ("model",
+    "metrics")) as a BuildError at the job key its code comes from (`calls`: where the engine calls it)."""
     try:
         yield
     except BuildError:
@@ -68,7 +68,7 @@ def build_errors(job, mode: str, stage: tuple = ("model", "builder")):
         limited = resource_limit_error(exc)
         if limited is not None:  # the machine's limit, not the job's code: said with the limit and its fix
             raise limited from exc
-        key, detail, hint = blame(exc, stage, job)
+        key, detail, hint = blame(exc, stage, job, calls)
         code = exc.code if isinstance(exc, TpuLaunchError) else None
         raise BuildError(key, {"infer": "predict"}.get(mode, mode), detail, hint, code) from exc
 
@@ -107,24 +107,25 @@ def unstaged(exc: BaseException) -> BaseException:
     return exc
 
 
-def blame(exc: BaseException, stage: tuple, job) -> tuple:
-    """(job key, message, hint) for a failure while building: the key of the code it failed in."""
+def blame(exc: BaseException, stage: tuple, job, calls: JobCodeCalls) -> tuple:
+    """(job key, message, hint) for a failure while building: the key of the code it failed in (`calls`: where
+    the engine calls the job's code)."""
     from tpulaunch.engine.portable import SpecError
 
     exc = unstaged(exc)
     if isinstance(exc, BuildError):
         return exc.key, exc.detail, exc.hint
     if isinstance(exc, TpuLaunchError):
-        return _named_key(exc) or _key_in_trace(exc, stage, job), exc.message, exc.hint
+        return _named_key(exc) or _key_in_trace(exc, stage, calls), exc.message, exc.hint
     if isinstance(exc, SpecError):
-        return exc.key or _key_in_trace(exc, stage, job), str(exc), exc.hint or None
+        return exc.key or _key_in_trace(exc, stage, calls), str(exc), exc.hint or None
     message = f"{type(exc).__name__}: {first_line(exc)}"
     if any(frame.name == "add_loss" for frame in traceback.extract_tb(exc.__traceback__)):
         return ("model", "builder"), message, (
             "the model calls add_loss() where Keras refuses it: a subclassed model is built with Model.build(), "
             "which runs call() outside Keras's call context; build the model functionally (from tf.keras.Input), "
             "or compute that loss in model.loss ('pkg.mod:fn(labels, outputs)')")
-    key = _key_in_trace(exc, stage, job)
+    key = _key_in_trace(exc, stage, calls)
     removed = removed_in_tensorflow2(message, raised_line(exc))
     if removed is not None:
         return key, message, _at_job_frame(exc, removed[1])
@@ -212,19 +213,7 @@ def _named_key(exc: BaseException) -> tuple:
     return ()
 
 
-def _key_in_trace(exc: BaseException, stage: tuple, job) -> tuple:
+def _key_in_trace(exc: BaseException, stage: tuple, calls: JobCodeCalls) -> tuple:
     if stage[:2] in (("data", "input_fn"), ("model", "model_fn"), ("data", "features")):
         return stage
-    frames = traceback.extract_tb(exc.__traceback__)
-    inside = [f for f in frames if f.filename.endswith(STANDALONE)]
-    for frame in reversed(inside):
-        if frame.name in _KEY_OF_FUNCTION:
-            return _KEY_OF_FUNCTION[frame.name]
-        if frame.name in _CALLERS_OF_JOB_CODE:
-            for text, key in _KEY_OF_LINE:
-                if text in (frame.line or ""):
-                    return key
-    whole_loss = isinstance(job.model.loss, str) and ":" in job.model.loss
-    if stage == ("model", "builder") and whole_loss and any(f.name == "_single_loss" for f in inside):
-        return ("model", "loss")
-    return stage
+    return calls.key_in(traceback.extract_tb(exc.__traceback__)) or stage

@@ -1,4 +1,4 @@
-"""The outer training loop both engines run: one copy of what a run does around the steps.
+"""The outer training loop every engine runs: one copy of what a run does around the steps.
 
 repair the checkpoint state -> write the job copy -> start (build, restore) -> "resumed" / "already at"
 -> build the evaluation -> train to each evaluation boundary and evaluate there -> a signal stops with a
@@ -6,7 +6,7 @@ checkpoint (or abandons the evaluation), a lost TPU stops or, with --auto-resume
 from the last complete checkpoint -> the run's summary.
 
 An engine supplies only a `TrainingSession` (how it builds, trains and evaluates); the loop owns the
-order, the wording and the stop, signal and lost-TPU rules, so both engines behave the same.
+order, the wording and the stop, signal and lost-TPU rules, so every engine behaves the same.
 
 Fencing: before each training segment (a new session writes into model_dir) and each evaluation the loop
 checks that this run still holds model_dir's lease (`run/lease.ensure_held`); the engines check before each
@@ -89,7 +89,7 @@ def train(job: "Job", session_for: Callable[[Callable[[], bool]], TrainingSessio
             run's other workers leave model_dir to the chief).
 
     Raises:
-        TrainingStopped, EvaluationStopped, watchdog.NodeLost, TpuLaunchError: see `engine/base.py`'s train.
+        TrainingStopped, EvaluationStopped, watchdog.NodeLost, TpuLaunchError: see `seam/engine.py`'s train.
     """
     model_dir = job.run.model_dir
     with model_dir_errors(model_dir):

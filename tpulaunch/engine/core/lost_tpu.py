@@ -1,4 +1,4 @@
-"""A lost TPU, for both engines: which TensorFlow errors mean the TPU went away, and what a run does then
+"""A lost TPU, for every engine: which TensorFlow errors mean the TPU went away, and what a run does then
 (keep the last complete checkpoint; stop, or wait for the node and resume)."""
 
 from __future__ import annotations

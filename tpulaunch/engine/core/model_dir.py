@@ -1,4 +1,4 @@
-"""model_dir as both engines use it: the latest checkpoint's step, the job copy, the checkpoint state
+"""model_dir as every engine uses it: the latest checkpoint's step, the job copy, the checkpoint state
 repaired after a cut-off save, and a model_dir that cannot be written said as one clear message.
 
 TensorFlow's filesystem throughout (model_dir may be gs://); TensorFlow is imported inside the functions.

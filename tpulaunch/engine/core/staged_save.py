@@ -3,7 +3,7 @@
 A save takes a while (seconds; on gs:// longer). A run frozen in the middle of one (SIGSTOP, a paused VM, a
 long network partition) past the lease's stale time thaws into a model_dir another run holds now. Had it written
 `model.ckpt-N` in place, finishing the save would overwrite the successor's `model.ckpt-N` (the successor resumed
-from an older checkpoint and has reached N again) and the checkpoint state after it. So both engines write each
+from an older checkpoint and has reached N again) and the checkpoint state after it. So every engine writes each
 checkpoint under a staging prefix, `model_dir/.tpulaunch-saving-<pid>-<hex>/model.ckpt-N`, reread the lease
 (`run/lease.ensure_held`) and only then move the files to their names, the `.index` last (TensorFlow finds a
 checkpoint by its index). A run fenced there removes its staged files and raises `LeaseLost`: nothing of the

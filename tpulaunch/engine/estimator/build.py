@@ -10,12 +10,13 @@ since the wrappers that locate them (`build_errors`, `located`) are in the code 
 
 Also here: what one training step keeps for its backward pass (`step_tensors`, the memory plan's input),
 read from the same stopped build. Locating a failure (`core/build_failures.py`) and reading what a step
-keeps (`core/step_tensors.py`) are the same for both engines.
+keeps (`core/step_tensors.py`) are the same for every engine.
 """
 
 from __future__ import annotations
 
-from tpulaunch.engine.core.build_failures import BuildError, ModeBuild, build_errors, problems_of
+from tpulaunch.engine.core.build_failures import BuildError, ModeBuild, problems_of
+from tpulaunch.engine.estimator.locate import build_errors
 from tpulaunch.engine.core.step_tensors import PROBE_BATCH, StepTensors, elements, kept_by_backward, state_bytes
 
 

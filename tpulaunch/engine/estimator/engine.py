@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from tpulaunch.engine.base import Engine
 from tpulaunch.engine.estimator.about import ABOUT
 from tpulaunch.engine.job_code import command_line_path, export_from_command_line, running_job_code
 
 
-class EstimatorEngine(Engine):
+class EstimatorEngine:
+    """The estimator engine (`seam/engine.py`'s Engine)."""
+
     name = ABOUT.name
 
     def load(self) -> None:
@@ -39,14 +40,16 @@ class EstimatorEngine(Engine):
         with running_job_code(loaded.job):
             return tf_problems(loaded, plan, search_path=loaded.job.search_path)
 
-    def train(self, job, plan, *, recorder, cluster_resolver=None, force=False, watch=None, profile=None):
+    def train(self, job, plan, *, recorder, cluster_resolver=None, force=False, watch=None, profile=None,
+              cpu_replicas: Optional[int] = None):  # cpu_replicas: refused by the checks (ABOUT.cpu_replicas)
         from tpulaunch.engine.estimator import runner
 
         with running_job_code(job):
             return runner.train(job, plan, recorder=recorder, cluster_resolver=cluster_resolver,
                                 search_path=job.search_path, force=force, watch=watch, profile=profile)
 
-    def evaluate(self, job, plan, *, recorder, checkpoint: Optional[str] = None, cluster_resolver: Any = None):
+    def evaluate(self, job, plan, *, recorder, checkpoint: Optional[str] = None, cluster_resolver: Any = None,
+                 cpu_replicas: Optional[int] = None):
         from tpulaunch.engine.estimator import runner
 
         checkpoint = command_line_path(checkpoint)
@@ -63,8 +66,3 @@ class EstimatorEngine(Engine):
         from tpulaunch.engine.estimator.program import explain_script
 
         return explain_script(loaded, plan, search_path=loaded.job.search_path)
-
-    def log_every_steps(self, job) -> int:
-        from tpulaunch.engine.estimator.plain import log_every_steps
-
-        return log_every_steps(job)

@@ -3,11 +3,28 @@ the code comes from (a BuildError): the wrappers `train` runs and `validate`'s s
 
 from __future__ import annotations
 
-from tpulaunch.engine.core.build_failures import BuildError, blame, build_errors
+import functools
+import os
+
+from tpulaunch.engine.core import build_failures
+from tpulaunch.engine.core.build_failures import BuildError, JobCodeCalls
 from tpulaunch.engine.estimator.params import mode_params
 from tpulaunch.errors import TpuLaunchError, resource_limit_error
 
 MODEL_FN = ("model", "model_fn")
+_LOSS, _METRICS, _OPTIMIZER = ("model", "loss"), ("model", "metrics"), ("model", "optimizer")
+
+# Where standalone.py calls the job's code: a failure in one of these functions, or on one of these lines of its
+# model_fn, belongs to that job key.
+CALLS = JobCodeCalls(
+    file=os.path.join(os.path.dirname(__file__), "standalone.py"),
+    by_function={"optimizer_factory": _OPTIMIZER, "factory": _OPTIMIZER, "_one_metric": _METRICS,
+                 "metric_fn": _METRICS},
+    callers=("model_fn",),
+    by_line=(("builder(", ("model", "builder")), ("model(features", ("data", "features")),
+             ("minimize(", _OPTIMIZER), ("make_optimizer(", _OPTIMIZER)),
+)
+build_errors = functools.partial(build_failures.build_errors, calls=CALLS)
 
 
 def input_fn_key(data, mode: str) -> tuple:
@@ -32,8 +49,6 @@ def located(function, job, mode: str, key: tuple):
     """The job's own `function` (its model_fn, an input_fn) with its failures located at `key` (a BuildError),
     in train as in validate. TensorFlow reads the arguments it passes from the function's signature
     (`function_utils.fn_args`), so the wrapper is a TensorFlow decorator that shows the function's own."""
-    import functools
-
     from tensorflow.python.util import tf_decorator
 
     if isinstance(function, functools.partial):  # TensorFlow reads a partial's remaining arguments itself
@@ -77,7 +92,7 @@ def located_error(job, mode: str, exc: BaseException) -> TpuLaunchError:
     limited = resource_limit_error(exc)
     if limited is not None:
         return limited
-    key, message, hint = blame(exc, _stage(job, mode, exc), job)
+    key, message, hint = build_failures.blame(exc, _stage(job, mode, exc), job, CALLS)
     code = exc.code if isinstance(exc, TpuLaunchError) else None
     return BuildError(key, {"infer": "predict"}.get(mode, mode), message, hint, code)
 

@@ -14,8 +14,8 @@ import tensorflow as tf
 
 from tpulaunch.engine import portable
 from tpulaunch.engine.estimator import standalone
-from tpulaunch.engine.core.build_failures import build_errors
-from tpulaunch.engine.estimator.locate import located, located_metric_fn
+from tpulaunch.engine.estimator.builder_rules import accept_model
+from tpulaunch.engine.estimator.locate import build_errors, located, located_metric_fn
 from tpulaunch.engine.estimator.plain import model_settings
 from tpulaunch.engine.plain import optimizer_settings
 from tpulaunch.job.flags import apply_flags
@@ -98,7 +98,7 @@ def make_model_fn(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -
         else:
             own = make_call(spec.model_fn, search_path=search_path, what="the model_fn")
         return located(own, job, "train", ("model", "model_fn"))
-    checked_builder, kwargs = job_builder(job, search_path=search_path)
+    checked_builder, kwargs = job_builder(job, search_path=search_path, accept=accept_model)
     whole_loss, custom_losses, custom_metrics = job_functions(job, search_path=search_path)
     make_optimizer = make_optimizer_factory(job, search_path=search_path)
     model_fn = standalone.make_model_fn(

@@ -1,4 +1,4 @@
-"""Train (with periodic evaluation: the engine's session in the loop both engines run), evaluate and export
+"""Train (with periodic evaluation: the engine's session in the loop every engine runs), evaluate and export
 with the TPUEstimator `make.py` makes from a job.
 
 The same functions run on a TPU slice (`use_tpu=True`, with a cluster resolver) and on this machine's
@@ -35,7 +35,7 @@ def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop:
           watch: Optional["WatchPlan"] = None, profile: Optional[Tuple[int, int]] = None,
           time_input: bool = True) -> TrainSummary:
     """Train to `job.train.steps`, resuming from model_dir's latest complete checkpoint, evaluating as the job says
-    (the loop both engines run: `engine/core/loop.py`; what is TPUEstimator's is `_EstimatorSession`).
+    (the loop every engine runs: `engine/core/loop.py`; what is TPUEstimator's is `_EstimatorSession`).
 
     Args:
         job: the validated job (needs `train` and `data.train`).

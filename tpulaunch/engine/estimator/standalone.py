@@ -1,7 +1,7 @@
 """The model_fn and TPUEstimator settings that `tpulaunch train` runs on the estimator engine, on plain values.
 
 This module imports only TensorFlow, the Python standard library and `engine/portable.py` (the input
-pipeline, precision, heads and losses both engines share), and takes plain values plus the job's own
+pipeline, precision, heads and losses the engines share), and takes plain values plus the job's own
 callables. tpulaunch calls it with values converted from the job file (engine/estimator/plain.py), and
 `tpulaunch explain` prints portable.py and then this module verbatim inside the standalone program
 (without the import of portable's names below, which the program defines above it), so the program

@@ -1,6 +1,6 @@
 """What the jax engine is and can do (read without JAX; `seam/registry.py` lists it)."""
 
-from tpulaunch.seam.about import EngineAbout, Framework
+from tpulaunch.seam.about import EngineAbout, Framework, RefusedKey
 
 JAX = Framework("JAX", "jax", ("jax",))
 
@@ -19,6 +19,13 @@ ABOUT = EngineAbout(
     # Only in the process of a job on this engine: set for every engine this machine runs, it would turn the keras
     # engine's Keras 3 models into JAX ones. Keras reads it once, at its first import.
     process_environment={"KERAS_BACKEND": "jax"},
+    refused_keys=(
+        RefusedKey("data.skip_corrupt", "the jax engine does not skip corrupt records yet",
+                   "remove data.skip_corrupt (a bad record then stops the run, naming its file), or set run.engine: "
+                   "estimator"),
+        RefusedKey("run.warm_start", "the jax engine does not warm-start yet",
+                   "remove run.warm_start, or set run.engine: keras"),
+    ),
     static_rules="tpulaunch.engine.jax.rules:problems",
     even_splits=True,  # a NamedSharding splits an axis into equal pieces only
     partition_on_devices=True,  # a device mesh over this machine's devices (engine/jax/mesh.py)

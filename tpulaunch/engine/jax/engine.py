@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from tpulaunch.engine.base import Engine
 from tpulaunch.engine.jax.about import ABOUT
 from tpulaunch.engine.job_code import command_line_path, export_from_command_line, running_job_code
 from tpulaunch.errors import TpuLaunchError
@@ -16,7 +15,9 @@ def _not_yet(what: str, hint: str) -> TpuLaunchError:
     return TpuLaunchError(f"the jax engine does not {what} yet", hint=hint)
 
 
-class JaxEngine(Engine):
+class JaxEngine:
+    """The jax engine (`seam/engine.py`'s Engine)."""
+
     name = ABOUT.name
 
     def load(self) -> None:
@@ -55,14 +56,14 @@ class JaxEngine(Engine):
                                "engine does not run", "drop --tf")], {}
 
     def train(self, job, plan, *, recorder, cluster_resolver=None, force=False, watch=None, profile=None,
-              cpu_replicas: Optional[int] = None):
+              cpu_replicas: Optional[int] = None):  # cpu_replicas: refused by the checks (ABOUT.cpu_replicas)
         from tpulaunch.engine.jax import hosts, runner
 
         if profile:
             raise _not_yet("profile", "drop --profile")
         hosts.join(on_tpu=plan.on_tpu, say=recorder.note)  # several hosts ($TF_CONFIG): before JAX picks devices
         with running_job_code(job):
-            return runner.train(job, plan, recorder=recorder, search_path=job.search_path, force=force)
+            return runner.train(job, plan, recorder=recorder, search_path=job.search_path, force=force, watch=watch)
 
     def evaluate(self, job, plan, *, recorder, checkpoint: Optional[str] = None, cluster_resolver: Any = None,
                  cpu_replicas: Optional[int] = None):
@@ -78,19 +79,7 @@ class JaxEngine(Engine):
 
         return export_from_command_line(runner.export, job, plan, out_dir, checkpoint, say)
 
-    def append_run_record(self, model_dir: str, line: str) -> str:
-        from tpulaunch.run.workers import is_chief_worker
-
-        if not is_chief_worker():  # one record per run, the chief's
-            return ""
-        return super().append_run_record(model_dir, line)
-
     def program(self, loaded, plan) -> str:
         from tpulaunch.engine.jax.program import explain_script
 
         return explain_script(loaded, plan)
-
-    def log_every_steps(self, job) -> int:
-        from tpulaunch.engine.plain import log_every_steps
-
-        return log_every_steps(job)

@@ -50,7 +50,7 @@ def _training(job, search_path: Sequence[str], builder_kwargs=None):
 
     load_keras()
     apply_flags(job, search_path=search_path)  # before the job's code runs, as `train` does
-    builder, kwargs = job_builder(job, search_path=search_path, keras3=True)
+    builder, kwargs = job_builder(job, search_path=search_path)
     whole_loss, _losses, _metrics = job_functions(job, search_path=search_path)
     return JaxTraining(job, builder, dict(builder_kwargs) if builder_kwargs is not None else kwargs,
                        custom_loss=whole_loss)

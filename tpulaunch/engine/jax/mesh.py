@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from tpulaunch.engine.core.build_failures import BuildError
-from tpulaunch.errors import TpuLaunchError
 
 BATCH = "batch"  # the mesh axis along which the replicas split each batch
 # Why an uneven split is refused on this engine (plan/tpu_layout.split_findings says where and what would divide).
@@ -182,18 +181,15 @@ def device_layout(split: Optional[SpatialSplit], devices: list) -> DeviceLayout:
     return DeviceLayout(devices, count // split.cores, split)
 
 
-def check_batches(job, layout: DeviceLayout) -> None:
-    """Each mode's global batch splits evenly over the batch shards (replicas, and a split batch axis)."""
+def check_batches(plan, layout: DeviceLayout) -> None:
+    """Each of the Plan's global batches splits evenly over the batch shards (replicas, and a split batch axis),
+    which only the devices JAX finds here say (`Plan.per_shard`: the one rule)."""
     shards = layout.batch_shards()
     over = (f"this machine's {shards} devices" if layout.split is None else
             f"{shards} batch shards ({layout.replicas} replicas of {layout.split.cores} devices each, of this "
             f"machine's {len(layout.devices)})")
-    for mode in ("train", "eval"):
-        spec = getattr(job, mode)
-        if spec is not None and spec.batch_size % shards:  # each device gets the same share
-            raise TpuLaunchError(f"{mode}.batch_size {spec.batch_size} does not divide over {over}",
-                                 hint=f"use a multiple of {shards} (each "
-                                      f"{'device' if layout.split is None else 'shard'} gets the same share)")
+    for batch in plan.batches:
+        plan.per_shard(batch.split, shards, over)
 
 
 def distribution(layout: DeviceLayout, job):

@@ -1,14 +1,16 @@
-"""The jax engine's own static rules: the keys it does not honour yet, each refused at its key with what runs it.
-Pure Python (`validate --static` runs them)."""
+"""The jax engine's own static rules: what it does not honour yet in a key's value, each refused at its key with
+what runs it (the keys it refuses whatever their value are its about.py's `refused_keys`). Pure Python
+(`validate --static` runs them)."""
 
 from __future__ import annotations
 
-from tpulaunch.checks.engine_rules import ESTIMATOR_ONLY
+from tpulaunch.checks.engine_rules import unsupported_code
+from tpulaunch.engine.jax.about import ABOUT
 from tpulaunch.engine.jax.hosts import hosts_problems
 from tpulaunch.engine.jax.mesh import mesh_problems
 from tpulaunch.job.load import LoadedJob
 
-NOT_YET = "jax-engine-unsupported"
+NOT_YET = unsupported_code(ABOUT.name)
 # The job's optimizer names, as Keras optimizers; `momentum` is SGD with momentum (as on the other engines).
 OPTIMIZERS = {"sgd": ("SGD", {}), "momentum": ("SGD", {"momentum": 0.9}), "adam": ("Adam", {}),
               "adagrad": ("Adagrad", {}), "rmsprop": ("RMSprop", {})}
@@ -17,37 +19,17 @@ METRICS = ("accuracy", "mean_squared_error", "mean_absolute_error")
 
 
 def problems(loaded: LoadedJob) -> list:
-    model, data, run = loaded.section("model"), loaded.section("data"), loaded.section("run")
+    model, data = loaded.section("model"), loaded.section("data")
     found = []
 
     def refuse(path, code, message, hint):
         found.append(loaded.problem(path, code, message, hint))
 
-    if model is not None and model.model_fn:
-        refuse(("model", "model_fn"), ESTIMATOR_ONLY,
-               "a TPUEstimator model_fn runs only on the estimator engine; this job runs on the jax engine",
-               "set run.engine: estimator, or give model.builder (a function returning a Keras 3 model)")
-    if model is not None and model.serving_input_fn:
-        refuse(("model", "serving_input_fn"), ESTIMATOR_ONLY,
-               "a TPUEstimator serving_input_receiver_fn is used only by the estimator engine's export",
-               "set run.engine: estimator, or remove model.serving_input_fn")
-    if data is not None and data.input_fn:
-        refuse(("data", "input_fn"), ESTIMATOR_ONLY,
-               "data.input_fn is a TPUEstimator input_fn(params); the jax engine reads data.train/data.eval records "
-               "with its own input pipeline",
-               "set run.engine: estimator, or remove data.input_fn and name the TFRecords in data.train/data.eval")
     if model is not None:
         found += _model_problems(loaded, model)
     if data is not None and len(data.labels) != 1:
         refuse(("data", "labels"), NOT_YET, f"the jax engine trains models of one label so far; this job has "
                f"{len(data.labels)}", "set run.engine: keras")
-    if data is not None and data.skip_corrupt:
-        refuse(("data", "skip_corrupt"), NOT_YET, "the jax engine does not skip corrupt records yet",
-               "remove data.skip_corrupt (a bad record then stops the run, naming its file), or set run.engine: "
-               "estimator")
-    if run is not None and run.warm_start:
-        refuse(("run", "warm_start"), NOT_YET, "the jax engine does not warm-start yet",
-               "remove run.warm_start, or set run.engine: keras")
     found += mesh_problems(loaded)  # partition: over a device mesh
     found += hosts_problems(loaded, NOT_YET)  # several hosts: data-parallel only so far
     return found

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from tpulaunch.engine.core import loop
-from tpulaunch.engine.core.build_failures import build_errors
+from tpulaunch.engine.jax.locate import build_errors
 from tpulaunch.engine.core.model_dir import checkpoint_step, checkpoint_to_read
 from tpulaunch.engine.jax.hosts import refuse_split_over_hosts
 from tpulaunch.engine.pipeline import label_classes, make_input_fn, naming_read_errors, scores_class_ids
@@ -23,6 +23,9 @@ from tpulaunch.run.signals import StopSignal
 from tpulaunch.engine.core.summaries import tensorboard_events
 from tpulaunch.run.workers import is_chief_worker
 
+if TYPE_CHECKING:
+    from tpulaunch.run.watchdog import WatchPlan
+
 
 def make_training(job: Job, plan: Optional[Plan], *, search_path: Sequence[str] = ()):
     """The job's JaxTraining over the devices as the Plan splits them, failures located at their job key."""
@@ -34,11 +37,12 @@ def make_training(job: Job, plan: Optional[Plan], *, search_path: Sequence[str] 
 
     load_keras()
     apply_flags(job, search_path=search_path)  # before the job's code runs: it may read FLAGS as it builds
-    builder, kwargs = job_builder(job, search_path=search_path, keras3=True)
+    builder, kwargs = job_builder(job, search_path=search_path)
     with build_errors(job, "train"), spec_errors():
         whole_loss, _losses, _metrics = job_functions(job, search_path=search_path)
         training = JaxTraining(job, builder, kwargs, custom_loss=whole_loss, split=mesh.split_of(plan))
-    mesh.check_batches(job, training.layout)
+    if plan is not None:
+        mesh.check_batches(plan, training.layout)
     refuse_split_over_hosts(training.layout)
     return training
 
@@ -57,7 +61,7 @@ def trace_first_step(training, job: Job) -> None:
         jax.eval_shape(lambda f, y, state: model.train_step(state, (f, y)), features, labels, abstract_state(model))
 
 
-def _batches(job: Job, mode: str, training, skip: int = 0):
+def _batches(job: Job, plan: Plan, mode: str, training, skip: int = 0):
     """The mode's batches as NumPy: the records read by the same tf.data pipeline as the other engines', after the
     first `skip` (a resumed run's step: what it already trained on). Over several hosts each process reads its own
     share of the records and makes its share of the global batch (`hosts.py`); DataParallel puts the shares
@@ -65,11 +69,11 @@ def _batches(job: Job, mode: str, training, skip: int = 0):
     silently)."""
     from tpulaunch.engine.jax.hosts import InputShare, share
 
-    spec = job.train if mode == "train" else (job.eval or job.train)
     index, count = share()
     with naming_read_errors(job, mode):
         dataset = make_input_fn(job, mode, use_tpu=False, label_classes=_label_classes(job, training.model))(
-            {"batch_size": spec.batch_size // count, "context": InputShare(index, count), "skip_batches": skip})
+            {"batch_size": plan.per_shard(mode, count, f"{count} hosts"), "context": InputShare(index, count),
+             "skip_batches": skip})
     return dataset.as_numpy_iterator()
 
 
@@ -91,8 +95,9 @@ def _label_classes(job: Job, model) -> dict:
 # ------------------------------------------------------------------------------------------ train
 
 def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop: Optional[StopSignal] = None,
-          search_path: Sequence[str] = (), force: bool = False) -> TrainSummary:
-    """Train to `job.train.steps`, resuming from model_dir's latest complete checkpoint, evaluating as the job says."""
+          search_path: Sequence[str] = (), force: bool = False, watch: Optional["WatchPlan"] = None) -> TrainSummary:
+    """Train to `job.train.steps`, resuming from model_dir's latest complete checkpoint, evaluating as the job says;
+    `watch`: the TPU node's watch (a lost node stops the run, and `--auto-resume` resumes it, as on every engine)."""
     loop.check_trainable(job)
     recorder = recorder or RunRecorder(total_steps=job.train.steps, batch_size=plan.train_batch_size,
                                        log_every_steps=log_every_steps(job), model_dir=job.run.model_dir)
@@ -101,7 +106,7 @@ def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop:
         return _JaxSession(job, plan, recorder, should_stop, search_path=search_path)
 
     with tensorboard_events(recorder, job.run.model_dir, is_chief_worker()):
-        return loop.train(job, session_for, recorder=recorder, stop=stop or StopSignal(), watch=None, use_tpu=False,
+        return loop.train(job, session_for, recorder=recorder, stop=stop or StopSignal(), watch=watch, use_tpu=False,
                           force=force, writes_model_dir=is_chief_worker())
 
 
@@ -132,12 +137,12 @@ class _JaxSession:
 
     def prepare_evaluation(self) -> None:
         self.recorder.phase_switch(phases.BUILD_EVALUATION)
-        _batches(self.job, "eval", self.training)  # the eval files are listed and the pipeline built: a run that cannot evaluate stops here
+        _batches(self.job, self.plan, "eval", self.training)  # the eval files are listed and the pipeline built: a run that cannot evaluate stops here
 
     def train_to(self, until: int) -> int:
         job, training, recorder = self.job, self.training, self.recorder
         if self.batches is None:
-            self.batches = _batches(job, "train", training, skip=training.step)
+            self.batches = _batches(job, self.plan, "train", training, skip=training.step)
         every = job.run.save_checkpoints_steps
         recorder.phase_switch(phases.FIRST_STEP, "XLA compiles the step")
         recorder.session_began(training.step)
@@ -175,14 +180,14 @@ class _JaxSession:
         self.recorder.checkpoint_saved(self.training.step, self.training.save())
 
     def evaluate(self) -> bool:
-        return _evaluate_into(self.training, self.job, self.recorder, self.should_stop) is not None
+        return _evaluate_into(self.training, self.job, self.plan, self.recorder, self.should_stop) is not None
 
 
 # --------------------------------------------------------------------------------------- evaluate
 
-def _evaluate_into(training, job: Job, recorder: RunRecorder, should_stop=None) -> Optional[EvalResult]:
+def _evaluate_into(training, job: Job, plan: Plan, recorder: RunRecorder, should_stop=None) -> Optional[EvalResult]:
     with recorder.phase(phases.EVALUATION):
-        batches = _batches(job, "eval", training)
+        batches = _batches(job, plan, "eval", training)
         # Keras reads the batches inside evaluate(), where build_errors would blame the model for a bad record or
         # an out-of-range class id: the input's error is kept and raised after it, where naming_read_errors says it.
         read_failed = []
@@ -216,7 +221,7 @@ def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None, recorder
         training = make_training(job, plan, search_path=search_path)
     with recorder.phase(phases.RESTORE):
         training.restore(checkpoint)
-    return _evaluate_into(training, job, recorder)
+    return _evaluate_into(training, job, plan, recorder)
 
 
 # ----------------------------------------------------------------------------------------- export

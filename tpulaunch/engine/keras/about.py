@@ -1,6 +1,6 @@
 """What the keras engine is and can do (read without TensorFlow; `seam/registry.py` lists it)."""
 
-from tpulaunch.seam.about import EngineAbout
+from tpulaunch.seam.about import EngineAbout, RefusedKey
 from tpulaunch.tpu.stack import TENSORFLOW
 
 ABOUT = EngineAbout(
@@ -20,6 +20,15 @@ ABOUT = EngineAbout(
     # TensorFlow 2.16+ makes tf.keras Keras 3 unless this is set; with it, tf.keras is tf-keras (Keras 2), as
     # builders written with `from tensorflow import keras` expect. `import keras` is Keras 3 either way.
     environment={"TF_USE_LEGACY_KERAS": "1"},
+    refused_keys=(
+        RefusedKey("data.skip_corrupt", "data.skip_corrupt is not supported by the keras engine yet: its input "
+                   "pipeline would stop at the first bad record",
+                   "set run.engine: estimator, or remove data.skip_corrupt (`tpulaunch validate --all-records` lists "
+                   "bad records to remove)"),
+        RefusedKey("run.warm_start", "run.warm_start is not supported by the keras engine yet",
+                   "set run.engine: estimator, or remove run.warm_start (a builder can load weights itself with "
+                   "model.load_weights)"),
+    ),
     static_rules="tpulaunch.engine.keras.rules:problems",
     even_splits=True,  # experimental_split_to_logical_devices refuses uneven splits
     device_assignment=True,  # TPUStrategy's DeviceAssignment: a replica is a block of the slice's topology

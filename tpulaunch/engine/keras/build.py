@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import tempfile
 
-from tpulaunch.engine.core.build_failures import ModeBuild, blame, problems_of
+from tpulaunch.engine.core.build_failures import ModeBuild, problems_of
+from tpulaunch.engine.keras.locate import blame
 from tpulaunch.engine.core.step_tensors import PROBE_BATCH, StepTensors, elements, kept_by_backward, state_bytes
 from tpulaunch.errors import TpuLaunchError
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from tpulaunch.engine.base import Engine
 from tpulaunch.engine.job_code import command_line_path, export_from_command_line, running_job_code
 from tpulaunch.engine.keras.about import ABOUT
 
 
-class KerasEngine(Engine):
+class KerasEngine:
+    """The keras engine (`seam/engine.py`'s Engine)."""
+
     name = ABOUT.name
 
     def load(self) -> None:
@@ -69,19 +70,7 @@ class KerasEngine(Engine):
 
         return export_from_command_line(runner.export, job, plan, out_dir, checkpoint, say)
 
-    def append_run_record(self, model_dir: str, line: str) -> str:
-        from tpulaunch.run.workers import is_chief_worker
-
-        if not is_chief_worker():  # one record per run, the chief's: every worker would append its own
-            return ""
-        return super().append_run_record(model_dir, line)
-
     def program(self, loaded, plan) -> str:
         from tpulaunch.engine.keras.program import explain_script
 
         return explain_script(loaded, plan)
-
-    def log_every_steps(self, job) -> int:
-        from tpulaunch.engine.plain import log_every_steps
-
-        return log_every_steps(job)

@@ -2,23 +2,18 @@
 
 The keras engine (Keras 2 + tf.distribute.TPUStrategy) differs from TPUEstimator where TensorFlow's code
 differs: its input splits must be even (`experimental_split_to_logical_devices` refuses what
-TPUEstimator pads), a replica is a block of the slice's topology (`plan/tpu_layout.py`), and the
-TPUEstimator-only keys (`model.model_fn`, `data.input_fn`) and the features it does not have yet
-(`data.skip_corrupt`, `run.warm_start`) are refused at their keys.
+TPUEstimator pads) and a replica is a block of the slice's topology (`plan/tpu_layout.py`). The keys it does
+not honour are declared in its about.py (`refused_keys`), TPUEstimator's own in the estimator's (`own_keys`).
 """
 
 from __future__ import annotations
 
-from tpulaunch.checks.engine_rules import ESTIMATOR_ONLY
 from tpulaunch.checks.static import known_slice, located
 from tpulaunch.job.load import LoadedJob
 
-NOT_YET = "keras-engine-unsupported"
-
-
 def problems(loaded: LoadedJob) -> list:
-    """The keras engine's rules: its slice layout, the keys it cannot honour, even splits."""
-    return slice_problems(loaded) + keras_key_problems(loaded) + keras_split_problems(loaded)
+    """The keras engine's rules: its slice layout, even splits (the keys it cannot honour are its about.py's)."""
+    return slice_problems(loaded) + keras_split_problems(loaded)
 
 
 def slice_problems(loaded: LoadedJob) -> list:
@@ -33,43 +28,6 @@ def slice_problems(loaded: LoadedJob) -> list:
     if not isinstance(layout, list):
         return []
     return [located(loaded, ("tpu", "cores_per_replica"), f) for f in layout]
-
-
-def keras_key_problems(loaded: LoadedJob) -> list:
-    """Keys the keras engine cannot honour, each at its key with the fix."""
-    model, data, run = loaded.section("model"), loaded.section("data"), loaded.section("run")
-    problems = []
-    if model is not None and model.model_fn:
-        problems.append(loaded.problem(
-            ("model", "model_fn"), ESTIMATOR_ONLY,
-            "a TPUEstimator model_fn runs only on the estimator engine; this job runs on the keras engine",
-            "set run.engine: estimator, or give model.builder (a function returning a tf.keras.Model)"))
-    if model is not None and model.serving_input_fn:
-        problems.append(loaded.problem(
-            ("model", "serving_input_fn"), ESTIMATOR_ONLY,
-            "a TPUEstimator serving_input_receiver_fn is used only by the estimator engine's export; the keras "
-            "engine exports the model with a signature of data.features",
-            "set run.engine: estimator, or remove model.serving_input_fn"))
-    if data is not None and data.input_fn:
-        problems.append(loaded.problem(
-            ("data", "input_fn"), ESTIMATOR_ONLY,
-            "data.input_fn is a TPUEstimator input_fn(params); the keras engine reads data.train/data.eval records "
-            "with its own input pipeline (one per host, batched per replica)",
-            "set run.engine: estimator, or remove data.input_fn and name the TFRecords in data.train/data.eval"))
-    if data is not None and data.skip_corrupt:
-        problems.append(loaded.problem(
-            ("data", "skip_corrupt"), NOT_YET,
-            "data.skip_corrupt is not supported by the keras engine yet: its input pipeline would stop at the first "
-            "bad record",
-            "set run.engine: estimator, or remove data.skip_corrupt (`tpulaunch validate --all-records` lists bad "
-            "records to remove)"))
-    if run is not None and run.warm_start is not None:
-        problems.append(loaded.problem(
-            ("run", "warm_start"), NOT_YET,
-            "run.warm_start is not supported by the keras engine yet",
-            "set run.engine: estimator, or remove run.warm_start (a builder can load weights itself with "
-            "model.load_weights)"))
-    return problems
 
 
 def _first_per_axis(findings: list) -> list:

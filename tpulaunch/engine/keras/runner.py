@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple
 
 from tpulaunch.engine.pipeline import naming_read_errors
 from tpulaunch.engine.core import loop
-from tpulaunch.engine.core.build_failures import build_errors
+from tpulaunch.engine.keras.locate import build_errors
 from tpulaunch.engine.core.model_dir import checkpoint_to_read, model_dir_errors
 from tpulaunch.engine.core.staged_save import staged_write
 from tpulaunch.engine.plain import log_every_steps, spec_errors
@@ -68,12 +68,10 @@ def make_training(job: Job, plan: Plan, *, use_tpu: Optional[bool] = None, clust
                                             **plain.strategy_settings(job, plan, use_tpu=use_tpu))
     except RuntimeError as exc:  # TensorFlow's runtime started before the CPU could be split
         raise TpuLaunchError(f"cannot split the CPU into {cpu_replicas} devices: {exc}") from None
-    replicas = strategy.num_replicas_in_sync
-    for batch in plan.batches:
-        if batch.global_batch % replicas:
-            raise TpuLaunchError(f"{batch.split}.batch_size {batch.global_batch} does not divide over the {replicas} "
-                                 f"replicas of {type(strategy).__name__}",
-                                 hint=f"use a multiple of {replicas} (each replica gets the same share)")
+    if not use_tpu:  # this machine's replicas are known only now (a TPU's are the Plan's, its batches checked)
+        replicas = strategy.num_replicas_in_sync
+        for batch in plan.batches:
+            plan.per_shard(batch.split, replicas, f"the {replicas} replicas of {type(strategy).__name__}")
     parts = plain.job_parts(job, use_tpu=use_tpu, search_path=search_path)  # imports the builder's Keras
     if job.run.seed is not None:
         standalone.set_random_seed(job.run.seed)
@@ -120,7 +118,7 @@ def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop:
           watch: Optional["WatchPlan"] = None, profile: Optional[Tuple[int, int]] = None,
           cpu_replicas: Optional[int] = None) -> TrainSummary:
     """Train to `job.train.steps`, resuming from model_dir's latest complete checkpoint, evaluating as the job says:
-    the loop both engines run (`engine/core/loop.py`; its Raises apply), around `_KerasSession`."""
+    the loop every engine runs (`engine/core/loop.py`; its Raises apply), around `_KerasSession`."""
     loop.check_trainable(job)
     model_dir = job.run.model_dir
     recorder = recorder or RunRecorder(total_steps=job.train.steps, batch_size=plan.train_batch_size,

@@ -8,7 +8,7 @@ the job does not set (the job's loss, optimizer and metrics replace the rest, as
 would), and a model with its own train_step, test_step or compute_loss, or a compiled one the job gives
 no loss, runs Keras's own step (the model's train_step and test_step) in each replica. This module
 imports only TensorFlow, the Python standard library and `engine/portable.py` (the input pipeline,
-precision, heads and losses both engines share), and takes plain values plus the job's own callables.
+precision, heads and losses the engines share), and takes plain values plus the job's own callables.
 tpulaunch calls it with values converted from the job file (engine/keras/plain.py), and
 `tpulaunch explain` prints portable.py and then this module verbatim inside the standalone program
 (without the import of portable's names below, which the program defines above it).
