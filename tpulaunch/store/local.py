@@ -145,7 +145,7 @@ def _guarded(path: str, if_generation_match: Optional[int], timeout_s: float) ->
         except FileExistsError:
             holder = _guard_holder(guard)
             with contextlib.suppress(FileNotFoundError):
-                if _process_gone(holder) or time.time() - os.stat(guard).st_mtime > timeout_s:
+                if process_gone(holder) or time.time() - os.stat(guard).st_mtime > timeout_s:
                     os.unlink(guard)
                     continue
             if time.monotonic() > deadline:
@@ -191,8 +191,9 @@ def _guard_holder(guard: str) -> dict:
         return {}
 
 
-def _process_gone(holder: dict) -> bool:
-    """Whether `holder` names another process on this host that no longer runs."""
+def process_gone(holder: dict) -> bool:
+    """Whether `holder` ({"host", "pid"}: a guard's, a lease's) names another process on this host that no longer
+    runs."""
     if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int) or \
             holder["pid"] == os.getpid():
         return False
