@@ -8,6 +8,8 @@ the same order (`shuffle_buffer: 0`) from the same seed.
 - Every metric train's eval line, `tpulaunch evaluate` and the run record hold equals the mean over the whole eval
   set computed by hand with the checkpoint's weights restored by TensorFlow.
 - `export`'s SavedModel answers what the checkpoint's model answers.
+- An eval set that ends in a partial batch: the metrics are over its whole batches, and the eval line says how
+  many examples that is and how many records were left out.
 
 One `train` run (module scope) is shared by every assertion.
 Tolerances: weights rtol 1e-5, atol 1e-6 (the same float32 steps on the same CPU; only the order of sums may
@@ -28,7 +30,8 @@ import yaml
 from checkpoint_cases import tpulaunch
 from records import write_examples
 from tpulaunch.models.cnn import build
-from tpulaunch.run.text import EvalResult, eval_text
+from tpulaunch.run.events import EvalResult, LeftOut
+from tpulaunch.run.text import eval_text
 
 WEIGHTS = dict(rtol=1e-5, atol=1e-6)
 METRICS = dict(rtol=1e-5, atol=1e-6)
@@ -58,6 +61,7 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("oracle_estimator")
     _write_records(root / "train.tfrecord", TRAIN_RECORDS, seed=11)
     _write_records(root / "eval.tfrecord", EVAL_RECORDS, seed=12)
+    _write_records(root / "eval37.tfrecord", EVAL_RECORDS - 3, seed=13)  # 4 whole batches and 5 records more
     job = {
         "name": "oracle-estimator",
         "model": {"builder": "tpulaunch.models.cnn:build", "params": PARAMS,
@@ -75,6 +79,7 @@ def trained(tmp_path_factory):
     runs = {"train": tpulaunch("train", root / "job.yaml", model_dir)}
     runs["evaluate"] = tpulaunch("evaluate", root / "job.yaml", model_dir)
     runs["export"] = tpulaunch("export", root / "job.yaml", model_dir, str(root / "exported"))
+    runs["partial"] = tpulaunch("evaluate", root / "job.yaml", model_dir, "--set", "data.eval=eval37.tfrecord")
     for verb, ran in runs.items():
         assert ran.returncode == 0, f"{verb}:\n{ran.stdout}\n{ran.stderr}"
     return root, model_dir, runs
@@ -112,9 +117,10 @@ def _by_hand(model, images: np.ndarray, labels: np.ndarray) -> dict:
     return {"loss": float(tf.reduce_mean(loss)), "accuracy": float(np.mean(np.argmax(logits, -1) == labels))}
 
 
-def _recorded(model_dir: Path, command: str) -> dict:
+def _recorded(model_dir: Path, command: str) -> list:
+    """The last evaluation of each of `command`'s lines in the run record, oldest first."""
     lines = [json.loads(line) for line in (model_dir / "tpulaunch-runs.jsonl").read_text().splitlines()]
-    return [line for line in lines if line["command"] == command][-1]["evals"][-1]["metrics"]
+    return [line["evals"][-1] for line in lines if line["command"] == command]
 
 
 def test_train_ends_with_the_weights_of_a_hand_written_loop(trained):
@@ -133,9 +139,25 @@ def test_every_eval_number_is_the_mean_over_the_whole_eval_set(trained):
     line = eval_text(EvalResult(step=STEPS, metrics=expected))
     for verb in ("train", "evaluate"):
         assert line in runs[verb].stdout.splitlines(), runs[verb].stdout
-        recorded = _recorded(model_dir, verb)
+        recorded = _recorded(model_dir, verb)[0]
+        assert recorded["left_out"] is None
         for name, value in expected.items():
-            np.testing.assert_allclose(recorded[name], value, err_msg=f"{verb} {name}", **METRICS)
+            np.testing.assert_allclose(recorded["metrics"][name], value, err_msg=f"{verb} {name}", **METRICS)
+
+
+def test_an_eval_set_that_ends_in_a_partial_batch_says_what_it_left_out(trained):
+    """37 records at batch 8, eval.steps 5: the set ends first; its 5 last records make no whole batch (every
+    engine's batches are whole), so the metrics are the mean over the first 32, and the eval line says so."""
+    root, model_dir, runs = trained
+    images, labels = _records(root / "eval37.tfrecord")
+    expected = _by_hand(_restored(model_dir), images[:32], labels[:32])
+    (line,) = [line for line in runs["partial"].stdout.splitlines() if line.startswith("eval |")]
+    assert line.endswith(" | over 32 examples: the last 5 records, not a whole batch, left out"), line
+    assert line == eval_text(EvalResult(step=STEPS, metrics=expected, left_out=LeftOut(examples=32, records=5)))
+    recorded = _recorded(model_dir, "evaluate")[-1]
+    assert recorded["left_out"] == {"examples": 32, "records": 5}
+    for name, value in expected.items():
+        np.testing.assert_allclose(recorded["metrics"][name], value, err_msg=name, **METRICS)
 
 
 def test_the_exported_savedmodel_answers_what_the_checkpoint_answers(trained):

@@ -17,8 +17,8 @@ import tensorflow as tf
 import yaml
 
 import test_user_models as corpus
-from keras_engine.oracle import (SERVED, STEPS, assert_metrics_equal, assert_weights_equal, eval_images, eval_line,
-                                 keras_evaluate, recorded_evals, run_oracle, write_project)
+from keras_engine.oracle import (LEFT_OUT_5, SERVED, STEPS, assert_metrics_equal, assert_weights_equal, eval_images,
+                                 eval_line, keras_evaluate, recorded_evals, run_oracle, write_project)
 from keras_engine.test_jax_engine import TPULAUNCH, _env
 
 
@@ -100,7 +100,8 @@ TWO_HEADS = textwrap.dedent('''
 
 def test_a_compiled_two_head_model_trains_and_evaluates_with_its_own_loss_as_keras_evaluate_does(tmp_path):
     """The job sets no model.loss: the model's own compile trains it, so only its crossentropy's label is checked
-    for class ids (the box's real values are no class ids), and every metric equals Keras's evaluate."""
+    for class ids (the box's real values are no class ids), and every metric equals Keras's evaluate over the eval
+    set's whole batches: 37 records at batch 8 end before eval.steps 5, and the eval line says what was left."""
     specs = {**corpus.IMAGE, **corpus.CLS_AND_BOX}
     corpus.write_records(tmp_path / "train.tfrecord", specs, 32, seed=11)
     corpus.write_records(tmp_path / "eval.tfrecord", specs, 37, seed=12)  # 4 whole batches and 5 records more
@@ -108,15 +109,17 @@ def test_a_compiled_two_head_model_trains_and_evaluates_with_its_own_loss_as_ker
     job = {"name": "two-heads", "model": {"builder": "twoheads:build"},
            "data": {"train": "train.tfrecord", "eval": "eval.tfrecord", "features": corpus.IMAGE,
                     "labels": corpus.CLS_AND_BOX, "shuffle_buffer": 0},
-           "train": {"batch_size": 8, "steps": 4}, "eval": {"batch_size": 8, "steps": 4},
+           "train": {"batch_size": 8, "steps": 4}, "eval": {"batch_size": 8, "steps": 5},
            "run": {"model_dir": "run", "save_checkpoints_steps": 4, "seed": 7, "engine": "keras"}}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
     trained = _run("train", tmp_path)
     assert "its loss {cls: SparseCategoricalCrossentropy, box: 'mse'}" in trained.stdout, trained.stdout
 
-    expected = keras_evaluate(tmp_path, tmp_path, _env(), builder="twoheads:build", job=job,
+    whole_batches = {**job, "eval": {"batch_size": 8, "steps": 4}}
+    expected = keras_evaluate(tmp_path, tmp_path, _env(), builder="twoheads:build", job=whole_batches,
                               tf_checkpoint=tf.train.latest_checkpoint(str(tmp_path / "run")))
     assert set(expected) == {"loss", "cls_loss", "box_loss", "cls_acc", "box_mae", "box_mse"}
     (recorded,) = recorded_evals(tmp_path / "run", "train")
     assert_metrics_equal(recorded, expected)
-    assert eval_line(4, expected) in trained.stdout.splitlines(), trained.stdout
+    assert eval_line(4, expected, (32, 5)) in trained.stdout.splitlines(), trained.stdout
+    assert eval_line(4, expected, (32, 5)).endswith(LEFT_OUT_5)

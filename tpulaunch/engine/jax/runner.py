@@ -12,7 +12,8 @@ from tpulaunch.engine.core import loop
 from tpulaunch.engine.core.build_failures import build_errors
 from tpulaunch.engine.core.model_dir import checkpoint_step, checkpoint_to_read
 from tpulaunch.engine.jax.hosts import refuse_split_over_hosts
-from tpulaunch.engine.pipeline import label_classes, make_input_fn, naming_read_errors, scores_class_ids
+from tpulaunch.engine.pipeline import (eval_left_out, label_classes, make_input_fn, naming_read_errors,
+                                       scores_class_ids)
 from tpulaunch.engine.plain import log_every_steps, spec_errors
 from tpulaunch.job.schema import Job
 from tpulaunch.plan.build import Plan
@@ -204,7 +205,10 @@ def _evaluate_into(training, job: Job, recorder: RunRecorder, should_stop=None) 
                 raise read_failed[0]
     if results is None:
         return None
-    return recorder.evaluated(training.step, {**results, "global_step": training.step})
+    from tpulaunch.engine.jax.hosts import share
+
+    left_out = eval_left_out(job, whole_set_here=share()[1] == 1)  # one process reads the whole set (no repeat)
+    return recorder.evaluated(training.step, {**results, "global_step": training.step}, left_out=left_out)
 
 
 def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None, recorder: Optional[RunRecorder] = None,

@@ -14,7 +14,7 @@ import math
 import os
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple
 
-from tpulaunch.engine.pipeline import naming_read_errors
+from tpulaunch.engine.pipeline import eval_left_out, naming_read_errors
 from tpulaunch.engine.core import loop
 from tpulaunch.engine.core.build_failures import build_errors
 from tpulaunch.engine.core.model_dir import checkpoint_to_read, model_dir_errors
@@ -306,7 +306,8 @@ def _evaluate_into(training, job: Job, plan: Plan, recorder: RunRecorder, should
         dataset, batch = _prepare_evaluation(training, job, plan)
         with naming_read_errors(job, "eval"), spec_errors():
             results = training.evaluate(dataset, job.eval.steps, should_stop=should_stop, per_replica_batch=batch)
-    return recorder.evaluated(int(results["global_step"]), results)
+    return recorder.evaluated(int(results["global_step"]), results,
+                              left_out=eval_left_out(job, whole_set_here=not plan.on_tpu))
 
 
 def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None, recorder: Optional[RunRecorder] = None,
