@@ -82,11 +82,13 @@ def test_a_model_compiled_by_its_builder_trains_with_its_own_compile_where_the_j
     assert set(oracle["evaluate"]) == {"loss", "acc"}  # its own metric, evaluated as evaluate() does
     assert_metrics_equal(recorded_evals(model_dir, "train")[-1], oracle["evaluate"])
 
-    # The job's settings win where it sets them, and the line names what they replaced.
+    # The job's settings win where it sets them, and the line names what they replaced; its own metrics are kept.
     replaced = _run("train", project, "--model-dir", str(tmp_path / "replaced"), "--set", "train.steps=1",
-                    "--set", "eval=null", "--set", "model.optimizer=sgd", job="compiled.yaml")
-    assert "Functional was compiled: its loss SparseCategoricalCrossentropy; model.optimizer SGD replaces its Adam; " \
-           "its metrics [SparseCategoricalAccuracy]" in replaced.stdout, replaced.stdout
+                    "--set", "eval=null", "--set", "model.optimizer=sgd", "--set",
+                    "model.loss=sparse_categorical_crossentropy", job="compiled.yaml")
+    assert "Functional was compiled: model.loss SparseCategoricalCrossentropy replaces its " \
+           "SparseCategoricalCrossentropy; model.optimizer SGD replaces its Adam; its metrics " \
+           "[SparseCategoricalAccuracy]" in replaced.stdout, replaced.stdout
 
 
 def test_a_run_stopped_at_step_3_and_resumed_equals_one_that_never_stopped(project, tmp_path):

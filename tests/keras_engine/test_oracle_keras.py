@@ -27,8 +27,8 @@ def project(tmp_path_factory) -> Path:
     return write_project(tmp_path_factory.mktemp("oracle_keras"), "keras")
 
 
-def _run(verb: str, project: Path, *args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([*TPULAUNCH, verb, str(project / "job.yaml"), *args], capture_output=True, text=True,
+def _run(verb: str, project: Path, *args: str, job: str = "job.yaml") -> subprocess.CompletedProcess:
+    result = subprocess.run([*TPULAUNCH, verb, str(project / job), *args], capture_output=True, text=True,
                             env=_env(), timeout=300, cwd=project)
     assert result.returncode == 0, result.stdout + result.stderr
     return result
@@ -62,6 +62,28 @@ def test_train_evaluate_and_export_equal_keras_fit_evaluate_and_predict(project,
     serve = tf.saved_model.load(path).signatures["serving_default"]
     served = serve(image=tf.constant(eval_images(project)))["outputs"].numpy()
     np.testing.assert_allclose(served, oracle["predict"], **SERVED)
+
+
+def test_a_compiled_model_keeps_its_own_metrics_and_optimizer_where_the_job_sets_only_the_loss(project, tmp_path):
+    """The job sets model.loss alone: the model's own Adam(0.02) trains it, and its own metric is evaluated (Keras's
+    steps, the job's loss in its compile), as `fit` and `evaluate` with the model's compile compute them."""
+    job = yaml.safe_load((project / "job.yaml").read_text())
+    for key in ("optimizer", "metrics"):
+        del job["model"][key]
+    job["model"]["builder"] = "oraclemodels:compiled"
+    (project / "compiled.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    model_dir = tmp_path / "run"
+    trained = _run("train", project, "--model-dir", str(model_dir), job="compiled.yaml")
+    assert ("Functional trains with Keras's train_step and test_step (the job sets no model.metrics: its own are "
+            "kept), each replica's step as fit() runs it; model.loss SparseCategoricalCrossentropy replaces its "
+            "SparseCategoricalCrossentropy; its optimizer Adam; its metrics [SparseCategoricalAccuracy]"
+            ) in trained.stdout, trained.stdout
+
+    oracle = run_oracle(project, tmp_path, _env(), backend="tensorflow", builder="compiled", compile=False,
+                        tf_checkpoint=tf.train.latest_checkpoint(str(model_dir)))
+    assert_weights_equal(oracle["checkpoint"], oracle["fit"])
+    assert set(oracle["evaluate"]) == {"loss", "acc"}  # its own metric, evaluated as evaluate() does
+    assert_metrics_equal(recorded_evals(model_dir, "train")[-1], oracle["evaluate"])
 
 
 def test_a_run_stopped_at_step_3_and_resumed_equals_one_that_never_stopped(project, tmp_path):
