@@ -21,7 +21,7 @@ from tpulaunch.run import phases
 from tpulaunch.run.events import EvalResult, RunRecorder, TrainSummary
 from tpulaunch.run.lease import ensure_held, raise_if_lost
 from tpulaunch.run.signals import StopSignal
-from tpulaunch.engine.core.summaries import tensorboard_events
+from tpulaunch.engine.core.summaries import applied_learning_rate, tensorboard_events
 from tpulaunch.run.workers import is_chief_worker
 
 
@@ -98,10 +98,14 @@ def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop:
     recorder = recorder or RunRecorder(total_steps=job.train.steps, batch_size=plan.train_batch_size,
                                        log_every_steps=log_every_steps(job), model_dir=job.run.model_dir)
 
-    def session_for(should_stop):
-        return _JaxSession(job, plan, recorder, should_stop, search_path=search_path)
+    with tensorboard_events(recorder, job.run.model_dir, is_chief_worker()) as events:
+        def session_for(should_stop):
+            session = _JaxSession(job, plan, recorder, should_stop, search_path=search_path)
+            if events is not None:
+                events.learning_rate = lambda: applied_learning_rate(getattr(session.training, "model", None) and
+                                                                      session.training.model.optimizer)
+            return session
 
-    with tensorboard_events(recorder, job.run.model_dir, is_chief_worker()):
         return loop.train(job, session_for, recorder=recorder, stop=stop or StopSignal(), watch=None, use_tpu=False,
                           force=force, writes_model_dir=is_chief_worker())
 

@@ -21,7 +21,7 @@ from tpulaunch.engine.core.model_dir import checkpoint_to_read, model_dir_errors
 from tpulaunch.engine.core.staged_save import staged_write
 from tpulaunch.engine.plain import log_every_steps, spec_errors
 from tpulaunch.engine.keras import plain
-from tpulaunch.engine.core.summaries import tensorboard_events
+from tpulaunch.engine.core.summaries import applied_learning_rate, tensorboard_events
 from tpulaunch.run.workers import is_chief_worker, worker_task
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.schema import Job
@@ -128,12 +128,15 @@ def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop:
     with model_dir_errors(model_dir):
         _refuse_estimator_checkpoints(model_dir)
 
-    def session_for(should_stop):
-        return _KerasSession(job, plan, recorder, should_stop, search_path=search_path, profile=profile,
-                             cpu_replicas=cpu_replicas)
-
     # The other workers of a multi-worker run leave model_dir's shared files to the chief.
-    with tensorboard_events(recorder, model_dir, is_chief_worker()):
+    with tensorboard_events(recorder, model_dir, is_chief_worker()) as events:
+        def session_for(should_stop):
+            session = _KerasSession(job, plan, recorder, should_stop, search_path=search_path, profile=profile,
+                                    cpu_replicas=cpu_replicas)
+            if events is not None:
+                events.learning_rate = lambda: applied_learning_rate(getattr(session.training, "optimizer", None))
+            return session
+
         summary = loop.train(job, session_for, recorder=recorder, stop=stop or StopSignal(), watch=watch,
                              use_tpu=plan.on_tpu, cluster_resolver=cluster_resolver, force=force,
                              writes_model_dir=is_chief_worker())
