@@ -14,8 +14,8 @@ import subprocess
 import numpy as np
 import yaml
 
-from .test_jax_engine import TPULAUNCH, _env, _variables, project  # noqa: F401  (project: the job's fixture)
-from .test_jax_tpu_slice import HELD
+from test_jax_engine import TPULAUNCH, _env, _variables, project  # noqa: F401  (project: the job's fixture)
+from test_jax_tpu_slice import HELD
 
 import pytest
 

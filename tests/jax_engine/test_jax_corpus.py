@@ -18,7 +18,7 @@ import pytest
 import test_user_models as corpus
 from paths import REPO
 
-from . import test_keras3_models as keras3
+import test_keras3_models as keras3
 
 # The part of the corpus the jax engine trains as the keras engine does (one label, float32, metrics by the names
 # it compiles), the part it refuses at a key of what it does not run yet, and jobs broken for every engine.

@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 import yaml
 
-from .test_jax_engine import TPULAUNCH, _env, _variables, project  # noqa: F401  (project: the job's fixture)
+from test_jax_engine import TPULAUNCH, _env, _variables, project  # noqa: F401  (project: the job's fixture)
 
 import pytest
 

@@ -17,8 +17,8 @@ import tensorflow as tf
 import yaml
 
 import test_user_models as corpus
-from oracle import (SERVED, STEPS, assert_metrics_equal, assert_weights_equal, eval_images, eval_line,
-                                 keras_evaluate, recorded_evals, run_oracle, write_project)
+from oracle import (LEFT_OUT_5, SERVED, STEPS, assert_metrics_equal, assert_weights_equal, eval_images,
+                                 eval_line, keras_evaluate, recorded_evals, run_oracle, write_project)
 from test_jax_engine import TPULAUNCH, _env, _variables
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
@@ -84,11 +84,13 @@ def test_a_model_compiled_by_its_builder_trains_with_its_own_compile_where_the_j
     assert set(oracle["evaluate"]) == {"loss", "acc"}  # its own metric, evaluated as evaluate() does
     assert_metrics_equal(recorded_evals(model_dir, "train")[-1], oracle["evaluate"])
 
-    # The job's settings win where it sets them, and the line names what they replaced.
+    # The job's settings win where it sets them, and the line names what they replaced; its own metrics are kept.
     replaced = _run("train", project, "--model-dir", str(tmp_path / "replaced"), "--set", "train.steps=1",
-                    "--set", "eval=null", "--set", "model.optimizer=sgd", job="compiled.yaml")
-    assert "Functional was compiled: its loss SparseCategoricalCrossentropy; model.optimizer SGD replaces its Adam; " \
-           "its metrics [SparseCategoricalAccuracy]" in replaced.stdout, replaced.stdout
+                    "--set", "eval=null", "--set", "model.optimizer=sgd", "--set",
+                    "model.loss=sparse_categorical_crossentropy", job="compiled.yaml")
+    assert "Functional was compiled: model.loss SparseCategoricalCrossentropy replaces its " \
+           "SparseCategoricalCrossentropy; model.optimizer SGD replaces its Adam; its metrics " \
+           "[SparseCategoricalAccuracy]" in replaced.stdout, replaced.stdout
 
 
 def test_a_run_stopped_at_step_3_and_resumed_equals_one_that_never_stopped(project, tmp_path):
@@ -119,22 +121,25 @@ REGRESSOR = textwrap.dedent('''
 
 def test_a_compiled_regressor_trains_with_its_own_loss_and_evaluates_as_keras_evaluate_does(tmp_path):
     """The job sets no model.loss: the model's own squared error trains it, so its real-valued label is not
-    checked as class ids (as the job's default crossentropy would score it), and its metrics are Keras's."""
+    checked as class ids (as the job's default crossentropy would score it), and its metrics are Keras's over the
+    eval set's whole batches: 37 records at batch 8 end before eval.steps 5, and the eval line says what was left."""
     labels = {"target": {"shape": [2]}}
-    for split, count, seed in (("train", 32, 11), ("eval", 32, 12)):
+    for split, count, seed in (("train", 32, 11), ("eval", 37, 12)):
         corpus.write_records(tmp_path / f"{split}.tfrecord", {**corpus.IMAGE, **labels}, count, seed=seed)
     (tmp_path / "regressor.py").write_text(REGRESSOR)
     job = {"name": "regressor", "model": {"builder": "regressor:build"},
            "data": {"train": "train.tfrecord", "eval": "eval.tfrecord", "features": corpus.IMAGE, "labels": labels,
                     "shuffle_buffer": 0},
-           "train": {"batch_size": 8, "steps": 4}, "eval": {"batch_size": 8, "steps": 4},
+           "train": {"batch_size": 8, "steps": 4}, "eval": {"batch_size": 8, "steps": 5},
            "run": {"model_dir": "run", "save_checkpoints_steps": 4, "seed": 7, "engine": "jax"}}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
     trained = _run("train", tmp_path)
     assert "Functional was compiled: its loss 'mse'" in trained.stdout, trained.stdout
 
-    expected = keras_evaluate(tmp_path, tmp_path, _env(), builder="regressor:build", job=job, backend="jax",
-                              tf_checkpoint=tf.train.latest_checkpoint(str(tmp_path / "run")))
+    whole_batches = {**job, "eval": {"batch_size": 8, "steps": 4}}
+    expected = keras_evaluate(tmp_path, tmp_path, _env(), builder="regressor:build", job=whole_batches,
+                              backend="jax", tf_checkpoint=tf.train.latest_checkpoint(str(tmp_path / "run")))
     assert set(expected) == {"loss", "mae"}
     assert_metrics_equal(recorded_evals(tmp_path / "run", "train")[-1], expected)
-    assert eval_line(4, expected) in trained.stdout.splitlines(), trained.stdout
+    assert eval_line(4, expected, (32, 5)) in trained.stdout.splitlines(), trained.stdout
+    assert eval_line(4, expected, (32, 5)).endswith(LEFT_OUT_5)

@@ -161,11 +161,16 @@ def eval_images(project: Path) -> np.ndarray:
                      for r in tf.data.TFRecordDataset(str(project / "eval.tfrecord"))])
 
 
-def eval_line(step: int, metrics: dict) -> str:
-    """The eval line `train` and `evaluate` print for these metrics (4 significant digits, in its order)."""
-    from tpulaunch.run.text import EvalResult, eval_text
+def eval_line(step: int, metrics: dict, left_out=None) -> str:
+    """The eval line `train` and `evaluate` print for these metrics (4 significant digits, in its order), and
+    `left_out` (examples evaluated, records left out) when the eval set ended in a partial batch."""
+    from tpulaunch.run.events import EvalResult, LeftOut
+    from tpulaunch.run.text import eval_text
 
-    return eval_text(EvalResult(step=step, metrics=metrics))
+    return eval_text(EvalResult(step=step, metrics=metrics, left_out=left_out and LeftOut(*left_out)))
+
+
+LEFT_OUT_5 = " | over 32 examples: the last 5 records, not a whole batch, left out"  # 37 records at batch 8
 
 
 # Keras 3's evaluate() of a checkpoint of any builder of the project's (a keras-engine one restored by

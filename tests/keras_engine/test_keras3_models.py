@@ -27,7 +27,7 @@ from click.testing import CliRunner
 import test_builder_contract as contract
 import test_memory as estimator_memory
 import test_user_models as corpus
-from .test_keras_explain import _evaluations, _explain, _run
+from test_keras_explain import _evaluations, _explain, _run
 from paths import REPO
 from tpulaunch.cli import run as cli_run
 from tpulaunch.cli import validate as cli_validate

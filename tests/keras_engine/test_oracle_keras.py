@@ -17,8 +17,8 @@ import tensorflow as tf
 import yaml
 
 import test_user_models as corpus
-from oracle import (SERVED, STEPS, assert_metrics_equal, assert_weights_equal, eval_images, eval_line,
-                                 keras_evaluate, recorded_evals, run_oracle, write_project)
+from oracle import (LEFT_OUT_5, SERVED, STEPS, assert_metrics_equal, assert_weights_equal, eval_images,
+                                 eval_line, keras_evaluate, recorded_evals, run_oracle, write_project)
 from test_jax_engine import TPULAUNCH, _env
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
@@ -29,8 +29,8 @@ def project(tmp_path_factory) -> Path:
     return write_project(tmp_path_factory.mktemp("oracle_keras"), "keras")
 
 
-def _run(verb: str, project: Path, *args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([*TPULAUNCH, verb, str(project / "job.yaml"), *args], capture_output=True, text=True,
+def _run(verb: str, project: Path, *args: str, job: str = "job.yaml") -> subprocess.CompletedProcess:
+    result = subprocess.run([*TPULAUNCH, verb, str(project / job), *args], capture_output=True, text=True,
                             env=_env(), timeout=300, cwd=project)
     assert result.returncode == 0, result.stdout + result.stderr
     return result
@@ -64,6 +64,28 @@ def test_train_evaluate_and_export_equal_keras_fit_evaluate_and_predict(project,
     serve = tf.saved_model.load(path).signatures["serving_default"]
     served = serve(image=tf.constant(eval_images(project)))["outputs"].numpy()
     np.testing.assert_allclose(served, oracle["predict"], **SERVED)
+
+
+def test_a_compiled_model_keeps_its_own_metrics_and_optimizer_where_the_job_sets_only_the_loss(project, tmp_path):
+    """The job sets model.loss alone: the model's own Adam(0.02) trains it, and its own metric is evaluated (Keras's
+    steps, the job's loss in its compile), as `fit` and `evaluate` with the model's compile compute them."""
+    job = yaml.safe_load((project / "job.yaml").read_text())
+    for key in ("optimizer", "metrics"):
+        del job["model"][key]
+    job["model"]["builder"] = "oraclemodels:compiled"
+    (project / "compiled.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    model_dir = tmp_path / "run"
+    trained = _run("train", project, "--model-dir", str(model_dir), job="compiled.yaml")
+    assert ("Functional trains with Keras's train_step and test_step (the job sets no model.metrics: its own are "
+            "kept), each replica's step as fit() runs it; model.loss SparseCategoricalCrossentropy replaces its "
+            "SparseCategoricalCrossentropy; its optimizer Adam; its metrics [SparseCategoricalAccuracy]"
+            ) in trained.stdout, trained.stdout
+
+    oracle = run_oracle(project, tmp_path, _env(), backend="tensorflow", builder="compiled", compile=False,
+                        tf_checkpoint=tf.train.latest_checkpoint(str(model_dir)))
+    assert_weights_equal(oracle["checkpoint"], oracle["fit"])
+    assert set(oracle["evaluate"]) == {"loss", "acc"}  # its own metric, evaluated as evaluate() does
+    assert_metrics_equal(recorded_evals(model_dir, "train")[-1], oracle["evaluate"])
 
 
 def test_a_run_stopped_at_step_3_and_resumed_equals_one_that_never_stopped(project, tmp_path):
@@ -102,7 +124,8 @@ TWO_HEADS = textwrap.dedent('''
 
 def test_a_compiled_two_head_model_trains_and_evaluates_with_its_own_loss_as_keras_evaluate_does(tmp_path):
     """The job sets no model.loss: the model's own compile trains it, so only its crossentropy's label is checked
-    for class ids (the box's real values are no class ids), and every metric equals Keras's evaluate."""
+    for class ids (the box's real values are no class ids), and every metric equals Keras's evaluate over the eval
+    set's whole batches: 37 records at batch 8 end before eval.steps 5, and the eval line says what was left."""
     specs = {**corpus.IMAGE, **corpus.CLS_AND_BOX}
     corpus.write_records(tmp_path / "train.tfrecord", specs, 32, seed=11)
     corpus.write_records(tmp_path / "eval.tfrecord", specs, 37, seed=12)  # 4 whole batches and 5 records more
@@ -110,15 +133,17 @@ def test_a_compiled_two_head_model_trains_and_evaluates_with_its_own_loss_as_ker
     job = {"name": "two-heads", "model": {"builder": "twoheads:build"},
            "data": {"train": "train.tfrecord", "eval": "eval.tfrecord", "features": corpus.IMAGE,
                     "labels": corpus.CLS_AND_BOX, "shuffle_buffer": 0},
-           "train": {"batch_size": 8, "steps": 4}, "eval": {"batch_size": 8, "steps": 4},
+           "train": {"batch_size": 8, "steps": 4}, "eval": {"batch_size": 8, "steps": 5},
            "run": {"model_dir": "run", "save_checkpoints_steps": 4, "seed": 7, "engine": "keras"}}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
     trained = _run("train", tmp_path)
     assert "its loss {cls: SparseCategoricalCrossentropy, box: 'mse'}" in trained.stdout, trained.stdout
 
-    expected = keras_evaluate(tmp_path, tmp_path, _env(), builder="twoheads:build", job=job,
+    whole_batches = {**job, "eval": {"batch_size": 8, "steps": 4}}
+    expected = keras_evaluate(tmp_path, tmp_path, _env(), builder="twoheads:build", job=whole_batches,
                               tf_checkpoint=tf.train.latest_checkpoint(str(tmp_path / "run")))
     assert set(expected) == {"loss", "cls_loss", "box_loss", "cls_acc", "box_mae", "box_mse"}
     (recorded,) = recorded_evals(tmp_path / "run", "train")
     assert_metrics_equal(recorded, expected)
-    assert eval_line(4, expected) in trained.stdout.splitlines(), trained.stdout
+    assert eval_line(4, expected, (32, 5)) in trained.stdout.splitlines(), trained.stdout
+    assert eval_line(4, expected, (32, 5)).endswith(LEFT_OUT_5)

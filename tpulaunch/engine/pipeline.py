@@ -10,6 +10,7 @@ fast path never loads it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import time
 from typing import Callable, List, Optional, Tuple
@@ -19,6 +20,7 @@ from tpulaunch.checks.paths import as_list, not_a_file, not_a_file_text
 from tpulaunch.engine.plain import features_as_dict, input_settings, spec_errors, tensor_specs
 from tpulaunch.errors import TpuLaunchError, first_line
 from tpulaunch.job.schema import Job
+from tpulaunch.run.events import LeftOut
 
 MODES = ("train", "eval")
 
@@ -179,6 +181,33 @@ def make_input_fn(job: Job, mode: str, *, use_tpu: bool, unread_files: bool = Fa
     with spec_errors():
         return portable.make_input_fn(files, training=mode == "train", use_tpu=use_tpu, label_classes=label_classes,
                                       **input_settings(job))
+
+
+# ------------------------------------------------------------------------------------ evaluation's reach
+
+def eval_left_out(job: Job, *, whole_set_here: bool) -> Optional[LeftOut]:
+    """What an evaluation of `eval.steps` batches leaves out of data.eval: the records after its last whole batch,
+    when the set ends before eval.steps batches (every engine's batches are whole: a TPU's shapes are static).
+    `whole_set_here`: this process's pipeline reads the whole set, once (not a TPU's, which repeats it, nor one
+    host's share). None when nothing is left out or it cannot be told here (a job's own input_fn, records skipped
+    under data.skip_corrupt). Reads at most the records the evaluation reads, once per process."""
+    if not whole_set_here or job.eval is None or job.data.input_fn or job.data.eval is None or job.data.skip_corrupt:
+        return None
+    batch = job.eval.batch_size
+    asked = job.eval.steps * batch
+    count = _records_up_to(tuple(_files_for(job, "eval")), job.data.compression or "", asked + 1)
+    if count > asked or count % batch == 0 or count < batch:  # steps ended it; whole batches; or none (an error)
+        return None
+    return LeftOut(examples=count - count % batch, records=count % batch)
+
+
+@functools.lru_cache(maxsize=8)
+def _records_up_to(files: Tuple[str, ...], compression: str, limit: int) -> int:
+    """The records of `files` in order, counted up to `limit`."""
+    import tensorflow as tf
+
+    dataset = tf.data.TFRecordDataset(list(files), compression_type=compression).take(limit)
+    return int(dataset.reduce(tf.constant(0, tf.int64), lambda count, _: count + 1))
 
 
 # ------------------------------------------------------------------------------------ read errors

@@ -154,12 +154,22 @@ class RecordsSkipped:
 
 
 @dataclass(frozen=True)
+class LeftOut:
+    """An evaluation that read the whole eval set but its last records, too few for a whole batch (every engine
+    evaluates whole batches: a TPU's shapes are static): its metrics are the mean over `examples`, not over all."""
+
+    examples: int  # the examples evaluated
+    records: int  # the eval set's records after its last whole batch, not evaluated
+
+
+@dataclass(frozen=True)
 class EvalResult:
     """One evaluation: the global step it scored and its metrics (loss included)."""
 
     step: int
     metrics: Dict[str, float]
     records_skipped: Optional[int] = None  # eval records dropped under data.skip_corrupt; None: not counted
+    left_out: Optional[LeftOut] = None  # the eval set's partial last batch, not evaluated; None: nothing left out
 
 
 @dataclass
@@ -451,9 +461,11 @@ class RunRecorder:
 
     # ------------------------------------------------------------------------------ evaluation
 
-    def evaluated(self, step: int, metrics: Dict[str, float], records_skipped: Optional[int] = None) -> EvalResult:
-        """An evaluation of the checkpoint at `step` finished."""
-        result = EvalResult(step, {k: float(v) for k, v in metrics.items() if k != "global_step"}, records_skipped)
+    def evaluated(self, step: int, metrics: Dict[str, float], records_skipped: Optional[int] = None,
+                  left_out: Optional[LeftOut] = None) -> EvalResult:
+        """An evaluation of the checkpoint at `step` finished (`left_out`: the eval set's records it did not read)."""
+        result = EvalResult(step, {k: float(v) for k, v in metrics.items() if k != "global_step"}, records_skipped,
+                            left_out)
         self.evals.append(result)
         self._emit(result)
         return result

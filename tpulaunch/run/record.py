@@ -10,7 +10,7 @@ the input pipeline with the step rate the last training run needed)::
      "steps_per_s": 13.7, "examples_per_s": 876.0, "steady_examples_per_s": 912.3, "batch_size": 64,
      "input_pipelines": 1,
      "goodput": 0.7, "input_wait_share": 0.03, "input_bound": false, "records_skipped": null,
-     "events": [], "resumes": 0, "steps_lost": 0, "evals": [{"step": 300, "metrics": {...}}],
+     "events": [], "resumes": 0, "steps_lost": 0, "evals": [{"step": 300, "metrics": {...}, "left_out": null}],
      "on_tpu": false, "profile": null, "versions": {"tpulaunch": "0.1.0", "tensorflow": "2.15.1"},
      "run_id": "20250101T100000Z-vm-1-4242-1a2b3c", "lease_took_over": null}
 
@@ -110,7 +110,9 @@ def run_record(recorder: RunRecorder, *, command: str, outcome: str, job: Dict[s
                     "recovery_s": e.recovery_s} for e in summary.events],
         "resumes": summary.resumes,
         "steps_lost": summary.steps_lost,
-        "evals": [{"step": e.step, "metrics": e.metrics, "records_skipped": e.records_skipped}
+        "evals": [{"step": e.step, "metrics": e.metrics, "records_skipped": e.records_skipped,
+                   "left_out": None if e.left_out is None else {"examples": e.left_out.examples,
+                                                                "records": e.left_out.records}}
                   for e in summary.evals],
         "on_tpu": on_tpu,
         "profile": profile,

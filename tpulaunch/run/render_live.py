@@ -27,9 +27,10 @@ from tpulaunch.run.phases import TRAINING
 
 
 def eval_table(result: EvalResult) -> Table:
-    """One evaluation as a table: metrics by name, loss last; skipped records as its caption."""
-    skipped = None if result.records_skipped is None else text.skipped_text(result.records_skipped)
-    table = Table(title=f"eval at step {result.step}", title_justify="left", caption=skipped, caption_justify="left")
+    """One evaluation as a table: metrics by name, loss last; skipped and left-out records as its caption."""
+    caption = "; ".join(([] if result.records_skipped is None else [text.skipped_text(result.records_skipped)])
+                        + ([] if result.left_out is None else [text.left_out_text(result.left_out)])) or None
+    table = Table(title=f"eval at step {result.step}", title_justify="left", caption=caption, caption_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for name in text.metric_names(result):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from tpulaunch.run.events import (INPUT_BOUND_SHARE, INPUT_MATTERS_SHARE, EvalResult, InputShare, NodeEvent, NodeReady,
-                                  NodeWaiting, PhaseEnded, PhaseSlow, PhaseStarted, ProfileCaptured, StepProgress,
-                                  TrainingStarted, TrainSummary)
+from tpulaunch.run.events import (INPUT_BOUND_SHARE, INPUT_MATTERS_SHARE, EvalResult, InputShare, LeftOut, NodeEvent,
+                                  NodeReady, NodeWaiting, PhaseEnded, PhaseSlow, PhaseStarted, ProfileCaptured,
+                                  StepProgress, TrainingStarted, TrainSummary)
 from tpulaunch.run.phases import CHECKPOINT, CLOSE, TRAINING
 
 # Phases without start and end lines: their own lines (train | step..., checkpoint | step...) say
@@ -76,7 +76,15 @@ def eval_text(result: EvalResult) -> str:
     parts = [f"eval | step {result.step}"] + [f"{k} {format_value(result.metrics[k])}" for k in metric_names(result)]
     if result.records_skipped is not None:
         parts.append(skipped_text(result.records_skipped))
+    if result.left_out is not None:
+        parts.append(left_out_text(result.left_out))
     return " | ".join(parts)
+
+
+def left_out_text(left_out: LeftOut) -> str:
+    """How an evaluation states that its metrics are over fewer examples than the eval set holds."""
+    records = f"{left_out.records} record{'s' if left_out.records != 1 else ''}"
+    return f"over {left_out.examples} examples: the last {records}, not a whole batch, left out"
 
 
 def node_lost_text(event: NodeEvent) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple
 
-from tpulaunch.engine.pipeline import naming_read_errors
+from tpulaunch.engine.pipeline import eval_left_out, naming_read_errors
 from tpulaunch.engine.core import loop
 from tpulaunch.engine.core.model_dir import checkpoint_step, checkpoint_to_read
 from tpulaunch.engine.estimator.make import input_fn_for, make_estimator
@@ -163,7 +163,8 @@ def _evaluate_into(estimator, job: Job, use_tpu: bool, search_path: Sequence[str
 
         with spec_errors():
             raise no_evaluation_batches()
-    return recorder.evaluated(int(results.get("global_step", 0)), results, skipped())
+    return recorder.evaluated(int(results.get("global_step", 0)), results, skipped(),
+                              eval_left_out(job, whole_set_here=not use_tpu))
 
 
 def _batch_counter():

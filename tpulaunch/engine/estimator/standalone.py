@@ -8,13 +8,14 @@ callables. tpulaunch calls it with values converted from the job file (engine/es
 runs exactly this code.
 """
 
+import random
 from typing import Callable, Dict, List, Optional
 
 import tensorflow as tf
 
 from tpulaunch.engine.portable import (  # explain: the program defines these above this module
     Head, Pair, SpecError, _classes, _losses_by_label, _predictions, _values_like_labels, compute_loss,
-    metrics_by_label, pair_heads, probabilities_of)
+    imported_kerases, metrics_by_label, pair_heads, probabilities_of)
 
 
 # ------------------------------------------------------------------------------------------ optimizer
@@ -159,6 +160,7 @@ def make_model_fn(builder: Callable, builder_kwargs: dict, *, use_tpu: bool, pol
         # Outside any TPU loop or control-flow context: the Keras Input placeholders must not land
         # inside the compiled loop, and one build per call keeps train/eval/resume variables identical.
         with tf.init_scope():
+            seed_the_builder(seed)
             model = builder(**builder_kwargs)
         outputs = model(features, training=training)
         probabilities = probabilities_of(model, outputs)  # read before the cast hides the softmax
@@ -225,6 +227,18 @@ def _summary_fn(model_dir: str, every_steps: int):
 
 # -------------------------------------------------------------------------------------------- weights
 
+def seed_the_builder(seed: Optional[int]) -> None:
+    """With a seed, every build of the model starts from the same values: tf.keras 2 seeds each unseeded initializer
+    from Python's `random` (not from the graph's seed; Keras's own generator once it is imported and seeded), Keras 3
+    from its own seed generator, so those are seeded here with the graph's (RunConfig(tf_random_seed=))."""
+    if seed is None:
+        return
+    random.seed(seed)
+    for keras in imported_kerases():
+        keras.utils.set_random_seed(seed)
+    tf.compat.v1.set_random_seed(seed)
+
+
 def built_weights(builder: Callable, builder_kwargs: dict, seed: Optional[int]) -> Optional[list]:
     """The values the builder gives its model (loaded or freshly initialised), built in a scratch graph;
     None when the model has no weights until it is first called (subclassed, Sequential without an
@@ -235,8 +249,7 @@ def built_weights(builder: Callable, builder_kwargs: dict, seed: Optional[int]) 
     graph's session, and `get_weights()` reads them back from it.
     """
     with tf.Graph().as_default() as graph, tf.compat.v1.Session(graph=graph):
-        if seed is not None:
-            tf.compat.v1.set_random_seed(seed)  # as RunConfig(tf_random_seed=) seeds the run's own graph
+        seed_the_builder(seed)
         model = builder(**builder_kwargs)
         return model.get_weights() if model.built else None
 

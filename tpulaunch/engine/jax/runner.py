@@ -12,7 +12,8 @@ from tpulaunch.engine.core import loop
 from tpulaunch.engine.jax.locate import build_errors
 from tpulaunch.engine.core.model_dir import checkpoint_step, checkpoint_to_read
 from tpulaunch.engine.jax.hosts import refuse_split_over_hosts
-from tpulaunch.engine.pipeline import label_classes, make_input_fn, naming_read_errors, scores_class_ids
+from tpulaunch.engine.pipeline import (eval_left_out, label_classes, make_input_fn, naming_read_errors,
+                                       scores_class_ids)
 from tpulaunch.engine.plain import log_every_steps, spec_errors
 from tpulaunch.job.schema import Job
 from tpulaunch.plan.build import Plan
@@ -20,7 +21,7 @@ from tpulaunch.run import phases
 from tpulaunch.run.events import EvalResult, RunRecorder, TrainSummary
 from tpulaunch.run.lease import ensure_held, raise_if_lost
 from tpulaunch.run.signals import StopSignal
-from tpulaunch.engine.core.summaries import tensorboard_events
+from tpulaunch.engine.core.summaries import applied_learning_rate, tensorboard_events
 from tpulaunch.run.workers import is_chief_worker
 
 if TYPE_CHECKING:
@@ -102,10 +103,14 @@ def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop:
     recorder = recorder or RunRecorder(total_steps=job.train.steps, batch_size=plan.train_batch_size,
                                        log_every_steps=log_every_steps(job), model_dir=job.run.model_dir)
 
-    def session_for(should_stop):
-        return _JaxSession(job, plan, recorder, should_stop, search_path=search_path)
+    with tensorboard_events(recorder, job.run.model_dir, is_chief_worker()) as events:
+        def session_for(should_stop):
+            session = _JaxSession(job, plan, recorder, should_stop, search_path=search_path)
+            if events is not None:
+                events.learning_rate = lambda: applied_learning_rate(getattr(session.training, "model", None) and
+                                                                      session.training.model.optimizer)
+            return session
 
-    with tensorboard_events(recorder, job.run.model_dir, is_chief_worker()):
         return loop.train(job, session_for, recorder=recorder, stop=stop or StopSignal(), watch=watch, use_tpu=False,
                           force=force, writes_model_dir=is_chief_worker())
 
@@ -209,7 +214,10 @@ def _evaluate_into(training, job: Job, plan: Plan, recorder: RunRecorder, should
                 raise read_failed[0]
     if results is None:
         return None
-    return recorder.evaluated(training.step, {**results, "global_step": training.step})
+    from tpulaunch.engine.jax.hosts import share
+
+    left_out = eval_left_out(job, whole_set_here=share()[1] == 1)  # one process reads the whole set (no repeat)
+    return recorder.evaluated(training.step, {**results, "global_step": training.step}, left_out=left_out)
 
 
 def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None, recorder: Optional[RunRecorder] = None,

@@ -14,14 +14,14 @@ import math
 import os
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple
 
-from tpulaunch.engine.pipeline import naming_read_errors
+from tpulaunch.engine.pipeline import eval_left_out, naming_read_errors
 from tpulaunch.engine.core import loop
 from tpulaunch.engine.keras.locate import build_errors
 from tpulaunch.engine.core.model_dir import checkpoint_to_read, model_dir_errors
 from tpulaunch.engine.core.staged_save import staged_write
 from tpulaunch.engine.plain import log_every_steps, spec_errors
 from tpulaunch.engine.keras import plain
-from tpulaunch.engine.core.summaries import tensorboard_events
+from tpulaunch.engine.core.summaries import applied_learning_rate, tensorboard_events
 from tpulaunch.run.workers import is_chief_worker, worker_task
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.schema import Job
@@ -126,12 +126,15 @@ def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop:
     with model_dir_errors(model_dir):
         _refuse_estimator_checkpoints(model_dir)
 
-    def session_for(should_stop):
-        return _KerasSession(job, plan, recorder, should_stop, search_path=search_path, profile=profile,
-                             cpu_replicas=cpu_replicas)
-
     # The other workers of a multi-worker run leave model_dir's shared files to the chief.
-    with tensorboard_events(recorder, model_dir, is_chief_worker()):
+    with tensorboard_events(recorder, model_dir, is_chief_worker()) as events:
+        def session_for(should_stop):
+            session = _KerasSession(job, plan, recorder, should_stop, search_path=search_path, profile=profile,
+                                    cpu_replicas=cpu_replicas)
+            if events is not None:
+                events.learning_rate = lambda: applied_learning_rate(getattr(session.training, "optimizer", None))
+            return session
+
         summary = loop.train(job, session_for, recorder=recorder, stop=stop or StopSignal(), watch=watch,
                              use_tpu=plan.on_tpu, cluster_resolver=cluster_resolver, force=force,
                              writes_model_dir=is_chief_worker())
@@ -304,7 +307,8 @@ def _evaluate_into(training, job: Job, plan: Plan, recorder: RunRecorder, should
         dataset, batch = _prepare_evaluation(training, job, plan)
         with naming_read_errors(job, "eval"), spec_errors():
             results = training.evaluate(dataset, job.eval.steps, should_stop=should_stop, per_replica_batch=batch)
-    return recorder.evaluated(int(results["global_step"]), results)
+    return recorder.evaluated(int(results["global_step"]), results,
+                              left_out=eval_left_out(job, whole_set_here=not plan.on_tpu))
 
 
 def evaluate(job: Job, plan: Plan, *, checkpoint: Optional[str] = None, recorder: Optional[RunRecorder] = None,

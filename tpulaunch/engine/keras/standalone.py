@@ -438,7 +438,10 @@ class KerasTraining:
                 raise StepsForJax(f"{type(self.model).__name__}'s own {' and '.join(jax_steps)} take(s) the state "
                                   "before the batch, as Keras 3 calls them on JAX; on TensorFlow Keras calls "
                                   f"{jax_steps[0]}(self, data)")
-            self.own_step = bool(self.own_methods) or (self.compiled is not None and "loss" not in self.given)
+            # A compiled model keeps what the job does not set: its loss, and its metrics (Keras's own steps
+            # compute them), unless the job sets both loss and metrics (the engine's step, as a second compile()).
+            self.own_step = bool(self.own_methods) or (self.compiled is not None and (
+                "loss" not in self.given or ("metrics" not in self.given and _has_own_metrics(self.compiled))))
             if self.own_step:
                 self.optimizer = self._compile_for_own_step(make_optimizer)
                 if hasattr(self.model, "_symbolic_build"):  # Keras 3 builds its compile's metrics and loss here, as
@@ -490,8 +493,9 @@ class KerasTraining:
         said = compile_with_job(self.model, self.compiled, self.given, {
             "optimizer": lambda: make_optimizer(self.keras), "loss": self._loss_for_compile,
             "metrics": self._metrics_for_compile})
-        whose = (f"its own {', '.join(self.own_methods)}" if self.own_methods else "Keras's train_step and test_step "
-                 "(the job sets no model.loss)")
+        why = "no model.loss" if "loss" not in self.given else "no model.metrics: its own are kept"
+        whose = (f"its own {', '.join(self.own_methods)}" if self.own_methods else
+                 f"Keras's train_step and test_step (the job sets {why})")
         self.compile_note = "; ".join([f"{type(self.model).__name__} trains with {whose}, each replica's step as "
                                        "fit() runs it", *said])
         return self.model.optimizer
@@ -769,6 +773,11 @@ class KerasTraining:
     def prepare_training(self, iterator, *, time_input: bool = False) -> None:
         """Trace the training step for `iterator`'s batches (what fails to build, fails here, before any step)."""
         self.train_step_fn(time_input=time_input).get_concrete_function(iterator, tf.constant(1))
+
+
+def _has_own_metrics(compiled: dict) -> bool:
+    """Whether a model's compile named metrics of its own (`compiled_with`'s settings)."""
+    return bool(compiled.get("metrics") or compiled.get("weighted_metrics"))
 
 
 class _EvalMetric(NamedTuple):
