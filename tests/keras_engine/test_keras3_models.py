@@ -25,7 +25,7 @@ import yaml
 from click.testing import CliRunner
 
 import test_builder_contract as contract
-import test_memory as estimator_memory
+import memory_cases
 import test_user_models as corpus
 from .test_keras_explain import _evaluations, _explain, _run
 from paths import REPO
@@ -269,12 +269,12 @@ def test_two_replicas_take_the_same_step_as_one(keras3_project, tmp_path):
 
 # ------------------------------------------------------------------------------------- validate's view
 
-# The tf-keras networks of tests/estimator/plan/test_memory.py, written with Keras 3.
-KERAS3_NETWORKS = "import keras\n" + estimator_memory.NETWORKS.replace("tf.keras.", "keras.")
+# The tf-keras networks of tests/memory_cases.py, written with Keras 3.
+KERAS3_NETWORKS = "import keras\n" + memory_cases.NETWORKS.replace("tf.keras.", "keras.")
 
 
 def test_memory_is_planned_from_the_traced_step_as_for_tf_keras(tmp_path):
-    (tmp_path / "networks.py").write_text(estimator_memory.NETWORKS)
+    (tmp_path / "networks.py").write_text(memory_cases.NETWORKS)
     (tmp_path / "networks3.py").write_text(KERAS3_NETWORKS)
     base = {"name": "ways", "model": {"optimizer": {"name": "adam"}},
             "data": {"features": {"image": {"shape": [64, 64, 3]}}, "labels": {"label": {"shape": [], "dtype": "int64"}}},
@@ -284,7 +284,7 @@ def test_memory_is_planned_from_the_traced_step_as_for_tf_keras(tmp_path):
     for builder in ("networks:functional", "networks3:functional", "networks3:subclassed"):
         document = json.loads(json.dumps(base))
         document["model"]["builder"] = builder
-        plans[builder] = estimator_memory.plan_memory(Job.model_validate(document).located_at(str(tmp_path)))
+        plans[builder] = memory_cases.plan_memory(Job.model_validate(document).located_at(str(tmp_path)))
         assert plans[builder].verdict == "fits", (builder, plans[builder].reason)
     reference = plans["networks:functional"]
     for builder, plan in plans.items():
