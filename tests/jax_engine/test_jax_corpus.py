@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-import test_user_models as corpus
+import user_models as corpus
 from paths import REPO
 
 from . import test_keras3_models as keras3

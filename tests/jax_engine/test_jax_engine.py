@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 import yaml
 
-import test_user_models as corpus
+import user_models as corpus
 from paths import REPO
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first

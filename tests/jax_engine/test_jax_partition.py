@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-import test_user_models as corpus
+import user_models as corpus
 from test_jax_engine import TPULAUNCH, _env, _variables
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first

@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 import yaml
 
-import test_user_models as corpus
+import user_models as corpus
 
 # Tolerances: weights rtol 1e-5, atol 1e-6 (the same step on the same CPU; only the order of float sums may differ);
 # evaluation rtol 1e-5, atol 1e-6 (the same weights, the same metrics); a SavedModel served by TensorFlow against

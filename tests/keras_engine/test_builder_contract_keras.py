@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import test_builder_contract as contract
-import test_user_models as corpus
+import user_models as corpus
 from test_builder_contract import (  # noqa: F401  (run here too: the keras engine's replicas)
     test_a_keras_loss_class_or_object_scores_the_batch_as_keras_does,
     test_a_keras_loss_runs_inside_a_tf_distribute_replica)

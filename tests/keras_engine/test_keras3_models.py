@@ -26,7 +26,7 @@ from click.testing import CliRunner
 
 import test_builder_contract as contract
 import memory_cases
-import test_user_models as corpus
+import user_models as corpus
 from .test_keras_explain import _evaluations, _explain, _run
 from paths import REPO
 from tpulaunch.cli import run as cli_run

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-import test_user_models as corpus
+import user_models as corpus
 from paths import REPO
 from programs_run import RUN_WITHOUT_TPULAUNCH
 from tpulaunch.cli.app import cli

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 import yaml
 
-import test_user_models as corpus
+import user_models as corpus
 from paths import REPO
 from tpulaunch.engine.core.model_dir import checkpoint_step
 

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 import yaml
 
-import test_user_models as corpus
+import user_models as corpus
 from oracle import (SERVED, STEPS, assert_metrics_equal, assert_weights_equal, eval_images, eval_line,
                                  keras_evaluate, recorded_evals, run_oracle, write_project)
 from test_jax_engine import TPULAUNCH, _env

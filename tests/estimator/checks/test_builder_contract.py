@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 from click.testing import CliRunner
 
-import test_user_models as corpus
+import user_models as corpus
 from tpulaunch.cli import run as cli_run
 from tpulaunch.cli import validate as cli_validate
 from tpulaunch.engine.portable import compute_loss
@@ -157,7 +157,7 @@ def test_a_keras_loss_runs_inside_a_tf_distribute_replica(name):
 
 def test_the_explained_program_trains_a_keras_loss_class_as_train_does(project):
     """explain's program runs portable.py verbatim, so a Loss class by path trains there as in `train`."""
-    from test_explain_own_code import explain, run
+    from explained_programs import explain, run
 
     path = corpus.write_job(project, "explained_loss_class", TRAINED["loss_class"])
     program = explain(path)
