@@ -24,7 +24,7 @@ import tensorflow as tf
 import yaml
 from click.testing import CliRunner
 
-import test_builder_contract as contract
+import builder_contract as contract
 import memory_cases
 import user_models as corpus
 from .test_keras_explain import _evaluations, _explain, _run
