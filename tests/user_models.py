@@ -96,6 +96,58 @@ JOBS = {
 }
 
 
+KERAS3 = "keras3_models"
+# The corpus written with Keras 3 (tests/models/keras3_models.py), which the keras engine trains
+# (tests/keras_engine/test_keras3_models.py) and the jax engine too (tests/jax_engine/test_jax_corpus.py).
+# name: (job, None when train must work, else the key both refuse it at, or (key, words both say)).
+KERAS3_JOBS = {
+    "subclassed": (job({"builder": f"{KERAS3}:subclassed", "metrics": ["accuracy"]}), None),
+    "subclassed_softmax": (job({"builder": f"{KERAS3}:subclassed", "params": {"probabilities": True},
+                                "metrics": ["accuracy", "auc"]}), None),
+    "sequential_without_input": (job({"builder": f"{KERAS3}:sequential", "metrics": ["accuracy", "auc"]}), None),
+    "two_inputs": (job({"builder": f"{KERAS3}:two_inputs", "metrics": ["accuracy"]},
+                       {"image": {"shape": [8, 8, 1]}, "extra": {"shape": [3]}}), None),
+    "two_outputs_list_by_order": (job({"builder": f"{KERAS3}:as_list", "loss": PER_LABEL_LOSS,
+                                       "metrics": ["accuracy", "mean_absolute_error"]}, labels=CLS_AND_BOX),
+                                  None),
+    "two_outputs_list_by_name": (job({"builder": f"{KERAS3}:as_named_list", "loss": PER_LABEL_LOSS,
+                                      "metrics": {"cls": ["accuracy"], "box": ["mean_squared_error"]}},
+                                     labels=CLS_AND_BOX), None),
+    "two_outputs_dict_own_loss_and_metric": (job({"builder": f"{KERAS3}:as_dict",
+                                                  "loss": {"cls": "sparse_categorical_crossentropy",
+                                                           "box": f"{KERAS3}:box_distance"},
+                                                  "metrics": {"cls": ["accuracy"], "box": [f"{KERAS3}:box_error"]}},
+                                                 labels=CLS_AND_BOX), None),
+    "custom_layer": (job({"builder": f"{KERAS3}:custom_layer", "metrics": ["accuracy"]}), None),
+    "own_keras3_optimizer": (job({"builder": f"{KERAS3}:subclassed", "optimizer": {"name": f"{KERAS3}:adam_with_clipnorm"}}),
+                             None),
+    # Keras 3's own loss scaling (its LossScaleOptimizer unscales in apply_gradients), and bfloat16 layers.
+    "mixed_float16": (job({"builder": f"{KERAS3}:custom_layer", "precision": "mixed_float16", "metrics": ["accuracy"]}),
+                      None),
+    "bfloat16": (job({"builder": f"{KERAS3}:two_inputs", "precision": "bfloat16", "metrics": ["accuracy"]},
+                     {"image": {"shape": [8, 8, 1]}, "extra": {"shape": [3]}}), None),
+    # Broken, each in one way.
+    "label_shape_wrong_for_loss": (job({"builder": f"{KERAS3}:subclassed"},
+                                       labels={"label": {"shape": [3], "dtype": "int64"}}), "model.loss"),
+    "one_class_loss_for_a_box_head": (job({"builder": f"{KERAS3}:as_dict"}, labels=CLS_AND_BOX), "model.loss"),
+    "outputs_not_matching_labels": (job({"builder": f"{KERAS3}:as_dict",
+                                         "loss": {"kind": "sparse_categorical_crossentropy", "box": "huber"}},
+                                        labels={"kind": {"shape": [], "dtype": "int64"}, "box": {"shape": [4]}}),
+                                    "data.labels"),
+    "wrong_number_of_inputs": (job({"builder": f"{KERAS3}:two_inputs"}), "data.features"),
+    # As Keras users write them: a model's own train_step, test_step or compute_loss runs as fit() runs it, a
+    # compiled model trains (tests/keras_engine/test_keras_as_written.py checks the numbers), a Keras Metric is fed.
+    "own_train_step": (job({"builder": f"{KERAS3}:with_train_step"}), None),
+    "own_test_step": (job({"builder": f"{KERAS3}:with_test_step"}), None),
+    "own_compute_loss": (job({"builder": f"{KERAS3}:with_compute_loss"}), None),
+    "compiled": (job({"builder": f"{KERAS3}:compiled"}), None),
+    "tf_keras_optimizer": (job({"builder": f"{KERAS3}:subclassed", "optimizer": {"name": f"{KERAS3}:tf_keras_adam"}}),
+                           ("model.optimizer", "not a Keras 3 optimizer")),
+    "keras3_metric_class": (job({"builder": f"{KERAS3}:subclassed", "metrics": [f"{KERAS3}:TopClassHits"]}), None),
+}
+
+
+
 # What the evaluation reports, for jobs whose metrics apply per head.
 EVAL_METRICS = {
     "sequential_without_input": {"accuracy", "auc"},

@@ -1,6 +1,7 @@
-"""The differential oracle of tests/keras_engine/test_oracle_*.py: Keras 3 as its users write it, in a process of its
-own on the backend an engine runs (JAX, or TensorFlow), nothing of tpulaunch imported. On the job's records in file
-order and the job's seed it fits the model, and on a checkpoint's weights it evaluates and predicts the eval set."""
+"""The differential oracle of tests/keras_engine/test_oracle_keras.py and tests/jax_engine/test_oracle_jax.py:
+Keras 3 as its users write it, in a process of its own on the backend an engine runs (JAX, or TensorFlow), nothing
+of tpulaunch imported. On the job's records in file order and the job's seed it fits the model, and on a
+checkpoint's weights it evaluates and predicts the eval set."""
 
 from __future__ import annotations
 
