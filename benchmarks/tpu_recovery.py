@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), os.path.join(ROOT, "tests", "run")]  # test_watchdog.MODELS
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]  # watched_runs.MODELS
 os.environ.setdefault("NO_GCE_CHECK", "True")
 
 
@@ -52,10 +52,10 @@ def job_text(steps: int) -> str:
 
 
 def write_project(root: Path, steps: int) -> None:
-    """The test suite's slow model (10 ms a step: test_watchdog.MODELS), its job and 64 records."""
+    """The test suite's slow model (10 ms a step: tests/watched_runs.py's MODELS), its job and 64 records."""
     import numpy as np
     from records import write_examples
-    from test_watchdog import MODELS
+    from watched_runs import MODELS
 
     (root / "slow_models.py").write_text(MODELS)
     (root / "job.yaml").write_text(job_text(steps))

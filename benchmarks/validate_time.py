@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "engine")]  # the reference programs' test modules
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "estimator" / "engine")]  # the reference programs' test modules
 
 
 def wall(command: list, cwd: Path, env: dict) -> float:
@@ -61,14 +61,14 @@ def default_jobs(scratch: Path) -> list:
     """(job, environment): the quickstart job on its synthesized data, tensorflow/tpu's mnist_tpu.py and ResNet
     (the originals in tests/programs/tensorflow_tpu), and google-research/tapas's pre-training
     (tests/programs/requirements.txt), each as its test writes it."""
-    import test_own_program
+    import own_programs
     import test_reference_programs
     import test_reference_resnet
 
     subprocess.run([sys.executable, "-m", "tpulaunch", "data", "synth", "--example", "quickstart",
                     str(ROOT / "data" / "quickstart")], check=True, capture_output=True)
     (scratch / "own_program").mkdir()
-    own = test_own_program.write_project(scratch / "own_program")
+    own = own_programs.write_project(scratch / "own_program")
     (scratch / "resnet").mkdir()
     resnet = test_reference_resnet.write_project(scratch / "resnet")
     (scratch / "tapas").mkdir()

@@ -1,10 +1,12 @@
-"""What the tests share, so that no test module imports another for it:
+"""What the tests share. No test module imports another (tests/core/test_suite_layout.py): what several use lies in
+the helper modules of tests/, the one folder on pytest's path (docs/testing.md's Layout names them). Among them:
 
 - `records.py`: TFRecords of tf.train.Examples (one writer for every test that needs its own records);
 - `gcs_fake.py`: a local Cloud Storage for TensorFlow's own `gs://` filesystem (the `gcs` fixture, here for
   every module);
 - `tpu_api_server.py`: the `tpu_api` fixture (for every module): the package's local Cloud TPU API server
-  (`tpulaunch/tpu/local_api.py`), started in an environment that cannot reach Google;
+  (`tpulaunch/tpu/local_api.py`), started in an environment that cannot reach Google; `cli_tpu_api`, the same
+  server called by the verbs a test runs in its own process;
 - `tests/models/`, `tests/programs/`, `tests/jobs/`: the user-written models, the unmodified reference
   programs and the good and bad job files the suites run.
 

@@ -5,6 +5,7 @@ absl flags are process-wide, and the reference programs define flags the others 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -57,3 +58,7 @@ def explained_evaluation(project: Path, env: Mapping[str, str] = {}) -> tuple:
     ran = run("program.py", "evaluate", cwd=project, env=env)
     assert ran.returncode == 0, said(ran)
     return (project / "program.py").read_text(), eval(ran.stdout.strip().splitlines()[-1], {"np": np})
+
+
+def metrics(line: str) -> dict:
+    return {name: float(value) for name, value in re.findall(r"(\w+) ([0-9.]+)", line.split("|", 2)[2])}

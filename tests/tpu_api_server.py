@@ -31,3 +31,12 @@ def tpu_api(monkeypatch, tmp_path):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def cli_tpu_api(tpu_api, monkeypatch):
+    """The `tpu_api` server, called by the verbs a test runs in its own process (TPULAUNCH_TPU_API_ENDPOINT), whose
+    output is plain text (NO_COLOR)."""
+    monkeypatch.setenv("TPULAUNCH_TPU_API_ENDPOINT", tpu_api.endpoint)
+    monkeypatch.setenv("NO_COLOR", "1")
+    return tpu_api

@@ -14,8 +14,8 @@ import subprocess
 import numpy as np
 import yaml
 
-from test_jax_engine import TPULAUNCH, _env, _variables, project  # noqa: F401  (project: the job's fixture)
-from test_jax_tpu_slice import HELD
+from jax_runs import HELD, TPULAUNCH, checkpoint_variables, run_env
+from jax_runs import project  # noqa: F401  (the fixture: the jax engine's small job)
 
 import pytest
 
@@ -40,7 +40,7 @@ def _gke_job(project, steps: int, **extra) -> None:
 
 def test_two_slices_rehearsed_through_a_preempted_pod_train_what_one_process_trains(project, tmp_path):  # noqa: F811
     _gke_job(project, steps=8)
-    env = dict(_env(), NO_GCE_CHECK="True")
+    env = dict(run_env(), NO_GCE_CHECK="True")
     run_dir, one_dir = tmp_path / "gke", tmp_path / "one"
     rehearsed = subprocess.run([*TPULAUNCH, "rehearse", "gke.yaml", "--preempt-at", "4", "--recreate", "1",
                                 "--set", f"run.model_dir={run_dir}"],
@@ -68,7 +68,7 @@ def test_two_slices_rehearsed_through_a_preempted_pod_train_what_one_process_tra
     alone = subprocess.run([*TPULAUNCH, "train", "gke.yaml", "--local", "--model-dir", str(one_dir)],
                            cwd=project, env=env, capture_output=True, text=True, timeout=300)
     assert alone.returncode == 0, alone.stdout + alone.stderr
-    four, one = _variables(run_dir), _variables(one_dir)
+    four, one = checkpoint_variables(run_dir), checkpoint_variables(one_dir)
     assert sorted(four) == sorted(one) and one["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == 8
     for name in one:
         np.testing.assert_allclose(four[name], one[name], rtol=1e-5, atol=1e-5, err_msg=name)
@@ -82,7 +82,7 @@ def test_the_jobs_own_failure_fails_the_jobset_without_a_restart(project, tmp_pa
     (project / "gke.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
     failed = subprocess.run([*TPULAUNCH, "rehearse", "gke.yaml", "--recreate", "3",
                              "--set", f"run.model_dir={tmp_path / 'nan'}"],
-                            cwd=project, env=dict(_env(), NO_GCE_CHECK="True"), capture_output=True, text=True,
+                            cwd=project, env=dict(run_env(), NO_GCE_CHECK="True"), capture_output=True, text=True,
                             timeout=400)
     said = failed.stdout + failed.stderr
     assert failed.returncode == 1, said

@@ -15,10 +15,8 @@ import textwrap
 
 import pytest
 
-import test_user_models as corpus
+import user_models as corpus
 from paths import REPO
-
-import test_keras3_models as keras3
 
 # The part of the corpus the jax engine trains as the keras engine does (one label, float32, metrics by the names
 # it compiles), the part it refuses at a key of what it does not run yet, and jobs broken for every engine.
@@ -57,7 +55,7 @@ def outcomes(project, tmp_path_factory) -> dict:
     names = (*TRAINS, *NOT_YET, *BROKEN)
     paths = {}
     for name in names:
-        document, _ = keras3.JOBS[name]
+        document, _ = corpus.KERAS3_JOBS[name]
         paths[name] = corpus.write_job(project, f"jax_{name}", document)
     report = tmp_path_factory.mktemp("jax_corpus") / "outcomes.json"
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "KERAS_BACKEND")}

@@ -6,12 +6,10 @@ own: Keras chooses its backend once per process, and this pytest process's Keras
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -19,89 +17,16 @@ import pytest
 import tensorflow as tf
 import yaml
 
-import test_user_models as corpus
+from jax_runs import KERAS3_MODELS, TPULAUNCH, checkpoint_variables, run_env
+from jax_runs import project  # noqa: F401  (the fixture: the job these tests train)
 from paths import REPO
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
 
-TPULAUNCH = [sys.executable, "-m", "tpulaunch"]
-
-KERAS3_MODELS = textwrap.dedent('''
-    import keras
-    from absl import flags
-
-    if "conv_filters" not in flags.FLAGS:
-        flags.DEFINE_integer("conv_filters", 4, "the convolution's filters")
-
-
-    def classifier(num_classes=3, filters=None):
-        inputs = keras.Input(shape=(8, 8, 1), name="image")
-        filters = filters or flags.FLAGS.conv_filters  # the job's flags: set it, as a FLAGS program's command line would
-        x = keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(inputs)
-        x = keras.layers.GlobalAveragePooling2D()(x)
-        return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
-
-
-    def wide(num_classes=3):
-        # About 4.3 million weights: a save takes long enough for a freeze to land in it.
-        inputs = keras.Input(shape=(8, 8, 1), name="image")
-        x = keras.layers.Flatten()(inputs)
-        x = keras.layers.Dense(2048, activation="relu")(x)
-        x = keras.layers.Dense(2048, activation="relu")(x)
-        return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
-
-
-    def tf_keras_classifier(num_classes=3):
-        import tf_keras
-
-        inputs = tf_keras.Input(shape=(8, 8, 1), name="image")
-        x = tf_keras.layers.Flatten()(inputs)
-        return tf_keras.Model(inputs, tf_keras.layers.Dense(num_classes)(x))
-''')
-
-
-def _env(devices: int = 1) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "KERAS_BACKEND")}
-    path = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    return dict(env, PYTHONUNBUFFERED="1", CI="1", PYTHONPATH=path,
-                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-
-
-@pytest.fixture(scope="module")
-def project(tmp_path_factory) -> Path:
-    """A small Keras 3 classifier on 8x8 images. The training file holds one batch, 8 records, read without
-    shuffling: every step trains on the same examples in the same order, whatever order the pipeline's parallel
-    parse hands its batches out in (it is not deterministic while training)."""
-    root = tmp_path_factory.mktemp("jax_job")
-    specs = {**corpus.IMAGE, **corpus.CLASS}
-    corpus.write_records(root / "train.tfrecord", specs, 8, seed=1)
-    corpus.write_records(root / "eval.tfrecord", specs, 32, seed=2)
-    (root / "k3models.py").write_text(KERAS3_MODELS)
-    job = {
-        "name": "jax-engine",
-        "model": {"builder": "k3models:classifier", "params": {"num_classes": 3},
-                  "loss": "sparse_categorical_crossentropy", "optimizer": {"name": "sgd", "learning_rate": 0.05},
-                  "metrics": ["accuracy"]},
-        "data": {"train": "train.tfrecord", "eval": "eval.tfrecord", "features": corpus.IMAGE, "labels": corpus.CLASS,
-                 "shuffle_buffer": 0},
-        "train": {"batch_size": 8, "steps": 6},
-        "eval": {"batch_size": 8, "steps": 2},
-        "run": {"model_dir": "runs/j", "save_checkpoints_steps": 3, "log_every_steps": 1, "seed": 3, "engine": "jax"},
-        "flags": {"conv_filters": 5},
-    }
-    (root / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
-    return root
-
 
 def _run(verb: str, project: Path, *args: str, devices: int = 1) -> subprocess.CompletedProcess:
     return subprocess.run([*TPULAUNCH, verb, str(project / "job.yaml"), *args], capture_output=True, text=True,
-                          env=_env(devices), timeout=300, cwd=project)
-
-
-def _variables(model_dir: Path, checkpoint: str = "") -> dict:
-    reader = tf.train.load_checkpoint(checkpoint or tf.train.latest_checkpoint(str(model_dir)))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if name.endswith("/.ATTRIBUTES/VARIABLE_VALUE")}
+                          env=run_env(devices), timeout=300, cwd=project)
 
 
 def _keras3_classifier_with(variables: dict):
@@ -125,7 +50,7 @@ def one_device_run(project, tmp_path_factory) -> tuple:
     assert result.returncode == 0, result.stderr
     assert re.search(r"^eval \| step 6 \| accuracy [0-9.]+ \| loss [0-9.]+$", result.stdout, re.MULTILINE)
     # The job's flags: were set before its builder ran: the convolution has conv_filters' 5, not its default 4.
-    assert _variables(one)["variables/0/.ATTRIBUTES/VARIABLE_VALUE"].shape == (3, 3, 1, 5)
+    assert checkpoint_variables(one)["variables/0/.ATTRIBUTES/VARIABLE_VALUE"].shape == (3, 3, 1, 5)
     return one, result.stdout
 
 
@@ -137,13 +62,13 @@ def test_data_parallel_over_8_devices_equals_one_device_evaluates_and_exports_a_
     for run, devices, stdout in ((one, 1, trained), (eight, 8, result.stdout)):
         assert f"checkpoint | step 6 | {run}/model.ckpt-6" in stdout
         assert f"jax | data-parallel over {devices} cpu device{'s' if devices > 1 else ''}" in stdout
-    first, second = _variables(one), _variables(eight)
+    first, second = checkpoint_variables(one), checkpoint_variables(eight)
     assert sorted(first) == sorted(second)
     assert first["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == 6
     for name in first:
         np.testing.assert_allclose(first[name], second[name], rtol=1e-5, atol=1e-5, err_msg=name)
     # Steps 4 to 6 changed the weights: the two runs agree on a training that happened.
-    third = _variables(one, str(one / "model.ckpt-3"))
+    third = checkpoint_variables(one, str(one / "model.ckpt-3"))
     assert any(not np.allclose(first[name], value) for name, value in third.items() if "global_step" not in name)
 
     evaluated = _run("evaluate", project, "--set", f"run.model_dir={one}", "--checkpoint", str(one / "model.ckpt-3"))
@@ -175,7 +100,7 @@ def test_the_explained_program_trains_over_8_devices_as_tpulaunch_train_does(pro
     (project / "explained.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
     program, wrapper = tmp_path / "program.py", tmp_path / "run_without_tpulaunch.py"
     explained = subprocess.run([*TPULAUNCH, "explain", str(project / "explained.yaml"), "-o", str(program)],
-                               capture_output=True, text=True, env=dict(_env(), RUN_DIR="/nowhere"), timeout=120)
+                               capture_output=True, text=True, env=dict(run_env(), RUN_DIR="/nowhere"), timeout=120)
     assert explained.returncode == 0, explained.stderr
     text = program.read_text()
     source = (REPO / "tpulaunch" / "engine" / "jax" / "standalone.py").read_text()
@@ -187,7 +112,7 @@ def test_the_explained_program_trains_over_8_devices_as_tpulaunch_train_does(pro
     assert lines.index('os.environ["KERAS_BACKEND"] = "jax"') < lines.index("import tensorflow as tf")
 
     wrapper.write_text(RUN_WITHOUT_TPULAUNCH)
-    env = {k: v for k, v in _env(devices=8).items() if k != "PYTHONPATH"}
+    env = {k: v for k, v in run_env(devices=8).items() if k != "PYTHONPATH"}
     ran = subprocess.run([sys.executable, "-I", str(wrapper), str(program)], cwd="/", capture_output=True, text=True,
                          env=dict(env, RUN_DIR=str(tmp_path)), timeout=300)
     assert ran.returncode == 0, ran.stderr[-3000:]
@@ -197,7 +122,7 @@ def test_the_explained_program_trains_over_8_devices_as_tpulaunch_train_does(pro
         [f"checkpoint {tmp_path}/run/model.ckpt-3", f"checkpoint {tmp_path}/run/model.ckpt-6"]
 
     (one, trained) = one_device_run
-    theirs, ours = _variables(one), _variables(tmp_path / "run")
+    theirs, ours = checkpoint_variables(one), checkpoint_variables(tmp_path / "run")
     assert sorted(theirs) == sorted(ours) and ours["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == 6
     for name in theirs:
         np.testing.assert_allclose(ours[name], theirs[name], rtol=1e-5, atol=1e-5, err_msg=name)
@@ -214,7 +139,7 @@ def test_sigint_saves_a_checkpoint_and_the_rerun_resumes_from_it(project, tmp_pa
     child = subprocess.Popen([*TPULAUNCH, "train", str(project / "job.yaml"), "--model-dir", str(run), "--set",
                               "eval=null", "--set", "train.steps=1000000", "--set", "run.log_every_steps=10",
                               "--set", "run.save_checkpoints_steps=100000"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=project)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=run_env(), cwd=project)
     line = child.stdout.readline()
     while line and not line.startswith("train | step "):
         line = child.stdout.readline()
@@ -226,12 +151,12 @@ def test_sigint_saves_a_checkpoint_and_the_rerun_resumes_from_it(project, tmp_pa
     stopped = re.search(r"stopped at step (\d+), checkpoint saved; rerun the same command to resume", err)
     assert stopped, err
     step = int(stopped.group(1))
-    assert _variables(run)["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == step >= 10
+    assert checkpoint_variables(run)["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == step >= 10
 
     rerun = _run("train", project, "--model-dir", str(run), "--set", "eval=null", "--set", f"train.steps={step + 3}")
     assert rerun.returncode == 0, rerun.stderr
     assert f"resumed from step {step} ({run})" in rerun.stdout.splitlines()
-    assert _variables(run)["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == step + 3
+    assert checkpoint_variables(run)["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == step + 3
 
 
 def test_what_the_jax_engine_does_not_run_is_refused_at_its_key(project):
@@ -259,6 +184,6 @@ def test_what_the_jax_engine_does_not_run_is_refused_at_its_key(project):
 def test_a_jax_run_frozen_in_the_middle_of_a_save_leaves_its_successors_checkpoint_alone(project, tmp_path):
     from lease_runs import Run, check_fenced_mid_save
 
-    env = dict(_env(), TPULAUNCH_LEASE_RENEW_S="0.2", TPULAUNCH_LEASE_STALE_S="600")
+    env = dict(run_env(), TPULAUNCH_LEASE_RENEW_S="0.2", TPULAUNCH_LEASE_STALE_S="600")
     check_fenced_mid_save(lambda run_dir, *args: Run(["train", str(project / "job.yaml"), "--model-dir", str(run_dir),
                                                       *args], env=env), tmp_path / "run", builder="k3models:wide")

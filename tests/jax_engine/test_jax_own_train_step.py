@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from oracle import assert_weights_equal, run_oracle, write_project
-from test_jax_engine import TPULAUNCH, _env, _variables
+from jax_runs import TPULAUNCH, checkpoint_variables, run_env
 
 GUIDE_STEP = textwrap.dedent('''
 
@@ -59,14 +59,14 @@ def test_a_guide_written_jax_train_step_trains_as_fit_trains_it(project, tmp_pat
     job = ["--set", "model.builder=oraclemodels:guide_step", "--set", "model.metrics=[]", "--set", "eval=null",
            "--set", "data.eval=null"]
     checked = subprocess.run([*TPULAUNCH, "validate", str(project / "job.yaml"), *job], capture_output=True,
-                             text=True, env=_env(), timeout=300, cwd=project)
+                             text=True, env=run_env(), timeout=300, cwd=project)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     trained = subprocess.run([*TPULAUNCH, "train", str(project / "job.yaml"), "--model-dir", str(model_dir), *job],
-                             capture_output=True, text=True, env=_env(), timeout=300, cwd=project)
+                             capture_output=True, text=True, env=run_env(), timeout=300, cwd=project)
     assert trained.returncode == 0, trained.stdout + trained.stderr
-    found = _variables(model_dir)
+    found = checkpoint_variables(model_dir)
     ours = [found[f"variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"] for i in range(4)]
-    oracle = run_oracle(project, tmp_path, _env(), backend="jax", checkpoint=ours, builder="guide_step")
+    oracle = run_oracle(project, tmp_path, run_env(), backend="jax", checkpoint=ours, builder="guide_step")
     assert_weights_equal(ours, oracle["fit"])
 
 
@@ -76,7 +76,7 @@ def test_the_same_step_on_the_keras_engine_is_refused_at_model_builder(project):
     job = ["--set", "model.builder=oraclemodels:guide_step", "--set", "run.engine=keras", "--set", "model.metrics=[]"]
     for verb, extra in (("validate", []), ("train", ["--local"])):
         done = subprocess.run([*TPULAUNCH, verb, str(project / "job.yaml"), *extra, *job], capture_output=True,
-                              text=True, env=_env(), timeout=300, cwd=project)
+                              text=True, env=run_env(), timeout=300, cwd=project)
         said = done.stdout + done.stderr
         assert done.returncode == 1, said
         assert "model.builder" in said and "take(s) the state before the batch, as Keras 3 calls them on JAX" in said

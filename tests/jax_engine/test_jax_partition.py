@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import yaml
 
-import test_user_models as corpus
-from test_jax_engine import TPULAUNCH, _env, _variables
+import user_models as corpus
+from jax_runs import TPULAUNCH, checkpoint_variables, run_env
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
 
@@ -57,7 +57,7 @@ def project(tmp_path_factory) -> Path:
 
 def _run(verb: str, project: Path, *args: str, devices: int) -> subprocess.CompletedProcess:
     return subprocess.run([*TPULAUNCH, verb, str(project / "job.yaml"), *args], capture_output=True, text=True,
-                          env=_env(devices), timeout=300, cwd=project)
+                          env=run_env(devices), timeout=300, cwd=project)
 
 
 def test_a_2x2_spatial_split_over_8_devices_trains_to_the_weights_of_the_unsplit_job_on_one_device(project, tmp_path):
@@ -70,7 +70,7 @@ def test_a_2x2_spatial_split_over_8_devices_trains_to_the_weights_of_the_unsplit
     assert unsplit.returncode == 0, unsplit.stderr
     assert "jax | data-parallel over 1 cpu device" in unsplit.stdout.splitlines()
 
-    first, second = _variables(whole), _variables(split)
+    first, second = checkpoint_variables(whole), checkpoint_variables(split)
     assert sorted(first) == sorted(second)
     assert second["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == 3
     for name in first:

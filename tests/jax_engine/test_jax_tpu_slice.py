@@ -9,61 +9,28 @@ from __future__ import annotations
 
 import json
 import subprocess
-import textwrap
 
 import numpy as np
 import yaml
 
-from test_jax_engine import TPULAUNCH, _env, _variables, project  # noqa: F401  (project: the job's fixture)
+from jax_runs import HELD, TPULAUNCH, checkpoint_variables, run_env
+from jax_runs import project  # noqa: F401  (the fixture: the jax engine's small job)
 
 import pytest
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
 
-# The job's classifier (test_jax_engine's) whose steps past the 4th wait for a folder to appear ($HOLD_UNTIL: the
-# second VM's attempt folder), so that the first VM is still at step 4 when the rehearsal preempts it there; the
-# second VM's steps find the folder and do not wait, nor do a run's without $HOLD_UNTIL.
-HELD = textwrap.dedent("""\
-    import os
-    import time
-
-    import jax
-    import keras
-
-    STEPS = [0]
-
-
-    def _step():
-        STEPS[0] += 1
-        until = os.environ.get("HOLD_UNTIL")
-        while until and STEPS[0] > 4 and not os.path.exists(until):
-            time.sleep(0.05)
-
-
-    class Hold(keras.layers.Layer):
-        def call(self, x):
-            jax.debug.callback(_step)
-            return x
-
-
-    def held(num_classes=3):
-        inputs = keras.Input(shape=(8, 8, 1), name="image")
-        x = keras.layers.Conv2D(4, 3, padding="same", activation="relu")(Hold()(inputs))
-        x = keras.layers.GlobalAveragePooling2D()(x)
-        return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
-    """)
-
 
 def test_two_hosts_rehearsed_through_a_preemption_train_what_one_process_trains(project, tmp_path):  # noqa: F811
     job = yaml.safe_load((project / "job.yaml").read_text())
     job.pop("eval")
-    job.pop("flags")  # its model is this file's (which defines no flag)
+    job.pop("flags")  # its model is HELD's (which defines no flag)
     job["tpu"] = {"name": "jax-tpu", "zone": "us-central1-a", "project": "test-project", "type": "v4-16"}
     job["train"]["steps"] = 8
     job["model"]["builder"] = "held:held"
     (project / "held.py").write_text(HELD)
     (project / "slice.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
-    env = dict(_env(), NO_GCE_CHECK="True")
+    env = dict(run_env(), NO_GCE_CHECK="True")
     slice_dir, one_dir = tmp_path / "slice", tmp_path / "one"
 
     rehearsed = subprocess.run([*TPULAUNCH, "rehearse", "slice.yaml", "--hosts", "2", "--preempt-at", "4",
@@ -95,7 +62,7 @@ def test_two_hosts_rehearsed_through_a_preemption_train_what_one_process_trains(
                            cwd=project, env=env, capture_output=True, text=True, timeout=300)
     assert alone.returncode == 0, alone.stdout + alone.stderr
     assert "jax | data-parallel over 1 cpu device\n" in alone.stdout
-    two, one = _variables(slice_dir), _variables(one_dir)
+    two, one = checkpoint_variables(slice_dir), checkpoint_variables(one_dir)
     assert sorted(two) == sorted(one) and one["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == 8
     for name in one:
         np.testing.assert_allclose(two[name], one[name], rtol=1e-5, atol=1e-5, err_msg=name)

@@ -14,7 +14,7 @@ import sys
 import textwrap
 from typing import Optional
 
-import test_xla_tpu as estimator_xla
+import xla_plans
 from paths import REPO
 from tpulaunch.plan import xla_home
 
@@ -40,7 +40,7 @@ KERAS3_CNN = textwrap.dedent('''
 def jax_job(tmp_path, *, image: int, batch: int, tpu_type: str) -> str:
     """The Keras 3 CNN as a jax engine job on `tpu_type` (its data and model_dir on gs://: nothing is read)."""
     (tmp_path / "k3cnn.py").write_text(KERAS3_CNN)
-    path = estimator_xla.cnn_job(tmp_path, image=image, batch=batch, tpu_type=tpu_type)
+    path = xla_plans.cnn_job(tmp_path, image=image, batch=batch, tpu_type=tpu_type)
     with open(path) as f:
         text = (f.read().replace("tpulaunch.models.cnn:build", "k3cnn:cnn")
                 .replace("run: {model_dir: gs://my-bucket/run}", "run: {model_dir: gs://my-bucket/run, engine: jax}"))
@@ -52,10 +52,10 @@ def jax_job(tmp_path, *, image: int, batch: int, tpu_type: str) -> str:
 def test_plan_shows_xlas_figures_for_the_jax_engines_step_beside_its_estimate_and_a_second_plan_is_cached(
         tmp_path, compiler):
     job = jax_job(tmp_path, image=32, batch=64, tpu_type="v5litepod-4")  # 16 examples per v5e chip
-    python, log = estimator_xla.counting_compiler(tmp_path, compiler)
+    python, log = xla_plans.counting_compiler(tmp_path, compiler)
     env = {xla_home.ENV_VAR: python, xla_home.CACHE_ENV_VAR: str(tmp_path / "cache")}
     first = _tpulaunch("plan", job, env=env)
-    out, compiled = first.stdout, estimator_xla.compile_children(log)
+    out, compiled = first.stdout, xla_plans.compile_children(log)
     # The estimate's table, from the engine's own step: the CNN's weights and Adam's two slots, counted.
     assert "optimizer slots (2 per weight)" in out and "built at tile" in out, out
     # XLA's answer for the step JAX lowered, beside it, held to XLA's own line, and its batch one it compiled.
@@ -67,7 +67,7 @@ def test_plan_shows_xlas_figures_for_the_jax_engines_step_beside_its_estimate_an
     assert compiled >= 1 and first.stderr.count("plan: XLA's TPU compiler: compiling the step") == compiled
 
     second = _tpulaunch("plan", job, env=env)  # the same job: every answer from the cache, no compiler started
-    assert estimator_xla.compile_children(log) == compiled, log.read_text()
+    assert xla_plans.compile_children(log) == compiled, log.read_text()
     assert "compiling" not in second.stderr and second.stderr.count("the answer cached in") == compiled, second.stderr
     assert "XLA's answer from the cache" in second.stdout
     summary = [line for line in out.splitlines() if line.strip().startswith("XLA: ")]

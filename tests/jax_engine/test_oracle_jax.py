@@ -16,10 +16,10 @@ import pytest
 import tensorflow as tf
 import yaml
 
-import test_user_models as corpus
-from oracle import (LEFT_OUT_5, SERVED, STEPS, assert_metrics_equal, assert_weights_equal, eval_images,
-                                 eval_line, keras_evaluate, recorded_evals, run_oracle, write_project)
-from test_jax_engine import TPULAUNCH, _env, _variables
+import user_models as corpus
+from oracle import (LEFT_OUT_5, SERVED, STEPS, assert_metrics_equal, assert_weights_equal, eval_images, eval_line,
+                                 keras_evaluate, recorded_evals, run_oracle, write_project)
+from jax_runs import TPULAUNCH, checkpoint_variables, run_env
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
 
@@ -31,14 +31,14 @@ def project(tmp_path_factory) -> Path:
 
 def _run(verb: str, project: Path, *args: str, job: str = "job.yaml") -> subprocess.CompletedProcess:
     result = subprocess.run([*TPULAUNCH, verb, str(project / job), *args], capture_output=True, text=True,
-                            env=_env(), timeout=300, cwd=project)
+                            env=run_env(), timeout=300, cwd=project)
     assert result.returncode == 0, result.stdout + result.stderr
     return result
 
 
 def _model_weights(model_dir: Path, count: int = 4) -> list:
     """The model's weights in a jax-engine checkpoint: variables/0 ... variables/count-1 (the optimizer's follow)."""
-    found = _variables(model_dir)
+    found = checkpoint_variables(model_dir)
     return [found[f"variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"] for i in range(count)]
 
 
@@ -46,7 +46,7 @@ def test_train_evaluate_and_export_equal_keras_fit_evaluate_and_predict(project,
     model_dir = tmp_path / "run"
     trained = _run("train", project, "--model-dir", str(model_dir))
     ours = _model_weights(model_dir)
-    oracle = run_oracle(project, tmp_path, _env(), backend="jax", checkpoint=ours)
+    oracle = run_oracle(project, tmp_path, run_env(), backend="jax", checkpoint=ours)
     assert_weights_equal(ours, oracle["fit"])
 
     # The evaluation at the end of train: the mean over the eval set, in the run record and on the eval line.
@@ -79,7 +79,7 @@ def test_a_model_compiled_by_its_builder_trains_with_its_own_compile_where_the_j
            "[SparseCategoricalAccuracy]" in trained.stdout, trained.stdout
 
     ours = _model_weights(model_dir)
-    oracle = run_oracle(project, tmp_path, _env(), backend="jax", checkpoint=ours, builder="compiled", compile=False)
+    oracle = run_oracle(project, tmp_path, run_env(), backend="jax", checkpoint=ours, builder="compiled", compile=False)
     assert_weights_equal(ours, oracle["fit"])
     assert set(oracle["evaluate"]) == {"loss", "acc"}  # its own metric, evaluated as evaluate() does
     assert_metrics_equal(recorded_evals(model_dir, "train")[-1], oracle["evaluate"])
@@ -101,7 +101,7 @@ def test_a_run_stopped_at_step_3_and_resumed_equals_one_that_never_stopped(proje
     _run("train", project, "--model-dir", str(parts), *shuffled, "--set", "train.steps=3")
     resumed = _run("train", project, "--model-dir", str(parts), *shuffled)
     assert f"resumed from step 3 ({parts})" in resumed.stdout.splitlines()
-    ours, theirs = _variables(parts), _variables(whole)
+    ours, theirs = checkpoint_variables(parts), checkpoint_variables(whole)
     assert sorted(ours) == sorted(theirs) and ours["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == STEPS
     assert_weights_equal([ours[name] for name in sorted(ours)], [theirs[name] for name in sorted(theirs)])
 
@@ -137,7 +137,7 @@ def test_a_compiled_regressor_trains_with_its_own_loss_and_evaluates_as_keras_ev
     assert "Functional was compiled: its loss 'mse'" in trained.stdout, trained.stdout
 
     whole_batches = {**job, "eval": {"batch_size": 8, "steps": 4}}
-    expected = keras_evaluate(tmp_path, tmp_path, _env(), builder="regressor:build", job=whole_batches,
+    expected = keras_evaluate(tmp_path, tmp_path, run_env(), builder="regressor:build", job=whole_batches,
                               backend="jax", tf_checkpoint=tf.train.latest_checkpoint(str(tmp_path / "run")))
     assert set(expected) == {"loss", "mae"}
     assert_metrics_equal(recorded_evals(tmp_path / "run", "train")[-1], expected)

@@ -1,6 +1,6 @@
 """The builder's model is trained as written, or refused, on the keras engine too (tf-keras, TensorFlow 2.16+).
 
-The cases of tests/estimator/checks/test_builder_contract.py, each pinned to `run.engine: keras`: what the estimator engine
+The cases of tests/builder_contract.py, as tests/estimator/checks/test_builder_contract.py runs them, each pinned to `run.engine: keras`: what the estimator engine
 refuses because its model_fn would train otherwise (a compiled model, a model's own train_step, a Keras Metric)
 trains here. The same contract for Keras 3
 models (`import keras`), which this engine trains too: tests/keras_engine/test_keras3_models.py.
@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-import test_builder_contract as contract
-import test_user_models as corpus
-from test_builder_contract import (  # noqa: F401  (run here too: the keras engine's replicas)
-    test_a_keras_loss_class_or_object_scores_the_batch_as_keras_does,
-    test_a_keras_loss_runs_inside_a_tf_distribute_replica)
+import builder_contract as contract
+import user_models as corpus
 
 ENGINE = ("--set", "run.engine=keras")
 
@@ -47,3 +44,14 @@ def test_what_the_estimator_engine_refuses_trains_on_the_keras_engine(project, n
 def test_plain_models_and_keras_loss_classes_train_on_the_keras_engine(project, name):
     _, validated, trained = contract.validate_and_train(project, name, contract.TRAINED[name], *ENGINE)
     contract.assert_trained(validated, trained)
+
+
+# A Keras Loss scored as Keras scores it, here too: the keras engine's replicas.
+@pytest.mark.parametrize("name", contract.KERAS_LOSSES)
+def test_a_keras_loss_class_or_object_scores_the_batch_as_keras_does(name):
+    contract.a_keras_loss_class_or_object_scores_the_batch_as_keras_does(name)
+
+
+@pytest.mark.parametrize("name", contract.KERAS_LOSSES)
+def test_a_keras_loss_runs_inside_a_tf_distribute_replica(name):
+    contract.a_keras_loss_runs_inside_a_tf_distribute_replica(name)

@@ -1,14 +1,24 @@
-"""Batch normalization, dropout, weight regularization and frozen layers on the keras engine: the tests of
-tests/estimator/engine/test_everyday_layers.py, each job pinned to `run.engine: keras`."""
+"""Batch normalization, dropout, weight regularization and frozen layers on the keras engine: the checks of
+tests/everyday_layer_runs.py, as tests/estimator/engine/test_everyday_layers.py runs them, each job pinned to
+`run.engine: keras`."""
 
-import pytest
+import everyday_layer_runs
+from everyday_layer_runs import project  # noqa: F401  (the fixture: the model code and its records)
 
-from test_everyday_layers import (project, test_a_frozen_layer_is_unchanged_by_training,  # noqa: F401
-                                  test_batch_norm_updates_its_moving_statistics_and_evaluation_uses_them,
-                                  test_dropout_is_off_when_evaluating,
-                                  test_weight_regularization_is_part_of_the_minimized_and_reported_loss)
+ENGINE = ["--set", "run.engine=keras"]
 
 
-@pytest.fixture
-def engine() -> list:
-    return ["--set", "run.engine=keras"]
+def test_batch_norm_updates_its_moving_statistics_and_evaluation_uses_them(project):
+    everyday_layer_runs.batch_norm_updates_its_moving_statistics_and_evaluation_uses_them(project, ENGINE)
+
+
+def test_dropout_is_off_when_evaluating(project):
+    everyday_layer_runs.dropout_is_off_when_evaluating(project, ENGINE)
+
+
+def test_weight_regularization_is_part_of_the_minimized_and_reported_loss(project):
+    everyday_layer_runs.weight_regularization_is_part_of_the_minimized_and_reported_loss(project, ENGINE)
+
+
+def test_a_frozen_layer_is_unchanged_by_training(project):
+    everyday_layer_runs.a_frozen_layer_is_unchanged_by_training(project, ENGINE)

@@ -24,10 +24,10 @@ import tensorflow as tf
 import yaml
 from click.testing import CliRunner
 
-import test_builder_contract as contract
-import test_memory as estimator_memory
-import test_user_models as corpus
-from test_keras_explain import _evaluations, _explain, _run
+import builder_contract as contract
+import memory_cases
+import user_models as corpus
+from explained_programs import explain_keras, keras_evaluations, run_keras_program
 from paths import REPO
 from tpulaunch.cli import run as cli_run
 from tpulaunch.cli import validate as cli_validate
@@ -39,55 +39,9 @@ from tpulaunch.plan.build import build_plan
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
 
 ENGINE = ("--set", "run.engine=keras")
-job = corpus.job
 M = "keras3_models"
 
-# name: (job, None when train must work, else the key both refuse it at, or (key, words both say)).
-JOBS = {
-    "subclassed": (job({"builder": f"{M}:subclassed", "metrics": ["accuracy"]}), None),
-    "subclassed_softmax": (job({"builder": f"{M}:subclassed", "params": {"probabilities": True},
-                                "metrics": ["accuracy", "auc"]}), None),
-    "sequential_without_input": (job({"builder": f"{M}:sequential", "metrics": ["accuracy", "auc"]}), None),
-    "two_inputs": (job({"builder": f"{M}:two_inputs", "metrics": ["accuracy"]},
-                       {"image": {"shape": [8, 8, 1]}, "extra": {"shape": [3]}}), None),
-    "two_outputs_list_by_order": (job({"builder": f"{M}:as_list", "loss": corpus.PER_LABEL_LOSS,
-                                       "metrics": ["accuracy", "mean_absolute_error"]}, labels=corpus.CLS_AND_BOX),
-                                  None),
-    "two_outputs_list_by_name": (job({"builder": f"{M}:as_named_list", "loss": corpus.PER_LABEL_LOSS,
-                                      "metrics": {"cls": ["accuracy"], "box": ["mean_squared_error"]}},
-                                     labels=corpus.CLS_AND_BOX), None),
-    "two_outputs_dict_own_loss_and_metric": (job({"builder": f"{M}:as_dict",
-                                                  "loss": {"cls": "sparse_categorical_crossentropy",
-                                                           "box": f"{M}:box_distance"},
-                                                  "metrics": {"cls": ["accuracy"], "box": [f"{M}:box_error"]}},
-                                                 labels=corpus.CLS_AND_BOX), None),
-    "custom_layer": (job({"builder": f"{M}:custom_layer", "metrics": ["accuracy"]}), None),
-    "own_keras3_optimizer": (job({"builder": f"{M}:subclassed", "optimizer": {"name": f"{M}:adam_with_clipnorm"}}),
-                             None),
-    # Keras 3's own loss scaling (its LossScaleOptimizer unscales in apply_gradients), and bfloat16 layers.
-    "mixed_float16": (job({"builder": f"{M}:custom_layer", "precision": "mixed_float16", "metrics": ["accuracy"]}),
-                      None),
-    "bfloat16": (job({"builder": f"{M}:two_inputs", "precision": "bfloat16", "metrics": ["accuracy"]},
-                     {"image": {"shape": [8, 8, 1]}, "extra": {"shape": [3]}}), None),
-    # Broken, each in one way.
-    "label_shape_wrong_for_loss": (job({"builder": f"{M}:subclassed"},
-                                       labels={"label": {"shape": [3], "dtype": "int64"}}), "model.loss"),
-    "one_class_loss_for_a_box_head": (job({"builder": f"{M}:as_dict"}, labels=corpus.CLS_AND_BOX), "model.loss"),
-    "outputs_not_matching_labels": (job({"builder": f"{M}:as_dict",
-                                         "loss": {"kind": "sparse_categorical_crossentropy", "box": "huber"}},
-                                        labels={"kind": {"shape": [], "dtype": "int64"}, "box": {"shape": [4]}}),
-                                    "data.labels"),
-    "wrong_number_of_inputs": (job({"builder": f"{M}:two_inputs"}), "data.features"),
-    # As Keras users write them: a model's own train_step, test_step or compute_loss runs as fit() runs it, a
-    # compiled model trains (tests/keras_engine/test_keras_as_written.py checks the numbers), a Keras Metric is fed.
-    "own_train_step": (job({"builder": f"{M}:with_train_step"}), None),
-    "own_test_step": (job({"builder": f"{M}:with_test_step"}), None),
-    "own_compute_loss": (job({"builder": f"{M}:with_compute_loss"}), None),
-    "compiled": (job({"builder": f"{M}:compiled"}), None),
-    "tf_keras_optimizer": (job({"builder": f"{M}:subclassed", "optimizer": {"name": f"{M}:tf_keras_adam"}}),
-                           ("model.optimizer", "not a Keras 3 optimizer")),
-    "keras3_metric_class": (job({"builder": f"{M}:subclassed", "metrics": [f"{M}:TopClassHits"]}), None),
-}
+JOBS = corpus.KERAS3_JOBS  # name: (job, None when train must work, else the key both refuse it at, ...)
 
 project = corpus.project
 
@@ -127,7 +81,7 @@ WITHOUT_TF_KERAS = textwrap.dedent("""\
     """)
 
 
-def _env() -> dict:
+def run_env() -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     return dict(env, PYTHONUNBUFFERED="1", CI="1", PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
 
@@ -135,7 +89,7 @@ def _env() -> dict:
 def _tpulaunch(*args: str, without_tf_keras: bool = False) -> subprocess.CompletedProcess:
     command = ([sys.executable, "-c", WITHOUT_TF_KERAS] if without_tf_keras else
                [sys.executable, "-m", "tpulaunch"])
-    return subprocess.run([*command, *args], capture_output=True, text=True, env=_env(), timeout=300)
+    return subprocess.run([*command, *args], capture_output=True, text=True, env=run_env(), timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -225,8 +179,8 @@ def test_the_explained_program_evaluates_to_the_metrics_of_tpulaunch_evaluate(ke
 
     run, _ = trained
     program = tmp_path / "program.py"
-    _explain(keras3_project / "job.yaml", "-o", str(program), "--set", f"run.model_dir={run}")
-    (results,) = _evaluations(_run(program, "evaluate"))
+    explain_keras(keras3_project / "job.yaml", "-o", str(program), "--set", f"run.model_dir={run}")
+    (results,) = keras_evaluations(run_keras_program(program, "evaluate"))
     loaded = load_job(str(keras3_project / "job.yaml"))
     theirs = runner.evaluate(loaded.job, build_plan(loaded.job, local=True), search_path=loaded.job.search_path)
     assert results["global_step"] == 6
@@ -269,12 +223,12 @@ def test_two_replicas_take_the_same_step_as_one(keras3_project, tmp_path):
 
 # ------------------------------------------------------------------------------------- validate's view
 
-# The tf-keras networks of tests/estimator/plan/test_memory.py, written with Keras 3.
-KERAS3_NETWORKS = "import keras\n" + estimator_memory.NETWORKS.replace("tf.keras.", "keras.")
+# The tf-keras networks of tests/memory_cases.py, written with Keras 3.
+KERAS3_NETWORKS = "import keras\n" + memory_cases.NETWORKS.replace("tf.keras.", "keras.")
 
 
 def test_memory_is_planned_from_the_traced_step_as_for_tf_keras(tmp_path):
-    (tmp_path / "networks.py").write_text(estimator_memory.NETWORKS)
+    (tmp_path / "networks.py").write_text(memory_cases.NETWORKS)
     (tmp_path / "networks3.py").write_text(KERAS3_NETWORKS)
     base = {"name": "ways", "model": {"optimizer": {"name": "adam"}},
             "data": {"features": {"image": {"shape": [64, 64, 3]}}, "labels": {"label": {"shape": [], "dtype": "int64"}}},
@@ -284,7 +238,7 @@ def test_memory_is_planned_from_the_traced_step_as_for_tf_keras(tmp_path):
     for builder in ("networks:functional", "networks3:functional", "networks3:subclassed"):
         document = json.loads(json.dumps(base))
         document["model"]["builder"] = builder
-        plans[builder] = estimator_memory.plan_memory(Job.model_validate(document).located_at(str(tmp_path)))
+        plans[builder] = memory_cases.plan_memory(Job.model_validate(document).located_at(str(tmp_path)))
         assert plans[builder].verdict == "fits", (builder, plans[builder].reason)
     reference = plans["networks:functional"]
     for builder, plan in plans.items():

@@ -288,7 +288,7 @@ def test_keras_metric_classes_and_objects_by_import_path(project):
 
 def test_plan_counts_the_slots_of_the_optimizer_the_model_trains_with(project):
     """The compiled task model's SGD keeps no slot, the own-step model's SGD with momentum one, Adam two."""
-    from test_memory import plan_memory
+    from memory_cases import plan_memory
     from tpulaunch.job.schema import Job
     from tpulaunch.plan.memory import COUNTED
 

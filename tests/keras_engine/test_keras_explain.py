@@ -5,7 +5,6 @@ TPUEstimator job's migration, refuses TPUEstimator's own functions, and writes t
 
 from __future__ import annotations
 
-import ast
 import inspect
 import os
 import re
@@ -18,9 +17,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-import test_user_models as corpus
+import user_models as corpus
+from explained_programs import explain_keras, keras_evaluations, run_keras_program
 from paths import REPO
-from programs_run import RUN_WITHOUT_TPULAUNCH
 from tpulaunch.cli.app import cli
 from tpulaunch.engine.keras import runner
 from tpulaunch.engine.core.model_dir import checkpoint_step
@@ -63,29 +62,6 @@ def project(tmp_path_factory) -> Path:
     }
     (root / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
     return root
-
-
-def _explain(job: Path, *args: str) -> str:
-    result = CliRunner().invoke(cli, ["explain", str(job), "--engine", "keras", *args])
-    assert result.exit_code == 0, result.output
-    return result.output
-
-
-def _run(program: Path, *args: str) -> str:
-    """Run the program from / in a fresh interpreter with nothing of tpulaunch importable; its stdout."""
-    wrapper = program.parent / "run_without_tpulaunch.py"
-    wrapper.write_text(RUN_WITHOUT_TPULAUNCH)
-    env = {**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TF_CONFIG", "TF_USE_LEGACY_KERAS")},
-           "TF_CPP_MIN_LOG_LEVEL": "2"}
-    child = subprocess.run([sys.executable, "-I", str(wrapper), str(program), *args], cwd="/", env=env,
-                           capture_output=True, text=True, timeout=300, check=False)
-    assert child.returncode == 0, child.stderr[-3000:]
-    return child.stdout
-
-
-def _evaluations(stdout: str) -> list:
-    """The dicts KerasTraining.evaluate returned, as the program prints them."""
-    return [ast.literal_eval(line) for line in stdout.splitlines() if line.startswith("{'loss': ")]
 
 
 def test_program_holds_portable_and_the_keras_standalone_verbatim():
@@ -131,8 +107,8 @@ def trained(project, tmp_path_factory):
     """The program of the job, written with `--engine keras` and run to train.steps: (program, its stdout, MODEL_DIR)."""
     where = tmp_path_factory.mktemp("program")
     program = where / "program.py"
-    _explain(project / "job.yaml", "-o", str(program), "--set", f"run.model_dir={where / 'run'}")
-    return program, _run(program), where / "run"
+    explain_keras(project / "job.yaml", "-o", str(program), "--set", f"run.model_dir={where / 'run'}")
+    return program, run_keras_program(program), where / "run"
 
 
 def test_program_trains_to_the_jobs_steps_with_its_evaluations(trained):
@@ -142,7 +118,7 @@ def test_program_trains_to_the_jobs_steps_with_its_evaluations(trained):
     assert "BUILDER_KWARGS = {'num_classes': 3, 'filters': 4, 'input_shape': (8, 8, 1)}" in text
     progress = [line for line in stdout.splitlines() if line.startswith("step ")]
     assert [line.split(" |")[0] for line in progress] == ["step 2/6", "step 4/6", "step 6/6"]
-    assert [e["global_step"] for e in _evaluations(stdout)] == [3, 6]  # eval.every_steps 3
+    assert [e["global_step"] for e in keras_evaluations(stdout)] == [3, 6]  # eval.every_steps 3
     assert sorted(p.name for p in model_dir.glob("model.ckpt-*.index")) == ["model.ckpt-3.index", "model.ckpt-6.index"]
     assert checkpoint_step(str(model_dir)) == 6
 
@@ -155,7 +131,7 @@ def test_program_evaluates_a_checkpoint_to_the_metrics_of_tpulaunch_evaluate(pro
     sets = ["--set", "run.engine=keras", "--set", f"run.model_dir={model_dir}"]
     evaluated = CliRunner().invoke(cli, ["evaluate", str(job), *sets])
     assert evaluated.exit_code == 0, evaluated.output
-    (results,) = _evaluations(_run(program, "evaluate"))
+    (results,) = keras_evaluations(run_keras_program(program, "evaluate"))
 
     # What `tpulaunch evaluate` printed, to its 4 significant digits...
     shown = "eval | step {global_step} | accuracy {accuracy} | mean_label {mean_label} | loss {loss}".format(

@@ -10,8 +10,8 @@ import json
 import signal
 from pathlib import Path
 
+from keras_jobs import project  # noqa: F401  (the fixture: a small keras-engine job)
 from lease_runs import WIDE_MODELS, Run, check_fenced_mid_save, cli_env, freeze_after
-from test_keras_train import project  # noqa: F401  (the fixture: a small keras-engine job)
 from tpulaunch.errors import ExitCode
 from tpulaunch.run import lease as leases
 from tpulaunch.run.record import RECORD_FILE

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from keras_jobs import project  # noqa: F401  (the fixture: a small keras-engine job)
 from lease_runs import Run, cli_env, gcs_records, outage_storage, storage_client_env, unreachable
-from test_keras_train import project  # noqa: F401  (the fixture: a small keras-engine job)
 from tpulaunch.run import lease as leases
 
 

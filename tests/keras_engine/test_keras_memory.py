@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-import test_memory as estimator_memory
+import memory_cases
 from tpulaunch.job.schema import Job
 
 
 def test_the_same_network_written_every_way_gets_the_same_estimate_on_the_keras_engine(tmp_path):
-    (tmp_path / "networks.py").write_text(estimator_memory.NETWORKS)
+    (tmp_path / "networks.py").write_text(memory_cases.NETWORKS)
     base = {"name": "ways", "model": {"optimizer": {"name": "adam"}},
             "data": {"features": {"image": {"shape": [64, 64, 3]}}, "labels": {"label": {"shape": [], "dtype": "int64"}}},
             "tpu": {"type": "v3-8"}, "train": {"batch_size": 64, "steps": 10},
@@ -21,7 +21,7 @@ def test_the_same_network_written_every_way_gets_the_same_estimate_on_the_keras_
     for way in ("functional", "sequential", "subclassed", "custom_layer"):
         document = json.loads(json.dumps(base))
         document["model"]["builder"] = f"networks:{way}"
-        plan = estimator_memory.plan_memory(Job.model_validate(document).located_at(str(tmp_path)))
+        plan = memory_cases.plan_memory(Job.model_validate(document).located_at(str(tmp_path)))
         assert plan.verdict == "fits", (way, plan.reason)
         estimates[way] = plan
     reference = estimates["functional"]
@@ -33,13 +33,13 @@ def test_the_same_network_written_every_way_gets_the_same_estimate_on_the_keras_
 
 
 # The UNet3D facts: the RetinaNet ones build a 1280-2560 px step, a minute each; the estimator suite has them.
-@pytest.mark.parametrize("name", [n for n in estimator_memory.PUBLISHED if n.startswith("unet3d")])
+@pytest.mark.parametrize("name", [n for n in memory_cases.PUBLISHED if n.startswith("unet3d")])
 def test_published_unet_facts_hold_on_the_keras_engine(name):
-    args, verdict, gib = estimator_memory.PUBLISHED[name]
-    job = estimator_memory.make_job(*args, optimizer="adam")
+    args, verdict, gib = memory_cases.PUBLISHED[name]
+    job = memory_cases.make_job(*args, optimizer="adam")
     document = job.model_dump(mode="json", by_alias=True, exclude_none=True)
     document["run"]["engine"] = "keras"
-    plan = estimator_memory.plan_memory(Job.model_validate(document))
+    plan = memory_cases.plan_memory(Job.model_validate(document))
     assert plan.verdict == verdict, plan.reason
     if gib is not None:
         assert plan.per_core_bytes / 2**30 == pytest.approx(gib, rel=0.15), plan.breakdown  # as on the estimator engine

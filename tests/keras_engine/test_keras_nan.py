@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
-import test_user_models as corpus
+import user_models as corpus
 from lease_runs import Run, cli_env
 from records import write_examples
 from tpulaunch.run.record import RECORD_FILE

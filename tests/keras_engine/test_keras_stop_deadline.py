@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import test_user_models as corpus
+import user_models as corpus
 from lease_runs import Run, cli_env
 from stop_runs import GRACE_S, STUCK, address_space_limit, assert_ended_whole, records, wait_blocked_opening_a_fifo
 

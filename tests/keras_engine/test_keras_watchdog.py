@@ -1,5 +1,5 @@
 """The TPU watchdog and --auto-resume on the keras engine, end to end against the local Cloud TPU API: the same
-job (tests/estimator/run/test_watchdog.py's), pinned to `run.engine: keras`, trained with `--local --watch-node`."""
+job (tests/watched_runs.py, as tests/estimator/run/test_watchdog.py trains it), pinned to `run.engine: keras`, trained with `--local --watch-node`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 from click.testing import CliRunner
 
-import test_watchdog as watched
+import watched_runs as watched
 from tpulaunch.cli import run as cli_run
 from tpulaunch.engine.core.model_dir import checkpoint_step
 from tpulaunch.errors import ExitCode

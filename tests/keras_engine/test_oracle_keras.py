@@ -16,10 +16,10 @@ import pytest
 import tensorflow as tf
 import yaml
 
-import test_user_models as corpus
-from oracle import (LEFT_OUT_5, SERVED, STEPS, assert_metrics_equal, assert_weights_equal, eval_images,
-                                 eval_line, keras_evaluate, recorded_evals, run_oracle, write_project)
-from test_jax_engine import TPULAUNCH, _env
+import user_models as corpus
+from oracle import (LEFT_OUT_5, SERVED, STEPS, assert_metrics_equal, assert_weights_equal, eval_images, eval_line,
+                                 keras_evaluate, recorded_evals, run_oracle, write_project)
+from jax_runs import TPULAUNCH, run_env
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
 
@@ -31,7 +31,7 @@ def project(tmp_path_factory) -> Path:
 
 def _run(verb: str, project: Path, *args: str, job: str = "job.yaml") -> subprocess.CompletedProcess:
     result = subprocess.run([*TPULAUNCH, verb, str(project / job), *args], capture_output=True, text=True,
-                            env=_env(), timeout=300, cwd=project)
+                            env=run_env(), timeout=300, cwd=project)
     assert result.returncode == 0, result.stdout + result.stderr
     return result
 
@@ -45,7 +45,7 @@ def _checkpoint_values(model_dir: Path) -> dict:
 def test_train_evaluate_and_export_equal_keras_fit_evaluate_and_predict(project, tmp_path):
     model_dir = tmp_path / "run"
     trained = _run("train", project, "--model-dir", str(model_dir))
-    oracle = run_oracle(project, tmp_path, _env(), backend="tensorflow",
+    oracle = run_oracle(project, tmp_path, run_env(), backend="tensorflow",
                         tf_checkpoint=tf.train.latest_checkpoint(str(model_dir)))
     assert_weights_equal(oracle["checkpoint"], oracle["fit"])  # the checkpoint, as Keras reads it, is fit's
 
@@ -81,7 +81,7 @@ def test_a_compiled_model_keeps_its_own_metrics_and_optimizer_where_the_job_sets
             "SparseCategoricalCrossentropy; its optimizer Adam; its metrics [SparseCategoricalAccuracy]"
             ) in trained.stdout, trained.stdout
 
-    oracle = run_oracle(project, tmp_path, _env(), backend="tensorflow", builder="compiled", compile=False,
+    oracle = run_oracle(project, tmp_path, run_env(), backend="tensorflow", builder="compiled", compile=False,
                         tf_checkpoint=tf.train.latest_checkpoint(str(model_dir)))
     assert_weights_equal(oracle["checkpoint"], oracle["fit"])
     assert set(oracle["evaluate"]) == {"loss", "acc"}  # its own metric, evaluated as evaluate() does
@@ -140,7 +140,7 @@ def test_a_compiled_two_head_model_trains_and_evaluates_with_its_own_loss_as_ker
     assert "its loss {cls: SparseCategoricalCrossentropy, box: 'mse'}" in trained.stdout, trained.stdout
 
     whole_batches = {**job, "eval": {"batch_size": 8, "steps": 4}}
-    expected = keras_evaluate(tmp_path, tmp_path, _env(), builder="twoheads:build", job=whole_batches,
+    expected = keras_evaluate(tmp_path, tmp_path, run_env(), builder="twoheads:build", job=whole_batches,
                               tf_checkpoint=tf.train.latest_checkpoint(str(tmp_path / "run")))
     assert set(expected) == {"loss", "cls_loss", "box_loss", "cls_acc", "box_mae", "box_mse"}
     (recorded,) = recorded_evals(tmp_path / "run", "train")

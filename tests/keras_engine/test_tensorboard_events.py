@@ -17,7 +17,8 @@ import pytest
 import tensorflow as tf
 import yaml
 
-from test_jax_engine import TPULAUNCH, _env, project  # noqa: F401  (project: the job's fixture)
+from jax_runs import TPULAUNCH, run_env
+from jax_runs import project  # noqa: F401  (the fixture: the jax engine's small job)
 
 
 def _scalars(folder: Path) -> dict:
@@ -76,7 +77,7 @@ def test_train_writes_its_loss_rates_and_evaluation_as_tensorboard_events(projec
     (project / f"scheduled-{engine}.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
     model_dir = tmp_path / engine
     done = subprocess.run([*TPULAUNCH, "train", str(project / f"scheduled-{engine}.yaml"), "--local", "--model-dir",
-                           str(model_dir)], capture_output=True, text=True, env=_env(), timeout=300, cwd=project)
+                           str(model_dir)], capture_output=True, text=True, env=run_env(), timeout=300, cwd=project)
     assert done.returncode == 0, done.stdout + done.stderr
     printed = {int(m.group(1)): float(m.group(2)) for m in
                re.finditer(r"^train \| step (\d+)/\d+ .*\| loss ([0-9.e+-]+)", done.stdout, re.MULTILINE)}

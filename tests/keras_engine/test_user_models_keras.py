@@ -1,6 +1,6 @@
 """`validate` says OK exactly when `train` works on the keras engine too, on the same user-written models.
 
-The corpus of tests/estimator/checks/test_user_models.py (subclassed, Sequential without Input, Keras Applications,
+The corpus of tests/user_models.py (subclassed, Sequential without Input, Keras Applications,
 two inputs, two heads as a list, a named list and a dict, a custom layer, a hand-written model_fn,
 and broken jobs), each pinned to `run.engine: keras`: a full validate and a real 2-step train plus
 evaluation must agree, and a broken job is refused at the same job key by both.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-import test_user_models as corpus
+import user_models as corpus
 from tpulaunch.cli import run as cli_run
 from tpulaunch.cli import validate as cli_validate
 

@@ -7,8 +7,7 @@ import pytest
 from tpulaunch.engine.jax import stack
 from tpulaunch.tpu.types import GENERATIONS
 
-from test_tpu_stack import api, run, write_job  # noqa: F401  (api: the local Cloud TPU API server fixture)
-
+from tpu_stack_cases import run, write_job
 
 
 def test_every_generation_it_lists_is_a_tpu_type_tpulaunch_knows_or_one_it_cannot_create():
@@ -48,12 +47,12 @@ def test_validate_holds_a_jax_job_to_the_generations_and_runtimes_jax_runs_on(tm
 
 
 @pytest.mark.parametrize("tpu_type, image", [("v6e-8", "v2-alpha-tpuv6e"), ("v4-16", "tpu-ubuntu2204-base")])
-def test_up_creates_a_jax_jobs_tpu_vm_with_its_generations_base_image(api, tmp_path, tpu_type, image):  # noqa: F811
+def test_up_creates_a_jax_jobs_tpu_vm_with_its_generations_base_image(cli_tpu_api, tmp_path, tpu_type, image):
     """No runtime_version in the job: the generation's base image, whatever TensorFlow this machine has (none)."""
     result = run("up", write_job(tmp_path, tpu_type, engine="jax"))
     assert result.exit_code == 0, result.output
-    assert len(api.created) == 1
-    created = api.created[0]
+    assert len(cli_tpu_api.created) == 1
+    created = cli_tpu_api.created[0]
     node = created["queuedResource"]["tpu"]["nodeSpec"][0]["node"] if "queuedResource" in created else created["node"]
     assert (node["acceleratorType"], node["runtimeVersion"]) == (tpu_type, image)
 

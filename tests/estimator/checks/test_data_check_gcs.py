@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from test_data_check import example
+from records import example
 from tpulaunch.checks.validate import validate_job
 
 JOB = """\
@@ -33,7 +33,7 @@ def bucket(gcs):  # noqa: F811
     for shard in range(2):
         with tf.io.TFRecordWriter(gcs.url("ct-data", f"train/train-{shard}.tfrecord")) as writer:
             for i in range(6):
-                writer.write(example(image=np.full(8, i, np.float32), label=np.int64(i % 2)))
+                writer.write(example({"image": np.full(8, i, np.float32), "label": np.int64(i % 2)}))
     return gcs
 
 

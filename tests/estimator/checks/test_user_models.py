@@ -8,148 +8,18 @@ A broken job must also be refused at the job key its mistake is at, by validate 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
-
-from records import write_examples
-import yaml
 from click.testing import CliRunner
 
-from paths import MODELS
 from tpulaunch.cli import run as cli_run
 from tpulaunch.cli import validate as cli_validate
+from user_models import JOBS, assert_agreement, project, write_job  # noqa: F401  (project: the corpus's fixture)
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
-
-MODELS = MODELS
-
-IMAGE = {"image": {"shape": [8, 8, 1]}}
-CLASS = {"label": {"shape": [], "dtype": "int64"}}
-CLS_AND_BOX = {"cls": {"shape": [], "dtype": "int64"}, "box": {"shape": [4]}}
-PER_LABEL_LOSS = {"cls": "sparse_categorical_crossentropy", "box": "mean_squared_error"}
-# The smallest Keras Applications model (its builder takes **kwargs and ends in a softmax); no download.
-MOBILENET = {"builder": "tensorflow.keras.applications:MobileNet",
-             "params": {"weights": None, "input_shape": [32, 32, 3], "classes": 10, "alpha": 0.25}}
-
-
-def job(model: dict, features: dict = IMAGE, labels: dict = CLASS) -> dict:
-    return {"model": model, "data": {"features": features, "labels": labels}}
-
-
-# name: (job, None if train must work, else the job key validate and train name: "key", or ("key", what train says))
-JOBS = {
-    "subclassed": (job({"builder": "subclassed:build", "metrics": ["accuracy"]}), None),
-    "subclassed_softmax": (job({"builder": "subclassed:build", "params": {"probabilities": True},
-                                "metrics": ["accuracy", "auc"]}), None),
-    "sequential_without_input": (job({"builder": "sequential:build", "metrics": ["accuracy", "auc"]}), None),
-    "keras_applications": (job({**MOBILENET, "metrics": ["accuracy"]}, {"image": {"shape": [32, 32, 3]}}), None),
-    "two_inputs": (job({"builder": "two_inputs:build", "metrics": ["accuracy"]},
-                       {"image": {"shape": [8, 8, 1]}, "extra": {"shape": [3]}}), None),
-    "two_outputs_list_by_order": (job({"builder": "two_outputs:as_list", "loss": PER_LABEL_LOSS,
-                                       "metrics": ["accuracy", "mean_absolute_error"]}, labels=CLS_AND_BOX), None),
-    "two_outputs_list_by_name": (job({"builder": "two_outputs:as_named_list", "loss": PER_LABEL_LOSS,
-                                      "metrics": {"cls": ["accuracy"], "box": ["mean_squared_error"]}},
-                                     labels=CLS_AND_BOX), None),
-    "two_outputs_dict_per_label_loss": (job({"builder": "two_outputs:as_dict", "loss": PER_LABEL_LOSS,
-                                             "metrics": ["accuracy", "mean_squared_error"]}, labels=CLS_AND_BOX), None),
-    "two_outputs_dict_own_loss_and_metric": (job({"builder": "two_outputs:as_dict",
-                                                  "loss": {"cls": "sparse_categorical_crossentropy",
-                                                           "box": "two_outputs:box_distance"},
-                                                  "metrics": {"cls": ["accuracy"], "box": ["two_outputs:box_error"]}},
-                                                 labels=CLS_AND_BOX), None),
-    "custom_layer": (job({"builder": "custom_layer:build", "metrics": ["accuracy"]}), None),
-    "own_model_fn": (job({"model_fn": "own_model_fn:model_fn", "params": {"num_classes": 3, "learning_rate": 0.1}}),
-                     None),
-    # Broken, each in one way.
-    "label_shape_wrong_for_loss": (job({"builder": "subclassed:build"}, labels={"label": {"shape": [3], "dtype": "int64"}}),
-                                   "model.loss"),
-    "one_class_loss_for_a_box_head": (job({"builder": "two_outputs:as_dict"}, labels=CLS_AND_BOX), "model.loss"),
-    "metric_fits_no_head": (job({"builder": "two_inputs:build", "params": {"units": 1}, "loss": "mean_squared_error",
-                                 "metrics": ["accuracy"]},
-                                {"image": {"shape": [8, 8, 1]}, "extra": {"shape": [3]}}, {"value": {"shape": [1]}}),
-                            "model.metrics[0]"),
-    "outputs_not_matching_labels": (job({"builder": "two_outputs:as_dict",
-                                         "loss": {"kind": "sparse_categorical_crossentropy", "box": "huber"}},
-                                        labels={"kind": {"shape": [], "dtype": "int64"}, "box": {"shape": [4]}}),
-                                    "data.labels"),
-    "more_outputs_than_labels": (job({"builder": "two_outputs:as_list"}, labels={"cls": {"shape": [], "dtype": "int64"}}),
-                                 "data.labels"),
-    "loss_key_not_a_label": (job({"builder": "two_outputs:as_dict",
-                                  "loss": {"cls": "sparse_categorical_crossentropy", "bbox": "huber"}},
-                                 labels=CLS_AND_BOX), "model.loss.bbox"),
-    "own_loss_misspelled": (job({"builder": "two_outputs:as_dict",
-                                 "loss": {"cls": "sparse_categorical_crossentropy", "box": "two_outputs:box_distanse"}},
-                                labels=CLS_AND_BOX), ("model.loss.box", "no attribute 'box_distanse'")),
-    "misspelled_param_of_kwargs_builder": (job({**MOBILENET, "params": {"weights": None, "input_shape": [32, 32, 3],
-                                                                          "clases": 10, "alpha": 0.25}},
-                                               {"image": {"shape": [32, 32, 3]}}),
-                                           "model.params.clases"),
-    "wrong_number_of_inputs": (job({"builder": "two_inputs:build"}), "data.features"),
-    # add_loss in a layer of a functional model: TPUEstimator's graph keeps the penalty on the model's Input
-    # placeholder, which nothing feeds (train used to stop at the first step); refused before it, at the builder.
-    "add_loss_in_a_functional_model": (job({"builder": "activity_penalty:build"}), "model.builder"),
-    # A metric returning a tensor, not TensorFlow 1's (value, update_op): TPUEstimator cannot evaluate it,
-    # and train now finds that before its first step rather than after the whole run.
-    "metric_returning_a_tensor": (job({"builder": "subclassed:build", "metrics": ["tensor_metric:mean_top_logit"]}),
-                                  "model.metrics"),
-    # add_loss in a subclassed model's own call: TPUEstimator's graph adds it to the optimized loss.
-    "add_loss_in_a_subclassed_model": (job({"builder": "subclassed_add_loss:build"}), None),
-    # Probabilities out of an op that does not say (a clipped softmax): refused rather than read as logits...
-    "clipped_probabilities_undeclared": (job({"builder": "clipped_softmax:build"}), "model.outputs"),
-    # ... and trained as probabilities once the job says so.
-    "clipped_probabilities_declared": (job({"builder": "clipped_softmax:build", "outputs": "probabilities",
-                                            "metrics": ["accuracy"]}), None),
-}
-
-
-# What the evaluation reports, for jobs whose metrics apply per head.
-EVAL_METRICS = {
-    "sequential_without_input": {"accuracy", "auc"},
-    "two_outputs_list_by_order": {"cls/accuracy", "box/mean_absolute_error"},
-    "two_outputs_list_by_name": {"cls/accuracy", "box/mean_squared_error"},
-    "two_outputs_dict_per_label_loss": {"cls/accuracy", "box/mean_squared_error"},
-    "two_outputs_dict_own_loss_and_metric": {"cls/accuracy", "box/box_error"},
-}
-
-
-def write_records(path: Path, specs: dict, count: int, seed: int) -> None:
-    """`count` tf.train.Examples with random values of the declared shapes (integers: class ids 0-2)."""
-    rng = np.random.default_rng(seed)
-    write_examples(path, [{name: rng.integers(0, 3, int(np.prod(spec["shape"])))
-                           if spec.get("dtype", "float32") == "int64"
-                           else rng.normal(size=int(np.prod(spec["shape"]))).astype(np.float32)
-                           for name, spec in specs.items()} for _ in range(count)])
-
-
-@pytest.fixture(scope="module")
-def project(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("user_models")
-    for module in MODELS.glob("*.py"):
-        shutil.copy(module, root / module.name)
-    return root
-
-
-def write_job(root: Path, name: str, document: dict) -> Path:
-    data = document["data"]
-    specs = {**data["features"], **data["labels"]}
-    write_records(root / f"{name}-train.tfrecord", specs, 8, seed=1)
-    write_records(root / f"{name}-eval.tfrecord", specs, 8, seed=2)
-    full = {
-        "name": name.replace("_", "-"),
-        "model": {"optimizer": {"name": "sgd", "learning_rate": 0.01}, **document["model"]}
-        if "builder" in document["model"] else document["model"],
-        "data": {**data, "train": f"{name}-train.tfrecord", "eval": f"{name}-eval.tfrecord", "shuffle_buffer": 8},
-        "train": {"batch_size": 4, "steps": 2},
-        "eval": {"batch_size": 4, "steps": 1},
-        "run": {"model_dir": f"runs/{name}", "save_checkpoints_steps": 100, "log_every_steps": 1, "seed": 1},
-    }
-    path = root / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(full, sort_keys=False))
-    return path
 
 
 @pytest.mark.parametrize("name", list(JOBS))
@@ -160,25 +30,6 @@ def test_validate_agrees_with_train(project, name):
     validated = CliRunner().invoke(cli_validate.validate, [str(path)], catch_exceptions=False)
     trained = CliRunner().invoke(cli_run.train, [str(path), "--local"], catch_exceptions=False)
     assert_agreement(name, path, validated, trained, broken_at)
-
-
-def assert_agreement(name: str, path: Path, validated, trained, broken_at) -> None:
-    """validate OK <=> train exit 0, neither "unexpected"; a broken job refused at its key by both."""
-    said = f"validate:\n{validated.output}\ntrain:\n{trained.output}"
-    assert (validated.exit_code == 0) == (trained.exit_code == 0), said
-    assert "unexpected" not in validated.output and "unexpected" not in trained.output, said
-    assert "Traceback" not in said
-    if broken_at is None:
-        assert validated.exit_code == 0, said
-        assert "done | step 2/2" in trained.output, said
-        if name in EVAL_METRICS:
-            (line,) = [line for line in trained.output.splitlines() if line.startswith("eval | step 2 |")]
-            assert {part.split()[0] for part in line.split(" | ")[2:]} == EVAL_METRICS[name] | {"loss"}, line
-    else:
-        validate_key, train_says = broken_at if isinstance(broken_at, tuple) else (broken_at, f"{broken_at}:")
-        assert validated.exit_code == 1, said
-        assert f"{path.name}:" in validated.output and f"{validate_key}:" in validated.output, said
-        assert train_says in trained.output, said
 
 
 @pytest.mark.parametrize("builder, params, expected", [
@@ -204,7 +55,7 @@ def test_each_output_is_read_as_probabilities_or_logits_from_what_produces_it(pr
 
 def test_the_explained_program_of_per_label_import_path_losses_and_metrics_runs(project):
     """explain imports each loss and metric the job gives as an import path, per label too, as the engine does."""
-    from test_explain_own_code import explain, run
+    from explained_programs import explain, run
 
     name = "two_outputs_dict_own_loss_and_metric"
     path = write_job(project, name, JOBS[name][0])

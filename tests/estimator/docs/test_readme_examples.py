@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-import test_own_program
+import own_programs
 from paths import REPO
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
@@ -115,7 +115,7 @@ def own_program(tmp_path_factory) -> Path:
     """The README's mnist.yaml (its /tmp/mnist made a scratch directory), tests/programs/mnist_tpu.py and its
     records; typo.yaml and stored.yaml are mnist.yaml with the one mistake each transcript shows."""
     root = tmp_path_factory.mktemp("mnist")
-    test_own_program.write_project(root)
+    own_programs.write_project(root)
     job = yaml_block_before("$ tpulaunch validate mnist.yaml").replace("/tmp/mnist", str(root))
     (root / "mnist.yaml").write_text(job)
     (root / "typo.yaml").write_text(job.replace("learning_rate: 0.05", "learning_rte: 0.05"))

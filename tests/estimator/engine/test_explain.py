@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 from click.testing import CliRunner
 
+from explained_programs import evaluation_of
 from paths import REPO
 from programs_run import RUN_WITHOUT_TPULAUNCH
 from tpulaunch.engine.estimator import runner, standalone
@@ -98,7 +99,7 @@ def test_local_script_compiles_and_trains_like_tpulaunch_train(tmp_path):
     assert child.returncode == 0, child.stderr[-3000:]
     model_dir = tmp_path / "run"
     assert int(tf.train.load_variable(tf.train.latest_checkpoint(str(model_dir)), "global_step")) == 30
-    accuracy, loss, step = _evaluation_of(child.stdout)
+    accuracy, loss, step = evaluation_of(child.stdout)
     # Both runs learn the separable toy task: well under chance loss (ln 2 = 0.69).
     # Their shuffles are seeded from different graphs, so the two losses differ by a little.
     assert (step, 0.0 <= accuracy <= 1.0, loss < 0.55) == (30, True, True), (accuracy, loss)
@@ -109,13 +110,6 @@ def test_local_script_compiles_and_trains_like_tpulaunch_train(tmp_path):
     (evaluation,) = summary.evals
     assert (summary.final_step, evaluation.step) == (30, 30)
     assert evaluation.metrics["loss"] < 0.55, evaluation.metrics
-
-
-def _evaluation_of(stdout: str) -> tuple:
-    """(accuracy, loss, global_step) from the dict TPUEstimator.evaluate returns, as the script prints it."""
-    found = re.search(r"\{'accuracy': ([0-9.e-]+), 'loss': ([0-9.e-]+), 'global_step': (\d+)\}", stdout)
-    assert found is not None, stdout[-2000:]
-    return float(found[1]), float(found[2]), int(found[3])
 
 
 def test_program_holds_the_engines_standalone_modules_verbatim():
@@ -170,7 +164,7 @@ def test_program_evaluates_a_checkpoint_to_the_metrics_of_tpulaunch_evaluate(tmp
     child = subprocess.run([sys.executable, "-I", str(tmp_path / "run_without_tpulaunch.py"), str(script_path),
                             "evaluate"], cwd="/", env=env, capture_output=True, text=True, timeout=300, check=False)
     assert child.returncode == 0, child.stderr[-3000:]
-    accuracy, loss, step = _evaluation_of(child.stdout)
+    accuracy, loss, step = evaluation_of(child.stdout)
 
     # What `tpulaunch evaluate` printed, to its 4 significant digits...
     shown = f"eval | step {step} | accuracy {format_value(accuracy)} | loss {format_value(loss)}"
@@ -196,7 +190,7 @@ def test_quickstart_script_trains_like_tpulaunch_train(tmp_path):
     child = subprocess.run([sys.executable, "-I", str(script_path)], cwd="/", capture_output=True, text=True,
                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ""}, timeout=300, check=False)
     assert child.returncode == 0, child.stderr[-3000:]
-    accuracy, loss, step = _evaluation_of(child.stdout)
+    accuracy, loss, step = evaluation_of(child.stdout)
 
     loaded = load_job(str(job_path), [*overrides, f"run.model_dir={tmp_path / 'tpulaunch-run'}"])
     summary = runner.train(loaded.job, build_plan(loaded.job, local=True), search_path=[str(tmp_path / "configs")])

@@ -9,42 +9,16 @@ TFRecords, with TPUEstimator on the CPU; what it did is read back from its check
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from click.testing import CliRunner
 
-from tpulaunch.cli.app import cli
-from programs_run import RUN_WITHOUT_TPULAUNCH
-from test_explain import _evaluation_of
-from test_own_program import PROBE, PROBE_JOB, write_project as write_mnist_project
-from test_weights import MODEL_VARIABLES, values, write_project as write_weights_project
-
-
-def explain(job: Path, *overrides: str) -> str:
-    """The program `tpulaunch explain` writes for `job` (with `--set` overrides), as a file beside the job."""
-    program = job.parent / f"program-{len(list(job.parent.glob('program-*.py')))}.py"
-    result = CliRunner().invoke(cli, ["explain", str(job), "-o", str(program),
-                                      *(arg for override in overrides for arg in ("--set", override))])
-    assert result.exit_code == 0, result.output
-    return str(program)
-
-
-def run(program: str, *args: str) -> str:
-    """Run the program from / with no tpulaunch importable; its stdout."""
-    runner = Path(program).parent / "run_without_tpulaunch.py"
-    runner.write_text(RUN_WITHOUT_TPULAUNCH)
-    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    child = subprocess.run([sys.executable, "-I", str(runner), program, *args], cwd="/", env=env,
-                           capture_output=True, text=True, timeout=300, check=False)
-    assert child.returncode == 0, child.stderr[-3000:]
-    return child.stdout
+from explained_programs import evaluation_of, explain, run
+from own_programs import PROBE, PROBE_JOB, write_project as write_mnist_project
+from weight_loading import MODEL_VARIABLES, values, write_project as write_weights_project
 
 
 def line_of(job: Path, text: str) -> int:
@@ -55,7 +29,7 @@ def line_of(job: Path, text: str) -> int:
 
 @pytest.fixture(scope="module")
 def mnist(tmp_path_factory) -> Path:
-    """tests/programs/mnist_tpu.py beside its job file, as in test_own_program.py."""
+    """tests/programs/mnist_tpu.py beside its job file (tests/own_programs.py)."""
     return write_mnist_project(tmp_path_factory.mktemp("explain_mnist")) / "job.yaml"
 
 
@@ -85,11 +59,11 @@ def test_the_program_of_a_model_fn_job_imports_its_functions_and_sets_its_params
     # Nothing the program does not use: no record specs, no loss or optimizer of a builder's model_fn.
     assert not [line for line in lines if line.startswith(("FEATURES =", "TRAIN_FILES =", "LOSS =", "OPTIMIZER ="))]
 
-    accuracy, loss, step = trained = _evaluation_of(run(program))
+    accuracy, loss, step = trained = evaluation_of(run(program))
     assert (step, accuracy >= 0.9) == (120, True), trained
     assert tf.train.latest_checkpoint(str(mnist.parent / "explained")).endswith("model.ckpt-120")
     # `evaluate` reads the eval input_fn in order: the checkpoint's metrics again, exactly.
-    assert _evaluation_of(run(program, "evaluate")) == trained
+    assert evaluation_of(run(program, "evaluate")) == trained
 
 
 def test_the_jobs_flags_reach_the_program(mnist, tmp_path):
@@ -105,8 +79,8 @@ def test_the_jobs_flags_reach_the_program(mnist, tmp_path):
 
 
 def test_one_input_fn_that_names_mode_gets_each_mode_and_the_params(tmp_path):
-    """The probe of test_own_program.py, run by the explained program: what model_fn and the one input_fn
-    receive is what they receive under `tpulaunch train` (that test's records, less export's)."""
+    """The probe of tests/own_programs.py, run by the explained program: what model_fn and the one input_fn
+    receive is what they receive under `tpulaunch train` (test_own_program.py's records, less export's)."""
     (tmp_path / "probe.py").write_text(PROBE)
     job = tmp_path / "job.yaml"
     job.write_text(PROBE_JOB.replace("RECORD", str(tmp_path / "params.jsonl")))
@@ -130,7 +104,7 @@ def test_one_input_fn_that_names_mode_gets_each_mode_and_the_params(tmp_path):
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory) -> Path:
-    """The builder of test_weights.py, loading kernels-0.0123.h5 (every weight 0.0123), and its records."""
+    """The builder of tests/weight_loading.py, loading kernels-0.0123.h5 (every weight 0.0123), and its records."""
     return write_weights_project(tmp_path_factory.mktemp("explain_weights")) / "job.yaml"
 
 

@@ -28,9 +28,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from imagenet_records import CLASSES, write_imagenet
 from paths import PROGRAMS
-from programs_run import explained_evaluation, said, tpulaunch
-from test_reference_resnet import CLASSES, metrics, write_imagenet
+from programs_run import explained_evaluation, metrics, said, tpulaunch
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
 

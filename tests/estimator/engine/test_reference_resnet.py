@@ -24,13 +24,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from programs_run import explained_evaluation, refused_alike, said, tpulaunch
+from imagenet_records import CLASSES, write_imagenet
 from paths import PROGRAMS
+from programs_run import explained_evaluation, metrics, refused_alike, said, tpulaunch
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
 
 TENSORFLOW_TPU = PROGRAMS / "tensorflow_tpu"
-CLASSES = 10
 
 JOB = textwrap.dedent('''
     name: resnet
@@ -87,20 +87,6 @@ JOB = textwrap.dedent('''
 ''')
 
 
-def write_imagenet(path: Path, count: int, seed: int) -> None:
-    """ImageNet's TFRecord format as imagenet_input parses it: a JPEG and a label from 1 to CLASSES."""
-    rng = np.random.default_rng(seed)
-    with tf.io.TFRecordWriter(str(path)) as writer:
-        for _ in range(count):
-            label = int(rng.integers(CLASSES))
-            image = rng.integers(0, 40, (40, 40, 3)).astype(np.uint8)
-            image[:, :, label % 3] += np.uint8(20 * (label + 1))
-            writer.write(tf.train.Example(features=tf.train.Features(feature={
-                "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[tf.io.encode_jpeg(image).numpy()])),
-                "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label + 1])),
-            })).SerializeToString())
-
-
 def write_project(root: Path, job: str = JOB) -> Path:
     shutil.copytree(TENSORFLOW_TPU, root / "tensorflow_tpu")
     (root / "data").mkdir()
@@ -108,10 +94,6 @@ def write_project(root: Path, job: str = JOB) -> Path:
     write_imagenet(root / "data" / "validation-00000-of-00001", 16, seed=2)
     (root / "job.yaml").write_text(job)
     return root
-
-
-def metrics(line: str) -> dict:
-    return {name: float(value) for name, value in re.findall(r"(\w+) ([0-9.]+)", line.split("|", 2)[2])}
 
 
 @pytest.fixture(scope="module")

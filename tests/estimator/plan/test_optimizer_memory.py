@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from test_memory import plan_memory
+from memory_cases import plan_memory
 from tpulaunch.engine.core.step_tensors import StepTensors
 from tpulaunch.job.schema import Job
 from tpulaunch.plan import memory

@@ -13,36 +13,9 @@ import pytest
 
 from paths import REPO, SUITE_XLA_PYTHON
 from tpulaunch.plan import xla_home
+from xla_plans import cnn_job, compile_children, counting_compiler, plan_json
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
-
-def cnn_job(tmp_path, *, image: int = 32, batch: int = 64, tpu_type: str = "v3-8", extra: str = "") -> str:
-    path = tmp_path / "job.yaml"
-    path.write_text(textwrap.dedent(f"""\
-        name: xla-cnn
-        model:
-          builder: tpulaunch.models.cnn:build
-          params: {{num_classes: 10}}
-          loss: sparse_categorical_crossentropy
-          optimizer: {{name: adam, learning_rate: 0.003}}
-        data:
-          train: gs://my-bucket/train-*.tfrecord
-          features:
-            image: {{shape: [{image}, {image}, 3], dtype: float32}}
-          labels:
-            label: {{shape: [], dtype: int64}}
-        tpu: {{name: t, zone: europe-west4-a, project: my-project, type: {tpu_type}, iterations_per_loop: 10}}
-        train: {{batch_size: {batch}, steps: 10}}
-        run: {{model_dir: gs://my-bucket/run}}
-        """) + extra)
-    return str(path)
-
-
-def plan_json(job: str, env: dict) -> dict:
-    done = subprocess.run([sys.executable, "-m", "tpulaunch", "plan", job, "--format", "json"], capture_output=True,
-                          text=True, cwd=str(REPO), env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)["memory"]
 
 
 def test_plan_reports_xlas_per_core_figures_and_says_xla_answered(tmp_path, compiler):
@@ -147,20 +120,6 @@ def test_a_step_xla_cannot_be_given_is_a_located_warning_and_the_estimate_answer
     problems = xla_fit_problems(loaded, build_plan(loaded.job))
     assert [(p.code, p.path, p.severity) for p in problems] == [("xla-no-answer", "model.builder", "warning")]
     assert "ResizeNearestNeighborGrad" in problems[0].message
-
-
-def counting_compiler(tmp_path, real: str) -> tuple:
-    """An interpreter for the compiler's environment that logs each start (its arguments) before running the real
-    one: the log says which compile children ran."""
-    log = tmp_path / "compiler-starts.log"
-    wrapper = tmp_path / "xla-python"
-    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec {real} "$@"\n')
-    wrapper.chmod(0o755)
-    return str(wrapper), log
-
-
-def compile_children(log) -> int:
-    return sum("xla_compile import main" in line for line in log.read_text().splitlines()) if log.exists() else 0
 
 
 @pytest.fixture(scope="module")

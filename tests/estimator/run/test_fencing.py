@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from lease_runs import WIDE_MODELS, Run, check_fenced_mid_save, cli_env, freeze_after
-from test_train import JOB, MODELS, write_records
+from train_jobs import JOB, MODELS, write_records
 from tpulaunch.errors import ExitCode
 from tpulaunch.run import lease as leases
 from tpulaunch.run.record import RECORD_FILE

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from gcs_fake import free_port
 from lease_runs import Run, cli_env, fake_gcs_server
-from test_train import JOB, MODELS, write_records
+from train_jobs import JOB, MODELS, write_records
 from tpulaunch.cli.status import status
 from tpulaunch.run import lease as leases
 

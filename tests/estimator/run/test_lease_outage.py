@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from lease_runs import Run, cli_env, gcs_objects, gcs_records, outage_storage, storage_client_env, unreachable
-from test_train import JOB, MODELS, write_records
+from train_jobs import JOB, MODELS, write_records
 from tpulaunch.errors import ExitCode
 from tpulaunch.run import lease as leases
 

@@ -14,7 +14,7 @@ import pytest
 
 from lease_runs import Run, cli_env
 from records import write_examples
-from test_train import JOB, MODELS
+from train_jobs import JOB, MODELS
 from tpulaunch.run.record import RECORD_FILE
 
 LINEAR = """

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from lease_runs import Run, cli_env
-from test_train import JOB, MODELS, write_records
+from train_jobs import JOB, MODELS, write_records
 from tpulaunch.run import lease as leases
 from tpulaunch.run.record import RECORD_FILE
 

@@ -19,7 +19,7 @@ import pytest
 
 from lease_runs import Run, cli_env
 from stop_runs import GRACE_S, STUCK, address_space_limit, assert_ended_whole, records
-from test_train import JOB, MODELS, write_records
+from train_jobs import JOB, MODELS, write_records
 from tpulaunch.engine.core.model_dir import checkpoint_step
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first

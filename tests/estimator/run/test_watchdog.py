@@ -13,12 +13,10 @@ import io
 import os
 import re
 import signal
-import textwrap
 import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import tensorflow as tf
 from click.testing import CliRunner
@@ -38,94 +36,13 @@ from tpulaunch.run.render_plain import PlainRenderer
 from tpulaunch.run.signals import TrainingStopped
 from tpulaunch.run.watchdog import Watchdog, WatchPlan, lost_reason, wait_until_ready
 from tpulaunch.plan.build import build_plan
-
-MODELS = textwrap.dedent('''
-    import time
-
-    import tensorflow as tf
-
-    def _pause(x):
-        def sleep(value):
-            time.sleep(0.01)
-            return value
-        return tf.ensure_shape(tf.numpy_function(sleep, [x], x.dtype), x.shape)
-
-    def slow_classifier(num_classes=2, input_shape=(4,), **unused):
-        inputs = tf.keras.Input(shape=tuple(input_shape), name="x")
-        paused = tf.keras.layers.Lambda(_pause)(inputs)
-        return tf.keras.Model(inputs, tf.keras.layers.Dense(num_classes)(paused))
-''')
-
-JOB = textwrap.dedent(f'''
-    name: watched
-    model:
-      builder: slow_models:slow_classifier
-      optimizer: {{name: sgd, learning_rate: 0.1}}
-    data:
-      train: data/train.tfrecord
-      features: {{x: {{shape: [4]}}}}
-      labels: {{label: {{shape: [], dtype: int64}}}}
-      shuffle_buffer: 16
-    train: {{batch_size: 8, steps: 120}}
-    tpu: {{name: my-tpu, zone: {DEFAULT_ZONE}, project: {DEFAULT_PROJECT}, type: v3-8}}
-    run: {{model_dir: runs/default, save_checkpoints_steps: 20, keep_checkpoint_max: 10, log_every_steps: 1000,
-          seed: 1}}
-''')
-
-FAST_WATCH = ["--local", "--watch-node", "--watch-interval", "0.1"]
-
-
-@pytest.fixture(scope="module")
-def project(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("watched")
-    (root / "slow_models.py").write_text(MODELS)
-    (root / "job.yaml").write_text(JOB)
-    rng = np.random.default_rng(0)
-    (root / "data").mkdir()
-    with tf.io.TFRecordWriter(str(root / "data" / "train.tfrecord")) as writer:
-        for _ in range(64):
-            label = int(rng.integers(2))
-            x = (rng.normal(size=4) + 2 * label - 1).astype(np.float32)
-            writer.write(tf.train.Example(features=tf.train.Features(feature={
-                "x": tf.train.Feature(float_list=tf.train.FloatList(value=x.tolist())),
-                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
-            })).SerializeToString())
-    return root
-
-
-@pytest.fixture
-def api(tpu_api, monkeypatch):
-    """The local TPU API with a READY node 'my-tpu', named by $TPULAUNCH_TPU_API_ENDPOINT as a user would."""
-    tpu_api.set_node("my-tpu")
-    monkeypatch.setenv("TPULAUNCH_TPU_API_ENDPOINT", tpu_api.endpoint)
-    monkeypatch.setenv("TPULAUNCH_TPU_DISCOVERY_URL", tpu_api.discovery_url)  # v1: TensorFlow's resolver only
-    return tpu_api
-
-
-def preempt_when_checkpoint_appears(api, model_dir: Path, step: int, back_after_s: float = None) -> threading.Thread:
-    """Flip the node to PREEMPTED once model.ckpt-STEP is written; READY/HEALTHY again `back_after_s` later."""
-
-    def flip():
-        deadline = time.monotonic() + 300
-        while not (model_dir / f"model.ckpt-{step}.index").exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        script = [(0, "PREEMPTED", None)]
-        if back_after_s is not None:
-            script.append((back_after_s, "READY", "HEALTHY"))
-        api.play("my-tpu", script)
-
-    thread = threading.Thread(target=flip, daemon=True)
-    thread.start()
-    return thread
+from watched_runs import FAST_WATCH, lines, preempt_when_checkpoint_appears
+from watched_runs import api, project  # noqa: F401  (the fixtures)
 
 
 def train_cli(project: Path, model_dir: Path, *args: str):
     return CliRunner().invoke(cli_run.train, [str(project / "job.yaml"), "--model-dir", str(model_dir), *args],
                               catch_exceptions=False)
-
-
-def lines(text: str, prefix: str) -> list:
-    return [line for line in text.splitlines() if line.startswith(prefix)]
 
 
 def status(state="READY", health="HEALTHY") -> NodeStatus:

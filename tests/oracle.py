@@ -1,6 +1,7 @@
-"""The differential oracle of tests/keras_engine/test_oracle_*.py: Keras 3 as its users write it, in a process of its
-own on the backend an engine runs (JAX, or TensorFlow), nothing of tpulaunch imported. On the job's records in file
-order and the job's seed it fits the model, and on a checkpoint's weights it evaluates and predicts the eval set."""
+"""The differential oracle of tests/keras_engine/test_oracle_keras.py and tests/jax_engine/test_oracle_jax.py:
+Keras 3 as its users write it, in a process of its own on the backend an engine runs (JAX, or TensorFlow), nothing
+of tpulaunch imported. On the job's records in file order and the job's seed it fits the model, and on a
+checkpoint's weights it evaluates and predicts the eval set."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 import yaml
 
-import test_user_models as corpus
+import user_models as corpus
 
 # Tolerances: weights rtol 1e-5, atol 1e-6 (the same step on the same CPU; only the order of float sums may differ);
 # evaluation rtol 1e-5, atol 1e-6 (the same weights, the same metrics); a SavedModel served by TensorFlow against
