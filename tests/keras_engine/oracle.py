@@ -163,7 +163,7 @@ def eval_images(project: Path) -> np.ndarray:
 
 def eval_line(step: int, metrics: dict) -> str:
     """The eval line `train` and `evaluate` print for these metrics (4 significant digits, in its order)."""
-    from tpulaunch.run.text import EvalResult, eval_text
+    from tpulaunch.cli.render.run_text import EvalResult, eval_text
 
     return eval_text(EvalResult(step=step, metrics=metrics))
 

@@ -34,7 +34,7 @@ from tpulaunch.job.schema import Tpu
 from tpulaunch.job.load import load_job
 from tpulaunch.engine.core.lost_tpu import is_lost_tpu_error
 from tpulaunch.run.events import NodeEvent, NodeWaiting, RunRecorder
-from tpulaunch.run.render_plain import PlainRenderer
+from tpulaunch.cli.render.run_plain import PlainRenderer
 from tpulaunch.run.signals import TrainingStopped
 from tpulaunch.run.watchdog import Watchdog, WatchPlan, lost_reason, wait_until_ready
 from tpulaunch.plan.build import build_plan

@@ -72,12 +72,12 @@ def test_a_bound_that_is_not_a_number_of_seconds(tpu_api, tmp_path, monkeypatch)
 def test_a_gs_run_record_that_cannot_be_reached_is_unknown_within_its_bound(monkeypatch):
     """status's read of a gs:// run record (google-cloud-storage against a closed port): an error naming the
     object within RECORD_READ_TIMEOUT_S, which status shows as `last run: unknown (...)`."""
-    from tpulaunch.cli import status as status_module
+    from tpulaunch.app import status as status_module
 
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setattr(status_module, "RECORD_READ_TIMEOUT_S", 2.0)
     started = time.monotonic()
     with pytest.raises(TpuLaunchError) as failed:
-        status_module._read_record_file("gs://bucket/runs/demo")
+        status_module.read_record_file("gs://bucket/runs/demo")
     assert time.monotonic() - started < 6
     assert failed.value.message.startswith("could not reach gs://bucket/runs/demo/tpulaunch-runs.jsonl within 2 s")

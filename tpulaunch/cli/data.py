@@ -9,7 +9,8 @@ import json
 
 import click
 
-from tpulaunch.cli.base import Context, Group, job_argument, local_option, pass_obj, set_option, text_or_json_option
+from tpulaunch.cli.base import (Context, Group, job_argument, local_option, pass_obj, set_option, text_or_json_option,
+                                warnings_to)
 
 EXAMPLE_NAMES = ("quickstart", "unet3d", "retinanet")
 # Above this many records a progress bar is worth drawing.
@@ -144,12 +145,12 @@ def bench(obj: Context, job_file: str, local: bool, overrides, seconds: float, f
     tpulaunch data bench job.yaml
     tpulaunch data bench job.yaml --local --seconds 30 --format json
     """
-    from tpulaunch.cli.gate import load_checked
+    from tpulaunch.app.gate import load_checked
     from tpulaunch.data.bench import bench_input, compare
     from tpulaunch.run.record import RECORD_FILE, last_training, read_records, skipped_text
     from tpulaunch.tf_env import quiet_tensorflow
 
-    checked = load_checked(job_file, overrides, local=local, err=obj.err)
+    checked = load_checked(job_file, overrides, local=local, warn=warnings_to(obj.err, job_file))
     quiet_tensorflow(obj.verbose)
     job, engine = checked.job, checked.engine
     with obj.err.status("loading TensorFlow"):
@@ -180,7 +181,7 @@ def bench(obj: Context, job_file: str, local: bool, overrides, seconds: float, f
 
 def _print_bench(obj: Context, job, plan, result, comparison) -> None:
     from tpulaunch.data.input_help import input_help
-    from tpulaunch.run.text import format_rate
+    from tpulaunch.cli.render.run_text import format_rate
 
     def say(line: str) -> None:
         obj.out.print(line, highlight=False, markup=False, soft_wrap=True)

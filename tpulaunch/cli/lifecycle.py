@@ -18,7 +18,7 @@ timeout_option = click.option(
 
 def _node_of(job_file: str, overrides, verb: str, action: str):
     """(loaded job, tpu section, NodeRef) for the job, or a located refusal."""
-    from tpulaunch.cli.gate import JobRefused, load_checked
+    from tpulaunch.app.gate import JobRefused, load_checked
     from tpulaunch.tpu.node import resolve_node
 
     # Only the tpu: section decides what is created; other mistakes are validate's.

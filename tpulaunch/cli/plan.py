@@ -34,7 +34,7 @@ def plan(obj: Context, job_file, overrides, fmt, memory, xla, tpu_compiler, use_
       tpulaunch plan job.yaml --xla              # cross-check with XLA's buffer assignment
       tpulaunch plan job.yaml --tf               # and TensorFlow's own per-core pieces
     """
-    from tpulaunch.cli.gate import JobRefused, load_checked
+    from tpulaunch.app.gate import JobRefused, load_checked
     from tpulaunch.plan.memory import add_memory
 
     try:
@@ -82,7 +82,7 @@ def _tensorflow_verdict(checked) -> dict:
     """TensorFlow's own build of the checked job for its slice (validate --tf's stage, on the job and Plan the gate
     checked once); its rejections refuse the plan."""
     from tpulaunch.checks.validate import tensorflow_verdict
-    from tpulaunch.cli.gate import JobRefused
+    from tpulaunch.app.gate import JobRefused
 
     problems, built = tensorflow_verdict(checked.loaded, checked.plan)
     errors = [p for p in problems if p.is_error]
