@@ -396,12 +396,6 @@ def test_recreate_brings_a_preempted_then_deleted_node_back_and_finishes_at_the_
     assert record["steps_lost"] == 0
 
 
-def test_recreate_needs_auto_resume(project, api, tmp_path):
-    result = train_cli(project, tmp_path / "run", *FAST_WATCH, "--recreate")
-    assert result.exit_code == 2, result.output
-    assert "--recreate needs --auto-resume N" in result.output
-
-
 def test_without_recreate_nothing_is_created(project, api, tmp_path):
     model_dir = tmp_path / "run"
     gone = when_checkpoint_appears(model_dir, 20, lambda: api.delete_node("my-tpu"))
