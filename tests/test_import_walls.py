@@ -4,11 +4,14 @@ built on) read it, every import counted, at a module's top or inside a function.
 - `.importlinter`'s contracts: the folders follow the flow, each importing only folders below it (no two import
   each other); an engine imports no other engine; what sits above the engines or beside them in engine/ imports
   no engine folder (they find engines by name, `seam/registry.py`);
-- no circles: no module imports, directly or through others, a module that imports it.
+- no circles: no module imports, directly or through others, a module that imports it;
+- one Cloud Storage client: only the store (`tpulaunch/store/gcs.py`) imports google-cloud-storage (import-linter
+  sees only the top of a namespace package, `google`, which the TPU API's client and protobuf share).
 """
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +78,31 @@ def test_a_circle_is_found(tmp_path, monkeypatch):
     (package / "c.py").write_text("from walled import a\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert circles(grimp.build_graph("walled")) == [["walled.a", "walled.b"]]
+
+
+def importers_of(package: Path, module: str) -> list:
+    """The files under `package` that import `module` (or a module in it), at their top or inside a function."""
+    parent, _, name = module.rpartition(".")
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+                     if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            if any(imported == module or imported.startswith(module + ".") for imported in names):
+                found.append(path.relative_to(package.parent).as_posix())
+                break
+    return found
+
+
+def test_only_the_store_imports_the_cloud_storage_client():
+    assert importers_of(ROOT / "tpulaunch", "google.cloud.storage") == ["tpulaunch/store/gcs.py"]
+
+
+def test_an_importer_is_found_however_it_imports(tmp_path):
+    package = tmp_path / "walled"
+    package.mkdir()
+    (package / "a.py").write_text("def f():\n    from google.cloud import storage\n")
+    (package / "b.py").write_text("import google.cloud.storage.retry\n")
+    (package / "c.py").write_text("from google.cloud import tpu_v2\nfrom google.cloud.storage_ext import x\n")
+    assert importers_of(package, "google.cloud.storage") == ["walled/a.py", "walled/b.py"]

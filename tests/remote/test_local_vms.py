@@ -157,7 +157,7 @@ def test_staging_and_following_through_gs(tmp_path, monkeypatch):
 
     from gcs_fake import free_port
     from lease_runs import fake_gcs_server
-    from tpulaunch.remote import store
+    from tpulaunch import store
     from tpulaunch.remote.follow import HostLog
     from tpulaunch.remote.stage import stage_job
 
@@ -175,7 +175,7 @@ def test_staging_and_following_through_gs(tmp_path, monkeypatch):
         first = stage_job(_checked(job), str(job), [], engine="estimator", target="tpu")
         again = stage_job(_checked(job), str(job), [], engine="estimator", target="tpu")
         assert (first.uploaded, again.uploaded, again.digest) == (first.total, 0, first.digest)
-        assert json.loads(store.read(first.url))["sets"][-1] == 'python_path=["python_path/0"]'
+        assert json.loads(store.read(first.url).data)["sets"][-1] == 'python_path=["python_path/0"]'
 
         log = HostLog("gs://bucket/runs/a", attempt=1)
         assert log.new_lines() == []  # not written yet

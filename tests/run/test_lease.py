@@ -209,15 +209,15 @@ def test_status_shows_the_holder_a_stale_one_a_released_one_or_none(project, tmp
 
 # ------------------------------------------------------------- the atomic changes, raced by threads
 
-def _race(make_store, contenders: int = 8) -> list:
+def _race(make_file, contenders: int = 8) -> list:
     """`contenders` threads call acquire at once; what each got (a Lease or the refusal)."""
     barrier, results = threading.Barrier(contenders), [None] * contenders
 
     def contend(index):
-        store = make_store()
+        lease_file = make_file()
         barrier.wait()
         try:
-            results[index] = leases.acquire("unused", run_id=f"run-{index}", command="train", store=store)
+            results[index] = leases.acquire("unused", run_id=f"run-{index}", command="train", lease_file=lease_file)
         except leases.LeaseRefused as refused:
             results[index] = refused
 
@@ -237,12 +237,12 @@ def _exactly_one_wins(results, read) -> leases.Lease:
     return winners[0]
 
 
-def _race_all(make_store, read, write_stale):
+def _race_all(make_file, read, write_stale):
     # A fresh model_dir: one creator wins.
-    first = _exactly_one_wins(_race(make_store), read)
+    first = _exactly_one_wins(_race(make_file), read)
     # Its holder stops renewing: once stale, exactly one of the takers takes it over.
     write_stale()
-    second = _exactly_one_wins(_race(make_store), read)
+    second = _exactly_one_wins(_race(make_file), read)
     assert second.took_over["run_id"] == first.data["run_id"] and second.took_over["stale"]
     # The old holder's renewal and release find the lease is no longer theirs and leave it alone.
     assert first.renew() is False and first.lost["run_id"] == second.data["run_id"]
@@ -250,7 +250,7 @@ def _race_all(make_store, read, write_stale):
     assert read()["run_id"] == second.data["run_id"] and read()["state"] == "held"
     # Released: the next run takes it without a takeover.
     second.release()
-    third = _exactly_one_wins(_race(make_store), read)
+    third = _exactly_one_wins(_race(make_file), read)
     assert third.took_over is None and third.renew() is True
     third.release()
 
@@ -262,7 +262,7 @@ def test_local_lease_changes_are_atomic_under_a_race(tmp_path):
         data = leases.read_lease(model_dir)
         Path(leases.lease_path(model_dir)).write_text(json.dumps(dict(data, renewed=data["renewed"] - 1000)))
 
-    _race_all(lambda: leases.LocalStore(model_dir), lambda: leases.read_lease(model_dir), write_stale)
+    _race_all(lambda: leases.LeaseFile(model_dir), lambda: leases.read_lease(model_dir), write_stale)
 
 
 # ----------------------------------------------------------------------------------------- gs://
@@ -308,12 +308,12 @@ def test_gcs_lease_changes_are_atomic_under_a_race(storage_emulator):
     model_dir = "gs://leases/race"
 
     def write_stale():
-        store = leases.GcsStore(model_dir)
-        text, generation = store.read()
+        lease_file = leases.LeaseFile(model_dir)
+        text, generation = lease_file.read()
         data = json.loads(text)
-        store.replace(json.dumps(dict(data, renewed=data["renewed"] - 1000)).encode(), generation, 1)
+        lease_file.replace(json.dumps(dict(data, renewed=data["renewed"] - 1000)).encode(), generation)
 
-    _race_all(lambda: leases.GcsStore(model_dir), lambda: leases.read_lease(model_dir), write_stale)
+    _race_all(lambda: leases.LeaseFile(model_dir), lambda: leases.read_lease(model_dir), write_stale)
 
 
 def test_a_train_on_a_live_gs_model_dir_is_refused_before_tensorflow_loads(project, storage_emulator):

@@ -3,7 +3,7 @@ runtime against this machine's TensorFlow), who holds the lease on its model_dir
 ended (its run record), the newest remote run under it, and a GKE job's JobSet.
 
 No TensorFlow import: the installed version is read from package metadata; the lease and the record are read
-directly (a gs:// record through google-cloud-storage, within RECORD_READ_TIMEOUT_S). What cannot be read is
+through the store (`tpulaunch/store/`: local or gs://, each read within its timeout). What cannot be read is
 "unknown", with why: status answers whatever is out of reach. The rendering is `cli/render/status.py`'s.
 """
 
@@ -110,45 +110,14 @@ def last_run_of(checked, say: Callable[[str], None]) -> dict:
             "text": text}
 
 
-RECORD_READ_TIMEOUT_S = 10.0  # one read of a gs:// run record: an unreachable bucket is "unknown" after this
-
-
 def read_record_file(model_dir: str):
-    """model_dir's run record as text (None when there is none), without TensorFlow: a local file, or the
-    gs:// object through google-cloud-storage, given up after RECORD_READ_TIMEOUT_S. (Status's one read of a store:
-    the one place to change when it reads through another client.)"""
+    """model_dir's run record as text (None when there is none), without TensorFlow: through the store, which
+    answers a gs:// read within its timeout."""
+    from tpulaunch import store
     from tpulaunch.run.record import RECORD_FILE
 
-    if not model_dir.startswith("gs://"):
-        if "://" in model_dir:
-            raise TpuLaunchError(f"status reads local and gs:// run records, not {model_dir.split('://')[0]}://")
-        try:
-            with open(f"{model_dir.rstrip('/')}/{RECORD_FILE}", "rb") as handle:
-                return handle.read().decode("utf-8", errors="replace")
-        except FileNotFoundError:
-            return None
-    from google.api_core import exceptions
-    from google.api_core.retry import Retry
-    from google.auth.exceptions import DefaultCredentialsError
-    from google.cloud import storage
-
-    bucket, _, prefix = model_dir[len("gs://"):].partition("/")
-    name = f"{prefix.rstrip('/')}/{RECORD_FILE}" if prefix else RECORD_FILE
-    deadline = RECORD_READ_TIMEOUT_S
-    try:
-        client = storage.Client()
-    except DefaultCredentialsError:
-        raise TpuLaunchError("no Google Cloud credentials to read the run record on gs://") from None
-    try:
-        blob = client.bucket(bucket).blob(name)
-        return blob.download_as_bytes(timeout=(deadline / 2, deadline / 2),
-                                      retry=Retry(timeout=deadline / 2, initial=0.2, maximum=1.0)).decode(
-            "utf-8", errors="replace")
-    except exceptions.NotFound:
-        return None
-    except (exceptions.RetryError, exceptions.GoogleAPIError, OSError) as exc:
-        raise TpuLaunchError(f"could not reach gs://{bucket}/{name} within {deadline:g} s "
-                             f"({type(exc).__name__}: {first_line(exc)})") from None
+    found = store.read(f"{model_dir.rstrip('/')}/{RECORD_FILE}")
+    return None if found is None else found.data.decode("utf-8", errors="replace")
 
 
 def remote_run_of(checked, lease: dict) -> dict:

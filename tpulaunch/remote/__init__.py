@@ -7,5 +7,5 @@ under model_dir); `controller.py` creates the TPU, follows the run from what it 
 node's state, and recovers from infrastructure failures (`causes.py` says which are); `contention.py`
 finds who else holds model_dir's lease before a VM is created (an earlier VM left training is stopped); `rehearsal.py` runs
 all of it on this machine against the local Cloud TPU API, whose TPU VMs are local processes.
-`layout.py` says where everything lives under model_dir; `store.py` reads and writes there (local or gs://).
+`layout.py` says where everything lives under model_dir; `tpulaunch/store/` reads and writes there (local or gs://).
 """

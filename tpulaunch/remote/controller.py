@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional
 
 from tpulaunch.errors import ExitCode, TpuLaunchError
-from tpulaunch.remote import causes, contention, layout, store
+from tpulaunch import store
+from tpulaunch.remote import causes, contention, layout
 from tpulaunch.remote.follow import HostLog, attempt_taken, host_status
 from tpulaunch.remote.stage import Stage
 from tpulaunch.tpu import node as cluster
@@ -91,16 +92,16 @@ class RunRecord:
 
     @classmethod
     def load(cls, model_dir: str) -> Optional["RunRecord"]:
-        data = store.read(layout.run_record(model_dir))
-        if not data:
+        found = store.read(layout.run_record(model_dir))
+        if found is None or not found.data:
             return None
         try:
-            return cls(**json.loads(data))
+            return cls(**json.loads(found.data))
         except (ValueError, TypeError):
             return None
 
     def save(self, model_dir: str) -> None:
-        store.write(layout.run_record(model_dir), (json.dumps(asdict(self), indent=1) + "\n").encode())
+        store.write(layout.run_record(model_dir), (json.dumps(asdict(self), indent=1) + "\n").encode(), private=True)
 
 
 class Controller:
@@ -262,7 +263,7 @@ class Controller:
         vm = self._highest_vm() + 1
         claim = {"vm": vm, "stage": self.stage.digest, "node": self.ref.name, "run_started": self.record.started,
                  "claimed": time.time()}
-        store.write(layout.vm_claim(self.model_dir, vm), (json.dumps(claim, indent=1) + "\n").encode())
+        store.write(layout.vm_claim(self.model_dir, vm), (json.dumps(claim, indent=1) + "\n").encode(), private=True)
         return vm
 
     def _clear_model_dir(self) -> None:

@@ -11,7 +11,8 @@ import json
 import re
 from typing import List, Optional
 
-from tpulaunch.remote import layout, store
+from tpulaunch import store
+from tpulaunch.remote import layout
 
 STEP_LINE = re.compile(r"^train \| step (\d+)/(\d+)")
 START_LINE = re.compile(r"^train \| start \| step (\d+)/(\d+)")
@@ -32,9 +33,10 @@ class HostLog:
         self.first_step: Optional[int] = None  # the first step trained
 
     def new_lines(self) -> List[str]:
-        data = store.read(self.url, self.offset)
-        if not data:
+        found = store.read(self.url, self.offset)
+        if found is None or not found.data:
             return []
+        data = found.data
         self.offset += len(data)
         data = self._partial + data
         *complete, self._partial = data.split(b"\n")
@@ -61,11 +63,11 @@ class HostLog:
 
 def host_status(model_dir: str, attempt: int, worker: int = 0) -> Optional[dict]:
     """The host's status file (`host.py`), or None before the host wrote one (or when it is not JSON yet)."""
-    data = store.read(layout.host_status(model_dir, attempt, worker))
-    if not data:
+    status = store.read(layout.host_status(model_dir, attempt, worker))
+    if status is None or not status.data:
         return None
     try:
-        found = json.loads(data)
+        found = json.loads(status.data)
     except ValueError:
         return None
     return found if isinstance(found, dict) else None

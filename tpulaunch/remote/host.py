@@ -34,7 +34,8 @@ import threading
 import time
 from typing import List, Optional
 
-from tpulaunch.remote import layout, secret_manager, store
+from tpulaunch import store
+from tpulaunch.remote import layout, secret_manager
 
 SHIP_EVERY_S = 10.0
 CHIEF = 0  # the worker that holds the lease (and, for a "chief" engine, the only one that trains)
@@ -47,10 +48,10 @@ def role(worker: int, hosts_run: str) -> str:
 
 
 def _fetch(url: str) -> bytes:
-    data = store.read(url)
-    if data is None:
+    found = store.read(url)
+    if found is None:
         raise SystemExit(f"tpulaunch | the stage has no {url}")
-    return data
+    return found.data
 
 
 def fetch_stage(stage_url: str, disk: str) -> dict:
@@ -101,7 +102,7 @@ class Status:
 
     def update(self, **fields) -> None:
         self.data.update(fields)
-        store.write(self.url, (json.dumps(self.data, indent=1) + "\n").encode())
+        store.write(self.url, (json.dumps(self.data, indent=1) + "\n").encode(), private=True)
 
 
 def _last_message(log_path: str) -> str:
@@ -154,13 +155,13 @@ def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[f
         def ship():
             while not stop.wait(SHIP_EVERY_S):
                 with open(log_path, "rb") as handle:
-                    store.write(remote_log, handle.read())
+                    store.write(remote_log, handle.read(), private=True)
         threading.Thread(target=ship, name="ship-log", daemon=True).start()
     code = process.wait()
     stop.set()
     if shipped:
         with open(log_path, "rb") as handle:
-            store.write(remote_log, handle.read())
+            store.write(remote_log, handle.read(), private=True)
     # a train refused model_dir's lease exits 1, one whose lease another run took over 5 (`tpulaunch.errors`)
     ended = {"lease_holder": _other_holder(model_dir, process.pid)} if code in (1, 5) and worker == CHIEF else {}
     status.update(phase="ended", exit_code=code, ended=time.time(), message=_last_message(log_path) if code else "",

@@ -29,7 +29,8 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 from tpulaunch.errors import ExitCode, TpuLaunchError
 from tpulaunch.job.yamlfile import value_at
-from tpulaunch.remote import layout, store
+from tpulaunch import store
+from tpulaunch.remote import layout
 
 FORMAT = 1
 TARGETS = ("tpu", "local")  # the VM trains on its TPU; in a rehearsal, on this machine's CPU (`train --local`)
@@ -288,10 +289,10 @@ def stage_job(checked, job_file: str, overrides: Sequence[str], *, engine: str, 
     for blob_digest, data in dict(blobs).items():
         url = layout.blob(model_dir, blob_digest)
         if not store.exists(url):
-            store.write(url, data)
+            store.write(url, data, private=True)
             uploaded += 1
     url = layout.manifest(model_dir, digest)
     if not store.exists(url):
-        store.write(url, text)
+        store.write(url, text, private=True)
         uploaded += 1
     return Stage(model_dir, digest, manifest, uploaded, len(dict(blobs)) + 1)

@@ -9,17 +9,12 @@ from a background thread while it lives and marks it released when it ends::
      "holder": "5f0c2a9e41d7b3c8", "command": "train", "started": 1735725600.0, "renewed": 1735725630.0,
      "renew_every_s": 30.0, "stale_after_s": 180.0, "took_over": null}
 
-Every change is atomic, so two runs can never both win:
-
-- local: the first lease is made with an exclusive create (a complete temporary file, made with O_EXCL, linked
-  to the lease's name: link() fails when it exists, and no reader sees a half-written lease). Every later change (renew,
-  release, a takeover) rereads the file under a guard file made the same way, checks it is still what
-  the change expects (ours; or the very stale lease it judged), and writes a temporary file renamed over
-  the lease.
-- gs://: Cloud Storage generation preconditions through google-cloud-storage (imported only then): create
-  with if_generation_match=0, renew, release and take over with the generation last read. Releasing is a
-  conditional rewrite marking the lease released, not a delete, so every change is a precondition a
-  server checks.
+Every change is atomic, so two runs can never both win: the lease is read and written through the store
+(`tpulaunch/store/`), each change conditional on the generation last read (local: a digest of the file, checked
+under the store's guard file; gs://: Cloud Storage's generation, checked by the server). The first lease is made
+only if there is none (if_generation_match=0); renew, release and take over with the generation last read.
+Releasing is a conditional rewrite marking the lease released, not a delete, so every change is a precondition
+the store checks.
 
 A lease whose holder has not renewed it for `stale_after_s` (its holder was killed, its machine lost) is
 taken over with a message; `--take-lease` takes a live one at once. Times are the holders' wall clocks
@@ -34,38 +29,36 @@ under way when the process froze, never the rest of the run.
 A storage outage is not a takeover: only a lease naming another run fences this one. A change refused by its
 precondition reads the lease back, and one that is held and names this lease's `holder` (a random token made when
 it was taken, beside the run's `run_id`: start time, host, pid, random tail) is this run's own write whose reply
-was lost: adopted, generation and all. A store that cannot be reached is
-waited for before a write, up to the stale time (`StoreUnreachable` past it).
+was lost: adopted, generation and all. A store that cannot be reached (`store.Unreachable`: no answer within the
+store's timeout) is waited for before a write, up to the stale time (`StoreUnreachable` past it).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import json
 import os
-import re
 import secrets
 import socket
 import threading
 import time
-from typing import Callable, Iterator, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
+from tpulaunch import store
 from tpulaunch.errors import ExitCode, TpuLaunchError, first_line
+from tpulaunch.store import reason
+from tpulaunch.store.local import process_gone
 
 LEASE_FILE = "tpulaunch.lease"
 RENEW_ENV = "TPULAUNCH_LEASE_RENEW_S"
 STALE_ENV = "TPULAUNCH_LEASE_STALE_S"
 RENEW_EVERY_S = 30.0
 STALE_AFTER_S = 180.0  # six missed renewals: a slow filesystem or a short GCS outage does not lose the lease
-# Cloud Storage time budgets (each request's timeout, and its retries together). `status` reads with READ_BUDGET_S:
-# an unreachable bucket is said within seconds, not after the client's default two minutes of retries. A running
-# train's renewals each try for an interval (READ_BUDGET_S at least), then again at the next: an outage is said
-# within seconds, and a short one does not fail the run. Its check before a save tries for CHECK_BUDGET_S at a
-# time, and waits for the store up to the stale time (`Lease.ensure_held`).
-READ_BUDGET_S = 5.0
-CHECK_BUDGET_S = 10.0
+# Each read or write of the lease answers within the store's one timeout (`store.TIMEOUT_S`): a running train's
+# renewal that gets no answer is tried again at the next interval, so an outage is said within seconds and a short
+# one does not fail the run; its check before a save tries again and again, waiting for the store up to the stale
+# time (`Lease.ensure_held`).
 
 
 class LeaseRefused(TpuLaunchError):
@@ -141,249 +134,36 @@ def holder_text(data: dict) -> str:
     return f"host {data.get('host')}, pid {data.get('pid')}, run {data.get('run_id')}"
 
 
-# ------------------------------------------------------------------------------------------- stores
+# ------------------------------------------------------------------------------------------- the file
 
-class LocalStore:
-    """The lease file on this machine's filesystem (or a mounted one)."""
+class LeaseFile:
+    """The lease file in model_dir, through the store (`tpulaunch/store/`): its bytes and generation; every change
+    conditional on the generation last read or written (0: only if there is none), so of two changes decided on the
+    same lease one wins and the other is a `_Conflict`."""
 
     def __init__(self, model_dir: str):
         self.model_dir = model_dir
         self.path = lease_path(model_dir)
-        self.guard = self.path + ".lock"
 
-    def read(self) -> Tuple[Optional[bytes], object]:
-        try:
-            with open(self.path, "rb") as handle:
-                text = handle.read()
-        except FileNotFoundError:
-            return None, None
-        return text, text  # the token: the content itself, compared again under the guard
+    def read(self) -> Tuple[Optional[bytes], int]:
+        found = store.read(self.path)
+        return (None, 0) if found is None else (found.data, found.generation)
 
-    def _written(self, text: bytes) -> str:
-        """A temporary file in model_dir holding `text`, flushed to disk; removed when writing it fails (a full
-        disk, a quota), so a failed change leaves nothing behind."""
-        temporary = f"{self.path}.{os.getpid()}.{secrets.token_hex(3)}.tmp"
-        fd = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-        except BaseException:
-            _remove(temporary)
-            raise
-        return temporary
+    def version(self) -> int:
+        """The lease's generation now (0: none), what a change of it is compared with: one metadata request."""
+        return store.generation(self.path)
 
-    def create(self, text: bytes) -> object:
-        # An exclusive create of a complete file: link() fails when the lease exists, like O_CREAT|O_EXCL, but
-        # a reader never sees the lease empty (an O_EXCL file is visible before its content is written).
-        os.makedirs(self.model_dir, exist_ok=True)
-        temporary = self._written(text)
+    def create(self, text: bytes) -> int:
+        return self.replace(text, 0)
+
+    def replace(self, text: bytes, token: int) -> int:
+        """Write `text` over the lease if it is still at generation `token`. A write the store applied whose reply
+        was lost fails its precondition on the retry: a `_Conflict` the lease resolves by reading the lease back
+        (`Lease._settle`)."""
         try:
-            os.link(temporary, self.path)
-        except FileExistsError:
+            return store.write(self.path, text, if_generation_match=token)
+        except store.PreconditionFailed:
             raise _Conflict() from None
-        finally:
-            os.unlink(temporary)
-        return text
-
-    def replace(self, text: bytes, token: object, stale_after_s: float, budget_s: Optional[float] = None) -> object:
-        """Write `text` over the lease if it still holds `token` (what we last read or wrote). (`budget_s`: a
-        Cloud Storage request's; a local write has none.)"""
-        with self._guarded(stale_after_s) as still_mine:
-            current, _ = self.read()
-            if current != token:
-                raise _Conflict()
-            temporary = self._written(text)
-            try:
-                if not still_mine():  # frozen inside this change past the stale time: another run removed our guard
-                    raise _Conflict()
-                os.replace(temporary, self.path)  # atomic: a reader sees the old lease or the new one
-            except BaseException:
-                _remove(temporary)
-                raise
-        return text
-
-    def version(self, budget_s: Optional[float] = None) -> object:
-        """What `read` returns as the token, for comparing with the one last written."""
-        return self.read()[1]
-
-    @contextlib.contextmanager
-    def _guarded(self, stale_after_s: float) -> Iterator[Callable[[], bool]]:
-        """Hold the guard file (an exclusive create, naming its holder) for one read-check-write; yields a check
-        that the guard is still this change's.
-
-        It is held for milliseconds, so waiting a few seconds is enough. A guard whose holder ran on this host and
-        is gone (killed inside its change), or older than the stale time (a holder elsewhere, killed or frozen), is
-        removed; a holder frozen inside its change finds its guard gone (the check) and leaves the lease alone.
-        A guard still held after the wait stops the change, naming its holder."""
-        mark = f"{socket.gethostname()} {os.getpid()} {secrets.token_hex(4)}".encode()
-        deadline = time.monotonic() + 10.0
-        while True:
-            try:
-                fd = os.open(self.guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileNotFoundError:  # model_dir is gone, and the lease with it: not the one expected
-                raise _Conflict() from None
-            except FileExistsError:
-                holder = self._guard_holder()
-                with contextlib.suppress(FileNotFoundError):
-                    if _process_gone(holder) or time.time() - os.stat(self.guard).st_mtime > stale_after_s:
-                        os.unlink(self.guard)
-                        continue
-                if time.monotonic() > deadline:
-                    who = f"host {holder['host']}, pid {holder['pid']}" if holder.get("host") else "another process"
-                    raise LeaseRefused(
-                        f"{self.guard} is held by {who}, inside a change of the lease for over 10 s (frozen there?)",
-                        hint=f"it is removed once older than {stale_after_s:g} s; remove it by hand only when no "
-                             "run uses this model_dir") from None
-                time.sleep(0.01)
-                continue
-            try:
-                os.write(fd, mark)
-            except BaseException:
-                os.close(fd)
-                _remove(self.guard)
-                raise
-            os.close(fd)
-            break
-
-        def still_mine() -> bool:
-            try:
-                with open(self.guard, "rb") as handle:
-                    return handle.read() == mark
-            except FileNotFoundError:
-                return False
-
-        try:
-            yield still_mine
-        finally:
-            if still_mine():
-                _remove(self.guard)
-
-    def _guard_holder(self) -> dict:
-        """{"host", "pid"} of the guard's holder as it wrote them ({} when unreadable or not written yet)."""
-        try:
-            with open(self.guard, "rb") as handle:
-                host, pid, _ = handle.read().decode().split(" ")
-            return {"host": host, "pid": int(pid)}
-        except (OSError, ValueError):
-            return {}
-
-
-def reason(exc: BaseException) -> str:
-    """An unreachable endpoint's reason in a few words ("ConnectionError: [Errno 111] Connection refused"), not the
-    HTTP library's nested retelling of the request."""
-    text = first_line(exc)
-    errno_said = re.findall(r"\[Errno -?\d+\] [^\"')\]]+", text)
-    return f"{type(exc).__name__}: {errno_said[-1] if errno_said else text[:200]}"
-
-
-def _remove(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
-
-
-def _storage_client(storage):
-    """A Cloud Storage client, or a located error when this machine has no Google Cloud credentials."""
-    from google.auth.exceptions import DefaultCredentialsError
-
-    try:
-        return storage.Client()
-    except DefaultCredentialsError:
-        raise TpuLaunchError("no Google Cloud credentials to reach the model_dir lease on gs://",
-                             hint="gcloud auth application-default login (or set GOOGLE_APPLICATION_CREDENTIALS); on a "
-                                  "Cloud TPU VM the VM's service account is used") from None
-
-
-class GcsStore:
-    """The lease object in Cloud Storage; each change is conditional on the generation last read.
-
-    `read_budget_s`: the seconds a read may take, its retries included (None: the client's defaults, minutes);
-    a read that cannot reach the bucket within it raises `LeaseRefused` naming the bucket."""
-
-    def __init__(self, model_dir: str, read_budget_s: Optional[float] = None):
-        from google.cloud import storage  # only for a gs:// model_dir: the package is not needed otherwise
-
-        self.model_dir = model_dir
-        self.path = lease_path(model_dir)
-        bucket, _, name = self.path[len("gs://"):].partition("/")
-        self.bucket_name, self.blob_name = bucket, name
-        self.read_budget_s = read_budget_s
-        self.bucket = _storage_client(storage).bucket(bucket)
-
-    def _budget(self, budget_s: Optional[float]) -> dict:
-        """The timeout and retry arguments of a request that must answer within `budget_s` (None: defaults)."""
-        if budget_s is None:
-            return {}
-        from google.cloud.storage.retry import DEFAULT_RETRY
-
-        retry = DEFAULT_RETRY.with_timeout(budget_s) if hasattr(DEFAULT_RETRY, "with_timeout") else \
-            DEFAULT_RETRY.with_deadline(budget_s)
-        return {"timeout": budget_s, "retry": retry}
-
-    @contextlib.contextmanager
-    def _reaching(self, budget_s: Optional[float]) -> Iterator[None]:
-        """A request that could not reach the bucket within its budget: said with the bucket's name."""
-        from google.api_core import exceptions
-
-        began = time.monotonic()
-        try:
-            yield
-        except (exceptions.RetryError, exceptions.ServiceUnavailable, exceptions.GatewayTimeout,
-                exceptions.InternalServerError, ConnectionError, OSError) as exc:
-            if budget_s is None:
-                raise
-            cause = exc.cause if isinstance(exc, exceptions.RetryError) and exc.cause is not None else exc
-            raise LeaseRefused(
-                f"could not reach Cloud Storage bucket gs://{self.bucket_name} to read the lease {self.path} within "
-                f"{budget_s:g} s ({time.monotonic() - began:.1f} s tried): {reason(cause)}",
-                hint="check this machine's network and the bucket's name; $STORAGE_EMULATOR_HOST, when set, "
-                     "redirects Cloud Storage") from None
-
-    def read(self, budget_s: Optional[float] = None) -> Tuple[Optional[bytes], object]:
-        from google.api_core import exceptions
-
-        budget_s = self.read_budget_s if budget_s is None else budget_s
-        with self._reaching(budget_s):
-            blob = self.bucket.get_blob(self.blob_name, **self._budget(budget_s))
-            if blob is None:
-                return None, 0
-            try:
-                return (blob.download_as_bytes(if_generation_match=blob.generation, **self._budget(budget_s)),
-                        blob.generation)
-            except (exceptions.PreconditionFailed, exceptions.NotFound):
-                pass
-        return self.read(budget_s)  # changed between the two requests: read the new one
-
-    def version(self, budget_s: Optional[float] = None) -> object:
-        """The lease object's generation (0: none), one metadata request: what a change of it is compared with."""
-        with self._reaching(budget_s):
-            blob = self.bucket.get_blob(self.blob_name, **self._budget(budget_s))
-        return 0 if blob is None else blob.generation
-
-    def _write(self, text: bytes, generation: int, budget_s: Optional[float] = None) -> object:
-        """Upload `text` if the object's generation is still `generation`. Retried (the client's retries, within
-        `budget_s`) when its reply does not come: a retry of a write the server applied fails the precondition,
-        a `_Conflict` the lease resolves by reading the object back (`Lease._settle`)."""
-        from google.api_core import exceptions
-
-        blob = self.bucket.blob(self.blob_name)
-        try:
-            blob.upload_from_string(text, content_type="application/json", if_generation_match=generation,
-                                    **self._budget(budget_s))
-        except exceptions.PreconditionFailed:
-            raise _Conflict() from None
-        return blob.generation
-
-    def create(self, text: bytes) -> object:
-        return self._write(text, 0)  # 0: only if no such object exists
-
-    def replace(self, text: bytes, token: object, stale_after_s: float, budget_s: Optional[float] = None) -> object:
-        return self._write(text, int(token), budget_s)
-
-
-def store_for(model_dir: str, read_budget_s: Optional[float] = None):
-    return GcsStore(model_dir, read_budget_s) if model_dir.startswith("gs://") else LocalStore(model_dir)
 
 
 def _decode(text: bytes, path: str) -> dict:
@@ -398,13 +178,12 @@ def _decode(text: bytes, path: str) -> dict:
     return data
 
 
-def read_lease(model_dir: str, budget_s: Optional[float] = READ_BUDGET_S) -> Optional[dict]:
-    """The lease in model_dir as its holder wrote it, or None when there is none (for `status`).
-
-    On gs:// the read answers within `budget_s` (retries included), else raises `LeaseRefused` naming the bucket."""
-    store = store_for(model_dir, budget_s)
-    text, _ = store.read()
-    return None if text is None else _decode(text, store.path)
+def read_lease(model_dir: str) -> Optional[dict]:
+    """The lease in model_dir as its holder wrote it, or None when there is none (for `status`). On gs:// the read
+    answers within the store's timeout, else raises `store.Unreachable` naming the bucket."""
+    lease_file = LeaseFile(model_dir)
+    text, _ = lease_file.read()
+    return None if text is None else _decode(text, lease_file.path)
 
 
 # -------------------------------------------------------------------------------------------- lease
@@ -435,7 +214,7 @@ class Lease:
     then fails its precondition) is adopted, not taken for a takeover. Only a lease naming another run, or
     released by someone else, fences this run."""
 
-    store: object
+    file: LeaseFile
     data: dict
     token: object
     renew_every_s: float
@@ -463,21 +242,21 @@ class Lease:
         return bool(data) and data.get("state") == "held" and data.get("run_id") == self.data["run_id"] and \
             data.get("holder") == self.data["holder"]
 
-    def _put(self, data: dict, budget_s: Optional[float] = None) -> None:
+    def _put(self, data: dict) -> None:
         with self._lock:
             try:
-                self.token = self.store.replace(_encode(data), self.token, self.stale_after_s, budget_s)
+                self.token = self.file.replace(_encode(data), self.token)
             except _Conflict:
-                self._settle(data, budget_s)
+                self._settle(data)
             self.data = data
 
-    def _settle(self, data: dict, budget_s: Optional[float]) -> None:
+    def _settle(self, data: dict) -> None:
         """A change refused (the lease is not at the version last written): read it back. It is `data` itself (this
         write was applied, its reply lost): adopted. It is this run's held lease (an earlier write whose reply was
         lost): adopted, and `data` written over it. Anything else: `_Conflict`."""
-        text, token = self.store.read()
+        text, token = self.file.read()
         try:
-            now = _decode(text, self.store.path) if text else None
+            now = _decode(text, self.file.path) if text else None
         except LeaseRefused:  # not a lease now: not ours (`_found_lost` says so)
             raise _Conflict() from None
         if now == data:
@@ -485,16 +264,15 @@ class Lease:
             return
         if not self.is_ours(now):
             raise _Conflict()
-        self.token = self.store.replace(_encode(data), token, self.stale_after_s, budget_s)
+        self.token = self.file.replace(_encode(data), token)
 
     def renew(self) -> bool:
-        """Write a new renewal time; False (and `lost` set) when another run took the lease over. Each try is
-        bounded (an interval, at least a few seconds), so an unreachable store is said within that and retried at
-        the next interval."""
+        """Write a new renewal time; False (and `lost` set) when another run took the lease over. Each try ends within
+        the store's timeout, so an unreachable store is said within seconds and retried at the next interval."""
         if self.lost is not None:
             return False
         try:
-            self._put({**self.data, "renewed": self.clock()}, max(self.renew_every_s, READ_BUDGET_S))
+            self._put({**self.data, "renewed": self.clock()})
         except _Conflict:
             with self._lock:
                 self._found_lost(reclaim=True)
@@ -506,7 +284,7 @@ class Lease:
 
     @property
     def model_dir(self) -> str:
-        return self.store.model_dir
+        return self.file.model_dir
 
     def raise_if_lost(self) -> None:
         """Raise `LeaseLost` when the renewal thread found the lease taken over: after every step, without I/O
@@ -539,11 +317,11 @@ class Lease:
             raise LeaseLost(self.model_dir, self.lost)
 
     def _current_version(self) -> object:
-        """The lease's version now (`store.version`), waiting while the store cannot be reached, up to the stale
+        """The lease's version now (`LeaseFile.version`), waiting while the store cannot be reached, up to the stale
         time since the lease was last known ours."""
         while True:
             try:
-                version = self.store.version(CHECK_BUDGET_S)
+                version = self.file.version()
             except Exception as exc:
                 since = self._unreached(exc)
                 if time.monotonic() - self._known_at > self.stale_after_s:
@@ -572,16 +350,16 @@ class Lease:
         model_dir) is no other run's: with `reclaim` it is made again, ours (an exclusive create: a run that made
         it first has taken it, and this one is lost)."""
         try:
-            text, token = self.store.read()
+            text, token = self.file.read()
             if text is None and reclaim:
                 try:
-                    self.token = self.store.create(_encode(self.data))
+                    self.token = self.file.create(_encode(self.data))
                     return
                 except _Conflict:
-                    text, token = self.store.read()
+                    text, token = self.file.read()
                 except Exception:  # model_dir cannot be written now: its own writes say so, naming it
                     return
-            now = _decode(text, self.store.path) if text else None
+            now = _decode(text, self.file.path) if text else None
             if self.is_ours(now):
                 self.token, self.data = token, now
                 return
@@ -624,7 +402,7 @@ def _encode(data: dict) -> bytes:
 
 
 def acquire(model_dir: str, *, run_id: str, command: str, take: bool = False,
-            clock: Callable[[], float] = time.time, store=None) -> Lease:
+            clock: Callable[[], float] = time.time, lease_file: Optional[LeaseFile] = None) -> Lease:
     """Take model_dir's lease for this run.
 
     A released lease, or one whose holder has not renewed it for the stale time, is taken over (the new
@@ -638,8 +416,7 @@ def acquire(model_dir: str, *, run_id: str, command: str, take: bool = False,
     # Counted as this process's before it is written: another thread that reads it meanwhile sees a live run.
     _HELD_HERE.add(run_id)
     try:
-        store = store or store_for(model_dir)
-        lease = _acquire(store, model_dir, run_id, command, take, clock, renew, stale)
+        lease = _acquire(lease_file or LeaseFile(model_dir), model_dir, run_id, command, take, clock, renew, stale)
         _FENCES[_fence_key(lease.model_dir)] = lease
         return lease
     except LeaseRefused:
@@ -653,22 +430,22 @@ def acquire(model_dir: str, *, run_id: str, command: str, take: bool = False,
             from None
 
 
-def _acquire(store, model_dir, run_id, command, take, clock, renew, stale) -> Lease:
+def _acquire(lease_file, model_dir, run_id, command, take, clock, renew, stale) -> Lease:
     holder = secrets.token_hex(8)  # this lease's, in every write of it: a lease read back with it is ours
     for _ in range(5):  # each pass loses only to another run's change, which the next pass reads
-        text, token = store.read()
+        text, token = lease_file.read()
         now = clock()
         mine = {"state": "held", "host": socket.gethostname(), "pid": os.getpid(), "run_id": run_id,
                 "holder": holder, "command": command, "started": now, "renewed": now, "renew_every_s": renew,
                 "stale_after_s": stale, "took_over": None}
         try:
             if text is None:
-                token = store.create(_encode(mine))
+                token = lease_file.create(_encode(mine))
             else:
-                held = _decode(text, store.path)
+                held = _decode(text, lease_file.path)
                 if held["state"] == "held" and held.get("holder") == holder:
                     # This run's own write, applied though its reply was lost (the retry failed its precondition).
-                    return Lease(store, held, token, renew, stale, clock)
+                    return Lease(lease_file, held, token, renew, stale, clock)
                 age = now - held["renewed"]
                 if held["state"] == "held":
                     gone = holder_gone(held)
@@ -683,10 +460,10 @@ def _acquire(store, model_dir, run_id, command, take, clock, renew, stale) -> Le
                                          "run_id": held.get("run_id"), "renewed_s_ago": round(age, 3),
                                          "stale": age > stale, "gone": gone,
                                          "forced": age <= stale and not gone}
-                token = store.replace(_encode(mine), token, stale)
+                token = lease_file.replace(_encode(mine), token)
         except _Conflict:
             continue
-        return Lease(store, mine, token, renew, stale, clock)
+        return Lease(lease_file, mine, token, renew, stale, clock)
     raise LeaseRefused(f"run.model_dir {model_dir}: its lease kept changing while this run tried to take it",
                        hint="another run is starting on the same model_dir: wait for it, or use another --model-dir")
 
@@ -703,8 +480,8 @@ def release_lost_holder(model_dir: str, *, host: str, pid: int, why: str, clock:
     """Mark model_dir's lease released on behalf of a holder that is gone with its machine (a preempted VM), when the
     lease still names that holder (its host and pid), conditional on what was read: a lease changed since, someone
     else's now, is left alone. True when it was released; the next run then takes it at once, not after the stale time."""
-    store = store_for(model_dir)
-    text, token = store.read()
+    lease_file = LeaseFile(model_dir)
+    text, token = lease_file.read()
     if text is None:
         return False
     try:
@@ -715,7 +492,7 @@ def release_lost_holder(model_dir: str, *, host: str, pid: int, why: str, clock:
         return False
     released = {**data, "state": "released", "renewed": clock(), "released_by": why}
     try:
-        store.replace(_encode(released), token, float(data.get("stale_after_s") or STALE_AFTER_S))
+        lease_file.replace(_encode(released), token)
     except _Conflict:
         return False
     return True
@@ -748,20 +525,7 @@ def holder_gone(held: dict) -> bool:
         return False
     if held["pid"] == os.getpid():
         return held.get("run_id") not in _HELD_HERE
-    return _process_gone(held)
-
-
-def _process_gone(held: dict) -> bool:
-    """Whether `held` names another process on this host that no longer runs."""
-    if held.get("host") != socket.gethostname() or not isinstance(held.get("pid"), int) or held["pid"] == os.getpid():
-        return False
-    try:
-        os.kill(held["pid"], 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # it exists (another user's process, say)
-        return False
-    return False
+    return process_gone(held)
 
 
 def lease_state(data: Optional[dict], now: float) -> str:

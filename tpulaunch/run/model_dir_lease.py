@@ -12,6 +12,7 @@ from tpulaunch.run import lease as leases
 from tpulaunch.run.signals import deferred
 from tpulaunch.run.stop_deadline import Ending
 from tpulaunch.run.workers import is_chief_worker
+from tpulaunch.store import reason
 
 
 @contextlib.contextmanager
@@ -33,7 +34,7 @@ def held_lease(model_dir: str, command: str, *, take: bool, say: Callable[[str],
 
     def unreachable(since: float, exc: BaseException) -> None:  # said once, however long it lasts
         say(f"lease | cannot reach the lease {leases.lease_path(model_dir)} since {leases.clock_text(since)} "
-            f"({leases.reason(exc)}); retrying: the run holds off writing to model_dir until it can tell its lease is "
+            f"({reason(exc)}); retrying: the run holds off writing to model_dir until it can tell its lease is "
             f"still its own, up to the lease's stale time ({lease.stale_after_s:g} s)")
 
     def reachable(since: float, seconds: float) -> None:

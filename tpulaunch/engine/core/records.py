@@ -2,10 +2,14 @@
 
 A record is one JSON line, written in one piece:
 
-- local: one `write()` to the file opened for appending. A write that fails part way (a full disk) is undone
-  by cutting the file back to its size before it, so the file keeps only whole lines.
-- gs:// (and TensorFlow's other filesystems): Cloud Storage has no append; the object is rewritten whole, its
-  old text and the new line in one upload (TensorFlow's own append does the same), which either lands or not.
+- local: one `write()` to the file opened for appending: the line lands after whatever another process appended,
+  and costs one write however long the file is (the store writes files whole, so this stays on the filesystem's own
+  append). A write that fails part way (a full disk) is undone by cutting the file back to its size before it, so
+  the file keeps only whole lines.
+- gs://: Cloud Storage has no append; the object is rewritten whole through the store (`tpulaunch/store/`, the
+  same client and timeout as the lease), its old text and the new line in one upload, which either lands or not.
+  The upload is conditional on the generation read, so two runs appending at once both land (the one refused reads
+  again), and a retried upload whose reply was lost finds its line there and is done.
 
 A crash between the two (the process killed mid-write, the machine lost) can still leave a torn last line.
 Before each append, the file's text after its last newline is set apart: appended, as one line, to
@@ -17,8 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import List, Optional
+from typing import Callable, List, Optional
 
+from tpulaunch import store
 from tpulaunch.run.record import RECORD_FILE, TORN_SUFFIX, split_torn
 
 _TAIL_CHUNK = 64 * 1024
@@ -38,7 +43,7 @@ def append_record(model_dir: str, line: str) -> str:
         os.makedirs(model_dir, exist_ok=True)  # a run that failed before making it
         _append_local(path, line.encode("utf-8"))
     else:
-        _append_remote(model_dir, path, line)
+        _append_remote(path, line)
     return path
 
 
@@ -89,38 +94,34 @@ def _set_apart_local_tail(fd: int, path: str) -> int:
     return end
 
 
-def _append_remote(model_dir: str, path: str, line: str) -> None:
-    import tensorflow as tf
+def _append_remote(path: str, line: str) -> None:
+    def cut_torn(text: str) -> str:
+        whole, torn = split_torn(text)
+        if torn:
+            _rewrite(path + TORN_SUFFIX, lambda kept: kept + torn + "\n")
+        return whole + line
 
-    if not tf.io.gfile.isdir(model_dir):
-        tf.io.gfile.makedirs(model_dir)
-    text = _read_remote(path) or ""
-    whole, torn = split_torn(text)
-    if torn:
-        torn_path = path + TORN_SUFFIX
-        with tf.io.gfile.GFile(torn_path, "w") as handle:
-            handle.write((_read_remote(torn_path) or "") + torn + "\n")
-    with tf.io.gfile.GFile(path, "w") as handle:  # one upload: the old whole lines and the new one
-        handle.write(whole + line)
+    _rewrite(path, cut_torn)
 
 
-def _read_remote(path: str) -> Optional[str]:
-    import tensorflow as tf
+def _rewrite(path: str, change: Callable[[str], str]) -> None:
+    """Write `change(the object's text)` over the object, conditional on the generation that text was read at;
+    read again and redo when another writer changed it first."""
+    while True:
+        found = store.read(path)
+        new = change(_text(found))
+        try:
+            store.write(path, new.encode("utf-8"), if_generation_match=found.generation if found else 0)
+            return
+        except store.PreconditionFailed:
+            if _text(store.read(path)).startswith(new):  # this write landed, its reply lost (and maybe more after)
+                return
 
-    if not tf.io.gfile.exists(path):
-        return None
-    with tf.io.gfile.GFile(path, "rb") as handle:
-        return handle.read().decode("utf-8", errors="replace")
+
+def _text(found: Optional[store.Found]) -> str:
+    return "" if found is None else found.data.decode("utf-8", errors="replace")
 
 
 def record_lines(model_dir: str) -> List[str]:
     """The lines of model_dir/tpulaunch-runs.jsonl; none when there is no such file."""
-    path = os.path.join(model_dir, RECORD_FILE)
-    if _is_local(model_dir):
-        try:
-            with open(path, "rb") as handle:
-                return handle.read().decode("utf-8", errors="replace").splitlines()
-        except FileNotFoundError:
-            return []
-    text = _read_remote(path)
-    return [] if text is None else text.splitlines()
+    return _text(store.read(os.path.join(model_dir, RECORD_FILE))).splitlines()
