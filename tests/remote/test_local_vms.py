@@ -169,9 +169,7 @@ def test_staging_and_following_through_gs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with fake_gcs_server(free_port()) as url:
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
-        client = storage.Client(project="test", credentials=AnonymousCredentials())
-        client.create_bucket("bucket")
-        monkeypatch.setattr(store, "_clients", {"client": client})
+        storage.Client(project="test", credentials=AnonymousCredentials()).create_bucket("bucket")
         first = stage_job(_checked(job), str(job), [], engine="estimator", target="tpu")
         again = stage_job(_checked(job), str(job), [], engine="estimator", target="tpu")
         assert (first.uploaded, again.uploaded, again.digest) == (first.total, 0, first.digest)

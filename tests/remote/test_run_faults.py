@@ -33,7 +33,7 @@ def test_no_credentials_is_one_message_and_nothing_is_created(tpu_api, tmp_path)
     failed = subprocess.run([sys.executable, "-m", "tpulaunch", "run", "job.yaml"], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=120)
     assert failed.returncode == 3, failed.stdout + failed.stderr
-    assert "error: no Google Cloud credentials to write gs://tpulaunch-test-bucket/runs/a/tpulaunch-remote/" in failed.stderr
+    assert "error: no Google Cloud credentials to read gs://tpulaunch-test-bucket/runs/a/tpulaunch-remote/" in failed.stderr
     assert "hint: gcloud auth application-default login" in failed.stderr
     assert "Traceback" not in failed.stderr
     assert tpu_api.created == []  # nothing staged, nothing created

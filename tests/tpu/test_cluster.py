@@ -356,11 +356,11 @@ def test_status_text_for_a_healthy_node(run_status, tpu_api):
         "endpoints 10.0.0.2:8470",
         "TPU node my-tpu: usable",
         # and who holds model_dir: this machine has no Google Cloud credentials to read a gs:// lease with
-        "model_dir lease (gs://bucket/runs/demo): unknown (no Google Cloud credentials to reach the model_dir lease "
-        "on gs://)",
-        "last run: unknown (no Google Cloud credentials to read the run record on gs://)",
+        "model_dir lease (gs://bucket/runs/demo): unknown (no Google Cloud credentials to read "
+        "gs://bucket/runs/demo/tpulaunch.lease)",
+        "last run: unknown (no Google Cloud credentials to read gs://bucket/runs/demo/tpulaunch-runs.jsonl)",
         # the same store as the lease's: not read again (no second wait)
-        "remote run: unknown (no Google Cloud credentials to reach the model_dir lease on gs://)",
+        "remote run: unknown (no Google Cloud credentials to read gs://bucket/runs/demo/tpulaunch.lease)",
     ]
 
 
@@ -379,10 +379,10 @@ def test_status_json_and_cluster_exit_code_for_a_preempted_node(run_status, tpu_
                       "hint": "a preempted node must be recreated: `tpulaunch down JOB.yaml` then `tpulaunch up "
                               "JOB.yaml` (or train with --auto-resume N --recreate, which does both)"}],
         "lease": {"model_dir": "gs://bucket/runs/demo", "state": "unknown", "holder": None, "renewed_s_ago": None,
-                  "text": "unknown (no Google Cloud credentials to reach the model_dir lease on gs://)"},
+                  "text": "unknown (no Google Cloud credentials to read gs://bucket/runs/demo/tpulaunch.lease)"},
         "last_run": {"state": "unknown", "record": None, "records": 0, "skipped": [],
-                     "text": "unknown (no Google Cloud credentials to read the run record on gs://)"},
-        "remote_run": {"text": "unknown (no Google Cloud credentials to reach the model_dir lease on gs://)"},
+                     "text": "unknown (no Google Cloud credentials to read gs://bucket/runs/demo/tpulaunch-runs.jsonl)"},
+        "remote_run": {"text": "unknown (no Google Cloud credentials to read gs://bucket/runs/demo/tpulaunch.lease)"},
     }
 
 

@@ -33,14 +33,7 @@ def _bucket(url: str):
     # One client a process and endpoint ($STORAGE_EMULATOR_HOST redirects Cloud Storage; a forked child makes its own).
     key = (os.getpid(), os.environ.get("STORAGE_EMULATOR_HOST"))
     if key not in _clients:
-        from google.auth.exceptions import DefaultCredentialsError
-
-        try:
-            _clients[key] = storage.Client()
-        except DefaultCredentialsError:
-            raise Refused(f"no Google Cloud credentials to reach {url}", url,
-                          hint="gcloud auth application-default login (or set GOOGLE_APPLICATION_CREDENTIALS); on a "
-                               "Cloud TPU VM the VM's service account is used") from None
+        _clients[key] = storage.Client()  # no credentials: `_calling` says so
     return _clients[key].bucket(split_url(url)[0])
 
 
@@ -55,11 +48,15 @@ def _within(timeout_s: float) -> dict:
 def _calling(url: str, doing: str, timeout_s: float, expected: Optional[int] = None) -> Iterator[None]:
     """The client's errors as the store's: `doing` ("read", "write", ...) says what the call was for."""
     from google.api_core import exceptions
-    from google.auth.exceptions import TransportError
+    from google.auth.exceptions import DefaultCredentialsError, TransportError
 
     began = time.monotonic()
     try:
         yield
+    except DefaultCredentialsError:
+        raise Refused(f"no Google Cloud credentials to {doing} {url}", url,
+                      hint="gcloud auth application-default login (or set GOOGLE_APPLICATION_CREDENTIALS); on a "
+                           "Cloud TPU VM the VM's service account is used") from None
     except exceptions.PreconditionFailed:
         raise PreconditionFailed(url, expected or 0) from None
     except exceptions.NotFound:
@@ -108,8 +105,8 @@ def generation(url: str, timeout_s: float) -> int:
 
 
 def write(url: str, data: bytes, if_generation_match: Optional[int], timeout_s: float) -> int:
-    blob = _bucket(url).blob(split_url(url)[1])
     with _calling(url, "write", timeout_s, if_generation_match):
+        blob = _bucket(url).blob(split_url(url)[1])
         blob.upload_from_string(data, if_generation_match=if_generation_match, **_within(timeout_s))
     return blob.generation
 
