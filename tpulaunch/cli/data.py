@@ -145,9 +145,9 @@ def bench(obj: Context, job_file: str, local: bool, overrides, seconds: float, f
     tpulaunch data bench job.yaml
     tpulaunch data bench job.yaml --local --seconds 30 --format json
     """
+    from tpulaunch.app.data import compared_with_training
     from tpulaunch.app.gate import load_checked
-    from tpulaunch.data.bench import bench_input, compare
-    from tpulaunch.run.record import RECORD_FILE, last_training, read_records, skipped_text
+    from tpulaunch.data.bench import bench_input
     from tpulaunch.tf_env import quiet_tensorflow
 
     checked = load_checked(job_file, overrides, local=local, warn=warnings_to(obj.err, job_file))
@@ -157,20 +157,7 @@ def bench(obj: Context, job_file: str, local: bool, overrides, seconds: float, f
         engine.load()
     with obj.err.status(f"timing the input pipeline for {seconds:g} s"):
         result = bench_input(job, checked.plan, seconds=seconds, search_path=job.search_path)
-    try:
-        skipped: list = []
-        last = last_training(read_records(engine.run_record_lines(job.run.model_dir),
-                                          on_skipped=lambda number, why: skipped.append((number, why))))
-        if skipped:  # a torn line (a run cut off mid-write): the whole records are compared with
-            obj.err.print(skipped_text(f"{job.run.model_dir.rstrip('/')}/{RECORD_FILE}", skipped), highlight=False,
-                          markup=False, soft_wrap=True)
-    except Exception as exc:  # an unreadable model_dir only loses the comparison
-        from tpulaunch.errors import first_line
-
-        obj.err.print(f"run record in {job.run.model_dir} not read: {first_line(exc)}", highlight=False,
-                      markup=False, soft_wrap=True)
-        last = None
-    comparison = compare(result, last) if last else None
+    comparison = compared_with_training(result, engine, job, say=obj.say)
     if fmt == "json":
         click.echo(json.dumps({"job": job.name, "model_dir": job.run.model_dir, "on_tpu": checked.plan.on_tpu,
                                **result.to_dict(),
