@@ -8,7 +8,7 @@ command's too (`cli/render/`), handed to `recorder` to subscribe.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 from tpulaunch.errors import ExitCode, TpuLaunchError
 
