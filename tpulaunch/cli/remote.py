@@ -77,7 +77,7 @@ def _rehearse_on_gke(obj: Context, job_file: str, overrides, *, preempt_at, recr
     (`remote/jobset_rehearsal.py`); local paths stand for the bucket."""
     say = _say(obj)
     local = local_jobset(job_file, overrides, preempt_at=preempt_at, recreate=recreate, poll_s=poll_s, python=python,
-                         say=say, out=_out(obj), warn=warnings_to(obj.text_out(stderr=True), job_file))
+                         **_tellers(obj, job_file))
     try:
         code = local.run()
     except KeyboardInterrupt:
