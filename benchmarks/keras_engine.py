@@ -155,7 +155,7 @@ def with_tpulaunch(builder: str, data_dir: str, model_dir: str, steps: int, save
     from tpulaunch.job.load import load_job
     from tpulaunch.plan.build import build_plan
     from tpulaunch.run.events import RunRecorder, StepsRun
-    from tpulaunch.run.render_plain import PlainRenderer
+    from tpulaunch.cli.render.run_plain import PlainRenderer
 
     path = os.path.join(job_dir, "job.yaml")
     with open(path, "w") as handle:

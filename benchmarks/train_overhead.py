@@ -32,7 +32,7 @@ from tpulaunch.job.load import load_job  # noqa: E402
 from tpulaunch.plan.build import build_plan  # noqa: E402
 from tpulaunch.models import cnn  # noqa: E402
 from tpulaunch.run.events import RunRecorder  # noqa: E402
-from tpulaunch.run.render_plain import PlainRenderer  # noqa: E402
+from tpulaunch.cli.render.run_plain import PlainRenderer  # noqa: E402
 from tpulaunch.data.synth import write_example  # noqa: E402
 from cnn_job import cnn_job  # noqa: E402  (benchmarks/cnn_job.py: the job every training benchmark times)
 

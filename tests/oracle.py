@@ -166,7 +166,7 @@ def eval_line(step: int, metrics: dict, left_out=None) -> str:
     """The eval line `train` and `evaluate` print for these metrics (4 significant digits, in its order), and
     `left_out` (examples evaluated, records left out) when the eval set ended in a partial batch."""
     from tpulaunch.run.events import EvalResult, LeftOut
-    from tpulaunch.run.text import eval_text
+    from tpulaunch.cli.render.run_text import eval_text
 
     return eval_text(EvalResult(step=step, metrics=metrics, left_out=left_out and LeftOut(*left_out)))
 

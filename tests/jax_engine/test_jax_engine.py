@@ -93,7 +93,7 @@ def test_the_explained_program_trains_over_8_devices_as_tpulaunch_train_does(pro
     """`tpulaunch explain`'s program, run with nothing of tpulaunch importable: the same checkpoints, weights and
     evaluation as `tpulaunch train` of the job; the job's `${RUN_DIR}` is read from the environment as it runs."""
     from programs_run import RUN_WITHOUT_TPULAUNCH
-    from tpulaunch.run.text import format_value
+    from tpulaunch.cli.render.run_text import format_value
 
     job = yaml.safe_load((project / "job.yaml").read_text())
     job["run"]["model_dir"] = "${RUN_DIR}/run"

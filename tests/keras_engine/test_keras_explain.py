@@ -26,7 +26,7 @@ from tpulaunch.engine.core.model_dir import checkpoint_step
 from tpulaunch.engine.keras.program import explain_script
 from tpulaunch.job.load import load_job
 from tpulaunch.plan.build import build_plan
-from tpulaunch.run.text import format_value
+from tpulaunch.cli.render.run_text import format_value
 
 
 

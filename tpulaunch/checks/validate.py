@@ -22,7 +22,7 @@ class Validation:
     data_reports: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)  # what deeper checks built (e.g. TensorFlow's own verdict)
     # The job's Plan for this target, built once when the static checks pass: the deeper checks read it and
-    # the gate hands it to the verb (`cli/gate.py`).
+    # the gate hands it to the verb (`app/gate.py`).
     plan: Optional[Plan] = None
 
     @property

@@ -2,7 +2,7 @@
 
 TensorFlow is never imported here: `--help`, `schema`, `plan --no-memory` and `validate --static`
 must answer in a fraction of a second. Each verb group lives in its own module (`LAZY_COMMANDS`);
-what they share (context, options, error mapping) is in `cli/base.py`, the job gate in `cli/gate.py`.
+what they share (context, options, error mapping) is in `cli/base.py`, the job gate in `app/gate.py`.
 """
 
 from __future__ import annotations

@@ -64,6 +64,17 @@ class Context:
         rich_console = (lambda: self.err) if stderr else (lambda: self.out)
         return plain_text(stderr, rich_console) or rich_console()
 
+    def say(self, text: str) -> None:
+        """One line on stderr, as written (no markup, no highlighting): what the application layer tells as it goes."""
+        self.err.print(text, highlight=False, markup=False, soft_wrap=True)
+
+
+def warnings_to(console, job_file: str):
+    """What the gate (`app/gate.py`) calls with a job's warnings: printed on `console`, located in `job_file`."""
+    from tpulaunch.cli.render.problems import render_text
+
+    return lambda warnings: render_text(console, warnings, file=job_file)
+
 
 pass_obj = click.make_pass_decorator(Context, ensure=True)
 

@@ -9,7 +9,8 @@ import json
 
 import click
 
-from tpulaunch.cli.base import Context, Group, job_argument, local_option, pass_obj, set_option, text_or_json_option
+from tpulaunch.cli.base import (Context, Group, job_argument, local_option, pass_obj, set_option, text_or_json_option,
+                                warnings_to)
 
 EXAMPLE_NAMES = ("quickstart", "unet3d", "retinanet")
 # Above this many records a progress bar is worth drawing.
@@ -144,33 +145,19 @@ def bench(obj: Context, job_file: str, local: bool, overrides, seconds: float, f
     tpulaunch data bench job.yaml
     tpulaunch data bench job.yaml --local --seconds 30 --format json
     """
-    from tpulaunch.cli.gate import load_checked
-    from tpulaunch.data.bench import bench_input, compare
-    from tpulaunch.engine.core.records import record_lines
-    from tpulaunch.run.record import RECORD_FILE, last_training, read_records, skipped_text
+    from tpulaunch.app.data import compared_with_training
+    from tpulaunch.app.gate import load_checked
+    from tpulaunch.data.bench import bench_input
     from tpulaunch.tf_env import quiet_tensorflow
 
-    checked = load_checked(job_file, overrides, local=local, err=obj.err)
+    checked = load_checked(job_file, overrides, local=local, warn=warnings_to(obj.err, job_file))
     quiet_tensorflow(obj.verbose)
     job, engine = checked.job, checked.engine
     with obj.err.status("loading TensorFlow"):
         engine.load()
     with obj.err.status(f"timing the input pipeline for {seconds:g} s"):
         result = bench_input(job, checked.plan, seconds=seconds, search_path=job.search_path)
-    try:
-        skipped: list = []
-        last = last_training(read_records(record_lines(job.run.model_dir),
-                                          on_skipped=lambda number, why: skipped.append((number, why))))
-        if skipped:  # a torn line (a run cut off mid-write): the whole records are compared with
-            obj.err.print(skipped_text(f"{job.run.model_dir.rstrip('/')}/{RECORD_FILE}", skipped), highlight=False,
-                          markup=False, soft_wrap=True)
-    except Exception as exc:  # an unreadable model_dir only loses the comparison
-        from tpulaunch.errors import first_line
-
-        obj.err.print(f"run record in {job.run.model_dir} not read: {first_line(exc)}", highlight=False,
-                      markup=False, soft_wrap=True)
-        last = None
-    comparison = compare(result, last) if last else None
+    comparison = compared_with_training(result, job, say=obj.say)
     if fmt == "json":
         click.echo(json.dumps({"job": job.name, "model_dir": job.run.model_dir, "on_tpu": checked.plan.on_tpu,
                                **result.to_dict(),
@@ -181,7 +168,7 @@ def bench(obj: Context, job_file: str, local: bool, overrides, seconds: float, f
 
 def _print_bench(obj: Context, job, plan, result, comparison) -> None:
     from tpulaunch.data.input_help import input_help
-    from tpulaunch.run.text import format_rate
+    from tpulaunch.cli.render.run_text import format_rate
 
     def say(line: str) -> None:
         obj.out.print(line, highlight=False, markup=False, soft_wrap=True)

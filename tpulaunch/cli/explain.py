@@ -41,7 +41,7 @@ def explain(obj: Context, job_file: str, overrides, engine, output):
     builder job shows the same job on Keras + tf.distribute (jobs with model.model_fn or data.input_fn,
     TPUEstimator's own functions, have no keras program). Writing the program imports no TensorFlow.
     """
-    from tpulaunch.cli.gate import JobRefused, load_checked
+    from tpulaunch.app.gate import JobRefused, load_checked
 
     # The job is checked under the engine's rules, as `tpulaunch train` would check it on that engine.
     sets = [*overrides, f"run.engine={engine}"] if engine else list(overrides)

@@ -1,7 +1,8 @@
 """`tpulaunch up JOB` / `tpulaunch down JOB`: create and delete the job's TPU through the Cloud TPU API v2.
 
 No TensorFlow import: the default runtime version reads the installed TensorFlow's version from
-package metadata. google-cloud-tpu is imported only once a command runs (`tpu/api.py`).
+package metadata. google-cloud-tpu is imported only once a command runs (`tpu/api.py`). What they do is
+`app/lifecycle.py`'s.
 """
 
 from __future__ import annotations
@@ -9,46 +10,10 @@ from __future__ import annotations
 import click
 
 from tpulaunch.cli.base import command, job_argument, pass_obj, set_option
-from tpulaunch.errors import ExitCode, TpuLaunchError
 
 timeout_option = click.option(
     "--timeout", "timeout_s", type=click.FloatRange(min=0), default=1800, show_default=True, metavar="SECONDS",
     help="Give up waiting after this long (a queued resource may wait for capacity).")
-
-
-def _node_of(job_file: str, overrides, verb: str, action: str):
-    """(loaded job, tpu section, NodeRef) for the job, or a located refusal."""
-    from tpulaunch.cli.gate import JobRefused, load_checked
-    from tpulaunch.tpu.node import resolve_node
-
-    # Only the tpu: section decides what is created; other mistakes are validate's.
-    try:
-        loaded = load_checked(job_file, overrides, verb=verb, sections=("tpu",)).loaded
-    except JobRefused as refused:
-        # A node whose TensorFlow stack is wrong can still be deleted.
-        if action != "delete" or any(not p.code.startswith("tpu-stack-") for p in refused.problems if p.is_error):
-            raise
-        loaded = refused.loaded
-    job_tpu = loaded.section("tpu")
-    if job_tpu is None:
-        raise TpuLaunchError(f"{job_file} has no tpu: section: there is no TPU to {action}",
-                             hint="add tpu: {name: ..., zone: ..., project: ..., type: ...}")
-    return loaded, job_tpu, resolve_node(job_tpu)
-
-
-def located(loaded, error: TpuLaunchError) -> TpuLaunchError:
-    """The API's refusal of a job value (an unknown zone, a type the zone lacks, a bad runtime version),
-    located at the key in the job file that holds it."""
-    if error.exit_code != ExitCode.PROBLEMS or error.problems:
-        return error
-    text = error.message.lower()
-    key = ("runtime_version" if "runtime" in text or "version" in text else
-           "type" if "accelerator" in text or "type" in text else
-           "zone" if "zone" in text or "location" in text else None)
-    if key is None:
-        return error
-    problem = loaded.problem(("tpu", key), "tpu-api-refused", error.message, error.hint)
-    return TpuLaunchError(error.message, hint=error.hint, problems=[problem], exit_code=ExitCode.PROBLEMS)
 
 
 @command()
@@ -74,23 +39,10 @@ def up(obj, job_file: str, overrides, timeout_s: float):
       tpulaunch up job.yaml --set tpu.spot=true --set tpu.name=try-spot
       tpulaunch up job.yaml && tpulaunch train job.yaml && tpulaunch down job.yaml
     """
-    from tpulaunch.tpu.lifecycle import Lifecycle, spec_for
+    from tpulaunch.app.lifecycle import create
     from tpulaunch.tpu.prices import price_text
 
-    from tpulaunch.checks.stack import refuse_unless_runnable
-
-    loaded, job_tpu, ref = _node_of(job_file, overrides, "creating the TPU of", "create")
-    refuse_unless_runnable(loaded, job_file, "creating the TPU of")  # a node this machine cannot drive costs money
-    spec = spec_for(job_tpu, loaded.engine)
-
-    def progress(text: str) -> None:
-        obj.err.print(text, highlight=False, markup=False, soft_wrap=True)
-
-    life = Lifecycle(ref, spec, job_file=job_file, on_progress=progress)
-    try:
-        outcome = life.create(wait_s=timeout_s)
-    except TpuLaunchError as error:
-        raise located(loaded, error) from None
+    ref, spec, outcome = create(job_file, overrides, wait_s=timeout_s, say=obj.say)
     status = outcome.status
     if outcome.changed:
         head = f"TPU node '{ref.name}' is READY after {outcome.seconds:.0f} s"
@@ -102,25 +54,6 @@ def up(obj, job_file: str, overrides, timeout_s: float):
     obj.out.print(f"cost: {price_text(spec.accelerator_type, ref.zone, spec.tier)}", highlight=False, markup=False,
                   soft_wrap=True)
     obj.out.print(f"remove it with: tpulaunch down {job_file}", highlight=False, markup=False, soft_wrap=True)
-
-
-def _zones_to_search(loaded, job_tpu, ref, say) -> list:
-    """Where the job's node may be: the zone `tpulaunch run`'s record (run.json under run.model_dir) says it made
-    it in, tpu.zone, then each of tpu.zones (a run's capacity fallback may have made it in any of them)."""
-    from tpulaunch.remote.controller import RunRecord
-
-    zones = []
-    model_dir = (loaded.data.get("run") or {}).get("model_dir") if isinstance(loaded.data, dict) else None
-    if isinstance(model_dir, str) and model_dir:
-        try:
-            record = RunRecord.load(model_dir)
-        except (TpuLaunchError, OSError) as unread:  # e.g. no credentials for its gs:// bucket: zones still tried
-            say(f"tpu | run.json not read ({getattr(unread, 'message', unread)}): looking in the job's zones")
-            record = None
-        if record is not None and (record.node, record.project) == (ref.name, ref.project) and record.zone:
-            zones.append(record.zone)
-    zones += [ref.zone, *(getattr(job_tpu, "zones", None) or [])]
-    return list(dict.fromkeys(zones))
 
 
 @command()
@@ -139,19 +72,10 @@ def down(obj, job_file: str, overrides, timeout_s: float):
     Examples:
       tpulaunch down job.yaml
     """
-    from dataclasses import replace
-
+    from tpulaunch.app.lifecycle import found_to_delete
     from tpulaunch.tpu import node as cluster
-    from tpulaunch.tpu.lifecycle import Lifecycle
 
-    loaded, job_tpu, ref = _node_of(job_file, overrides, "deleting the TPU of", "delete")
-
-    def progress(text: str) -> None:
-        obj.err.print(text, highlight=False, markup=False, soft_wrap=True)
-
-    zones = _zones_to_search(loaded, job_tpu, ref, progress)
-    lives = [Lifecycle(replace(ref, zone=zone), job_file=job_file, on_progress=progress) for zone in zones]
-    found = [life for life in lives if life.read_node() is not None or life.read_queued() is not None]
+    ref, zones, found = found_to_delete(job_file, overrides, say=obj.say)
     if not found:
         where = cluster.where(ref) if len(zones) == 1 else f"project '{ref.project}', zones {', '.join(zones)}"
         obj.out.print(f"TPU node '{ref.name}' does not exist in {where}: nothing to delete", highlight=False,

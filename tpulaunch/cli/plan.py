@@ -34,8 +34,8 @@ def plan(obj: Context, job_file, overrides, fmt, memory, xla, tpu_compiler, use_
       tpulaunch plan job.yaml --xla              # cross-check with XLA's buffer assignment
       tpulaunch plan job.yaml --tf               # and TensorFlow's own per-core pieces
     """
-    from tpulaunch.cli.gate import JobRefused, load_checked
-    from tpulaunch.plan.memory import add_memory
+    from tpulaunch.app.gate import JobRefused, load_checked
+    from tpulaunch.app.plan import planned
 
     try:
         checked = load_checked(job_file, overrides, verb="planning")
@@ -46,23 +46,7 @@ def plan(obj: Context, job_file, overrides, fmt, memory, xla, tpu_compiler, use_
 
         click.echo(to_json(refused.problems, file=job_file))  # tools read the problems from stdout
         raise AlreadyReported() from None
-    the_plan = checked.plan
-    if memory or xla:
-        import os
-
-        from tpulaunch.seam.registry import about
-        from tpulaunch.tf_env import import_tensorflow
-
-        os.environ.update(about(the_plan.engine).process_environment)  # the engine's own, before the job's code loads
-        import_tensorflow()  # before the job's builder imports it: its start-up lines stay off the terminal
-        add_memory(the_plan, checked.job, checked.engine.step_tensors, xla=xla)
-        if tpu_compiler:
-            from tpulaunch.plan.xla_tpu import add_xla_answer
-
-            add_xla_answer(the_plan, checked.job)
-    built = None
-    if use_tf:
-        built = _tensorflow_verdict(checked)
+    the_plan, built = planned(checked, memory=memory, xla=xla, tpu_compiler=tpu_compiler, use_tf=use_tf)
     if fmt == "json":
         import json
 
@@ -76,17 +60,3 @@ def plan(obj: Context, job_file, overrides, fmt, memory, xla, tpu_compiler, use_
         render_plan(obj.out, the_plan)
         if built:
             render_tf_built(obj.out, built)
-
-
-def _tensorflow_verdict(checked) -> dict:
-    """TensorFlow's own build of the checked job for its slice (validate --tf's stage, on the job and Plan the gate
-    checked once); its rejections refuse the plan."""
-    from tpulaunch.checks.validate import tensorflow_verdict
-    from tpulaunch.cli.gate import JobRefused
-
-    problems, built = tensorflow_verdict(checked.loaded, checked.plan)
-    errors = [p for p in problems if p.is_error]
-    if errors:
-        raise JobRefused(f"not planning {checked.file}: fix the problems above (tpulaunch validate {checked.file} --tf)",
-                         problems=errors)
-    return built or {}

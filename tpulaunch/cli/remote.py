@@ -1,5 +1,6 @@
 """`tpulaunch run JOB` (the job on its TPU VM, supervised from here) and `tpulaunch rehearse JOB` (run's whole
-path on this machine). No TensorFlow here: the controller reads files and asks the TPU API.
+path on this machine). No TensorFlow here: the controller reads files and asks the TPU API. What is checked,
+staged and wired before a run is followed is `app/remote.py`'s.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from typing import Optional
 
 import click
 
-from tpulaunch.cli.base import Context, command, job_argument, pass_obj, set_option
+from tpulaunch.app.remote import has_gke, jobset_submission, local_jobset, model_dir_of, staged_controller
+from tpulaunch.cli.base import Context, command, job_argument, pass_obj, set_option, warnings_to
 from tpulaunch.errors import AlreadyReported, ExitCode, TpuLaunchError
 
 recreate_option = click.option(
@@ -41,126 +43,18 @@ def _out(obj: Context):
     return lambda text: obj.out.print(text, highlight=False, markup=False, soft_wrap=True)
 
 
-LOCAL_PATH_ON_TPU = "local-path-on-tpu"  # validate's rule that a rehearsal waives: its local folders stand for the bucket
-
-
-def _secret_references(job_file: str, overrides) -> list:
-    """The job's `${VAR}`s that the VM reads from Secret Manager (read from the file alone: no value needed)."""
-    from tpulaunch.errors import JobFileError
-    from tpulaunch.job.load import load_job
-    from tpulaunch.remote.secret_manager import references, vm_references
-
-    try:
-        return vm_references(references(load_job(job_file, overrides, env={})))
-    except JobFileError:
-        return []  # validate says what is wrong with the file
-
-
-def _checked(obj: Context, job_file: str, overrides, *, rehearsal: bool, env=None):
-    """The job through validate's static checks for its TPU; in a rehearsal, local paths are allowed (they stand
-    for the bucket) and the job is then checked as the VM's `train --local` checks it. `env`: what its `${VAR}`s
-    are filled with here (the ones the VM reads from Secret Manager stand as a placeholder)."""
-    from tpulaunch.cli.gate import JobRefused, load_checked
-
-    try:
-        return load_checked(job_file, overrides, local=False, verb="running", err=obj.text_out(stderr=True), env=env)
-    except JobRefused as refused:
-        errors = [problem for problem in refused.problems if problem.is_error]
-        if not rehearsal or not errors or any(problem.code != LOCAL_PATH_ON_TPU for problem in errors):
-            raise
-    return load_checked(job_file, overrides, local=True, verb="running", err=obj.text_out(stderr=True), env=env)
-
-
-def _controller(obj: Context, job_file: str, overrides, *, target: str, api_endpoint: Optional[str], recreate: int,
-                poll_s: float, timeout_s: float, host_timeout_s: float, try_wait_s: float, keep_tpu: bool,
-                after_preemption: str = "same-zone", rehearsal_python: Optional[str] = None,
-                secrets_url: Optional[str] = None,
-                on_step=None):
-    """The job checked (validate's static checks for its TPU), staged, and a Controller for it."""
-    from tpulaunch.tpu import api
-
-    api.require_client()  # before anything is staged: a missing client leaves nothing behind
-    from tpulaunch.remote.controller import Controller, RunRecord
-    from tpulaunch.remote.stage import stage_job
-    from tpulaunch.remote.startup import startup_script
-    from tpulaunch.tpu.lifecycle import Fallback, Lifecycle, placements, spec_for
-    from tpulaunch.tpu.node import resolve_node
-
-    from tpulaunch.remote import secret_manager
-
-    say = _say(obj)
-    secret_refs = _secret_references(job_file, overrides)
-    checked = _checked(obj, job_file, overrides, rehearsal=target == "local",
-                       env=secret_manager.validation_env(secret_refs))
-    job = checked.job
-    if job.tpu is None:
-        raise TpuLaunchError(f"{job_file} has no tpu: section: there is no TPU to run it on",
-                             hint="add tpu: {name: ..., zone: ..., project: ..., type: ...}; "
-                                  "`tpulaunch train --local` runs it on this machine")
-    engine = checked.plan.engine
-    ref = resolve_node(job.tpu)
-    spec = spec_for(job.tpu, engine)
-    secrets = secret_manager.require(checked.loaded, job, secret_refs, ref.project, job_file=job_file, url=secrets_url,
-                                     rehearsal=target == "local")
-    if secrets:
-        say(f"secrets | the VM reads {', '.join(item['name'] for item in secrets)} from Secret Manager "
-            f"(project '{ref.project}') into train's environment")
-    stage = stage_job(checked, job_file, overrides, engine=engine, target=target,
-                      secrets={"project": ref.project, "names": secrets})
-    say(f"stage | {stage.uploaded} new of {stage.total} files | {stage.url}")
-    def make(node_ref, node_spec):
-        return Lifecycle(node_ref, node_spec, job_file=job_file, api_endpoint=api_endpoint, poll_s=min(poll_s, 2.0),
-                         on_progress=lambda text: say(f"tpu | {text}"))
-
-    tries = placements(job.tpu, spec)
-    fallback = Fallback(ref, spec, tries, make=make, try_wait_s=try_wait_s,
-                        on_progress=lambda text: say(f"tpu | {text}"))
-    record = RunRecord(job=job.name, job_file=job_file, stage=stage.digest, node=ref.name, zone=ref.zone,
-                       project=ref.project, started=time.time())
-    controller = Controller(fallback, stage, startup_script(stage, rehearsal_python=rehearsal_python), job_file=job_file,
-                            recreate=recreate, poll_s=poll_s, create_timeout_s=timeout_s,
-                            host_timeout_s=host_timeout_s,
-                            keep_tpu=keep_tpu, after_preemption=after_preemption,
-                            say=say, out=_out(obj), **({"on_step": on_step} if on_step else {}))
-    return controller, record
-
-
-def _has_gke(job_file: str, overrides) -> bool:
-    """Whether the job names a GKE cluster (read from the file alone: validate says what else is wrong)."""
-    from tpulaunch.errors import JobFileError
-    from tpulaunch.job.load import load_job
-
-    try:
-        return load_job(job_file, overrides, env={}).data.get("gke") is not None
-    except (JobFileError, AttributeError):
-        return False
+def _tellers(obj: Context, job_file: str) -> dict:
+    """Where the application layer's lines go: notes and warnings on stderr, progress on stdout."""
+    return {"say": _say(obj), "out": _out(obj), "warn": warnings_to(obj.text_out(stderr=True), job_file)}
 
 
 def _run_on_gke(obj: Context, job_file: str, overrides, *, recreate: int, dry_run: bool, poll_s: float) -> None:
     """The job checked, staged (or only named, --dry-run) and submitted as a JobSet, then followed."""
-    from tpulaunch.remote import gke, secret_manager
-    from tpulaunch.remote.stage import stage_job
-    from tpulaunch.remote.startup import startup_script
+    from tpulaunch.remote import gke
 
     say = _say(obj)
-    secret_refs = _secret_references(job_file, overrides)
-    checked = _checked(obj, job_file, overrides, rehearsal=False, env=secret_manager.validation_env(secret_refs))
-    job = checked.job
-    if job.gke is None:
-        raise TpuLaunchError(f"--dry-run prints the JobSet of a job with a gke: section; {job_file} runs on a TPU VM",
-                             hint=f"tpulaunch rehearse {job_file} runs run's whole TPU VM path on this machine",
-                             exit_code=ExitCode.USAGE)
-    if not dry_run:
-        gke.connect(job.gke.context)  # a cluster out of reach is said before anything is staged
-    project = job.gke.project or job.tpu.project
-    secrets = [{"name": ref.name, "optional": ref.default is not None} for ref in secret_refs] if dry_run else \
-        secret_manager.require(checked.loaded, job, secret_refs, project, job_file=job_file)
-    stage = stage_job(checked, job_file, overrides, engine=checked.plan.engine, target="tpu",
-                      secrets={"project": project, "names": secrets}, write=not dry_run)
-    from tpulaunch.remote.follow import newest_attempt
-
-    base = 0 if dry_run else newest_attempt(stage.model_dir)  # this run's VMs are numbered after the earlier runs'
-    sub = gke.submission(checked, stage, startup_script(stage), recreate=recreate, attempt_base=base)
+    sub, stage = jobset_submission(job_file, overrides, recreate=recreate, dry_run=dry_run,
+                                   warn=warnings_to(obj.text_out(stderr=True), job_file))
     if dry_run:
         obj.out.file.write(gke.as_yaml(sub.manifest))
         return
@@ -181,22 +75,9 @@ def _rehearse_on_gke(obj: Context, job_file: str, overrides, *, preempt_at, recr
                      python: str) -> None:
     """The JobSet `run` would submit, its pods local processes under JobSet's failure handling
     (`remote/jobset_rehearsal.py`); local paths stand for the bucket."""
-    from tpulaunch.remote import gke
-    from tpulaunch.remote.jobset_rehearsal import LocalJobSet
-    from tpulaunch.remote.rehearsal import hosts_environment
-    from tpulaunch.remote.stage import stage_job
-    from tpulaunch.remote.startup import startup_script
-
     say = _say(obj)
-    checked = _checked(obj, job_file, overrides, rehearsal=True)
-    stage = stage_job(checked, job_file, overrides, engine=checked.plan.engine, target="local")
-    say(f"stage | {stage.uploaded} new of {stage.total} files | {stage.url}")
-    from tpulaunch.remote.follow import newest_attempt
-
-    sub = gke.submission(checked, stage, startup_script(stage, rehearsal_python=python), recreate=recreate,
-                         attempt_base=newest_attempt(stage.model_dir))
-    local = LocalJobSet(sub.manifest, stage.model_dir, say=say, out=_out(obj), preempt_at=preempt_at, poll_s=poll_s,
-                        hosts_environment=lambda root: hosts_environment(root, preempt_at))
+    local = local_jobset(job_file, overrides, preempt_at=preempt_at, recreate=recreate, poll_s=poll_s, python=python,
+                         **_tellers(obj, job_file))
     try:
         code = local.run()
     except KeyboardInterrupt:
@@ -258,13 +139,13 @@ def run(obj: Context, job_file: str, overrides, recreate: int, after_preemption:
     """
     from tpulaunch.tpu import api
 
-    if dry_run or _has_gke(job_file, overrides):
+    if dry_run or has_gke(job_file, overrides):
         _run_on_gke(obj, job_file, overrides, recreate=recreate, dry_run=dry_run, poll_s=poll_s)
         return
-    controller, record = _controller(obj, job_file, overrides, target="tpu", api_endpoint=api.endpoint(),
-                                     recreate=recreate, poll_s=poll_s, timeout_s=timeout_s,
-                                     host_timeout_s=host_timeout_s, try_wait_s=try_wait_s, keep_tpu=keep_tpu,
-                                     after_preemption=after_preemption)
+    controller, record = staged_controller(job_file, overrides, target="tpu", api_endpoint=api.endpoint(),
+                                           recreate=recreate, poll_s=poll_s, timeout_s=timeout_s,
+                                           host_timeout_s=host_timeout_s, try_wait_s=try_wait_s, keep_tpu=keep_tpu,
+                                           after_preemption=after_preemption, **_tellers(obj, job_file))
     try:
         controller.run(record)
     except KeyboardInterrupt:
@@ -316,7 +197,7 @@ def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, 
 
     from tpulaunch.tpu import api
 
-    if _has_gke(job_file, overrides):
+    if has_gke(job_file, overrides):
         _rehearse_on_gke(obj, job_file, overrides, preempt_at=preempt_at, recreate=recreate, poll_s=poll_s,
                          python=sys.executable)
         return
@@ -337,11 +218,12 @@ def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, 
         on_step = None
         if rehearsal is not None and preempt_at:
             on_step = lambda step: holder["preempt"](step)  # noqa: E731 (the node is known once the job is checked)
-        controller, record = _controller(
-            obj, job_file, overrides, target="local", api_endpoint=external or rehearsal.endpoint, recreate=recreate,
+        controller, record = staged_controller(
+            job_file, overrides, target="local", api_endpoint=external or rehearsal.endpoint, recreate=recreate,
             poll_s=poll_s, timeout_s=600, host_timeout_s=host_timeout_s, try_wait_s=try_wait_s,
             keep_tpu=keep_tpu, after_preemption=after_preemption, rehearsal_python=sys.executable, on_step=on_step,
-            secrets_url=rehearsal.server.secret_manager_url if rehearsal is not None else None)
+            secrets_url=rehearsal.server.secret_manager_url if rehearsal is not None else None,
+            **_tellers(obj, job_file))
         if on_step is not None:
             holder["preempt"] = rehearsal.preempting(lambda: controller.ref, preempt_at, _say(obj))
         try:
@@ -379,7 +261,7 @@ def logs(obj: Context, job_file: str, overrides, host: int, attempt: Optional[in
     """
     from tpulaunch.remote.follow import HostLog, host_status, newest_attempt
 
-    model_dir = _model_dir_of(job_file, overrides)
+    model_dir = model_dir_of(job_file, overrides)
     attempt = attempt or newest_attempt(model_dir)
     if not attempt:
         raise TpuLaunchError(f"no remote run has written to {model_dir} yet",
@@ -436,15 +318,3 @@ def _jobset_name(job_name: str) -> str:
     from tpulaunch.remote.jobset import jobset_name
 
     return jobset_name(job_name)
-
-
-def _model_dir_of(job_file: str, overrides) -> str:
-    """run.model_dir of the job file, read without checking the rest."""
-    from tpulaunch.job.load import load_job
-
-    loaded = load_job(job_file, overrides, env={})
-    run = loaded.section("run")
-    if run is None:
-        raise TpuLaunchError(f"{job_file} has no valid run.model_dir", hint=f"tpulaunch validate {job_file}",
-                             exit_code=ExitCode.PROBLEMS)
-    return run.model_dir

@@ -3,12 +3,12 @@
 TensorFlow is imported only after the job has passed the static checks (and after its log level has
 been set), so a broken job is refused in a fraction of a second. From there a run says which phase
 it is in (the first line comes before TensorFlow loads) and `train`/`evaluate` leave a run record in
-model_dir (`cli/recorded.py`, `run/run_record.py`).
+model_dir (`app/recorded.py`, `run/run_record.py`). What the commands do around the engine's call is
+`app/run.py`'s; the run's lines are `cli/render/`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
@@ -16,94 +16,35 @@ from typing import Optional, Sequence
 
 import click
 
+from tpulaunch.app.run import model_dir_lease, resolving, tpu_resolver, watch_plan
 from tpulaunch.cli.base import (Context, checkpoint_option, command, cpu_replicas_option, job_argument, local_option,
-                                pass_obj, set_option, wait_option)
+                                pass_obj, set_option, wait_option, warnings_to)
 from tpulaunch.errors import AlreadyReported, TpuLaunchError, low_memory_limit_warning
 from tpulaunch.tf_env import quiet_tensorflow
 
 
 def _checked(obj: Context, job_file: str, overrides, extra=(), *, local: bool):
-    """The job through the one gate (static checks for this target), with TensorFlow's logging set."""
-    from tpulaunch.cli.gate import load_checked
+    """The job through the one gate (`app/run.py`), with TensorFlow's logging set."""
+    from tpulaunch.app.run import checked_to_run
 
-    checked = load_checked(job_file, [*overrides, *extra], local=local, err=obj.text_out(stderr=True))
-    if not local and checked.job.on_tpu:  # before the TPU is touched: can this machine's TensorFlow drive it?
-        from tpulaunch.checks.stack import refuse_unless_runnable
-
-        refuse_unless_runnable(checked.loaded, job_file, "running")
+    checked = checked_to_run(job_file, [*overrides, *extra], local=local,
+                             warn=warnings_to(obj.text_out(stderr=True), job_file))
     quiet_tensorflow(obj.verbose)  # again: the command may run outside the `tpulaunch` group
     return checked
-
-
-def _resolver(job, local: bool, wait_s: float):
-    """The TPU's cluster resolver, after checking the node is ready for the job; None when local."""
-    if local or not job.on_tpu:
-        return None
-    from tpulaunch.tpu import node as cluster
-
-    ref = cluster.resolve_node(job.tpu)
-    cluster.check_node(ref, job.tpu, wait=wait_s).raise_if_unusable()
-    return cluster.cluster_resolver(ref)
-
-
-def _watch_plan(job, *, local: bool, watch_node: bool, wait_s: float, interval: float, auto_resume: int,
-                resume_wait: float, recreate: bool = False, job_file: str = "JOB.yaml", engine: str = ""):
-    """How the run watches its TPU node (after checking it is ready), or None when nothing is watched.
-
-    A TPU run always watches its node. `--local --watch-node` watches the job's node while training
-    on this machine: the whole stop/wait/resume path runs without a TPU (against an emulated TPU
-    API, or to rehearse a preemption on a real node).
-    """
-    from tpulaunch.errors import ExitCode, TpuLaunchError
-
-    if recreate and not auto_resume:
-        raise TpuLaunchError("--recreate needs --auto-resume N: it says how many times a lost TPU is created again",
-                             hint="e.g. --auto-resume 3 --recreate", exit_code=ExitCode.USAGE)
-    if local and not watch_node:
-        if auto_resume:
-            click.get_current_context().ensure_object(Context).err.print("--auto-resume has no effect on a --local run without --watch-node",
-                                 highlight=False, markup=False, soft_wrap=True)
-        return None
-    if not job.on_tpu:
-        if watch_node:
-            raise TpuLaunchError("--watch-node needs the job's tpu: section (the node to watch)",
-                                 hint="add tpu: {name: ..., zone: ..., project: ..., type: ...}, or drop --watch-node")
-        return None
-    from tpulaunch.tpu import node as cluster
-    from tpulaunch.run.watchdog import WatchPlan
-
-    ref = cluster.resolve_node(job.tpu)
-    if local:  # a TPU run checked the node when building its resolver
-        cluster.check_node(ref, job.tpu, wait=wait_s).raise_if_unusable()
-    if recreate:
-        from tpulaunch.tpu.lifecycle import spec_for
-
-        spec_for(job.tpu, engine)  # a job that cannot say what to create is refused now, not after a preemption
-    return WatchPlan(ref=ref, job_tpu=job.tpu, interval=interval, auto_resume=auto_resume, resume_wait=resume_wait,
-                     discovery_url=cluster.discovery_url_for(), api_endpoint=cluster.api.endpoint(),
-                     recreate=recreate, job_file=job_file, engine=engine)
 
 
 def _recorder(console, **settings):
     """A run recorder with a renderer on `console`: fixed-format lines when the output is not a terminal
     or under CI, a live display otherwise."""
-    from tpulaunch.run.events import RunRecorder
+    from tpulaunch.app.run import run_recorder
 
-    recorder = RunRecorder(**settings)
     if not console.is_terminal or os.environ.get("CI"):
-        from tpulaunch.run.render_plain import PlainRenderer
+        from tpulaunch.cli.render.run_plain import PlainRenderer
 
-        recorder.subscribe(PlainRenderer(console))
-    else:
-        from tpulaunch.run.render_live import LiveRenderer
+        return run_recorder(lambda recorder: PlainRenderer(console), **settings)
+    from tpulaunch.cli.render.run_live import LiveRenderer
 
-        recorder.subscribe(LiveRenderer(console, get_time=recorder.get_time))
-    from tpulaunch.run import rehearsal_hold
-
-    hold = rehearsal_hold.subscriber(recorder.total_steps)  # a rehearsal's --preempt-at, at the host's own step
-    if hold is not None:
-        recorder.subscribe(hold)
-    return recorder
+    return run_recorder(lambda recorder: LiveRenderer(console, get_time=recorder.get_time), **settings)
 
 
 def _evaluate_command(job_file: str, sets: Sequence[str], local: bool, checkpoint: Optional[str] = None) -> str:
@@ -130,14 +71,6 @@ class StepRange(click.ParamType):
         if not 1 <= steps[0] <= steps[1]:
             self.fail(f"{value!r}: START must be at least 1 and END at least START, e.g. 10-15", param, ctx)
         return steps
-
-
-def _model_dir_lease(obj: Context, job, command: str, take: bool):
-    """The run's lease on model_dir (`run/model_dir_lease.py`), its changes said on stderr."""
-    from tpulaunch.run.model_dir_lease import held_lease
-
-    say = lambda text: obj.err.print(text, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
-    return held_lease(job.run.model_dir, command, take=take, say=say)
 
 
 take_lease_option = click.option(
@@ -232,7 +165,7 @@ def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Option
     low_limit = low_memory_limit_warning()
     if low_limit:
         obj.err.print(f"warning: {low_limit}", highlight=False, markup=False, soft_wrap=True)
-    with _model_dir_lease(obj, job, "train", take_lease) as lease:
+    with model_dir_lease(job, "train", take=take_lease, say=obj.say) as lease:
         _train(obj, job_file, checked, engine, began, sets, lease, local=local, force=force, wait_s=wait_s,
                watch_node=watch_node, watch_interval=watch_interval, auto_resume=auto_resume,
                resume_wait=resume_wait, recreate=recreate, profile=profile, cpu_replicas=cpu_replicas)
@@ -241,7 +174,7 @@ def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Option
 def _train(obj: Context, job_file: str, checked, engine, began: float, sets, lease, *, local: bool, force: bool,
            wait_s: float, watch_node: bool, watch_interval: float, auto_resume: int, resume_wait: float,
            recreate: bool, profile, cpu_replicas: Optional[int]):
-    from tpulaunch.cli.recorded import recorded_run
+    from tpulaunch.app.recorded import recorded_run
     from tpulaunch.data.input_help import input_help
     from tpulaunch.engine.plain import log_every_steps
     from tpulaunch.run.lease import LeaseLost
@@ -253,12 +186,12 @@ def _train(obj: Context, job_file: str, checked, engine, began: float, sets, lea
                          batch_size=job.train.batch_size if job.train else 0,
                          log_every_steps=log_every_steps(job), model_dir=job.run.model_dir,
                          input_help=input_help(job, on_tpu=checked.plan.on_tpu))
-    with recorded_run(obj, recorder, engine, checked, "train", lease=lease):
-        with _resolving(recorder, job, local=local, watch_node=watch_node):
-            resolver = _resolver(job, local, wait_s)
-            watch = _watch_plan(job, local=local, watch_node=watch_node, wait_s=wait_s, interval=watch_interval,
-                                auto_resume=auto_resume, resume_wait=resume_wait, recreate=recreate,
-                                job_file=job_file, engine=engine.name)
+    with recorded_run(obj.say, recorder, engine, checked, "train", lease=lease):
+        with resolving(recorder, job, local=local, watch_node=watch_node):
+            resolver = tpu_resolver(job, local, wait_s)
+            watch = watch_plan(job, local=local, watch_node=watch_node, wait_s=wait_s, interval=watch_interval,
+                               auto_resume=auto_resume, resume_wait=resume_wait, recreate=recreate,
+                               job_file=job_file, engine=engine.name, say=obj.say)
         try:
             engine.train(job, checked.plan, recorder=recorder, cluster_resolver=resolver, force=force, watch=watch,
                          profile=profile, cpu_replicas=_replicas(engine, cpu_replicas, checked.plan))
@@ -287,15 +220,6 @@ def _replicas(engine, cpu_replicas: Optional[int], plan) -> Optional[int]:
     return cpu_replicas_for(engine.name, cpu_replicas, plan)
 
 
-def _resolving(recorder, job, *, local: bool, watch_node: bool):
-    """The "resolve the TPU" phase around finding and checking the node (none when no node is asked)."""
-    from tpulaunch.run import phases
-
-    if not job.on_tpu or (local and not watch_node):
-        return contextlib.nullcontext()
-    return recorder.phase(phases.RESOLVE)
-
-
 @command()
 @job_argument
 @local_option
@@ -317,7 +241,7 @@ def evaluate(obj: Context, job_file: str, local: bool, overrides, checkpoint: Op
       tpulaunch evaluate job.yaml --local
       tpulaunch evaluate job.yaml --local --checkpoint runs/cnn/model.ckpt-300
     """
-    from tpulaunch.cli.recorded import recorded_run
+    from tpulaunch.app.recorded import recorded_run
     from tpulaunch.seam.registry import require
     from tpulaunch.run.started import run_started
 
@@ -325,11 +249,11 @@ def evaluate(obj: Context, job_file: str, local: bool, overrides, checkpoint: Op
     checked = _checked(obj, job_file, overrides, local=local)
     job, engine = checked.job, checked.engine
     require(engine.name)  # a run that cannot start takes no lease
-    with _model_dir_lease(obj, job, "evaluate", take_lease) as lease:
+    with model_dir_lease(job, "evaluate", take=take_lease, say=obj.say) as lease:
         recorder = _recorder(obj.out, started_at=began, model_dir=job.run.model_dir)
-        with recorded_run(obj, recorder, engine, checked, "evaluate", lease=lease):
-            with _resolving(recorder, job, local=local, watch_node=False):
-                resolver = _resolver(job, local, wait_s)
+        with recorded_run(obj.say, recorder, engine, checked, "evaluate", lease=lease):
+            with resolving(recorder, job, local=local, watch_node=False):
+                resolver = tpu_resolver(job, local, wait_s)
             engine.evaluate(job, checked.plan, recorder=recorder, checkpoint=checkpoint, cluster_resolver=resolver,
                             cpu_replicas=_replicas(engine, cpu_replicas, checked.plan))
 
@@ -352,7 +276,7 @@ def export(obj: Context, job_file: str, out_dir: str, overrides, checkpoint: Opt
       tpulaunch export job.yaml exported/
       saved_model_cli show --dir exported/<timestamp> --all
     """
-    from tpulaunch.cli.recorded import recorded_run
+    from tpulaunch.app.recorded import recorded_run
     from tpulaunch.run import phases
     from tpulaunch.run.started import run_started
 
@@ -360,6 +284,6 @@ def export(obj: Context, job_file: str, out_dir: str, overrides, checkpoint: Opt
     checked = _checked(obj, job_file, overrides, local=True)  # export builds a CPU serving graph
     engine = checked.engine
     recorder = _recorder(obj.out, started_at=began)
-    with recorded_run(obj, recorder, engine, checked, "export", record=False), recorder.phase(phases.EXPORT):
+    with recorded_run(obj.say, recorder, engine, checked, "export", record=False), recorder.phase(phases.EXPORT):
         path = engine.export(checked.job, checked.plan, out_dir, checkpoint=checkpoint, say=recorder.note)
     obj.out.print(f"exported {path}", highlight=False, markup=False, soft_wrap=True)

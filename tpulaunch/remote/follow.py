@@ -1,7 +1,7 @@
 """Following a remote run from outside: the lines a host's `tpulaunch train` wrote to model_dir, and its status.
 
 The controller reads only what the run writes anyway (no connection to the VM), so it costs the run nothing.
-The progress lines are train's own (`run/render_plain.py`: a VM's output is not a terminal); the few they carry
+The progress lines are train's own (`cli/render/run_plain.py`: a VM's output is not a terminal); the few they carry
 that recovery needs are read back here: the step trained, the checkpoint saved, the step a run started from.
 """
 

@@ -4,8 +4,8 @@ The engine's hooks and the runner tell a `RunRecorder` what happened (a training
 step 0, a session run ended at step 37 with loss 0.61, a checkpoint was written, an evaluation
 finished, the TPU was lost...). The recorder accumulates the run's state — steps, rates, the
 smoothed loss, evaluations, TPU events and resumes, skipped records — which the runner asks for its
-decisions, and hands each event below to its subscribers: the renderers (`render_plain`,
-`render_live`). A quiet run has no subscriber. Nothing here knows about TensorFlow or a console;
+decisions, and hands each event below to its subscribers: the renderers (`cli/render/run_plain.py`,
+`run_live.py`). A quiet run has no subscriber. Nothing here knows about TensorFlow or a console;
 the clock is a parameter, as in rich's Progress, so a test can drive a whole run by hand.
 
 The recorder also keeps the run's phases (`run.phases`): the CLI, the runner and the engine's hooks

@@ -99,7 +99,7 @@ JOB = textwrap.dedent("""\
 
 
 def _checked(job: Path, overrides=()):
-    from tpulaunch.cli.gate import load_checked
+    from tpulaunch.app.gate import load_checked
 
     return load_checked(str(job), list(overrides), local=True)
 

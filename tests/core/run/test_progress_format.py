@@ -6,9 +6,9 @@ import pytest
 from rich.console import Console
 
 from tpulaunch.run.events import RunRecorder
-from tpulaunch.run.render_live import LiveRenderer
-from tpulaunch.run.render_plain import PlainRenderer
-from tpulaunch.run.text import format_rate
+from tpulaunch.cli.render.run_live import LiveRenderer
+from tpulaunch.cli.render.run_plain import PlainRenderer
+from tpulaunch.cli.render.run_text import format_rate
 
 
 @pytest.mark.parametrize("rate, text", [(0.4, "0.4"), (3.26, "3.3"), (9.99, "10"), (983.2, "983"), (2637.0, "2637")])

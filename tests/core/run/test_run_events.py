@@ -16,7 +16,7 @@ from paths import REPO
 from tpulaunch.run import phases
 from tpulaunch.run.events import NodeEvent, RunRecorder
 from tpulaunch.run.phase_watch import PhaseWatch
-from tpulaunch.run.render_plain import PlainRenderer
+from tpulaunch.cli.render.run_plain import PlainRenderer
 
 RUN_PACKAGE = REPO / "tpulaunch" / "run"
 

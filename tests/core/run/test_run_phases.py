@@ -11,7 +11,7 @@ from tpulaunch.run import phases
 from tpulaunch.run.events import NodeEvent, PhaseEnded, PhaseSlow, RunRecorder
 from tpulaunch.run.phase_watch import MAX_GAP_S, PhaseWatch
 from tpulaunch.run.record import last_training, read_records, record_line, run_record
-from tpulaunch.run.render_live import LiveRenderer
+from tpulaunch.cli.render.run_live import LiveRenderer
 
 
 class Clock:

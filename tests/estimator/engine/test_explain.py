@@ -25,7 +25,7 @@ from tpulaunch.engine.estimator.make import make_estimator
 from tpulaunch.cli.app import cli
 from tpulaunch.engine.estimator.program import explain_script
 from tpulaunch.job.load import load_job
-from tpulaunch.run.text import format_value
+from tpulaunch.cli.render.run_text import format_value
 from tpulaunch.plan.build import build_plan
 
 ROOT = str(REPO)

@@ -31,7 +31,7 @@ from checkpoint_cases import tpulaunch
 from records import write_examples
 from tpulaunch.models.cnn import build
 from tpulaunch.run.events import EvalResult, LeftOut
-from tpulaunch.run.text import eval_text
+from tpulaunch.cli.render.run_text import eval_text
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
 

@@ -191,7 +191,7 @@ def test_data_bench_compares_the_pipeline_with_what_training_consumed(project, t
 
 PROBE = """
 import sys
-from tpulaunch.run import render_plain
+from tpulaunch.cli.render import run_plain as render_plain
 
 write = render_plain.PlainRenderer._out
 render_plain.PlainRenderer._out = lambda self, line: write(

@@ -32,7 +32,7 @@ from tpulaunch.job.schema import Tpu
 from tpulaunch.job.load import load_job
 from tpulaunch.engine.core.lost_tpu import is_lost_tpu_error
 from tpulaunch.run.events import NodeEvent, NodeWaiting, RunRecorder
-from tpulaunch.run.render_plain import PlainRenderer
+from tpulaunch.cli.render.run_plain import PlainRenderer
 from tpulaunch.run.signals import TrainingStopped
 from tpulaunch.run.watchdog import Watchdog, WatchPlan, lost_reason, wait_until_ready
 from tpulaunch.plan.build import build_plan
@@ -311,12 +311,6 @@ def test_recreate_brings_a_preempted_then_deleted_node_back_and_finishes_at_the_
         ("PREEMPTED", True, 0), ("NOT_FOUND", True, 0)]
     assert all(isinstance(e["recovery_s"], float) and e["recovery_s"] > 0 for e in record["events"])
     assert record["steps_lost"] == 0
-
-
-def test_recreate_needs_auto_resume(project, api, tmp_path):
-    result = train_cli(project, tmp_path / "run", *FAST_WATCH, "--recreate")
-    assert result.exit_code == 2, result.output
-    assert "--recreate needs --auto-resume N" in result.output
 
 
 def test_without_recreate_nothing_is_created(project, api, tmp_path):

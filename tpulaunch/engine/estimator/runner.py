@@ -39,7 +39,7 @@ def train(job: Job, plan: Plan, *, recorder: Optional[RunRecorder] = None, stop:
 
     Args:
         job: the validated job (needs `train` and `data.train`).
-        plan: the job's Plan for its target (`plan.on_tpu`: use_tpu), the gate's (`cli/gate.py`).
+        plan: the job's Plan for its target (`plan.on_tpu`: use_tpu), the gate's (`app/gate.py`).
         recorder: receives the run's events (its renderers show them); a silent one when None.
         stop: records SIGINT/SIGTERM while training runs (a new one when None).
         cluster_resolver: the TPU's cluster resolver (TPU runs only).

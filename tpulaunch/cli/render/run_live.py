@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.table import Table
 from rich.text import Text
 
-from tpulaunch.run import text
+from tpulaunch.cli.render import run_text as text
 from tpulaunch.run.events import (CheckpointSaved, EvalResult, InputShare, NodeEvent, NodeReady, NodeWaiting, Note,
                                   PhaseEnded, PhaseSlow, PhaseStarted, ProfileCaptured, RecordsSkipped, RunClosed,
                                   StepProgress, StepsRun, TrainingStarted, TrainSummary)

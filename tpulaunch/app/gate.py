@@ -1,5 +1,5 @@
 """The one gate every verb that acts on a job passes: load it, run validate's checks for the target,
-print what they found, and hand over the Job and its Plan, or stop with the located problems.
+hand their warnings to the caller, and hand over the Job and its Plan, or stop with the located problems.
 
 validate, plan, train, evaluate, export, explain and status all come through `load_checked`, so a
 job that `validate --static` accepts is one they accept, and no rule is checked anywhere else.
@@ -8,7 +8,7 @@ job that `validate --static` accepts is one they accept, and no rule is checked 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from tpulaunch.errors import TpuLaunchError
 
@@ -44,7 +44,8 @@ class JobRefused(TpuLaunchError):
 
 
 def load_checked(job_file: str, overrides: Sequence[str] = (), *, local: bool = False, verb: str = "running",
-                 sections: Optional[Sequence[str]] = None, err=None, env=None) -> CheckedJob:
+                 sections: Optional[Sequence[str]] = None, warn: Optional[Callable[[list], None]] = None,
+                 env=None) -> CheckedJob:
     """Load `job_file` with `overrides`, run the static checks for this target (`local`: this machine's
     CPU/GPU, where tpu: and partition: do not apply) and return it with its Plan.
 
@@ -52,7 +53,7 @@ def load_checked(job_file: str, overrides: Sequence[str] = (), *, local: bool = 
         verb: what the caller was about to do, for the refusal line ("running", "planning", ...).
         sections: only errors in these top-level sections stop the caller (`status` needs only tpu:);
             None: every error does.
-        err: where the warnings are printed (none when None).
+        warn: called with the warnings (the located problems that do not stop the caller), when there are any.
         env: the environment its `${VAR}`s are filled from (None: this process's).
 
     Raises:
@@ -67,10 +68,8 @@ def load_checked(job_file: str, overrides: Sequence[str] = (), *, local: bool = 
         raise JobRefused(f"not {verb} {job_file}: fix the problems above (tpulaunch validate {job_file})",
                          problems=shown, loaded=result.loaded)
     warnings = [p for p in result.problems if not p.is_error]
-    if err is not None and warnings:
-        from tpulaunch.cli.render.problems import render_text
-
-        render_text(err, warnings, file=job_file)
+    if warn is not None and warnings:
+        warn(warnings)
     job = result.loaded.job
     plan = result.plan  # built once, by the checks (None only when `sections` let other errors through)
     if plan is not None:

@@ -9,7 +9,7 @@ before the import starts.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from tpulaunch.engine.core.records import append_record
 from tpulaunch.run import phases
@@ -19,7 +19,7 @@ from tpulaunch.run.signals import deferred, raise_if_held, raise_if_swallowed
 
 
 @contextlib.contextmanager
-def recorded_run(obj, recorder: RunRecorder, engine, checked, command: str, *,
+def recorded_run(say: Callable[[str], None], recorder: RunRecorder, engine, checked, command: str, *,
                  record: bool = True, lease=None) -> Iterator[None]:
     """The run of `checked` (the job through the gate) on `engine`, told to `recorder`.
 
@@ -32,7 +32,8 @@ def recorded_run(obj, recorder: RunRecorder, engine, checked, command: str, *,
     A step that does not return after a signal is stopped where it is (`run/stop_deadline.py`): the record
     is then written from there, stopped with the reason. `lease`: the model_dir lease the
     run holds (`run/lease.py`): its run id and any takeover go into the record, and a run that lost it is
-    recorded as fenced (`run/run_record.py`), never as done.
+    recorded as fenced (`run/run_record.py`), never as done. `say`: where a line about the record goes (one
+    that could not be written).
     """
     from tpulaunch.run import stop_deadline
     from tpulaunch.run.phase_watch import PhaseWatch
@@ -48,7 +49,7 @@ def recorded_run(obj, recorder: RunRecorder, engine, checked, command: str, *,
             ended = forced or error
             if record and (loaded or ended is not None):
                 write_record(recorder, append_record, checked.job, checked.plan, command, outcome(recorder, ended),
-                             lease, through_framework=loaded, say=_say(obj))
+                             lease, through_framework=loaded, say=say)
         finally:
             recorder.close()
 
@@ -101,7 +102,7 @@ def _refuse_what_validate_refuses(checked, command: str) -> None:
     refuses is refused here, at the same keys, before anything is built. (evaluate reads only data.eval, and a
     machine that evaluates may lack data.train: its evaluation says what it finds.)"""
     from tpulaunch.checks.validate import code_problems, data_problems
-    from tpulaunch.cli.gate import JobRefused
+    from tpulaunch.app.gate import JobRefused
 
     problems = code_problems(checked.loaded, checked.loaded.search_path, [])
     if command == "train":  # data.eval only when it evaluates (a job with eval: null never reads it)
@@ -111,7 +112,3 @@ def _refuse_what_validate_refuses(checked, command: str) -> None:
     if errors:
         raise JobRefused(f"not running {command} on {checked.file}: fix the problems above "
                          f"(tpulaunch validate {checked.file})", problems=errors)
-
-
-def _say(obj):
-    return lambda text: obj.err.print(text, highlight=False, markup=False, soft_wrap=True)

@@ -27,7 +27,7 @@ from functools import singledispatchmethod
 
 from rich.console import Console
 
-from tpulaunch.run import text
+from tpulaunch.cli.render import run_text as text
 from tpulaunch.run.events import (CheckpointSaved, EvalResult, InputShare, NodeEvent, NodeReady, NodeWaiting, Note,
                                   PhaseEnded, PhaseSlow, PhaseStarted, ProfileCaptured, RecordsSkipped, StepsLogged,
                                   TrainingStarted, TrainSummary)
