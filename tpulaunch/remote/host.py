@@ -93,15 +93,20 @@ def worker_env(worker: int, hosts: int, hosts_run: str, endpoints: List[str]) ->
 
 
 class Status:
-    """This host's status file under model_dir, rewritten whole at each change."""
+    """This host's status file under model_dir, rewritten whole at each change, and its copy on the host's disk
+    (`copy`), where the startup script reads whether the runner took the status over from it."""
 
-    def __init__(self, url: str, **fields):
-        self.url = url
+    def __init__(self, url: str, copy: Optional[str] = None, **fields):
+        self.url, self.copy = url, copy
         self.data = {"host": socket.gethostname(), **fields}
 
     def update(self, **fields) -> None:
         self.data.update(fields)
-        store.write(self.url, (json.dumps(self.data, indent=1) + "\n").encode())
+        text = (json.dumps(self.data, indent=1) + "\n").encode()
+        store.write(self.url, text)
+        if self.copy:
+            with open(self.copy, "wb") as handle:
+                handle.write(text)
 
 
 def _last_message(log_path: str) -> str:
@@ -121,9 +126,9 @@ def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[f
     model_dir = manifest["model_dir"]
     hosts_run = manifest.get("hosts", "chief")
     mine = role(worker, hosts_run)
-    status = Status(layout.host_status(model_dir, attempt, worker), worker=worker, attempt=attempt, hosts=hosts,
-                    booted=booted, installed=installed, fetched=time.time(), role=mine, phase="fetched",
-                    exit_code=None)
+    status = Status(layout.host_status(model_dir, attempt, worker), os.path.join(disk, "status.json"), worker=worker,
+                    attempt=attempt, hosts=hosts, booted=booted, installed=installed, fetched=time.time(), role=mine,
+                    phase="fetched", exit_code=None)
     if mine == NONE:
         status.update(phase="ended", exit_code=0, ended=time.time(),
                       message=f"nothing to run on this host: worker {CHIEF} trains")

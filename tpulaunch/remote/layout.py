@@ -21,6 +21,7 @@ REMOTE_DIR = "tpulaunch-remote"
 ATTEMPT_KEY = "tpulaunch-attempt"  # node metadata: which VM of the run this is
 STAGE_KEY = "tpulaunch-stage"  # node metadata: the stage's digest (a node running another job is not reattached)
 STARTUP_KEY = "startup-script"  # node metadata every TPU VM host runs at boot
+GUEST_NAMESPACE, GUEST_FAILED_KEY = "tpulaunch", "failed"  # a host's failure that run.model_dir could not carry
 
 
 def join(base: str, *parts: str) -> str:

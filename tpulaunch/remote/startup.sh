@@ -48,15 +48,57 @@ step() {
   [ "$code" -eq 0 ] || fail "$phase" "$what"
 }
 
-# put FILE URL: a file to run.model_dir (a local folder in a rehearsal, else gs:// with the image's gcloud), this
-# user's alone as every file under tpulaunch-remote/ (the host's output may quote the job's)
+# put FILE URL: a file to run.model_dir (a local folder in a rehearsal, else gs://), this user's alone as every file
+# under tpulaunch-remote/ (the host's output may quote the job's); fails saying why. gs:// goes through Cloud
+# Storage's JSON API with the token of the VM's service account from the metadata server, in Python's standard
+# library: a TPU image (or a container's) need not have gcloud or gsutil. $STORAGE_EMULATOR_HOST, as
+# google-cloud-storage reads it, points it at another server.
 put() {
   case "$2" in
-    gs://*) gcloud storage cp --quiet "$1" "$2" >/dev/null 2>&1 || gsutil -q cp "$1" "$2" ;;
+    gs://*) "$SYSTEM_PYTHON" - "$1" "$2" "$META" <<'PUT'
+import json, os, sys, time, urllib.error, urllib.parse, urllib.request
+path, url, meta = sys.argv[1:]
+bucket, _, name = url[len("gs://"):].partition("/")
+endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
+with open(path, "rb") as handle:
+    data = handle.read()
+said = ""
+for attempt in range(3):
+    try:
+        token = json.load(urllib.request.urlopen(urllib.request.Request(
+            meta + "instance/service-accounts/default/token", headers={"Metadata-Flavor": "Google"}), timeout=10))
+        query = urllib.parse.urlencode({"uploadType": "media", "name": name})
+        urllib.request.urlopen(urllib.request.Request(
+            f"{endpoint.rstrip('/')}/upload/storage/v1/b/{urllib.parse.quote(bucket)}/o?{query}", data=data,
+            method="POST", headers={"Authorization": f"Bearer {token['access_token']}",
+                                    "Content-Type": "application/octet-stream"}), timeout=60).read()
+        sys.exit(0)
+    except urllib.error.HTTPError as refused:
+        said = f"HTTP {refused.code}: {refused.read()[:300].decode(errors='replace').strip()}"
+        if refused.code < 500 and refused.code != 429:
+            break  # refused (no such bucket, no permission): the same again would be refused
+    except (OSError, ValueError, KeyError) as failed:
+        said = str(failed) or type(failed).__name__
+    time.sleep(2 ** attempt)
+print(f"cannot write {url}: {said}", file=sys.stderr)
+sys.exit(1)
+PUT
+    ;;
     *) mkdir -p "$(dirname "$2")" && (umask 077 && cp "$1" "$2.tmp.$$") && mv "$2.tmp.$$" "$2" ;;
   esac
 }
-# status PHASE [FAILED]: this host's status file; with FAILED, the step that failed and the end of its output
+# unreported WHAT: a failure that run.model_dir cannot carry (the host cannot write there), left where the
+# controller reads it at once through the Cloud TPU API: the VM's guest attribute tpulaunch/failed (the node's
+# metadata enables guest attributes); then stop. A GKE pod has none: its exit code tells the JobSet.
+unreported() {
+  say "worker $WORKER: $1"
+  printf '%s' "$1" | head -c 2000 | curl -sS -X PUT --data-binary @- -H "Metadata-Flavor: Google" \
+    "${META}instance/guest-attributes/tpulaunch/failed" >/dev/null 2>>"$LOG" \
+    || say "worker $WORKER: could not leave that in the VM's guest attributes either"
+  exit 1
+}
+# status PHASE [FAILED]: this host's status file; with FAILED, the step that failed and the end of its output.
+# Not written: the host stops at once, saying why where the controller still reads it (`unreported`).
 status() {
   "$SYSTEM_PYTHON" - "$WORKER" "$ATTEMPT" "$HOSTS" "$BOOTED" "$1" "${2:-}" "$LOG" >"$DISK/status.json" <<'STATUS'
 import json, socket, sys, time
@@ -69,13 +111,15 @@ if failed:
     status.update(failed=failed, exit_code=1, ended=time.time(), log_tail=tail)
 print(json.dumps(status, indent=1))
 STATUS
-  put "$DISK/status.json" "$ATTEMPTS/$ATTEMPT/worker-$WORKER.json"
+  local why
+  why="$(put "$DISK/status.json" "$ATTEMPTS/$ATTEMPT/worker-$WORKER.json" 2>&1)" \
+    || unreported "${2:+$2; }this host cannot write its status to run.model_dir: ${why:-no reason given}"
 }
 # fail PHASE WHAT: say it, leave it in the status and the log beside it, stop
 fail() {
   say "worker $WORKER: $2"
   status "$1" "$2"
-  put "$LOG" "$ATTEMPTS/$ATTEMPT/worker-$WORKER.startup.log"
+  put "$LOG" "$ATTEMPTS/$ATTEMPT/worker-$WORKER.startup.log" 2>>"$LOG"
   exit 1
 }
 
@@ -155,7 +199,11 @@ while kill -0 "$RUNNER" 2>/dev/null; do  # the wait a trapped signal cut short: 
   wait "$RUNNER"
   CODE=$?
 done
-# The host runner keeps the status from its start; one that failed before writing it (the stage unreadable,
-# model_dir not writable) leaves its reason here.
-[ "$CODE" -eq 0 ] || put "$LOG" "$ATTEMPTS/$ATTEMPT/worker-$WORKER.startup.log"
+# The host runner keeps the status from its start (and a copy on this disk); one that failed before writing it
+# (the stage unreadable, model_dir not writable by it) fails the startup here, with its output: a new VM would
+# fail the same way. Killed by a signal (the VM going down) is not such a failure: the controller sees the VM.
+if [ "$CODE" -ge 1 ] && [ "$CODE" -le 127 ] && grep -q '"role": "startup"' "$DISK/status.json" 2>/dev/null; then
+  fail fetching "the host runner stopped (exit code $CODE) before it started this host's part"
+fi
+[ "$CODE" -eq 0 ] || put "$LOG" "$ATTEMPTS/$ATTEMPT/worker-$WORKER.startup.log" 2>>"$LOG"
 exit "$CODE"
