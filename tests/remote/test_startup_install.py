@@ -70,14 +70,13 @@ def metadata():
     server.shutdown()
 
 
-def _script(attempts, tmp_path, requirements=("jax[tpu]>=0.4", "keras>=3"), python="''") -> str:
-    """startup.sh as `remote/startup.py` fills it, with `attempts` as the run's attempts folder."""
-    script = (REPO / "tpulaunch" / "remote" / "startup.sh").read_text()
-    for key, value in {"@STAGE@": str(tmp_path / "stage.json"), "@PACKAGE@": str(tmp_path / "pkg.tar.gz"),
-                       "@ATTEMPTS@": str(attempts), "@PYTHON@": python,
-                       "@REQUIREMENTS@": shlex.join(requirements)}.items():
-        script = script.replace(key, value)
-    return script
+def _script(model_dir, tmp_path, requirements=("jax[tpu]>=0.4", "keras>=3"), python=None,
+            package=None) -> str:
+    """startup.sh as `remote/startup.py` fills it for a run in `model_dir`."""
+    from tpulaunch.remote.startup import render
+
+    return render(stage=str(tmp_path / "stage.json"), package=str(package or tmp_path / "pkg.tar.gz"),
+                  model_dir=str(model_dir), requirements=requirements, rehearsal_python=python)
 
 
 def test_a_base_image_without_python3_venv_gets_it_installed_and_the_install_goes_on(tmp_path, metadata):
@@ -87,7 +86,7 @@ def test_a_base_image_without_python3_venv_gets_it_installed_and_the_install_goe
         (bin_dir / name).write_text(text.format(marker=marker, calls=calls, python=sys.executable))
         (bin_dir / name).chmod(0o755)
     attempts = tmp_path / "model_dir" / "tpulaunch-remote" / "attempts"
-    script = _script(attempts, tmp_path)
+    script = _script(tmp_path / "model_dir", tmp_path)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path / "home"),
            "TPULAUNCH_METADATA_URL": metadata}
     done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120)
@@ -133,11 +132,10 @@ def _path_without(folder, *tools) -> str:
 def test_without_gcloud_or_gsutil_a_failed_install_still_reaches_the_bucket(tmp_path, metadata, bucket):
     """A gs:// model_dir is written with the VM's token from the metadata server, in Python's standard library."""
     url, client = bucket
-    attempts = "gs://runs/no-gcloud/tpulaunch-remote/attempts"
     env = {"PATH": _path_without(tmp_path / "bin", "gcloud", "gsutil"), "HOME": str(tmp_path / "home"),
            "TPULAUNCH_METADATA_URL": metadata, "STORAGE_EMULATOR_HOST": url,
            "TPULAUNCH_REHEARSAL_REQUIRE": "a-package-that-is-not-installed"}
-    done = subprocess.run(["bash", "-c", _script(attempts, tmp_path, (), shlex.quote(sys.executable))], env=env,
+    done = subprocess.run(["bash", "-c", _script("gs://runs/no-gcloud", tmp_path, (), sys.executable)], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
     runs = client.bucket("runs")
@@ -207,3 +205,132 @@ def test_a_host_that_cannot_write_model_dir_ends_the_run_at_once_and_is_not_recr
     assert len(tpu_api.created) == 1 and tpu_api.created[0]["node"]["metadata"]["enable-guest-attributes"] == "TRUE"
     record = RunRecord.load("gs://runs/unwritable")
     assert record.outcome.startswith("failed: worker 0: this host cannot write") and record.recoveries == []
+
+
+def _wheel(folder, name: str, requires=()) -> str:
+    """A one-module wheel of `name` 1.0 (importable as `name`), written into `folder`; its file name."""
+    import base64
+    import hashlib
+    import zipfile
+
+    dist = f"{name}-1.0"
+    files = {f"{name}/__init__.py": "VERSION = '1.0'\n",
+             f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"
+                                           + "".join(f"Requires-Dist: {r}\n" for r in requires),
+             f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = [f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+              f"{len(text.encode())}" for path, text in files.items()]
+    files[f"{dist}.dist-info/RECORD"] = "\n".join(record + [f"{dist}.dist-info/RECORD,,"]) + "\n"
+    filename = f"{dist}-py3-none-any.whl"
+    with zipfile.ZipFile(folder / filename, "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+    return filename
+
+
+@pytest.fixture
+def package_index(tmp_path):
+    """A package index (PEP 503's simple pages) with two small wheels, the second needed by the first; it counts
+    what it is asked."""
+    root = tmp_path / "index"
+    (root / "files").mkdir(parents=True)
+    for name, requires in (("tinyhouse_app", ["tinyhouse-dep>=1"]), ("tinyhouse_dep", [])):
+        filename = _wheel(root / "files", name, requires)
+        page = root / "simple" / name.replace("_", "-")
+        page.mkdir(parents=True)
+        (page / "index.html").write_text(f'<a href="../../files/{filename}">{filename}</a>\n')
+    asked = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            asked.append(self.path)
+            path = root / self.path.strip("/").split("?")[0]
+            if path.is_dir():
+                path = path / "index.html"
+            self.send_response(200 if path.is_file() else 404)
+            self.send_header("Content-Type", "text/html" if path.suffix == ".html" else "application/octet-stream")
+            if path.suffix == ".whl":  # as PyPI serves its files: pip keeps them in its cache
+                self.send_header("Cache-Control", "max-age=365000000, immutable, public")
+            self.end_headers()
+            if path.is_file():
+                self.wfile.write(path.read_bytes())
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/simple/", asked
+    server.shutdown()
+
+
+HOST_RUNNER = """import sys
+with open({said!r}, "a") as handle:
+    handle.write(" ".join(sys.argv[1:]) + "\\n")
+"""
+
+
+def test_the_first_host_keeps_a_wheelhouse_and_a_recreated_vms_host_installs_from_it_not_the_index(
+        tmp_path, metadata, package_index):
+    """The real venv and pip (a TPU VM's path, not a rehearsal's): VM 1's worker 0 installs from the index and keeps
+    what it installed under run.model_dir; a host of the next VM (fresh disk, fresh pip cache) installs the same
+    requirements from there with the index not asked at all."""
+    index, asked = package_index
+    bin_dir, said = tmp_path / "bin", tmp_path / "host-runner.txt"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(os.path.realpath(sys.executable))  # the image's python3, with its venv module
+    runner = tmp_path / "pkg" / "tpulaunch" / "remote"  # what stands for tpulaunch: a host runner that says it ran
+    runner.mkdir(parents=True)
+    for folder in (runner.parent, runner):
+        (folder / "__init__.py").write_text("")
+    (runner / "host.py").write_text(HOST_RUNNER.format(said=str(said)))
+    from tpulaunch.remote.stage import tar_gz
+
+    (tmp_path / "pkg.tar.gz").write_bytes(tar_gz([("tpulaunch", str(runner.parent))]))
+    model_dir = tmp_path / "model_dir"
+    script = _script(model_dir, tmp_path, ["tinyhouse-app>=1"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON", "VIRTUAL_ENV"))}
+    # pip caches what it fetches over https, or from a trusted host: as trusted, this index is cached as PyPI is
+    env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", TPULAUNCH_METADATA_URL=metadata, PIP_INDEX_URL=index,
+               PIP_TRUSTED_HOST="127.0.0.1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+
+    def boot(home: str) -> str:
+        done = subprocess.run(["bash", "-c", script], env={**env, "HOME": str(tmp_path / home)}, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    first = boot("vm-1-worker-0")
+    files = [path for path in asked if path.startswith("/files/")]
+    assert sorted(files) == ["/files/tinyhouse_app-1.0-py3-none-any.whl", "/files/tinyhouse_dep-1.0-py3-none-any.whl"]
+    assert "kept what it installed as the run's wheelhouse" in first
+    (described,) = [json.loads(p.read_text()) for p in (model_dir / "tpulaunch-remote" / "wheelhouse").glob("*.json")]
+    assert described["wheels"] == ["tinyhouse_app-1.0-py3-none-any.whl", "tinyhouse_dep-1.0-py3-none-any.whl"]
+    assert "--installed-from index" in said.read_text()
+
+    before = len(asked)
+    later = boot("vm-2-worker-0")  # a recreated VM: a new disk, no pip cache
+    assert asked[before:] == []  # the package index was not asked anything
+    assert "installed the job's requirements from the run's wheelhouse" in later
+    assert said.read_text().splitlines()[-1].endswith("--installed-from wheelhouse")
+    venv_python = tmp_path / "vm-2-worker-0" / "tpulaunch" / "venv" / "bin" / "python"
+    imported = subprocess.run([str(venv_python), "-c", "import tinyhouse_app, tinyhouse_dep"], env=env)
+    assert imported.returncode == 0
+
+
+def test_a_wheelhouse_that_does_not_match_its_hash_is_not_used(tmp_path):
+    from tpulaunch.remote import boot_tools
+
+    (tmp_path / "wheels").mkdir()
+    _wheel(tmp_path / "wheels", "tinyhouse_app")
+    (tmp_path / "pins.txt").write_text("tinyhouse_app==1.0\n")
+    house = str(tmp_path / "model_dir" / "wheelhouse" / boot_tools.wheelhouse_key(["tinyhouse-app"]))
+    boot_tools.wheelhouse_put(str(tmp_path / "wheels"), house, str(tmp_path / "pins.txt"), ["tinyhouse-app"])
+    assert boot_tools.wheelhouse_get(house, str(tmp_path / "fetched"))["pins"] == ["tinyhouse_app==1.0"]
+    with open(house + ".tar", "r+b") as tar:  # one byte of it changed after it was kept
+        tar.seek(600)
+        tar.write(b"X")
+    with pytest.raises(ValueError, match="does not match its hash"):
+        boot_tools.wheelhouse_get(house, str(tmp_path / "again"))
+    assert not (tmp_path / "again" / "tinyhouse_app-1.0-py3-none-any.whl").exists()
+    assert boot_tools.main(["wheelhouse-get", str(tmp_path / "none"), str(tmp_path / "x")]) == boot_tools.ABSENT

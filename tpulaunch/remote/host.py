@@ -9,7 +9,8 @@ model_dir's lease and writes its shared files (the others are told they are not 
 convention `run/workers.py` reads). A host with nothing to run says so in its status and exits 0.
 
 The train's output goes to `attempts/<A>/worker-<N>.log` under run.model_dir and the host's status beside it
-(`worker-<N>.json`: its phase, when it booted, installed, started, the train's pid and host, how it ended, and
+(`worker-<N>.json`: its phase, when it booted, installed (and from where: the run's wheelhouse or the package
+index), started, the train's pid and host, how it ended, and
 for a chief whose train failed while another run held model_dir's lease, that holder: `lease_holder`). It
 exits with the train's exit code, which the controller reads (`causes.py`) to decide between recovering and
 stopping.
@@ -121,13 +122,15 @@ def _last_message(log_path: str) -> str:
 
 
 def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[float],
-        installed: Optional[float], hosts: int = 1, endpoints: Optional[List[str]] = None, zone: str = "") -> int:
+        installed: Optional[float], hosts: int = 1, endpoints: Optional[List[str]] = None, zone: str = "",
+        installed_from: str = "") -> int:
     manifest = fetch_stage(stage_url, disk)
     model_dir = manifest["model_dir"]
     hosts_run = manifest.get("hosts", "chief")
     mine = role(worker, hosts_run)
     status = Status(layout.host_status(model_dir, attempt, worker), os.path.join(disk, "status.json"), worker=worker,
-                    attempt=attempt, hosts=hosts, booted=booted, installed=installed, fetched=time.time(), role=mine,
+                    attempt=attempt, hosts=hosts, booted=booted, installed=installed,
+                    **({"installed_from": installed_from} if installed_from else {}), fetched=time.time(), role=mine,
                     phase="fetched", exit_code=None)
     if mine == NONE:
         status.update(phase="ended", exit_code=0, ended=time.time(),
@@ -208,6 +211,8 @@ def main(argv=None) -> int:
     parser.add_argument("--disk", required=True)
     parser.add_argument("--booted", type=float)
     parser.add_argument("--installed", type=float)
+    parser.add_argument("--installed-from", default="",
+                        help="where the install came from: wheelhouse, index (none: nothing installed)")
     args = parser.parse_args(argv)
     endpoints = [item for item in args.endpoints.split(",") if item]
     from tpulaunch.errors import TpuLaunchError
@@ -220,7 +225,8 @@ def main(argv=None) -> int:
 
 
 def _run_host(args, endpoints: List[str]) -> int:
-    return run(args.stage, args.worker, args.attempt, args.disk, args.booted, args.installed, args.hosts, endpoints, args.zone)
+    return run(args.stage, args.worker, args.attempt, args.disk, args.booted, args.installed, args.hosts, endpoints,
+               args.zone, args.installed_from)
 
 
 if __name__ == "__main__":

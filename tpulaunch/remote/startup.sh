@@ -9,6 +9,7 @@ set -u
 STAGE=@STAGE@                   # the stage's manifest, under run.model_dir
 PACKAGE=@PACKAGE@               # tpulaunch itself, as staged
 ATTEMPTS=@ATTEMPTS@             # run.model_dir/tpulaunch-remote/attempts: each VM's hosts' logs and statuses
+WHEELHOUSE=@WHEELHOUSE@         # run.model_dir/tpulaunch-remote/wheelhouse: the requirements as wheels, once per run
 REHEARSAL_PYTHON=@PYTHON@       # a rehearsal: this machine's Python and its packages (empty on a TPU VM)
 REQUIREMENTS=(@REQUIREMENTS@)   # tpulaunch's requirements with the engine's extra
 BOOTED="$(date +%s.%N)"
@@ -36,6 +37,10 @@ HOSTS="$(echo "$ENDPOINTS" | tr ',' '\n' | grep -c .)"
 DISK="${HOME:-/root}/tpulaunch"
 mkdir -p "$DISK" && cd "$DISK" || exit 1
 LOG="$DISK/startup.log"          # what this script printed (also on its own output: the VM's console)
+TOOLS="$DISK/boot_tools.py"      # what this script does in Python before anything is installed (stdlib alone)
+cat >"$TOOLS" <<'BOOT_TOOLS'
+@BOOT_TOOLS@
+BOOT_TOOLS
 say() { echo "tpulaunch | $*" | tee -a "$LOG"; }
 # step PHASE WHAT COMMAND...: run it with its output kept in the log (written before it is read back); when it
 # fails, the host's status says WHAT failed with the end of that output
@@ -48,45 +53,9 @@ step() {
   [ "$code" -eq 0 ] || fail "$phase" "$what"
 }
 
-# put FILE URL: a file to run.model_dir (a local folder in a rehearsal, else gs://), this user's alone as every file
-# under tpulaunch-remote/ (the host's output may quote the job's); fails saying why. gs:// goes through Cloud
-# Storage's JSON API with the token of the VM's service account from the metadata server, in Python's standard
-# library: a TPU image (or a container's) need not have gcloud or gsutil. $STORAGE_EMULATOR_HOST, as
-# google-cloud-storage reads it, points it at another server.
-put() {
-  case "$2" in
-    gs://*) "$SYSTEM_PYTHON" - "$1" "$2" "$META" <<'PUT'
-import json, os, sys, time, urllib.error, urllib.parse, urllib.request
-path, url, meta = sys.argv[1:]
-bucket, _, name = url[len("gs://"):].partition("/")
-endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
-with open(path, "rb") as handle:
-    data = handle.read()
-said = ""
-for attempt in range(3):
-    try:
-        token = json.load(urllib.request.urlopen(urllib.request.Request(
-            meta + "instance/service-accounts/default/token", headers={"Metadata-Flavor": "Google"}), timeout=10))
-        query = urllib.parse.urlencode({"uploadType": "media", "name": name})
-        urllib.request.urlopen(urllib.request.Request(
-            f"{endpoint.rstrip('/')}/upload/storage/v1/b/{urllib.parse.quote(bucket)}/o?{query}", data=data,
-            method="POST", headers={"Authorization": f"Bearer {token['access_token']}",
-                                    "Content-Type": "application/octet-stream"}), timeout=60).read()
-        sys.exit(0)
-    except urllib.error.HTTPError as refused:
-        said = f"HTTP {refused.code}: {refused.read()[:300].decode(errors='replace').strip()}"
-        if refused.code < 500 and refused.code != 429:
-            break  # refused (no such bucket, no permission): the same again would be refused
-    except (OSError, ValueError, KeyError) as failed:
-        said = str(failed) or type(failed).__name__
-    time.sleep(2 ** attempt)
-print(f"cannot write {url}: {said}", file=sys.stderr)
-sys.exit(1)
-PUT
-    ;;
-    *) mkdir -p "$(dirname "$2")" && (umask 077 && cp "$1" "$2.tmp.$$") && mv "$2.tmp.$$" "$2" ;;
-  esac
-}
+# put FILE URL: a file to run.model_dir (a local folder in a rehearsal, else gs://, written with the VM's token in
+# Python's standard library: a TPU image or a container's need not have gcloud or gsutil); fails saying why
+put() { "$SYSTEM_PYTHON" "$TOOLS" put "$1" "$2"; }
 # unreported WHAT: a failure that run.model_dir cannot carry (the host cannot write there), left where the
 # controller reads it at once through the Cloud TPU API: the VM's guest attribute tpulaunch/failed (the node's
 # metadata enables guest attributes); then stop. A GKE pod has none: its exit code tells the JobSet.
@@ -167,9 +136,30 @@ else
       env DEBIAN_FRONTEND=noninteractive bash -c "apt-get update -q && apt-get install -y -q $VENV_PACKAGE"
     step installing "making the venv failed" python3 -m venv --system-site-packages "$DISK/venv"
   fi
-  step installing "installing the job's requirements failed" \
-    "$DISK/venv/bin/python" -m pip install -q "${REQUIREMENTS[@]}"
   PY="$DISK/venv/bin/python"
+  # One install from the package index per run: the first host to install keeps what it installed as the run's
+  # wheelhouse under run.model_dir (named by the requirements and this Python), and every later host (a recreated
+  # VM's too) installs from it, the index not asked; a wheelhouse missing, not matching its hash or not installing
+  # leaves the host to the index, as before.
+  HOUSE="$WHEELHOUSE/$("$SYSTEM_PYTHON" "$TOOLS" wheelhouse-key "${REQUIREMENTS[@]}")"
+  if "$SYSTEM_PYTHON" "$TOOLS" wheelhouse-get "$HOUSE" "$DISK/wheels" >>"$LOG" 2>&1 \
+      && "$PY" -m pip install -q --no-index --find-links "$DISK/wheels" "${REQUIREMENTS[@]}" >>"$LOG" 2>&1; then
+    INSTALL_SOURCE=wheelhouse
+    say "installed the job's requirements from the run's wheelhouse ($HOUSE.tar), none from the package index"
+  else
+    INSTALL_SOURCE=index
+    step installing "installing the job's requirements failed" "$PY" -m pip install -q "${REQUIREMENTS[@]}"
+    # Worker 0 keeps it (pip's cache serves the wheels it just downloaded): what went into the venv, pinned, as
+    # wheels. Not keeping it fails nothing: later hosts install from the index.
+    if [ "$WORKER" = 0 ] && { "$PY" -m pip freeze --local >"$DISK/pins.txt" && rm -rf "$DISK/wheels" \
+        && "$PY" -m pip wheel -q --no-deps -w "$DISK/wheels" -r "$DISK/pins.txt" \
+        && "$SYSTEM_PYTHON" "$TOOLS" wheelhouse-put "$DISK/wheels" "$HOUSE" "$DISK/pins.txt" "${REQUIREMENTS[@]}"
+      } >>"$LOG" 2>&1; then
+      say "kept what it installed as the run's wheelhouse ($HOUSE.tar): later hosts install from it"
+    elif [ "$WORKER" = 0 ]; then
+      say "could not keep the run's wheelhouse (the end of $LOG says why): later hosts install from the index"
+    fi
+  fi
 fi
 INSTALLED="$(date +%s.%N)"
 status fetching
@@ -189,7 +179,8 @@ export PYTHONPATH="$DISK/pkg"
 # A stop for this script (a GKE pod's SIGTERM reaches only its first process) goes on to the host runner, which
 # passes it to train: train saves its checkpoint and ends, as on a TPU VM shutting down.
 "$PY" -m tpulaunch.remote.host --stage "$STAGE" --worker "$WORKER" --hosts "$HOSTS" --endpoints "$ENDPOINTS" --zone "$ZONE" \
-  --attempt "$ATTEMPT" --disk "$DISK" --booted "$BOOTED" --installed "$INSTALLED" > >(tee -a "$LOG") 2>&1 &
+  --attempt "$ATTEMPT" --disk "$DISK" --booted "$BOOTED" --installed "$INSTALLED" \
+  --installed-from "${INSTALL_SOURCE:-}" > >(tee -a "$LOG") 2>&1 &
 RUNNER=$!
 trap 'kill -TERM "$RUNNER" 2>/dev/null' TERM
 trap 'kill -INT "$RUNNER" 2>/dev/null' INT
