@@ -9,6 +9,7 @@ controller reads: the run ends with that reason, not recreated as a lost VM afte
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -208,7 +209,8 @@ def test_a_host_that_cannot_write_model_dir_ends_the_run_at_once_and_is_not_recr
 
 
 def _wheel(folder, name: str, requires=()) -> str:
-    """A one-module wheel of `name` 1.0 (importable as `name`), written into `folder`; its file name."""
+    """A one-module wheel of `name` 1.0 (importable as `name`), written into `folder` with its metadata beside it
+    (`<wheel>.metadata`, as PyPI serves it: PEP 658); its file name."""
     import base64
     import hashlib
     import zipfile
@@ -225,20 +227,23 @@ def _wheel(folder, name: str, requires=()) -> str:
     with zipfile.ZipFile(folder / filename, "w") as archive:
         for path, text in files.items():
             archive.writestr(path, text)
+    (folder / f"{filename}.metadata").write_text(files[f"{dist}.dist-info/METADATA"])
     return filename
 
 
 @pytest.fixture
 def package_index(tmp_path):
-    """A package index (PEP 503's simple pages) with two small wheels, the second needed by the first; it counts
-    what it is asked."""
+    """A package index (PEP 503's simple pages, each wheel's metadata served apart as PyPI does) with two small
+    wheels, the second needed by the first; it counts what it is asked."""
     root = tmp_path / "index"
     (root / "files").mkdir(parents=True)
     for name, requires in (("tinyhouse_app", ["tinyhouse-dep>=1"]), ("tinyhouse_dep", [])):
         filename = _wheel(root / "files", name, requires)
         page = root / "simple" / name.replace("_", "-")
         page.mkdir(parents=True)
-        (page / "index.html").write_text(f'<a href="../../files/{filename}">{filename}</a>\n')
+        metadata = hashlib.sha256((root / "files" / f"{filename}.metadata").read_bytes()).hexdigest()
+        (page / "index.html").write_text(f'<a href="../../files/{filename}" data-core-metadata="sha256={metadata}" '
+                                         f'data-dist-info-metadata="sha256={metadata}">{filename}</a>\n')
     asked = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -252,8 +257,6 @@ def package_index(tmp_path):
                 path = path / "index.html"
             self.send_response(200 if path.is_file() else 404)
             self.send_header("Content-Type", "text/html" if path.suffix == ".html" else "application/octet-stream")
-            if path.suffix == ".whl":  # as PyPI serves its files: pip keeps them in its cache
-                self.send_header("Cache-Control", "max-age=365000000, immutable, public")
             self.end_headers()
             if path.is_file():
                 self.wfile.write(path.read_bytes())
@@ -290,9 +293,8 @@ def test_the_first_host_keeps_a_wheelhouse_and_a_recreated_vms_host_installs_fro
     model_dir = tmp_path / "model_dir"
     script = _script(model_dir, tmp_path, ["tinyhouse-app>=1"])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON", "VIRTUAL_ENV"))}
-    # pip caches what it fetches over https, or from a trusted host: as trusted, this index is cached as PyPI is
     env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", TPULAUNCH_METADATA_URL=metadata, PIP_INDEX_URL=index,
-               PIP_TRUSTED_HOST="127.0.0.1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+               PIP_DISABLE_PIP_VERSION_CHECK="1")
 
     def boot(home: str) -> str:
         done = subprocess.run(["bash", "-c", script], env={**env, "HOME": str(tmp_path / home)}, capture_output=True,
@@ -301,8 +303,7 @@ def test_the_first_host_keeps_a_wheelhouse_and_a_recreated_vms_host_installs_fro
         return done.stdout
 
     first = boot("vm-1-worker-0")
-    files = [path for path in asked if path.startswith("/files/")]
-    assert sorted(files) == ["/files/tinyhouse_app-1.0-py3-none-any.whl", "/files/tinyhouse_dep-1.0-py3-none-any.whl"]
+    assert {"/files/tinyhouse_app-1.0-py3-none-any.whl", "/files/tinyhouse_dep-1.0-py3-none-any.whl"} <= set(asked)
     assert "kept what it installed as the run's wheelhouse" in first
     (described,) = [json.loads(p.read_text()) for p in (model_dir / "tpulaunch-remote" / "wheelhouse").glob("*.json")]
     assert described["wheels"] == ["tinyhouse_app-1.0-py3-none-any.whl", "tinyhouse_dep-1.0-py3-none-any.whl"]

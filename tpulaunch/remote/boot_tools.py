@@ -4,6 +4,7 @@ alone (no gcloud, gsutil or google-cloud-storage on the image is assumed).
 
     python3 boot_tools.py put FILE URL                 a file to run.model_dir (a local folder, or gs://)
     python3 boot_tools.py wheelhouse-key REQUIREMENT...   the run's wheelhouse's name for these on this Python
+    python3 boot_tools.py pins REPORT                  what a pip install --report would install, as name==version
     python3 boot_tools.py wheelhouse-get URL DIR       the wheelhouse at URL into DIR, checked by its hash
     python3 boot_tools.py wheelhouse-put DIR URL PINS REQUIREMENT...   DIR's wheels as the wheelhouse at URL
 
@@ -12,7 +13,7 @@ gs:// goes through Cloud Storage's JSON API with the token of the VM's service a
 another server. Every file written is this user's alone, as every file under tpulaunch-remote/.
 
 The wheelhouse (`layout.wheelhouse`): what the first host that installed the job's requirements from the package
-index installed into its venv, as wheels, so that every later host of the run (a recreated VM's too) installs
+index put into its venv (what the image lacked), as wheels, so that every later host of the run (a recreated VM's too) installs
 them with `pip install --no-index --find-links`. It is named by the requirements and the VM's Python version and
 machine (`wheelhouse-key`), and is two files: `<key>.tar` (the wheels) and `<key>.json` (written last: its hash,
 size, the wheels and the pins they came from), so a reader sees a whole wheelhouse or none, and one whose tar does
@@ -136,6 +137,13 @@ def wheelhouse_key(requirements) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
 
 
+def pins(report_path: str) -> list:
+    """`name==version` for each distribution a `pip install --dry-run --report` would install."""
+    with open(report_path) as handle:
+        report = json.load(handle)
+    return [f"{item['metadata']['name']}=={item['metadata']['version']}" for item in report.get("install") or []]
+
+
 def _sha256(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -198,6 +206,8 @@ def main(argv) -> int:
             put(*args)
         elif command == "wheelhouse-key":
             print(wheelhouse_key(args))
+        elif command == "pins":
+            print("\n".join(pins(args[0])))
         elif command == "wheelhouse-put":
             described = wheelhouse_put(args[0], args[1], args[2], args[3:])
             print(f"kept the run's wheelhouse: {len(described['wheels'])} wheels, {described['bytes']} bytes, "

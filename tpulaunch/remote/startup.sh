@@ -137,28 +137,36 @@ else
     step installing "making the venv failed" python3 -m venv --system-site-packages "$DISK/venv"
   fi
   PY="$DISK/venv/bin/python"
-  # One install from the package index per run: the first host to install keeps what it installed as the run's
-  # wheelhouse under run.model_dir (named by the requirements and this Python), and every later host (a recreated
-  # VM's too) installs from it, the index not asked; a wheelhouse missing, not matching its hash or not installing
-  # leaves the host to the index, as before.
+  # One install from the package index per run: worker 0 of the first VM downloads what the venv lacks as wheels,
+  # installs from them and keeps them as the run's wheelhouse under run.model_dir (named by the requirements and
+  # this Python); every later host (a recreated VM's too) installs from it, the index not asked. A wheelhouse
+  # missing, not matching its hash or not installing leaves a host to the index, as before.
   HOUSE="$WHEELHOUSE/$("$SYSTEM_PYTHON" "$TOOLS" wheelhouse-key "${REQUIREMENTS[@]}")"
-  if "$SYSTEM_PYTHON" "$TOOLS" wheelhouse-get "$HOUSE" "$DISK/wheels" >>"$LOG" 2>&1 \
-      && "$PY" -m pip install -q --no-index --find-links "$DISK/wheels" "${REQUIREMENTS[@]}" >>"$LOG" 2>&1; then
+  WHEELS="$DISK/wheels"
+  if "$SYSTEM_PYTHON" "$TOOLS" wheelhouse-get "$HOUSE" "$WHEELS" >>"$LOG" 2>&1 \
+      && "$PY" -m pip install -q --no-index --find-links "$WHEELS" "${REQUIREMENTS[@]}" >>"$LOG" 2>&1; then
     INSTALL_SOURCE=wheelhouse
     say "installed the job's requirements from the run's wheelhouse ($HOUSE.tar), none from the package index"
-  else
+  elif [ "$WORKER" = 0 ] && {
+      # what the venv lacks (the image's own packages stay the image's), resolved without downloading it (pip's
+      # --dry-run --report: pip 22.2, newer than Ubuntu 22.04's; from pip 25.3 on it fetches only the metadata),
+      # then each of it once, as a wheel
+      rm -rf "$WHEELS"
+      "$PY" -m pip install -q "pip>=25.3" || echo "tpulaunch | pip not updated: its --dry-run downloads too"
+      "$PY" -m pip install -q --dry-run --report "$DISK/resolved.json" "${REQUIREMENTS[@]}" \
+      && "$SYSTEM_PYTHON" "$TOOLS" pins "$DISK/resolved.json" >"$DISK/pins.txt" \
+      && "$PY" -m pip wheel -q --no-deps -w "$WHEELS" -r "$DISK/pins.txt" \
+      && "$PY" -m pip install -q --no-index --find-links "$WHEELS" "${REQUIREMENTS[@]}"; } >>"$LOG" 2>&1; then
     INSTALL_SOURCE=index
-    step installing "installing the job's requirements failed" "$PY" -m pip install -q "${REQUIREMENTS[@]}"
-    # Worker 0 keeps it (pip's cache serves the wheels it just downloaded): what went into the venv, pinned, as
-    # wheels. Not keeping it fails nothing: later hosts install from the index.
-    if [ "$WORKER" = 0 ] && { "$PY" -m pip freeze --local >"$DISK/pins.txt" && rm -rf "$DISK/wheels" \
-        && "$PY" -m pip wheel -q --no-deps -w "$DISK/wheels" -r "$DISK/pins.txt" \
-        && "$SYSTEM_PYTHON" "$TOOLS" wheelhouse-put "$DISK/wheels" "$HOUSE" "$DISK/pins.txt" "${REQUIREMENTS[@]}"
-      } >>"$LOG" 2>&1; then
+    if "$SYSTEM_PYTHON" "$TOOLS" wheelhouse-put "$WHEELS" "$HOUSE" "$DISK/pins.txt" "${REQUIREMENTS[@]}" \
+        >>"$LOG" 2>&1; then
       say "kept what it installed as the run's wheelhouse ($HOUSE.tar): later hosts install from it"
-    elif [ "$WORKER" = 0 ]; then
+    else
       say "could not keep the run's wheelhouse (the end of $LOG says why): later hosts install from the index"
     fi
+  else  # a later host with no wheelhouse to use, or worker 0's downloads failing: the index, as before
+    INSTALL_SOURCE=index
+    step installing "installing the job's requirements failed" "$PY" -m pip install -q "${REQUIREMENTS[@]}"
   fi
 fi
 INSTALLED="$(date +%s.%N)"
