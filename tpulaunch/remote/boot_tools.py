@@ -4,7 +4,6 @@ alone (no gcloud, gsutil or google-cloud-storage on the image is assumed).
 
     python3 boot_tools.py put FILE URL                 a file to run.model_dir (a local folder, or gs://)
     python3 boot_tools.py wheelhouse-key REQUIREMENT...   the run's wheelhouse's name for these on this Python
-    python3 boot_tools.py pins REPORT                  what a pip install --report would install, as name==version
     python3 boot_tools.py wheelhouse-get URL DIR       the wheelhouse at URL into DIR, checked by its hash
     python3 boot_tools.py wheelhouse-put DIR URL PINS REQUIREMENT...   DIR's wheels as the wheelhouse at URL
 
@@ -137,13 +136,6 @@ def wheelhouse_key(requirements) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def pins(report_path: str) -> list:
-    """`name==version` for each distribution a `pip install --dry-run --report` would install."""
-    with open(report_path) as handle:
-        report = json.load(handle)
-    return [f"{item['metadata']['name']}=={item['metadata']['version']}" for item in report.get("install") or []]
-
-
 def _sha256(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -206,8 +198,6 @@ def main(argv) -> int:
             put(*args)
         elif command == "wheelhouse-key":
             print(wheelhouse_key(args))
-        elif command == "pins":
-            print("\n".join(pins(args[0])))
         elif command == "wheelhouse-put":
             described = wheelhouse_put(args[0], args[1], args[2], args[3:])
             print(f"kept the run's wheelhouse: {len(described['wheels'])} wheels, {described['bytes']} bytes, "

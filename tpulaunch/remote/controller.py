@@ -380,7 +380,20 @@ class Controller:
             if status is not None:
                 self.statuses[worker] = status
         self._read_unreported()
+        self._note_install()
         self._check_resumed()
+
+    def _note_install(self) -> None:
+        """The VM's install in its record, once its chief says it ended: its seconds from boot and where it came
+        from (the run's wheelhouse, or the package index for the host that built it; none in a rehearsal)."""
+        status = self.status or {}
+        entry = next((item for item in self.record.vms if item.get("vm") == self.vm), None) if self.record else None
+        if entry is None or "install_s" in entry or not status.get("installed") or not status.get("booted"):
+            return
+        entry["install_s"] = round(status["installed"] - status["booted"], 3)
+        if status.get("installed_from"):
+            entry["installed_from"] = status["installed_from"]
+        self.record.save(self.model_dir)
 
     def _read_unreported(self) -> None:
         """A host that wrote no status may have failed without being able to (it cannot write run.model_dir):

@@ -137,8 +137,8 @@ else
     step installing "making the venv failed" python3 -m venv --system-site-packages "$DISK/venv"
   fi
   PY="$DISK/venv/bin/python"
-  # One install from the package index per run: worker 0 of the first VM downloads what the venv lacks as wheels,
-  # installs from them and keeps them as the run's wheelhouse under run.model_dir (named by the requirements and
+  # One install from the package index per run: worker 0 of the first VM keeps what it installed into the venv
+  # (what the image lacked), as wheels, as the run's wheelhouse under run.model_dir (named by the requirements and
   # this Python); every later host (a recreated VM's too) installs from it, the index not asked. A wheelhouse
   # missing, not matching its hash or not installing leaves a host to the index, as before.
   HOUSE="$WHEELHOUSE/$("$SYSTEM_PYTHON" "$TOOLS" wheelhouse-key "${REQUIREMENTS[@]}")"
@@ -147,26 +147,22 @@ else
       && "$PY" -m pip install -q --no-index --find-links "$WHEELS" "${REQUIREMENTS[@]}" >>"$LOG" 2>&1; then
     INSTALL_SOURCE=wheelhouse
     say "installed the job's requirements from the run's wheelhouse ($HOUSE.tar), none from the package index"
-  elif [ "$WORKER" = 0 ] && {
-      # what the venv lacks (the image's own packages stay the image's), resolved without downloading it (pip's
-      # --dry-run --report: pip 22.2, newer than Ubuntu 22.04's; from pip 25.3 on it fetches only the metadata),
-      # then each of it once, as a wheel
-      rm -rf "$WHEELS"
-      "$PY" -m pip install -q "pip>=25.3" || echo "tpulaunch | pip not updated: its --dry-run downloads too"
-      "$PY" -m pip install -q --dry-run --report "$DISK/resolved.json" "${REQUIREMENTS[@]}" \
-      && "$SYSTEM_PYTHON" "$TOOLS" pins "$DISK/resolved.json" >"$DISK/pins.txt" \
-      && "$PY" -m pip wheel -q --no-deps -w "$WHEELS" -r "$DISK/pins.txt" \
-      && "$PY" -m pip install -q --no-index --find-links "$WHEELS" "${REQUIREMENTS[@]}"; } >>"$LOG" 2>&1; then
-    INSTALL_SOURCE=index
-    if "$SYSTEM_PYTHON" "$TOOLS" wheelhouse-put "$WHEELS" "$HOUSE" "$DISK/pins.txt" "${REQUIREMENTS[@]}" \
-        >>"$LOG" 2>&1; then
-      say "kept what it installed as the run's wheelhouse ($HOUSE.tar): later hosts install from it"
-    else
-      say "could not keep the run's wheelhouse (the end of $LOG says why): later hosts install from the index"
-    fi
-  else  # a later host with no wheelhouse to use, or worker 0's downloads failing: the index, as before
+  else
     INSTALL_SOURCE=index
     step installing "installing the job's requirements failed" "$PY" -m pip install -q "${REQUIREMENTS[@]}"
+    # The venv's own distributions, pinned (--all: `wheel` too, which TensorFlow's dependencies need; not the pip
+    # and setuptools every venv is made with), each as a wheel: pip's cache holds what it just downloaded (the
+    # index serves its files as cacheable for a year), so the index is not asked for them again. Not keeping it
+    # fails nothing: later hosts install from the index.
+    if [ "$WORKER" = 0 ] && { rm -rf "$WHEELS" && "$PY" -m pip freeze --local --all >"$DISK/frozen.txt" \
+        && { grep -v -E '^(pip|setuptools)==' "$DISK/frozen.txt" >"$DISK/pins.txt" || true; } \
+        && "$PY" -m pip wheel -q --no-deps -w "$WHEELS" -r "$DISK/pins.txt" \
+        && "$SYSTEM_PYTHON" "$TOOLS" wheelhouse-put "$WHEELS" "$HOUSE" "$DISK/pins.txt" "${REQUIREMENTS[@]}"
+      } >>"$LOG" 2>&1; then
+      say "kept what it installed as the run's wheelhouse ($HOUSE.tar): later hosts install from it"
+    elif [ "$WORKER" = 0 ]; then
+      say "could not keep the run's wheelhouse (the end of $LOG says why): later hosts install from the index"
+    fi
   fi
 fi
 INSTALLED="$(date +%s.%N)"
