@@ -9,7 +9,7 @@ What stands in: a metadata server (the host's place), a local model_dir (the buc
 only reports the install's times (the job itself is not run). Bytes from the index are counted by an HTTPS
 proxy the hosts' pip goes through.
 
-    .venv/bin/python benchmarks/wheelhouse_install.py [--extra jax-tpu] [--hosts 2]
+    .venv/bin/python benchmarks/wheelhouse_install.py [--extra jax-tpu]
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -79,10 +78,10 @@ class _Tunnel(socketserver.StreamRequestHandler):
                     upstream.sendall(data)
 
 
-def metadata_server(attempt: int):
-    """A TPU VM host's metadata: worker 0 of a one-host v4-8, VM `attempt` of the run."""
-    attributes = {"agent-worker-number": "0", "tpulaunch-attempt": str(attempt),
-                  "worker-network-endpoints": "10.0.0.2", "accelerator-type": "v4-8"}
+def metadata_server(worker: int, attempt: int):
+    """A TPU VM host's metadata: worker `worker` of a two-host v4-16, VM `attempt` of the run."""
+    attributes = {"agent-worker-number": str(worker), "tpulaunch-attempt": str(attempt),
+                  "worker-network-endpoints": "10.0.0.2,10.0.0.3", "accelerator-type": "v4-16"}
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -110,7 +109,6 @@ with open({said!r}, "w") as handle:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--extra", default="jax-tpu", help="tpulaunch's extra whose requirements the hosts install")
-    parser.add_argument("--hosts", type=int, default=2, help="hosts booted one after the other (the first keeps it)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
     args = parser.parse_args()
     requirements = install_requirements(args.extra, strict=True)
@@ -136,21 +134,23 @@ def main() -> int:
     print(f"requirements ({args.extra}): {' '.join(requirements)}")
     print(f"python: {os.path.realpath(sys.executable)} ({sys.version.split()[0]})")
     rows = []
-    for host in range(args.hosts):
-        server, url = metadata_server(attempt=host + 1)
+    # one after the other, each with a disk of its own: a host of the first VM that finds no wheelhouse (as every
+    # host did before it), the first VM's worker 0 (installs and keeps it), a recreated VM's host (installs from it)
+    for worker, vm, who in ((1, 1, "VM 1, worker 1: no wheelhouse yet (every host, before)"),
+                            (0, 1, "VM 1, worker 0: installs and keeps the wheelhouse"),
+                            (0, 2, "VM 2 (recreated), worker 0: from the wheelhouse")):
+        server, url = metadata_server(worker, vm)
         before = proxy.received
-        started = time.monotonic()
-        done = subprocess.run(["bash", "-c", script], env={**env, "HOME": str(root / f"vm-{host + 1}"),
+        done = subprocess.run(["bash", "-c", script], env={**env, "HOME": str(root / f"vm-{vm}-worker-{worker}"),
                                                           "TPULAUNCH_METADATA_URL": url},
                               capture_output=True, text=True, timeout=3600)
-        wall = time.monotonic() - started
         server.shutdown()
         if done.returncode != 0:
             print(done.stdout + done.stderr)
             return 1
         times = json.loads(said.read_text())
-        rows.append({"host": f"VM {host + 1}, worker 0", "from": times.get("--installed-from"),
-                     "install_s": float(times["--installed"]) - float(times["--booted"]), "script_s": wall,
+        rows.append({"host": who, "from": times.get("--installed-from"),
+                     "install_s": float(times["--installed"]) - float(times["--booted"]),
                      "index_bytes": proxy.received - before})
         print(done.stdout.strip())
     houses = list((root / "model_dir" / "tpulaunch-remote" / "wheelhouse").glob("*.json"))

@@ -137,6 +137,7 @@ else
     step installing "making the venv failed" python3 -m venv --system-site-packages "$DISK/venv"
   fi
   PY="$DISK/venv/bin/python"
+  export PIP_DISABLE_PIP_VERSION_CHECK=1  # its notice says nothing the run needs, and asks the index
   # One install from the package index per run: worker 0 of the first VM keeps what it installed into the venv
   # (what the image lacked), as wheels, as the run's wheelhouse under run.model_dir (named by the requirements and
   # this Python); every later host (a recreated VM's too) installs from it, the index not asked. A wheelhouse
