@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -20,11 +19,9 @@ import textwrap
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
-from paths import REPO
 
 PYTHON3 = """#!/bin/bash
 # A base image's python3: `-m venv` needs Ubuntu's python3.X-venv (installed: the marker); the rest is real Python.
