@@ -29,7 +29,7 @@ from tpulaunch.remote import causes, contention, layout
 from tpulaunch.remote.follow import HostLog, attempt_taken, host_status
 from tpulaunch.remote.stage import Stage
 from tpulaunch.tpu import node as cluster
-from tpulaunch.tpu.lifecycle import Placement
+from tpulaunch.tpu.lifecycle import GUEST_ATTRIBUTES_KEY, Placement
 
 Say = Callable[[str], None]
 
@@ -151,7 +151,7 @@ class Controller:
 
     def _metadata(self, vm: int) -> tuple:
         return ((layout.STARTUP_KEY, self.startup), (layout.STAGE_KEY, self.stage.digest),
-                (layout.ATTEMPT_KEY, str(vm)))
+                (layout.ATTEMPT_KEY, str(vm)), (GUEST_ATTRIBUTES_KEY, "TRUE"))
 
     def _create(self, vm: int, tries=None) -> float:
         """Create the node as the run's VM number `vm` in the first zone and tier with capacity (of `tries`, else
@@ -380,7 +380,38 @@ class Controller:
             status = host_status(self.model_dir, self.vm, worker)
             if status is not None:
                 self.statuses[worker] = status
+        self._read_unreported()
+        self._note_install()
         self._check_resumed()
+
+    def _note_install(self) -> None:
+        """The VM's install in its record, once its chief says it ended: its seconds from boot and where it came
+        from (the run's wheelhouse, or the package index for the host that built it; none in a rehearsal)."""
+        status = self.status or {}
+        entry = next((item for item in self.record.vms if item.get("vm") == self.vm), None) if self.record else None
+        if entry is None or "install_s" in entry or not status.get("installed") or not status.get("booted"):
+            return
+        entry["install_s"] = round(status["installed"] - status["booted"], 3)
+        if status.get("installed_from"):
+            entry["installed_from"] = status["installed_from"]
+        self.record.save(self.model_dir)
+
+    def _read_unreported(self) -> None:
+        """A host that wrote no status may have failed without being able to (it cannot write run.model_dir):
+        its startup script then left why in the VM's guest attributes (`startup.sh`'s `unreported`), read here,
+        so that the run ends at once with the reason rather than after --host-timeout as a lost VM."""
+        silent = [worker for worker in range(self.hosts) if worker not in self.statuses]
+        if not silent or self.life is None:
+            return
+        try:
+            found = self.life.guest_attributes(layout.GUEST_NAMESPACE)
+        except TpuLaunchError:
+            return  # not readable now: the host timeout still catches a host that never reports
+        for worker in silent:
+            failed = (found[worker] if worker < len(found) else {}).get(layout.GUEST_FAILED_KEY)
+            if failed:
+                self.statuses[worker] = {"worker": worker, "role": "startup", "phase": "starting", "failed": failed,
+                                         "exit_code": 1, "unreported": True}
 
     def _end(self, outcome: str) -> None:
         self.record.outcome = outcome
@@ -503,13 +534,18 @@ class Controller:
         tail = [line for line in status.get("log_tail") or [] if line.strip()][-6:]
         self._end(f"failed: worker {worker}: {status['failed']}")
         self._remove_node()
+        if status.get("unreported"):  # from the VM's guest attributes: run.model_dir has none of its output
+            output = ("its whole startup output stays on the host (~/tpulaunch/startup.log; rerun with --keep-tpu to "
+                      "read it there); the TPU VM's service account needs roles/storage.objectAdmin on "
+                      "run.model_dir's bucket")
+        else:
+            output = (f"its whole startup output: {layout.host_startup_log(self.model_dir, self.vm, worker)}; fix the "
+                      "job's requirements (or this tpulaunch's extra)")
         raise TpuLaunchError(
             f"worker {worker} of TPU node '{self.ref.name}' (VM {self.vm} of the run) failed while "
             f"{status.get('phase') or 'starting'}: {status['failed']}; not retried: a new VM runs the same startup "
             "script" + ("; its output ends:\n  " + "\n  ".join(tail) if tail else ""),
-            hint=f"its whole startup output: {layout.host_startup_log(self.model_dir, self.vm, worker)}; fix the "
-                 "job's requirements (or this tpulaunch's extra) and rerun",
-            exit_code=ExitCode.CLUSTER)
+            hint=f"{output} and rerun", exit_code=ExitCode.CLUSTER)
 
     def _late_hosts(self) -> Optional[str]:
         """The hosts that have not started their part within host_timeout_s of the VM being READY, in words (the

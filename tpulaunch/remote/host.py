@@ -9,7 +9,8 @@ model_dir's lease and writes its shared files (the others are told they are not 
 convention `run/workers.py` reads). A host with nothing to run says so in its status and exits 0.
 
 The train's output goes to `attempts/<A>/worker-<N>.log` under run.model_dir and the host's status beside it
-(`worker-<N>.json`: its phase, when it booted, installed, started, the train's pid and host, how it ended, and
+(`worker-<N>.json`: its phase, when it booted, installed (and from where: the run's wheelhouse or the package
+index), started, the train's pid and host, how it ended, and
 for a chief whose train failed while another run held model_dir's lease, that holder: `lease_holder`). It
 exits with the train's exit code, which the controller reads (`causes.py`) to decide between recovering and
 stopping.
@@ -94,15 +95,20 @@ def worker_env(worker: int, hosts: int, hosts_run: str, endpoints: List[str]) ->
 
 
 class Status:
-    """This host's status file under model_dir, rewritten whole at each change."""
+    """This host's status file under model_dir, rewritten whole at each change, and its copy on the host's disk
+    (`copy`), where the startup script reads whether the runner took the status over from it."""
 
-    def __init__(self, url: str, **fields):
-        self.url = url
+    def __init__(self, url: str, copy: Optional[str] = None, **fields):
+        self.url, self.copy = url, copy
         self.data = {"host": socket.gethostname(), **fields}
 
     def update(self, **fields) -> None:
         self.data.update(fields)
-        store.write(self.url, (json.dumps(self.data, indent=1) + "\n").encode(), private=True)
+        text = (json.dumps(self.data, indent=1) + "\n").encode()
+        store.write(self.url, text, private=True)
+        if self.copy:
+            with open(self.copy, "wb") as handle:
+                handle.write(text)
 
 
 def _last_message(log_path: str) -> str:
@@ -117,14 +123,16 @@ def _last_message(log_path: str) -> str:
 
 
 def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[float],
-        installed: Optional[float], hosts: int = 1, endpoints: Optional[List[str]] = None, zone: str = "") -> int:
+        installed: Optional[float], hosts: int = 1, endpoints: Optional[List[str]] = None, zone: str = "",
+        installed_from: str = "") -> int:
     manifest = fetch_stage(stage_url, disk)
     model_dir = manifest["model_dir"]
     hosts_run = manifest.get("hosts", "chief")
     mine = role(worker, hosts_run)
-    status = Status(layout.host_status(model_dir, attempt, worker), worker=worker, attempt=attempt, hosts=hosts,
-                    booted=booted, installed=installed, fetched=time.time(), role=mine, phase="fetched",
-                    exit_code=None)
+    status = Status(layout.host_status(model_dir, attempt, worker), os.path.join(disk, "status.json"), worker=worker,
+                    attempt=attempt, hosts=hosts, booted=booted, installed=installed,
+                    **({"installed_from": installed_from} if installed_from else {}), fetched=time.time(), role=mine,
+                    phase="fetched", exit_code=None)
     if mine == NONE:
         status.update(phase="ended", exit_code=0, ended=time.time(),
                       message=f"nothing to run on this host: worker {CHIEF} trains")
@@ -204,6 +212,8 @@ def main(argv=None) -> int:
     parser.add_argument("--disk", required=True)
     parser.add_argument("--booted", type=float)
     parser.add_argument("--installed", type=float)
+    parser.add_argument("--installed-from", default="",
+                        help="where the install came from: wheelhouse, index (none: nothing installed)")
     args = parser.parse_args(argv)
     endpoints = [item for item in args.endpoints.split(",") if item]
     from tpulaunch.errors import TpuLaunchError
@@ -216,7 +226,8 @@ def main(argv=None) -> int:
 
 
 def _run_host(args, endpoints: List[str]) -> int:
-    return run(args.stage, args.worker, args.attempt, args.disk, args.booted, args.installed, args.hosts, endpoints, args.zone)
+    return run(args.stage, args.worker, args.attempt, args.disk, args.booted, args.installed, args.hosts, endpoints,
+               args.zone, args.installed_from)
 
 
 if __name__ == "__main__":

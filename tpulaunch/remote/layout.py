@@ -4,6 +4,8 @@
         blobs/<sha256>                 staged files, named by their content (the job, its code, tpulaunch)
         stages/<sha256>.json           a stage's manifest: what the VM fetches and runs (named by its content)
         run.json                       the controller's record: the node, each VM it created, each recovery
+        wheelhouse/<key>.tar, .json    the job's requirements as wheels, kept by the first host that installed them
+                                       from the package index, for every later one (`boot_tools.py`)
         attempts/<n>/vm.json           the n-th VM's claim on its number: the run and stage it was created for
         attempts/<n>/worker-<i>.log    what host i of the n-th VM printed (`tpulaunch train`'s lines)
         attempts/<n>/worker-<i>.json   that host's status: its phase, when it booted, installed, started, how it ended
@@ -21,6 +23,7 @@ REMOTE_DIR = "tpulaunch-remote"
 ATTEMPT_KEY = "tpulaunch-attempt"  # node metadata: which VM of the run this is
 STAGE_KEY = "tpulaunch-stage"  # node metadata: the stage's digest (a node running another job is not reattached)
 STARTUP_KEY = "startup-script"  # node metadata every TPU VM host runs at boot
+GUEST_NAMESPACE, GUEST_FAILED_KEY = "tpulaunch", "failed"  # a host's failure that run.model_dir could not carry
 
 
 def join(base: str, *parts: str) -> str:
@@ -37,6 +40,10 @@ def blob(model_dir: str, digest: str) -> str:
 
 def manifest(model_dir: str, digest: str) -> str:
     return join(remote_dir(model_dir), "stages", f"{digest}.json")
+
+
+def wheelhouse(model_dir: str) -> str:
+    return join(remote_dir(model_dir), "wheelhouse")
 
 
 def run_record(model_dir: str) -> str:

@@ -1,34 +1,49 @@
 """The startup script a `tpulaunch run` TPU VM runs on every host when it boots: `startup.sh` (the one template)
-with the stage's places and what to install filled in. The same script on every VM of a run (a recreated one
-too): what differs per VM (its number in the run) and per host (its worker number) it reads from the metadata.
+with the stage's places and what to install filled in, and `boot_tools.py` (what it does in Python before anything
+is installed) written into it. The same script on every VM of a run (a recreated one too): what differs per VM
+(its number in the run) and per host (its worker number) it reads from the metadata.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
-from typing import Optional
+from typing import Optional, Sequence
 
 from tpulaunch.remote import layout
 from tpulaunch.remote.stage import Stage
 
-TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup.sh")
+HERE = os.path.dirname(os.path.abspath(__file__))
+TEMPLATE = os.path.join(HERE, "startup.sh")
+BOOT_TOOLS = os.path.join(HERE, "boot_tools.py")
 
 
 def startup_script(stage: Stage, *, rehearsal_python: Optional[str] = None) -> str:
     """The script for `stage`; `rehearsal_python` (a rehearsal) reuses this machine's Python instead of a venv."""
+    return render(stage=stage.url, package=stage.blob_url(stage.manifest["tpulaunch"]["blob"]),
+                  model_dir=stage.model_dir, requirements=_requirements(stage, rehearsal_python),
+                  rehearsal_python=rehearsal_python)
+
+
+def render(*, stage: str, package: str, model_dir: str, requirements: Sequence[str],
+           rehearsal_python: Optional[str] = None) -> str:
+    """The template filled in: the stage's manifest and tpulaunch's package (their URLs), the run's model_dir,
+    what to install."""
     with open(TEMPLATE) as handle:
         text = handle.read()
+    with open(BOOT_TOOLS) as handle:
+        tools = handle.read()
     values = {
-        "@STAGE@": shlex.quote(stage.url),
-        "@PACKAGE@": shlex.quote(stage.blob_url(stage.manifest["tpulaunch"]["blob"])),
-        "@ATTEMPTS@": shlex.quote(layout.attempts(stage.model_dir)),
+        "@STAGE@": shlex.quote(stage),
+        "@PACKAGE@": shlex.quote(package),
+        "@ATTEMPTS@": shlex.quote(layout.attempts(model_dir)),
+        "@WHEELHOUSE@": shlex.quote(layout.wheelhouse(model_dir)),
         "@PYTHON@": shlex.quote(rehearsal_python or ""),
-        "@REQUIREMENTS@": " ".join(shlex.quote(r) for r in _requirements(stage, rehearsal_python)),
+        "@REQUIREMENTS@": " ".join(shlex.quote(r) for r in requirements),
     }
     for key, value in values.items():
         text = text.replace(key, value)
-    return text
+    return text.replace("@BOOT_TOOLS@\n", tools)  # last: its text is not the template's to fill
 
 
 def _requirements(stage: Stage, rehearsal_python: Optional[str]):

@@ -9,6 +9,7 @@ set -u
 STAGE=@STAGE@                   # the stage's manifest, under run.model_dir
 PACKAGE=@PACKAGE@               # tpulaunch itself, as staged
 ATTEMPTS=@ATTEMPTS@             # run.model_dir/tpulaunch-remote/attempts: each VM's hosts' logs and statuses
+WHEELHOUSE=@WHEELHOUSE@         # run.model_dir/tpulaunch-remote/wheelhouse: the requirements as wheels, once per run
 REHEARSAL_PYTHON=@PYTHON@       # a rehearsal: this machine's Python and its packages (empty on a TPU VM)
 REQUIREMENTS=(@REQUIREMENTS@)   # tpulaunch's requirements with the engine's extra
 BOOTED="$(date +%s.%N)"
@@ -36,6 +37,10 @@ HOSTS="$(echo "$ENDPOINTS" | tr ',' '\n' | grep -c .)"
 DISK="${HOME:-/root}/tpulaunch"
 mkdir -p "$DISK" && cd "$DISK" || exit 1
 LOG="$DISK/startup.log"          # what this script printed (also on its own output: the VM's console)
+TOOLS="$DISK/boot_tools.py"      # what this script does in Python before anything is installed (stdlib alone)
+cat >"$TOOLS" <<'BOOT_TOOLS'
+@BOOT_TOOLS@
+BOOT_TOOLS
 say() { echo "tpulaunch | $*" | tee -a "$LOG"; }
 # step PHASE WHAT COMMAND...: run it with its output kept in the log (written before it is read back); when it
 # fails, the host's status says WHAT failed with the end of that output
@@ -48,15 +53,21 @@ step() {
   [ "$code" -eq 0 ] || fail "$phase" "$what"
 }
 
-# put FILE URL: a file to run.model_dir (a local folder in a rehearsal, else gs:// with the image's gcloud), this
-# user's alone as every file under tpulaunch-remote/ (the host's output may quote the job's)
-put() {
-  case "$2" in
-    gs://*) gcloud storage cp --quiet "$1" "$2" >/dev/null 2>&1 || gsutil -q cp "$1" "$2" ;;
-    *) mkdir -p "$(dirname "$2")" && (umask 077 && cp "$1" "$2.tmp.$$") && mv "$2.tmp.$$" "$2" ;;
-  esac
+# put FILE URL: a file to run.model_dir (a local folder in a rehearsal, else gs://, written with the VM's token in
+# Python's standard library: a TPU image or a container's need not have gcloud or gsutil); fails saying why
+put() { "$SYSTEM_PYTHON" "$TOOLS" put "$1" "$2"; }
+# unreported WHAT: a failure that run.model_dir cannot carry (the host cannot write there), left where the
+# controller reads it at once through the Cloud TPU API: the VM's guest attribute tpulaunch/failed (the node's
+# metadata enables guest attributes); then stop. A GKE pod has none: its exit code tells the JobSet.
+unreported() {
+  say "worker $WORKER: $1"
+  printf '%s' "$1" | head -c 2000 | curl -sS -X PUT --data-binary @- -H "Metadata-Flavor: Google" \
+    "${META}instance/guest-attributes/tpulaunch/failed" >/dev/null 2>>"$LOG" \
+    || say "worker $WORKER: could not leave that in the VM's guest attributes either"
+  exit 1
 }
-# status PHASE [FAILED]: this host's status file; with FAILED, the step that failed and the end of its output
+# status PHASE [FAILED]: this host's status file; with FAILED, the step that failed and the end of its output.
+# Not written: the host stops at once, saying why where the controller still reads it (`unreported`).
 status() {
   "$SYSTEM_PYTHON" - "$WORKER" "$ATTEMPT" "$HOSTS" "$BOOTED" "$1" "${2:-}" "$LOG" >"$DISK/status.json" <<'STATUS'
 import json, socket, sys, time
@@ -69,13 +80,15 @@ if failed:
     status.update(failed=failed, exit_code=1, ended=time.time(), log_tail=tail)
 print(json.dumps(status, indent=1))
 STATUS
-  put "$DISK/status.json" "$ATTEMPTS/$ATTEMPT/worker-$WORKER.json"
+  local why
+  why="$(put "$DISK/status.json" "$ATTEMPTS/$ATTEMPT/worker-$WORKER.json" 2>&1)" \
+    || unreported "${2:+$2; }this host cannot write its status to run.model_dir: ${why:-no reason given}"
 }
 # fail PHASE WHAT: say it, leave it in the status and the log beside it, stop
 fail() {
   say "worker $WORKER: $2"
   status "$1" "$2"
-  put "$LOG" "$ATTEMPTS/$ATTEMPT/worker-$WORKER.startup.log"
+  put "$LOG" "$ATTEMPTS/$ATTEMPT/worker-$WORKER.startup.log" 2>>"$LOG"
   exit 1
 }
 
@@ -123,9 +136,35 @@ else
       env DEBIAN_FRONTEND=noninteractive bash -c "apt-get update -q && apt-get install -y -q $VENV_PACKAGE"
     step installing "making the venv failed" python3 -m venv --system-site-packages "$DISK/venv"
   fi
-  step installing "installing the job's requirements failed" \
-    "$DISK/venv/bin/python" -m pip install -q "${REQUIREMENTS[@]}"
   PY="$DISK/venv/bin/python"
+  export PIP_DISABLE_PIP_VERSION_CHECK=1  # its notice says nothing the run needs, and asks the index
+  # One install from the package index per run: worker 0 of the first VM keeps what it installed into the venv
+  # (what the image lacked), as wheels, as the run's wheelhouse under run.model_dir (named by the requirements and
+  # this Python); every later host (a recreated VM's too) installs from it, the index not asked. A wheelhouse
+  # missing, not matching its hash or not installing leaves a host to the index, as before.
+  HOUSE="$WHEELHOUSE/$("$SYSTEM_PYTHON" "$TOOLS" wheelhouse-key "${REQUIREMENTS[@]}")"
+  WHEELS="$DISK/wheels"
+  if "$SYSTEM_PYTHON" "$TOOLS" wheelhouse-get "$HOUSE" "$WHEELS" >>"$LOG" 2>&1 \
+      && "$PY" -m pip install -q --no-index --find-links "$WHEELS" "${REQUIREMENTS[@]}" >>"$LOG" 2>&1; then
+    INSTALL_SOURCE=wheelhouse
+    say "installed the job's requirements from the run's wheelhouse ($HOUSE.tar), none from the package index"
+  else
+    INSTALL_SOURCE=index
+    step installing "installing the job's requirements failed" "$PY" -m pip install -q "${REQUIREMENTS[@]}"
+    # The venv's own distributions, pinned (--all: `wheel` too, which TensorFlow's dependencies need; not the pip
+    # and setuptools every venv is made with), each as a wheel: pip's cache holds what it just downloaded (the
+    # index serves its files as cacheable for a year), so the index is not asked for them again. Not keeping it
+    # fails nothing: later hosts install from the index.
+    if [ "$WORKER" = 0 ] && { rm -rf "$WHEELS" && "$PY" -m pip freeze --local --all >"$DISK/frozen.txt" \
+        && { grep -v -E '^(pip|setuptools)==' "$DISK/frozen.txt" >"$DISK/pins.txt" || true; } \
+        && "$PY" -m pip wheel -q --no-deps -w "$WHEELS" -r "$DISK/pins.txt" \
+        && "$SYSTEM_PYTHON" "$TOOLS" wheelhouse-put "$WHEELS" "$HOUSE" "$DISK/pins.txt" "${REQUIREMENTS[@]}"
+      } >>"$LOG" 2>&1; then
+      say "kept what it installed as the run's wheelhouse ($HOUSE.tar): later hosts install from it"
+    elif [ "$WORKER" = 0 ]; then
+      say "could not keep the run's wheelhouse (the end of $LOG says why): later hosts install from the index"
+    fi
+  fi
 fi
 INSTALLED="$(date +%s.%N)"
 status fetching
@@ -145,7 +184,8 @@ export PYTHONPATH="$DISK/pkg"
 # A stop for this script (a GKE pod's SIGTERM reaches only its first process) goes on to the host runner, which
 # passes it to train: train saves its checkpoint and ends, as on a TPU VM shutting down.
 "$PY" -m tpulaunch.remote.host --stage "$STAGE" --worker "$WORKER" --hosts "$HOSTS" --endpoints "$ENDPOINTS" --zone "$ZONE" \
-  --attempt "$ATTEMPT" --disk "$DISK" --booted "$BOOTED" --installed "$INSTALLED" > >(tee -a "$LOG") 2>&1 &
+  --attempt "$ATTEMPT" --disk "$DISK" --booted "$BOOTED" --installed "$INSTALLED" \
+  --installed-from "${INSTALL_SOURCE:-}" > >(tee -a "$LOG") 2>&1 &
 RUNNER=$!
 trap 'kill -TERM "$RUNNER" 2>/dev/null' TERM
 trap 'kill -INT "$RUNNER" 2>/dev/null' INT
@@ -155,7 +195,11 @@ while kill -0 "$RUNNER" 2>/dev/null; do  # the wait a trapped signal cut short: 
   wait "$RUNNER"
   CODE=$?
 done
-# The host runner keeps the status from its start; one that failed before writing it (the stage unreadable,
-# model_dir not writable) leaves its reason here.
-[ "$CODE" -eq 0 ] || put "$LOG" "$ATTEMPTS/$ATTEMPT/worker-$WORKER.startup.log"
+# The host runner keeps the status from its start (and a copy on this disk); one that failed before writing it
+# (the stage unreadable, model_dir not writable by it) fails the startup here, with its output: a new VM would
+# fail the same way. Killed by a signal (the VM going down) is not such a failure: the controller sees the VM.
+if [ "$CODE" -ge 1 ] && [ "$CODE" -le 127 ] && grep -q '"role": "startup"' "$DISK/status.json" 2>/dev/null; then
+  fail fetching "the host runner stopped (exit code $CODE) before it started this host's part"
+fi
+[ "$CODE" -eq 0 ] || put "$LOG" "$ATTEMPTS/$ATTEMPT/worker-$WORKER.startup.log" 2>>"$LOG"
 exit "$CODE"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from tpulaunch.errors import ExitCode, TpuLaunchError
 from tpulaunch.tpu import api
@@ -32,6 +32,8 @@ CREATE_TIMEOUT_S = 1800.0  # a queued resource can wait long for capacity; `up -
 QR_FAILED = {"FAILED", "SUSPENDED", "SUSPENDING"}
 
 Progress = Callable[[str], None]
+# Compute Engine's node metadata key that lets a VM's hosts set their guest attributes (`guest_attributes` reads)
+GUEST_ATTRIBUTES_KEY = "enable-guest-attributes"
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,18 @@ class Lifecycle:
                 name=self.ref.full_name, timeout=self.timeout, retry=None)), "reading")
         except api.NodeNotFound:
             return None
+
+    def guest_attributes(self, namespace: str) -> List[Dict[str, str]]:
+        """What each host of the node set of itself under `namespace` of its guest attributes (key -> value, in
+        worker order: the API's order when no workers are named); [] when the node is gone."""
+        request = {"name": self.ref.full_name, "query_path": f"{namespace}/"}
+        try:
+            answer = self._request(lambda: api.to_dict(self.client.get_guest_attributes(
+                request=request, timeout=self.timeout, retry=None)), "reading")
+        except api.NodeNotFound:
+            return []
+        return [{item.get("key"): item.get("value") for item in (entry.get("queryValue") or {}).get("items") or []}
+                for entry in answer.get("guestAttributes") or []]
 
     def read_queued(self) -> Optional[dict]:
         """The queued resource of the node's name, or None."""

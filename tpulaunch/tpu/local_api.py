@@ -4,7 +4,8 @@ TPUClusterResolver (cloud-tpu-client) uses it, and whose TPU VMs can be local pr
 The test suite's Cloud TPU API (the `tpu_api` fixture in tests/tpu_api_server.py) and `tpulaunch rehearse`'s.
 
 v2 (`TpuClient(transport="rest")` pointed at `server.endpoint`, which tpulaunch takes from
-$TPULAUNCH_TPU_API_ENDPOINT): nodes get / list / create (`?nodeId=`) / delete, queued resources get /
+$TPULAUNCH_TPU_API_ENDPOINT): nodes get / list / create (`?nodeId=`) / delete / getGuestAttributes (what its TPU
+VMs' hosts set of themselves, below), queued resources get /
 create (`?queuedResourceId=`) / delete, and operations get, at the paths of the library's own
 `rest_base.py` (`/v2/{parent=projects/*/locations/*}/nodes`...). Request bodies are parsed with the
 library's own message types (`tpu_v2.Node`, `tpu_v2.QueuedResource`; unknown fields refused), so a
@@ -18,7 +19,9 @@ both on 127.0.0.1 with a free port, so the real client can be pointed at it with
 
 TPU VMs (`run_vms(root)`, off by default): when a create finishes, every host of the node is started as a
 local process running the node's `startup-script` with the metadata a TPU VM host sees, served here under
-`/vm/...` (`tpu/local_vm.py`); deleting the node, deleting its queued resource or `preempt(name)` kills them.
+`/vm/...` (`tpu/local_vm.py`), where a host may also set its guest attributes (`PUT .../instance/guest-attributes/
+NS/KEY`, when the node's metadata has `enable-guest-attributes: TRUE`, as on Compute Engine); deleting the node,
+deleting its queued resource or `preempt(name)` kills them.
 
 What a test can script:
 
@@ -56,6 +59,8 @@ import urllib.parse
 from typing import Mapping, Optional, Sequence
 
 from tpulaunch.tpu.local_vm import METADATA_PREFIX, LocalVms
+
+GUEST_VERB = ":getGuestAttributes"
 
 # oauth2client reads this when imported; without it a credential lookup probes the GCE metadata address.
 os.environ.setdefault("NO_GCE_CHECK", "True")
@@ -359,6 +364,8 @@ class TpuApiServer:
         bare = path.split("?")[0]
         if bare.startswith(METADATA_PREFIX) and method == "GET":
             return self._metadata(bare, headers)  # a host's own reads: not the API's, not in `requests`
+        if bare.startswith(METADATA_PREFIX) and method == "PUT":
+            return self._put_guest_attribute(bare, headers, body)  # a host's own writes: not the API's either
         if bare.startswith(SECRETS_PREFIX) and method == "GET":
             return self._secret(bare[len(SECRETS_PREFIX):], headers)  # Secret Manager's: not in `requests` either
         with self._lock:
@@ -391,6 +398,8 @@ class TpuApiServer:
                 return self._with_fault("create", lambda: self._create_node(parent, query, body))
             if method == "DELETE" and len(parts) == 6:
                 return self._with_fault("delete", lambda: self._delete_v2_node(path))
+            if method == "POST" and len(parts) == 6 and path.endswith(GUEST_VERB):
+                return self._with_fault("node", lambda: self._guest_attributes(path[:-len(GUEST_VERB)], body))
         if kind == "queuedResources":
             if method == "GET" and len(parts) == 6:
                 return self._with_fault("queued", lambda: self._get_queued(path))
@@ -464,6 +473,27 @@ class TpuApiServer:
         if value is None:
             return 404, "not found", 0.0
         return 200, value, 0.0
+
+    def _put_guest_attribute(self, path: str, headers: Mapping[str, str], body: bytes):
+        if (headers.get("Metadata-Flavor") or "") != "Google":
+            return 403, "Missing required header: Metadata-Flavor", 0.0
+        code = self.vms.put_guest_attribute(path[len(METADATA_PREFIX):], body.decode("utf-8", "replace")) \
+            if self.vms is not None else 404
+        return code, {200: "", 403: "Guest attributes endpoint access is disabled."}.get(code, "not found"), 0.0
+
+    def _guest_attributes(self, full_name: str, body: bytes):
+        """nodes.getGuestAttributes: each host's guest attributes under the request's queryPath (`NS/`), one entry
+        per worker in worker order, as the v2 API answers without workerIds."""
+        query = (json.loads(body or b"{}").get("queryPath") or "").strip("/")
+        with self._lock:
+            known = full_name in self.nodes
+        per_worker = self.vms.guest_attributes(full_name, query) if self.vms is not None and known else None
+        if per_worker is None:
+            return 404, _error_body(404, f"Resource '{full_name}' was not found", "NOT_FOUND")
+        return 200, json.dumps({"guestAttributes": [
+            {"queryPath": f"{query}/", "queryValue": {"items": [
+                {"namespace": query, "key": key, "value": value} for key, value in sorted(found.items())]}}
+            for found in per_worker]})
 
     # ---------------------------------------------------------------- Secret Manager
 
@@ -668,6 +698,9 @@ def _make_handler(server: TpuApiServer):
 
         def do_DELETE(self):  # noqa: N802
             self._respond("DELETE")
+
+        def do_PUT(self):  # noqa: N802
+            self._respond("PUT")
 
         def _respond(self, method):
             length = int(self.headers.get("Content-Length") or 0)

@@ -34,10 +34,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Set
 
+from tpulaunch.tpu.lifecycle import GUEST_ATTRIBUTES_KEY
+
 METADATA_URL_ENV = "TPULAUNCH_METADATA_URL"
 SECRET_MANAGER_URL_ENV = "TPULAUNCH_SECRET_MANAGER_URL"  # the local server's Secret Manager (remote/secret_manager.py)
 TOKEN_PATH = "instance/service-accounts/default/token"
 METADATA_PREFIX = "/vm/"  # /vm/<vm id>/<worker>/computeMetadata/v1/...
+GUEST_PREFIX = "instance/guest-attributes/"  # what a host writes of itself (PUT NS/KEY), read through the API
 SCRIPT_LOG = "startup-script.log"  # on each host's disk: what the startup script printed
 FAIL_INSTALL_ENV = "TPULAUNCH_LOCAL_VM_FAIL_INSTALL"  # workers whose install fails, e.g. "1" or "1,3"
 HANG_ENV = "TPULAUNCH_LOCAL_VM_HANG"  # workers that never run their startup script
@@ -78,6 +81,12 @@ class Vm:
     metadata: Dict[str, str]
     endpoints: List[str]
     hosts: List[Host] = field(default_factory=list)
+    guest: Dict[int, Dict[str, str]] = field(default_factory=dict)  # worker -> "NS/KEY" -> what it set there
+
+    @property
+    def guest_attributes_enabled(self) -> bool:
+        """As on Compute Engine: a VM's guest attributes are writable only when its metadata enables them."""
+        return str(self.metadata.get(GUEST_ATTRIBUTES_KEY, "")).upper() == "TRUE"
 
     def attributes(self, worker: int) -> Dict[str, str]:
         """What host `worker` reads under instance/attributes/ (the node's own metadata included)."""
@@ -182,8 +191,8 @@ class LocalVms:
                     return vm
         return None
 
-    def metadata(self, path: str) -> Optional[str]:
-        """The value at `path` (after `/vm/`: `<vm id>/<worker>/computeMetadata/v1/instance/...`), or None."""
+    def _host_path(self, path: str):
+        """(its Vm, the worker, the rest of the path) for `path` after `/vm/`, or None."""
         parts = path.split("/", 4)
         if len(parts) < 5 or parts[2:4] != ["computeMetadata", "v1"] or not parts[1].isdigit():
             return None
@@ -191,8 +200,39 @@ class LocalVms:
             vm = self.vms.get(parts[0])
         if vm is None or int(parts[1]) >= len(vm.endpoints):  # every host of the slice, started or starting
             return None
-        rest = parts[4]
-        worker = int(parts[1])
+        return vm, int(parts[1]), parts[4]
+
+    def put_guest_attribute(self, path: str, value: str) -> Optional[int]:
+        """A host setting one of its guest attributes (`<vm id>/<worker>/computeMetadata/v1/instance/
+        guest-attributes/NS/KEY`): the HTTP status the metadata server answers."""
+        found = self._host_path(path)
+        if found is None or not found[2].startswith(GUEST_PREFIX) or found[2].count("/") != 3:
+            return 404
+        vm, worker, rest = found
+        if not vm.guest_attributes_enabled:
+            return 403  # "Guest attributes endpoint access is disabled."
+        with self._lock:
+            vm.guest.setdefault(worker, {})[rest[len(GUEST_PREFIX):]] = value
+        return 200
+
+    def guest_attributes(self, node_name: str, namespace: str) -> Optional[List[Dict[str, str]]]:
+        """Each host's guest attributes under `namespace` (key -> value, in worker order) of the node's newest VM,
+        or None when it has none."""
+        with self._lock:
+            vms = [self.vms[vm_id] for vm_id in self.booted if self.vms[vm_id].node == node_name]
+            if not vms:
+                return None
+            vm = vms[-1]
+            prefix = namespace.strip("/") + "/"
+            return [{key[len(prefix):]: value for key, value in vm.guest.get(worker, {}).items()
+                     if key.startswith(prefix)} for worker in range(len(vm.endpoints))]
+
+    def metadata(self, path: str) -> Optional[str]:
+        """The value at `path` (after `/vm/`: `<vm id>/<worker>/computeMetadata/v1/instance/...`), or None."""
+        found = self._host_path(path)
+        if found is None:
+            return None
+        vm, worker, rest = found
         if rest.startswith("instance/attributes/"):
             return vm.attributes(worker).get(rest[len("instance/attributes/"):])
         if rest == TOKEN_PATH:  # the service account's access token, as the metadata server gives it

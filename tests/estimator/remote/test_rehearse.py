@@ -44,6 +44,9 @@ def test_preempted_vm_is_recreated_and_the_run_finishes_with_no_step_lost_beyond
     lease = json.loads((job.parent / "runs/q/tpulaunch.lease").read_text())
     assert lease["took_over"] is None
     assert "rehearsal | preempted TPU node 'rehearsal-tpu' at step" in done.stderr
+    for vm in record["vms"]:  # each VM's install, as its chief's status says (a rehearsal's: from nowhere)
+        chief = json.loads((job.parent / f"runs/q/tpulaunch-remote/attempts/{vm['vm']}/worker-0.json").read_text())
+        assert vm["install_s"] == round(chief["installed"] - chief["booted"], 3) and "installed_from" not in vm
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("run | done | step 20/20 | 2 VMs | 1 recovery (PREEMPTED at step"), last
     assert f"resumed from step {recovery['resumed_from']}" in last
