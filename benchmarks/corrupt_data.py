@@ -9,7 +9,7 @@ file, a huge record. Then:
   framing is checked over whole files, contents on the first N records of each) reports a problem
   whose message names the damaged file and the record (and the byte offset, for framing damage); an
   empty file is a warning naming it;
-- the input pipeline (`data.make_input_fn`, iterated eagerly) either raises a TpuLaunchError naming
+- the input pipeline (`data.make_dataset_fn`, iterated eagerly) either raises a TpuLaunchError naming
   the file (inside `data.naming_read_errors`), or, with `data.skip_corrupt: true`, yields every record
   of the clean shard and ends without an error.
 
@@ -182,11 +182,11 @@ def check_pipeline(job: str, damaged: str, kind: str, *, skip: bool) -> tuple:
     from tpulaunch.job.load import load_job
 
     loaded = load_job(job)
-    input_fn = data.make_input_fn(loaded.job, "eval", use_tpu=False)
+    dataset_fn = data.make_dataset_fn(loaded.job, "eval", use_tpu=False)
     seen = []
     try:
         with data.naming_read_errors(loaded.job, "eval"):
-            for features, _ in input_fn({"batch_size": 1}):
+            for features, _ in dataset_fn(1):
                 seen.append(float(features.numpy()[0][0]))
     except TpuLaunchError as exc:
         if skip:

@@ -23,7 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tpulaunch.engine.pipeline import make_input_fn, parse_example_fn  # noqa: E402
+from tpulaunch.engine.pipeline import make_dataset_fn, parse_example_fn  # noqa: E402
 from tpulaunch.engine.estimator.standalone import READ_BUFFER_BYTES  # noqa: E402
 from tpulaunch.checks.data import dry_run  # noqa: E402
 from tpulaunch.job.load import load_job  # noqa: E402
@@ -88,7 +88,7 @@ def uncounted_skipping(job, pattern: str, batch: int):
 def counting_cost(job_path: str, pattern: str, batches: int) -> float:
     """Counted skip_corrupt input_fn examples/s over uncounted, best of three each."""
     job = load_job(job_path, ["data.skip_corrupt=true"]).job
-    counted = make_input_fn(job, "train", use_tpu=False)({"batch_size": 64})
+    counted = make_dataset_fn(job, "train", use_tpu=False)(64)
     rates: dict = {"counted": [], "uncounted": []}
     for _ in range(3):
         rates["counted"].append(examples_per_second(counted, batches, 64))
@@ -124,7 +124,7 @@ def main() -> int:
         with open(job_path, "w") as handle:
             handle.write(JOB.format(pattern=pattern))
         job = load_job(job_path).job
-        ours = make_input_fn(job, "train", use_tpu=False)({"batch_size": 64})
+        ours = make_dataset_fn(job, "train", use_tpu=False)(64)
         rates = {"tpulaunch input_fn": [], "hand-tuned tf.data": []}
         for _ in range(3):  # alternate, best of three each: the machine's noise hits both sides
             rates["tpulaunch input_fn"].append(examples_per_second(ours, args.batches, 64))

@@ -1,7 +1,7 @@
 """What `run.seed` costs: `tpulaunch train` of one Keras 3 model with and without a seed, per engine, steady steps/s.
 
 With `run.seed` the input pipeline is deterministic (its shuffles seeded, its parallel reads and parses handing out
-their results in order: `portable.make_input_fn`), so a seeded run may wait on a slow record where an unseeded one
+their results in order: `portable.make_dataset_fn`), so a seeded run may wait on a slow record where an unseeded one
 takes whichever is ready. This times both, on the jax and the keras engine: the quickstart CNN written with Keras 3
 (benchmarks/jax_vs_keras.py's) on `tpulaunch data synth --example quickstart` records, batch 64, shuffle buffer
 1024, fresh `tpulaunch train` processes alternating (the order flips every round), --rounds each, on this machine's

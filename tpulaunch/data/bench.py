@@ -1,8 +1,8 @@
 """`tpulaunch data bench`: the job's own training input pipeline alone, as one host's input_fn runs it.
 
-The pipeline is the one `train` runs (`make_input_fn`, or the job's `data.input_fn`), called with the
-`params['batch_size']` the Plan gives each input_fn call and, when several pipelines feed the slice,
-an input context naming the first of them (so it reads its own share of the files). It runs in a
+The pipeline is the one `train` runs (`make_dataset_fn`, or the job's `data.input_fn`), called with the
+batch the Plan gives each input_fn call (`params['batch_size']`) and, when several pipelines feed the slice,
+as the first of them (so it reads its own share of the files). It runs in a
 graph session as under TPUEstimator, batches are pulled without copying them out, and the first
 batch (opening files, filling buffers) is not timed. MB/s counts the batches' decoded tensors: what
 the pipeline hands to the infeed (or the model), not the bytes read from storage.
@@ -89,11 +89,7 @@ def bench_input(job, plan, *, seconds: float, search_path=(), get_time: Callable
     batch_size = batch.params_batch_size if batch else 1
     pipelines = max(1, batch.global_batch // batch.params_batch_size) if batch else 1
     with tf.Graph().as_default(), naming_read_errors(job, "train"):
-        input_fn = _input_fn(job, plan, search_path)
-        params = {"batch_size": batch_size}
-        if pipelines > 1:
-            params["context"] = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=0)
-        dataset = input_fn(params)
+        dataset = _first_pipeline(job, plan, search_path, batch_size, pipelines)
         if not isinstance(dataset, tf.data.Dataset):
             raise TpuLaunchError("data bench: data.input_fn returned tensors, not a tf.data.Dataset",
                                  hint="return the dataset; TPUEstimator's PER_HOST_V2 input needs one anyway")
@@ -118,14 +114,22 @@ def bench_input(job, plan, *, seconds: float, search_path=(), get_time: Callable
     return BenchResult(elapsed, batches, batch_size, _bytes(*element), pipelines)
 
 
-def _input_fn(job, plan, search_path):
+def _first_pipeline(job, plan, search_path, batch_size: int, pipelines: int):
+    """The dataset of the first of `pipelines` input pipelines: the job's own input_fn called as TPUEstimator calls it
+    (`params`, with an input context naming the pipeline when there are several), or tpulaunch's pipeline."""
     if job.data.input_fn:
+        import tensorflow as tf
+
         from tpulaunch.job.imports import resolve
 
-        return resolve(job.data.input_fn, search_path=search_path, what="data.input_fn")
-    from tpulaunch.engine.pipeline import make_input_fn
+        input_fn = resolve(job.data.input_fn, search_path=search_path, what="data.input_fn")
+        params = {"batch_size": batch_size}
+        if pipelines > 1:
+            params["context"] = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=0)
+        return input_fn(params)
+    from tpulaunch.engine.pipeline import make_dataset_fn
 
-    return make_input_fn(job, "train", use_tpu=plan.on_tpu)
+    return make_dataset_fn(job, "train", use_tpu=plan.on_tpu)(batch_size, shard_index=0, shard_count=pipelines)
 
 
 def _bytes(shapes, types) -> int:

@@ -1,7 +1,7 @@
 """TFRecord input pipelines built from the job's `data` section.
 
 The pipeline itself (parse, decode, batch, shard per host, skip_corrupt) is
-`tpulaunch.engine.portable.make_input_fn`, which `tpulaunch explain` prints verbatim; this
+`tpulaunch.engine.portable.make_dataset_fn`, which `tpulaunch explain` prints verbatim; this
 module hands it the job's values and files, turns its errors into messages that name the job key,
 and finds the record behind a read error. TensorFlow is imported inside the functions: the CLI's
 fast path never loads it.
@@ -101,7 +101,7 @@ def _loss_names(loss):
 def label_classes(job: Job, outputs, output_names=(), model=None) -> dict:
     """label -> number of classes, for each label the sparse categorical crossentropy that trains it scores
     (`trained_loss`: the job's, or `model`'s own compile's): the last axis of the model's output paired with it
-    (`outputs`: the model's, symbolic or abstract; none gives {}). The engine hands it to `make_input_fn`, whose
+    (`outputs`: the model's, symbolic or abstract; none gives {}). The engine hands it to `make_dataset_fn`, whose
     pipeline then checks each batch's class ids."""
     from tpulaunch.engine.portable import SpecError, _losses_by_label, outputs_by_label, sparse_label_classes
 
@@ -146,41 +146,40 @@ def _check_static(job: Job) -> None:
                                      hint="declare every dim")
 
 
-def make_input_fn(job: Job, mode: str, *, use_tpu: bool, unread_files: bool = False,
-                  label_classes: Optional[dict] = None) -> Callable:
-    """An `input_fn(params)` for TPUEstimator (or Estimator) reading the job's TFRecords.
+def make_dataset_fn(job: Job, mode: str, *, use_tpu: bool, unread_files: bool = False,
+                    label_classes: Optional[dict] = None) -> Callable:
+    """`dataset_fn(batch_size, shard_index=0, shard_count=1, skip_batches=0)` reading the job's TFRecords for
+    `mode`: the batches of one input pipeline, each engine calling it as its framework feeds it.
 
-    See `portable.make_input_fn` for what the pipeline does. `data.skip_corrupt` drops records
+    See `portable.make_dataset_fn` for what the pipeline does. `data.skip_corrupt` drops records
     that fail to read or parse: records that fail to parse are counted (`SKIPPED_RECORDS`, shown by
     `tpulaunch train`), and each skip is logged as a TensorFlow warning "Ignoring error: ..." (shown
     with -vv). Without it the first bad record stops the run: wrap the training call in
     `naming_read_errors` so the message names the file.
 
-    With `data.input_fn` set, the mode's function is imported and returned unchanged. `unread_files`: the
-    pipeline reads the data patterns as written instead of listing the files they match (a graph built for
-    checking, never run: nothing is listed or read). `label_classes`: the class ids each batch is checked for
-    (`portable.make_input_fn`; the engine knows them from its model).
+    A job's own `data.input_fn` (TPUEstimator's input_fn(params), which only the estimator engine runs) is
+    never this pipeline: its engine calls it. `unread_files`: the pipeline reads the data patterns as written
+    instead of listing the files they match (a graph built for checking, never run: nothing is listed or read).
+    `label_classes`: the class ids each batch is checked for (`portable.make_dataset_fn`; the engine knows them
+    from its model).
 
     Raises:
-        TpuLaunchError: unknown mode, no files for the mode, a glob that matches nothing, unknown dims
-            on a TPU (or more than one anywhere), or an input_fn that cannot be imported.
+        TpuLaunchError: unknown mode, a job with its own data.input_fn, no files for the mode, a glob that
+            matches nothing, unknown dims on a TPU (or more than one anywhere).
     """
     if mode not in MODES:
         raise TpuLaunchError(f"unknown input mode {mode!r}; use one of {', '.join(MODES)}")
     if job.data.input_fn:
-        from tpulaunch.job.imports import resolve_input_fn
-
-        if job.data.input_fn_for(mode) is None:
-            raise TpuLaunchError(f"data.input_fn names no {mode} function", hint=f"add data.input_fn.{mode}")
-        return resolve_input_fn(job.data, mode)
+        raise TpuLaunchError("data.input_fn: the job reads its data with its own input_fn, which its engine calls; "
+                             "tpulaunch's pipeline reads data.train and data.eval")
     if use_tpu:
         _check_static(job)
     files = _unread_files(job, mode) if unread_files else _files_for(job, mode)
     from tpulaunch.engine import portable
 
     with spec_errors():
-        return portable.make_input_fn(files, training=mode == "train", use_tpu=use_tpu, label_classes=label_classes,
-                                      **input_settings(job))
+        return portable.make_dataset_fn(files, training=mode == "train", use_tpu=use_tpu,
+                                        label_classes=label_classes, **input_settings(job))
 
 
 # ------------------------------------------------------------------------------------ evaluation's reach

@@ -24,7 +24,7 @@ def tensor_specs(group: dict) -> dict:
 
 
 def input_settings(job: Job) -> dict:
-    """Keywords of `portable.make_input_fn`, besides the files, the mode and use_tpu."""
+    """Keywords of `portable.make_dataset_fn`, besides the files, the mode and use_tpu."""
     data = job.data
     return {"features": tensor_specs(data.features), "labels": tensor_specs(data.labels),
             "compression": data.compression or "", "shuffle_buffer": data.shuffle_buffer, "cache": data.cache,

@@ -2,9 +2,10 @@
 
 This module imports only TensorFlow and the Python standard library, and takes plain values (dicts,
 lists, strings, numbers) plus the job's own callables (its Keras builder, a custom loss or metric).
-The estimator engine (engine/estimator/standalone.py) and the keras engine (engine/keras/standalone.py)
-build on it, and `tpulaunch explain` prints it verbatim at the top of either engine's program, so
-the program runs exactly this code.
+Every engine's standalone.py builds on it, and `tpulaunch explain` prints it verbatim at the top of
+each engine's program, so the program runs exactly this code. Its input pipeline (`make_dataset_fn`)
+takes plain arguments (the batch, which shard of the input pipelines, what to skip): each engine calls
+it as its framework feeds it (TPUEstimator's `input_fn(params)` is the estimator engine's adapter).
 
 A tensor spec is a dict: {"key": the record's feature key, "stored_as": "float_list" | "int64_list" |
 "raw" | "png" | "jpeg", "shape": per-example dims (None = unknown), "dtype": "float32", ...}.
@@ -173,25 +174,7 @@ def batch_parse_possible(specs: Dict[str, dict], *, skip_corrupt: bool, cache: b
             and all(_is_static(s) and s["stored_as"] not in ("png", "jpeg") for s in specs.values()))
 
 
-def host_shard(context) -> Tuple[int, int]:
-    """(this input pipeline's index, number of input pipelines) from what params["context"] holds.
-
-    TPUEstimator passes a TPUContext whose `current_input_fn_deployment()` is (host device, invocation
-    index, invocation count, replicas fed); under PER_HOST_V2 that is one invocation per host.
-    tf.distribute passes an InputContext (input_pipeline_id, num_input_pipelines). Anything else, or
-    None, means a single pipeline.
-    """
-    if context is None:
-        return 0, 1
-    if hasattr(context, "current_input_fn_deployment"):
-        _, index, count, _ = context.current_input_fn_deployment()
-        return int(index), int(count)
-    if hasattr(context, "input_pipeline_id") and hasattr(context, "num_input_pipelines"):
-        return int(context.input_pipeline_id), int(context.num_input_pipelines)
-    return 0, 1
-
-
-# ------------------------------------------------------------------------------------------ input_fn
+# ------------------------------------------------------------------------------------ the dataset
 
 # How many bytes TFRecordDataset reads ahead per file. With one reader per core interleaved, 8 MiB
 # buffers cost ~20 % throughput locally (benchmarks/data_pipeline.py); gs:// reads have their own
@@ -199,15 +182,16 @@ def host_shard(context) -> Tuple[int, int]:
 READ_BUFFER_BYTES = 256 * 1024
 
 
-def make_input_fn(files: Sequence[str], *, training: bool, use_tpu: bool, features: Dict[str, dict],
-                  labels: Dict[str, dict], compression: str, shuffle_buffer: int, cache: bool,
-                  skip_corrupt: bool, features_as_dict: bool = False,
-                  label_classes: Optional[Dict[str, int]] = None, seed: Optional[int] = None) -> Callable:
-    """An `input_fn(params)` for TPUEstimator reading `files` (TFRecords of tf.train.Example).
+def make_dataset_fn(files: Sequence[str], *, training: bool, use_tpu: bool, features: Dict[str, dict],
+                    labels: Dict[str, dict], compression: str, shuffle_buffer: int, cache: bool,
+                    skip_corrupt: bool, features_as_dict: bool = False,
+                    label_classes: Optional[Dict[str, int]] = None, seed: Optional[int] = None) -> Callable:
+    """`dataset_fn(batch_size, shard_index=0, shard_count=1, skip_batches=0)`: a tf.data.Dataset of
+    (features, labels) batches read from `files` (TFRecords of tf.train.Example).
 
-    `params["batch_size"]` is the batch this pipeline produces: per host under TPUEstimator
-    PER_HOST_V2, global on CPU. With `params["context"]` each host reads its own share: whole files
-    when there are at least as many files as hosts, else every n-th record. Training shuffles files
+    `batch_size` is the batch this pipeline produces (each engine says whose: a host's, a replica's, the
+    global one). With `shard_count` > 1 this pipeline reads shard `shard_index` of them: whole files
+    when there are at least as many files as shards, else every n-th record. Training shuffles files
     and records and repeats forever; evaluation reads in a fixed order, and repeats only on a TPU,
     where running out of data mid-loop is an error rather than the end of evaluation. `skip_corrupt`
     drops records that fail to read or parse (see `_parse_skipping_bad_records`). Batches always drop
@@ -217,7 +201,7 @@ def make_input_fn(files: Sequence[str], *, training: bool, use_tpu: bool, featur
 
     With a `seed` every run reads the same batches in the same order: the shuffles are seeded (the
     order still changes from epoch to epoch) and the parallel reads and parses hand out their results
-    in order. `params["skip_batches"]` (a resumed run's step) drops that many batches first: with a
+    in order. `skip_batches` (what a resumed run already trained on) drops that many batches first: with a
     seed the pipeline so continues exactly where the interrupted run stopped.
     """
     files = list(files)
@@ -230,9 +214,9 @@ def make_input_fn(files: Sequence[str], *, training: bool, use_tpu: bool, featur
     # Without a seed the parallel stages may hand out whichever result is ready first (faster); with one, in order.
     in_order = not training or seed is not None
 
-    def input_fn(params):
+    def dataset_fn(batch_size: int, shard_index: int = 0, shard_count: int = 1, skip_batches: int = 0):
         autotune = tf.data.AUTOTUNE
-        index, count = host_shard(params.get("context"))
+        index, count = shard_index, shard_count
         dataset = tf.data.Dataset.from_tensor_slices(files)
         shard_files = count > 1 and len(files) >= count
         if shard_files:
@@ -259,9 +243,9 @@ def make_input_fn(files: Sequence[str], *, training: bool, use_tpu: bool, featur
             dataset = dataset.shuffle(shuffle_buffer, seed=seed)
         if not training and use_tpu:
             dataset = dataset.repeat()
-        dataset = dataset.batch(params["batch_size"], drop_remainder=True)
-        if params.get("skip_batches"):  # what a resumed run already trained on (before the parse: not parsed again)
-            dataset = dataset.skip(params["skip_batches"])
+        dataset = dataset.batch(batch_size, drop_remainder=True)
+        if skip_batches:  # what a resumed run already trained on (before the parse: not parsed again)
+            dataset = dataset.skip(skip_batches)
         if batch_parse:  # serialized records were shuffled and batched: one vectorised parse per batch
             dataset = dataset.map(parse_batch, num_parallel_calls=autotune, deterministic=in_order)
         if label_classes:
@@ -269,7 +253,7 @@ def make_input_fn(files: Sequence[str], *, training: bool, use_tpu: bool, featur
                                   num_parallel_calls=autotune, deterministic=in_order)
         return dataset.prefetch(autotune)
 
-    return input_fn
+    return dataset_fn
 
 
 # How a failed label check's message begins: `pipeline.naming_read_errors` finds it in TensorFlow's error.
@@ -309,7 +293,7 @@ def sparse_label_classes(loss_names: Dict[str, str], outputs: Dict[str, Any]) ->
 
 
 # The graph collection holding each input pipeline's count of records skipped under skip_corrupt
-# (one variable per input_fn call: one per host on a TPU slice); `tpulaunch train` sums and shows them.
+# (one variable per dataset_fn call: one per host on a TPU slice); `tpulaunch train` sums and shows them.
 SKIPPED_RECORDS = "skipped_input_records"
 
 # Records per counting step under skip_corrupt: blocks of about this many bytes (at most 64 records,

@@ -233,10 +233,10 @@ def reference_lines(job) -> list:
 def input_fn_lines(data, at) -> list:
     """INPUT_FNS: the job's own input_fn for each mode it names, imported once per function."""
     if isinstance(data.input_fn, str):
-        return [f"# {at('data', 'input_fn')}: the job's own input_fn for every mode, used instead of make_input_fn.",
+        return [f"# {at('data', 'input_fn')}: the job's own input_fn for every mode, used instead of make_dataset_fn.",
                 import_line(data.input_fn, "user_input_fn"),
                 "INPUT_FNS = {'train': user_input_fn, 'eval': user_input_fn, 'predict': user_input_fn}"]
-    lines = [f"# {at('data', 'input_fn')}: the job's own input_fn per mode, used instead of make_input_fn."]
+    lines = [f"# {at('data', 'input_fn')}: the job's own input_fn per mode, used instead of make_dataset_fn."]
     aliases: dict = {}  # one name per function as written (a path, or a factory with its arguments)
     names = {}
     for mode in INPUT_MODES:

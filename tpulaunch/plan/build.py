@@ -18,6 +18,7 @@ from tpulaunch.seam import registry
 from tpulaunch.job.schema import DTYPE_BYTES, Job, Partition
 from tpulaunch.plan import partition as rules
 from tpulaunch.plan.auto import auto_partition
+from tpulaunch.plan.mesh import DeviceMesh, device_mesh
 from tpulaunch.tpu.types import TpuType, lookup
 
 
@@ -171,6 +172,12 @@ class Plan:
             raise TpuLaunchError(f"{batch.split}.batch_size {batch.global_batch} does not divide over {over}",
                                  hint=finding.hint, code=finding.code)
         return batch.global_batch // shards
+
+    def device_mesh(self, devices: int, platform: str) -> DeviceMesh:
+        """The device mesh of an engine that shards each batch over the devices itself, over the run's `devices`
+        (`plan/mesh.py`: from the Plan's replicas on a TPU, from `devices` on this machine, refused there when they
+        do not take whole replicas or a batch does not divide over them)."""
+        return device_mesh(self, devices, platform)
 
     @property
     def eval_batch_size(self) -> Optional[int]:

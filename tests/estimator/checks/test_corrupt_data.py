@@ -70,10 +70,10 @@ def test_validate_names_every_damaged_file_and_record(damaged_shards):
 def test_training_input_stops_with_the_file_named(tmp_path, kind):
     job, damaged, bad = corrupt_data.make_case(str(tmp_path), kind, random.Random(3), skip=False)
     loaded = load_job(job)
-    input_fn = data.make_input_fn(loaded.job, "train", use_tpu=False)
+    dataset_fn = data.make_dataset_fn(loaded.job, "train", use_tpu=False)
     with pytest.raises(TpuLaunchError) as error:
         with data.naming_read_errors(loaded.job, "train"):
-            for _ in input_fn({"batch_size": 1}).take(100):
+            for _ in dataset_fn(1).take(100):
                 pass
     assert error.value.message.startswith(f"data.train: {damaged}: record {bad} cannot be read: "), error.value.message
     assert "skip_corrupt" in error.value.hint

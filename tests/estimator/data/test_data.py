@@ -8,8 +8,8 @@ import tensorflow as tf
 
 from records import write_examples
 
-from tpulaunch.engine.pipeline import make_input_fn, parse_example_fn
-from tpulaunch.engine.portable import host_shard
+from tpulaunch.engine.estimator.standalone import params_input_fn
+from tpulaunch.engine.pipeline import make_dataset_fn, parse_example_fn
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.schema import Job
 from tpulaunch.data.synth import shard_name
@@ -46,7 +46,7 @@ def digits(tmp_path):
 
 def test_list_encodings_single_tensors_in_file_order_for_eval(digits):
     job = make_job(eval=digits, features={"image": {"shape": [2, 3]}}, labels={"label": {"shape": [], "dtype": "int64"}})
-    dataset = make_input_fn(job, "eval", use_tpu=False)({"batch_size": 4})
+    dataset = make_dataset_fn(job, "eval", use_tpu=False)(4)
     assert spec_of(dataset) == ("float32[4, 2, 3]", "int64[4]")
     got = batches(dataset)
     assert [b[1].tolist() for b in got] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # remainder of 2 dropped
@@ -56,7 +56,7 @@ def test_list_encodings_single_tensors_in_file_order_for_eval(digits):
 def test_training_repeats_and_shuffles_with_static_batches(digits):
     job = make_job(train=digits, features={"image": {"shape": [2, 3]}}, labels={"label": {"shape": [], "dtype": "int64"}},
                    shuffle_buffer=16)
-    dataset = make_input_fn(job, "train", use_tpu=False)({"batch_size": 4})
+    dataset = make_dataset_fn(job, "train", use_tpu=False)(4)
     assert spec_of(dataset) == ("float32[4, 2, 3]", "int64[4]")
     labels = np.concatenate([b[1] for b in batches(dataset, 10)])  # 40 labels from 10 records
     assert sorted(set(labels.tolist())) == list(range(10))
@@ -65,7 +65,7 @@ def test_training_repeats_and_shuffles_with_static_batches(digits):
 
 def test_no_labels_gives_none(digits):
     job = make_job(eval=digits, features={"image": {"shape": [2, 3]}})
-    dataset = make_input_fn(job, "eval", use_tpu=False)({"batch_size": 5})
+    dataset = make_dataset_fn(job, "eval", use_tpu=False)(5)
     assert spec_of(dataset) == ("float32[5, 2, 3]", None)
     features, labels = next(iter(dataset))
     assert labels is None
@@ -88,7 +88,7 @@ def test_raw_encodings_in_every_dtype_and_dict_structure(tmp_path):
                              "ints": {"shape": [2], "dtype": "int32", "encoding": "raw"}},
                    labels={"mask": {"shape": [2, 3], "dtype": "uint8", "encoding": "raw"},
                            "flag": {"shape": [3], "dtype": "bool"}})
-    dataset = make_input_fn(job, "eval", use_tpu=False)({"batch_size": 2})
+    dataset = make_dataset_fn(job, "eval", use_tpu=False)(2)
     assert spec_of(dataset) == (
         {"image": "float32[2, 2, 3, 1]", "half": "float16[2, 2]", "bf16": "bfloat16[2, 2]",
          "ints": "int32[2, 2]"},
@@ -124,7 +124,7 @@ def test_png_and_jpeg_decode_to_declared_shape(tmp_path):
     job = make_job(eval=path, features={"rgb": {"shape": [4, 5, 3], "dtype": "uint8", "encoding": "png"},
                                         "photo": {"shape": [4, 5, 3], "dtype": "uint8", "encoding": "jpeg"},
                                         "gray": {"shape": [4, 5, 1], "dtype": "uint8", "encoding": "png"}})
-    dataset = make_input_fn(job, "eval", use_tpu=False)({"batch_size": 3})
+    dataset = make_dataset_fn(job, "eval", use_tpu=False)(3)
     assert spec_of(dataset)[0] == {"rgb": "uint8[3, 4, 5, 3]", "photo": "uint8[3, 4, 5, 3]",
                                    "gray": "uint8[3, 4, 5, 1]"}
     features, _ = next(iter(dataset))
@@ -136,7 +136,7 @@ def test_png_of_the_wrong_size_fails_at_read_time(tmp_path):
     path = write_examples(tmp_path / "img.tfrecord", [{"image": _png(np.zeros((6, 5, 3), np.uint8))}])
     job = make_job(eval=path, features={"image": {"shape": [4, 5, 3], "dtype": "uint8", "encoding": "png"}})
     with pytest.raises(tf.errors.InvalidArgumentError):
-        next(iter(make_input_fn(job, "eval", use_tpu=False)({"batch_size": 1})))
+        next(iter(make_dataset_fn(job, "eval", use_tpu=False)(1)))
 
 
 def _sharded(tmp_path, files=4, per_file=3):
@@ -152,8 +152,7 @@ def test_per_host_shards_split_files_between_input_pipelines(tmp_path):
     job = make_job(eval=pattern, features={"x": {"shape": [], "dtype": "int64"}})
     seen = []
     for host in range(2):
-        context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=host)
-        dataset = make_input_fn(job, "eval", use_tpu=False)({"batch_size": 1, "context": context})
+        dataset = make_dataset_fn(job, "eval", use_tpu=False)(1, shard_index=host, shard_count=2)
         seen.append(sorted(int(b[0][0]) for b in batches(dataset)))
     assert seen == [[0, 1, 2, 200, 201, 202], [100, 101, 102, 300, 301, 302]]
 
@@ -163,32 +162,36 @@ def test_fewer_files_than_hosts_splits_records(tmp_path):
     job = make_job(eval=pattern, features={"x": {"shape": [], "dtype": "int64"}})
     seen = []
     for host in range(3):
-        context = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=host)
-        dataset = make_input_fn(job, "eval", use_tpu=False)({"batch_size": 1, "context": context})
+        dataset = make_dataset_fn(job, "eval", use_tpu=False)(1, shard_index=host, shard_count=3)
         seen.append([int(b[0][0]) for b in batches(dataset)])
     assert seen == [[0, 3], [1, 4], [2, 5]]
 
 
-def test_host_shard_reads_a_tpu_context_deployment():
+def test_tpuestimators_input_fn_reads_its_hosts_share_by_the_tpu_context(tmp_path):
+    pattern, _ = _sharded(tmp_path)
+    job = make_job(eval=pattern, features={"x": {"shape": [], "dtype": "int64"}})
+
     class DeploymentOnly:  # the one method TPUEstimator's TPUContext offers input_fn for this
         def current_input_fn_deployment(self):
-            return "/job:worker/task:3/device:CPU:0", 3, 4, 8
+            return "/job:worker/task:1/device:CPU:0", 1, 2, 8
 
-    assert host_shard(DeploymentOnly()) == (3, 4)
-    assert host_shard(None) == (0, 1)
+    input_fn = params_input_fn(make_dataset_fn(job, "eval", use_tpu=False))
+    second_host = input_fn({"batch_size": 1, "context": DeploymentOnly()})
+    assert sorted(int(b[0][0]) for b in batches(second_host)) == [100, 101, 102, 300, 301, 302]
+    assert len(batches(input_fn({"batch_size": 1}))) == 12  # no context (an Estimator on CPU): every record
 
 
 def test_gzip_records(tmp_path):
     path = write_examples(tmp_path / "z.tfrecord.gz", [{"x": [i]} for i in range(4)], compression="GZIP")
     job = make_job(eval=path, features={"x": {"shape": [], "dtype": "int64"}}, compression="GZIP")
-    dataset = make_input_fn(job, "eval", use_tpu=False)({"batch_size": 4})
+    dataset = make_dataset_fn(job, "eval", use_tpu=False)(4)
     assert batches(dataset)[0][0].tolist() == [0, 1, 2, 3]
 
 
 def test_lists_of_globs_are_expanded_sorted_and_deduplicated(tmp_path):
     pattern, paths = _sharded(tmp_path, files=2, per_file=1)
     job = make_job(eval=[paths[1], pattern], features={"x": {"shape": [], "dtype": "int64"}})
-    dataset = make_input_fn(job, "eval", use_tpu=False)({"batch_size": 1})
+    dataset = make_dataset_fn(job, "eval", use_tpu=False)(1)
     assert [int(b[0][0]) for b in batches(dataset)] == [100, 0]
 
 
@@ -196,17 +199,17 @@ def test_empty_glob_names_the_pattern(tmp_path):
     pattern = str(tmp_path / "missing-*.tfrecord")
     job = make_job(train=pattern, features={"x": {"shape": []}})
     with pytest.raises(TpuLaunchError) as info:
-        make_input_fn(job, "train", use_tpu=False)
+        make_dataset_fn(job, "train", use_tpu=False)
     assert info.value.message == f"data.train: no files match {pattern!r}"
 
 
 def test_mode_without_files_and_unknown_mode(digits):
     job = make_job(train=digits, features={"image": {"shape": [2, 3]}})
     with pytest.raises(TpuLaunchError) as info:
-        make_input_fn(job, "eval", use_tpu=False)
+        make_dataset_fn(job, "eval", use_tpu=False)
     assert info.value.message == "data.eval: no eval files in the job"
     with pytest.raises(TpuLaunchError) as info:
-        make_input_fn(job, "predict", use_tpu=False)
+        make_dataset_fn(job, "predict", use_tpu=False)
     assert info.value.message == "unknown input mode 'predict'; use one of train, eval"
 
 
@@ -215,33 +218,35 @@ def test_skip_corrupt_drops_unparseable_records(tmp_path):
     bad = [{"x": [1.0]}]  # wrong length for shape [2]
     path = write_examples(tmp_path / "mixed.tfrecord", good[:2] + bad + good[2:])
     features = {"x": {"shape": [2]}}
-    strict = make_input_fn(make_job(eval=path, features=features), "eval", use_tpu=False)({"batch_size": 1})
+    strict = make_dataset_fn(make_job(eval=path, features=features), "eval", use_tpu=False)(1)
     with pytest.raises(tf.errors.InvalidArgumentError):
         batches(strict)
-    lenient = make_input_fn(make_job(eval=path, features=features, skip_corrupt=True), "eval", use_tpu=False)
-    assert len(batches(lenient({"batch_size": 1}))) == 3
+    lenient = make_dataset_fn(make_job(eval=path, features=features, skip_corrupt=True), "eval", use_tpu=False)
+    assert len(batches(lenient(1))) == 3
 
 
 def test_cache_keeps_training_repeating(digits):
     job = make_job(train=digits, features={"image": {"shape": [2, 3]}}, labels={"label": {"shape": [], "dtype": "int64"}},
                    cache=True, shuffle_buffer=0)
-    labels = np.concatenate([b[1] for b in batches(make_input_fn(job, "train", use_tpu=False)({"batch_size": 5}), 4)])
+    labels = np.concatenate([b[1] for b in batches(make_dataset_fn(job, "train", use_tpu=False)(5), 4)])
     assert sorted(labels.tolist()) == sorted(list(range(10)) * 2)
 
 
 def test_tpu_eval_repeats_and_needs_static_shapes(digits):
     job = make_job(eval=digits, features={"image": {"shape": [2, 3]}})
-    dataset = make_input_fn(job, "eval", use_tpu=True)({"batch_size": 4})
+    dataset = make_dataset_fn(job, "eval", use_tpu=True)(4)
     assert len(batches(dataset, 5)) == 5  # 20 examples from 10 records: no end of data mid-loop
     dynamic = make_job(eval=digits, features={"image": {"shape": [None, 3]}})
     with pytest.raises(TpuLaunchError) as info:
-        make_input_fn(dynamic, "eval", use_tpu=True)
+        make_dataset_fn(dynamic, "eval", use_tpu=True)
     assert info.value.message == "data.features.image: shape [None, 3] has unknown dims; a TPU needs static shapes"
     # On CPU one unknown dim is read as a variable-length list.
-    features, _ = next(iter(make_input_fn(dynamic, "eval", use_tpu=False)({"batch_size": 2})))
+    features, _ = next(iter(make_dataset_fn(dynamic, "eval", use_tpu=False)(2)))
     assert features.shape == (2, 2, 3)
 
 
-def test_input_fn_escape_hatch_is_returned_unchanged(digits):
+def test_a_job_with_its_own_input_fn_is_never_read_by_the_pipeline(digits):
     job = make_job(train=digits, features={"image": {"shape": [2, 3]}}, input_fn="tpulaunch.data.synth:shard_name")
-    assert make_input_fn(job, "train", use_tpu=True) is shard_name
+    with pytest.raises(TpuLaunchError) as info:
+        make_dataset_fn(job, "train", use_tpu=True)
+    assert info.value.message.startswith("data.input_fn: the job reads its data with its own input_fn")

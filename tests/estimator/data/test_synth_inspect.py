@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from paths import REPO
 from tpulaunch.data import synth
 from tpulaunch.cli.data import data
-from tpulaunch.engine.pipeline import make_input_fn
+from tpulaunch.engine.pipeline import make_dataset_fn
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.data.inspect_records import inspect
 from tpulaunch.job.load import load_job
@@ -35,7 +35,7 @@ def template_job(tmp_path, name, out_dir, size=None, overrides=()):
 
 
 def first_batch(job, mode, batch_size=2):
-    return next(iter(make_input_fn(job, mode, use_tpu=False)({"batch_size": batch_size})))
+    return next(iter(make_dataset_fn(job, mode, use_tpu=False)(batch_size)))
 
 
 @pytest.mark.parametrize("name", list(SMALL))

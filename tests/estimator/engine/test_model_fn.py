@@ -11,9 +11,8 @@ import tensorflow as tf
 from records import write_examples
 
 from tpulaunch.engine.estimator import runner
-from tpulaunch.engine.estimator.make import make_estimator, run_config
+from tpulaunch.engine.estimator.make import input_fn_for, make_estimator, run_config
 from tpulaunch.engine.estimator.plain import partition_dims
-from tpulaunch.engine.pipeline import make_input_fn
 from tpulaunch.job.schema import Job
 from tpulaunch.engine.estimator.offline import TensorDecl, TfCase, run_cases_in_subprocess
 from tpulaunch.plan.build import build_plan
@@ -83,8 +82,8 @@ def train_and_score(job: Job, root, steps: list) -> list:
     estimator = make_estimator(job, build_plan(job, local=True), search_path=[str(root)])
     results = []
     for step in steps:
-        estimator.train(make_input_fn(job, "train", use_tpu=False), max_steps=step)
-        results.append(estimator.evaluate(make_input_fn(job, "eval", use_tpu=False), steps=job.eval.steps))
+        estimator.train(input_fn_for(job, "train", False, [str(root)]), max_steps=step)
+        results.append(estimator.evaluate(input_fn_for(job, "eval", False, [str(root)]), steps=job.eval.steps))
     return results
 
 

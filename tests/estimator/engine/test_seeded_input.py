@@ -1,4 +1,4 @@
-"""The job's input pipeline with `run.seed` (`portable.make_input_fn`, the same on every engine): every run reads
+"""The job's input pipeline with `run.seed` (`portable.make_dataset_fn`, the same on every engine): every run reads
 the same batches in the same order, its shuffles seeded (files and records, reshuffled each epoch) and its parallel
 reads and parses in order; and a resumed run's pipeline (`skip_batches`, the step it resumed at) hands out exactly
 the batches the uninterrupted one would have handed out from there. Real TFRecords, real tf.data."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpulaunch.engine.pipeline import make_input_fn
+from tpulaunch.engine.pipeline import make_dataset_fn
 from tpulaunch.job.load import load_job
 
 JOB = textwrap.dedent("""\
@@ -48,7 +48,7 @@ def job(tmp_path_factory):
 
 def _order(job, batches: int, skip: int = 0) -> list:
     """The record numbers of the first `batches` batches the train pipeline hands out, after `skip` of them."""
-    dataset = make_input_fn(job, "train", use_tpu=False)({"batch_size": 4, "skip_batches": skip})
+    dataset = make_dataset_fn(job, "train", use_tpu=False)(4, skip_batches=skip)
     return [[int(v) for v in features[:, 0]] for features, _ in dataset.take(batches).as_numpy_iterator()]
 
 

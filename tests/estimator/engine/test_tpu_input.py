@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpulaunch.engine.pipeline import make_input_fn
 from tpulaunch.job.load import load_job
+from tpulaunch.engine.estimator.make import input_fn_for
 from tpulaunch.engine.estimator.offline import run_case
 from tpulaunch.engine.estimator.verdict import cases_for_job
 from tpulaunch.plan.build import build_plan
@@ -59,7 +59,7 @@ def test_real_input_fn_through_tpu_infeed_on_a_v3_32(tmp_path, skip_corrupt):
     job = loaded.job
 
     (case,) = cases_for_job(job, build_plan(job), job_model=False)  # the stand-in model: this is about the input side
-    verdict = run_case(dataclasses.replace(case, input_fn=make_input_fn(job, "train", use_tpu=True)))
+    verdict = run_case(dataclasses.replace(case, input_fn=input_fn_for(job, "train", True, ())))
 
     assert (verdict.accepted, verdict.message) == (True, None)
     # 8 replicas of 4 cores on 4 hosts: one input_fn call per host, each batch for one replica.

@@ -58,7 +58,8 @@ def plan_on_this_machine(job: Job, plan: Optional[Plan] = None) -> Plan:
 
 def input_fn_for(job: Job, mode: str, use_tpu: bool, search_path: Sequence[str], *, unread_files: bool = False):
     """The input_fn `train`/`evaluate` hand the estimator for `mode`: the job's own (`data.input_fn`), whose
-    failures while building its dataset are reported at data.input_fn, or tpulaunch's pipeline.
+    failures while building its dataset are reported at data.input_fn, or tpulaunch's pipeline called as
+    TPUEstimator calls an input_fn (`standalone.params_input_fn`).
 
     `unread_files`: the pipeline is built over the data patterns as written, not the files they match (for a
     build that reads nothing: see stopped_run.py).
@@ -75,6 +76,7 @@ def input_fn_for(job: Job, mode: str, use_tpu: bool, search_path: Sequence[str],
         apply_flags(job, search_path=search_path)  # a factory may read FLAGS as it builds the input_fn
         return located(resolve_input_fn(job.data, mode, search_path=search_path), job, mode,
                        input_fn_key(job.data, mode))
-    from tpulaunch.engine.pipeline import make_input_fn
+    from tpulaunch.engine.estimator.standalone import params_input_fn
+    from tpulaunch.engine.pipeline import make_dataset_fn
 
-    return make_input_fn(job, mode, use_tpu=use_tpu, unread_files=unread_files)
+    return params_input_fn(make_dataset_fn(job, mode, use_tpu=use_tpu, unread_files=unread_files))

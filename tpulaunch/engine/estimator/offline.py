@@ -87,7 +87,7 @@ class TfCase:
     then ignored (they describe the case for reports only).
 
     `input_fn`, when given, replaces the synthetic zeros of the declared shapes: a real input
-    pipeline (e.g. `tpulaunch.engine.pipeline.make_input_fn(job, mode, use_tpu=True)`) put through TF's
+    pipeline (e.g. `tpulaunch.engine.estimator.make.input_fn_for(job, mode, True, ())`) put through TF's
     per-host infeed. It is rarely picklable: use it with `run_case` in this process.
 
     `only_after`, when set, makes `run_cases` run this case only if the case before it failed with

@@ -24,7 +24,7 @@ DEFAULT_SUMMARY_STEPS = 100
 def model_settings(job: Job) -> dict:
     """Keywords of `standalone.make_model_fn`, besides the builder, the callables, use_tpu and the policy.
 
-    `labels` (the same value as make_input_fn's) names the model's heads, in declared order. The seed and
+    `labels` (the same value as make_dataset_fn's) names the model's heads, in declared order. The seed and
     the warm start are the run's: the builder's weights that start a fresh run are built with the same
     seed, and leave the warm-started variables alone.
     """

@@ -134,7 +134,7 @@ def explain_script(loaded: LoadedJob, plan: "Plan", *, search_path: Sequence[str
     if not own_model_fn:
         lines.append(f"PRECISION = {job.model.precision!r}  # {at('model', 'precision')}")
     lines.append("")
-    for title, settings in (("make_input_fn", inputs), ("optimizer_factory and make_model_fn", {**optimizer, **model}),
+    for title, settings in (("make_dataset_fn", inputs), ("optimizer_factory and make_model_fn", {**optimizer, **model}),
                             ("run_config and tpu_estimator", {**config, **estimator})):
         if settings:
             lines += settings_lines(f"keywords of {title} (below)", settings, at, written, {**_NOTES, **notes},
@@ -172,14 +172,15 @@ def _job_model_fn(optimizer: dict, model: dict) -> str:
 
 
 def _job_input_fn(inputs: dict) -> str:
-    """job_input_fn(mode): the job's own input_fn for the mode (`inputs` empty), else make_input_fn on its files."""
+    """job_input_fn(mode): the job's own input_fn for the mode (`inputs` empty), else make_dataset_fn on its files."""
     if not inputs:
         return '''def job_input_fn(mode):
     """The job's own input_fn for the mode, unchanged; None when it has none. TPUEstimator calls it with
     params (PARAMS beside batch_size), and with `mode` and `config` when it names them."""
     return INPUT_FNS.get(mode)'''
     return f'''def job_input_fn(mode):
-    """make_input_fn on the mode's files; None when the job has none."""
+    """make_dataset_fn on the mode's files, called as TPUEstimator calls an input_fn(params); None when the job
+    has none."""
     training = mode == "train"
     patterns = TRAIN_FILES if training else EVAL_FILES
     if not patterns:
@@ -188,7 +189,8 @@ def _job_input_fn(inputs: dict) -> str:
         files = expand_files(patterns)
     except FilesError as exc:
         raise SystemExit(f"data.{{mode}}: {{exc}}") from None
-    return {call("make_input_fn", ["files", "training=training", "use_tpu=USE_TPU", *keywords(inputs)], 4)}'''
+    dataset_fn = {call("make_dataset_fn", ["files", "training=training", "use_tpu=USE_TPU", *keywords(inputs)], 4)}
+    return params_input_fn(dataset_fn)'''
 
 
 def _tail(inputs: dict, optimizer: dict, model: dict, config: dict, estimator: dict, *, eval_params: bool) -> str:

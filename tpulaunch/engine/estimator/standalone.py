@@ -18,6 +18,30 @@ from tpulaunch.engine.portable import (  # explain: the program defines these ab
     imported_kerases, metrics_by_label, pair_heads, probabilities_of)
 
 
+# ------------------------------------------------------------------------------------------ input_fn
+
+def host_shard(context) -> tuple:
+    """(this input pipeline's index, number of input pipelines) from what params["context"] holds: TPUEstimator's
+    TPUContext, whose `current_input_fn_deployment()` is (host device, invocation index, invocation count, replicas
+    fed); under PER_HOST_V2 that is one invocation per host. None (an Estimator on CPU): a single pipeline."""
+    if context is None or not hasattr(context, "current_input_fn_deployment"):
+        return 0, 1
+    _, index, count, _ = context.current_input_fn_deployment()
+    return int(index), int(count)
+
+
+def params_input_fn(dataset_fn: Callable) -> Callable:
+    """TPUEstimator's `input_fn(params)` over the shared pipeline (`portable.make_dataset_fn`'s `dataset_fn`):
+    `params["batch_size"]` is the batch of this call (per host under PER_HOST_V2, global on CPU) and
+    `params["context"]` says which host's share of the data it reads (`host_shard`)."""
+
+    def input_fn(params):
+        index, count = host_shard(params.get("context"))
+        return dataset_fn(params["batch_size"], shard_index=index, shard_count=count)
+
+    return input_fn
+
+
 # ------------------------------------------------------------------------------------------ optimizer
 
 V1_OPTIMIZERS = {
@@ -142,7 +166,7 @@ def make_model_fn(builder: Callable, builder_kwargs: dict, *, use_tpu: bool, pol
             labels and outputs, as `custom_loss`), or a mapping label -> name or import path.
         metrics: metric names or import paths: a list (each applied to the heads it fits) or a mapping
             label -> list; import paths are the job's own functions, in `custom_metrics`.
-        labels: the label specs (as for make_input_fn), in declared order: the heads' names.
+        labels: the label specs (as for make_dataset_fn), in declared order: the heads' names.
         custom_losses: the functions of import-path losses in a `loss` mapping, by import path.
         model_dir: where summaries go when RunConfig has none.
         seed, warm_start_from, warm_start_vars: as given to `run_config` and `tpu_estimator`.

@@ -98,11 +98,3 @@ def share() -> Tuple[int, int]:
     import jax
 
     return jax.process_index(), jax.process_count()
-
-
-class InputShare:
-    """What the input pipeline reads for this process (`portable.host_shard`'s InputContext form): every
-    count-th file, or every count-th record when there are fewer files than processes."""
-
-    def __init__(self, index: int, count: int):
-        self.input_pipeline_id, self.num_input_pipelines = index, count

@@ -1,12 +1,10 @@
-"""Spatial partitioning on the jax engine: from `partition:` and the devices, a device mesh ("batch" x the split
-axes) and the Keras 3 distribution over it.
+"""Spatial partitioning on the jax engine: its rules at `partition:`, and the Keras 3 distribution over the Plan's
+device mesh (`plan/mesh.py`: "batch" x the split axes of the most split tensor, its replicas from the Plan's slice
+on a TPU, from the devices JAX finds on this machine).
 
-A replica spans `cores` devices: tpu.cores_per_replica on a TPU, the largest product of the partition dims on this
-machine's devices (`plan/build.device_cores`); the replicas are the devices over it. The mesh's first axis is
-"batch" (one entry per replica), then one axis per split axis of the most split tensor (the image of
-`[1, 2, 2, 1]`: two axes of 2). Every input is sharded along "batch" and its own split dims over those axes
-(a `NamedSharding`); the variables are replicated. XLA's SPMD partitioner then splits the convolutions
-across the split axes, exchanging the halos, which is what TPUEstimator's spatial partitioning does underneath.
+Every input is sharded along "batch" and its own split dims over the split axes (a `NamedSharding`); the variables
+are replicated. XLA's SPMD partitioner then splits the convolutions across the split axes, exchanging the halos,
+which is what TPUEstimator's spatial partitioning does underneath.
 
 Keras 3.15's distributions shard the inputs along the batch only (`DataParallel`, `ModelParallel.get_data_layout`),
 so `SpatialParallel` is a `ModelParallel` (empty LayoutMap: every variable replicated) whose data layout also
@@ -21,66 +19,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 from tpulaunch.engine.core.build_failures import BuildError
+from tpulaunch.plan.mesh import BATCH, DeviceMesh, DevicesRefused, spatial_split, tensor_axes
 
-BATCH = "batch"  # the mesh axis along which the replicas split each batch
 # Why an uneven split is refused on this engine (plan/tpu_layout.split_findings says where and what would divide).
 EVEN_ONLY = ("the jax engine shards an axis into equal pieces only (a JAX NamedSharding; TPUEstimator pads uneven "
              "pieces)")
-
-
-@dataclass(frozen=True)
-class SpatialSplit:
-    """What partition: splits: `cores` devices per replica, each split tensor's dims (batch first), and the mesh's
-    split axes ((name, size), ...) taken from the most split tensor, `main`."""
-
-    cores: int
-    dims: dict  # (group, name) -> dims, for the tensors split over more than one device
-    main: str
-    axes: tuple
-
-    @property
-    def text(self) -> str:
-        """2x2 on image"""
-        return f"{'×'.join(str(size) for _name, size in self.axes)} on {self.main}"
-
-
-def spatial_split(feed, cores: int) -> Optional[SpatialSplit]:
-    """The split of `feed` (a `Partition`, as the Plan resolved it) over replicas of `cores` devices; None when
-    nothing is split."""
-    if feed is None or cores <= 1:
-        return None
-    dims = {(group, name): list(d) for group in ("features", "labels")
-            for name, d in getattr(feed, group).items() if d and math.prod(d) > 1}
-    if not dims:
-        return None
-    (_group, main), main_dims = max(dims.items(), key=lambda item: math.prod(item[1]))  # the first of the largest
-    axes = tuple((f"{main}_axis{axis}", ways) for axis, ways in enumerate(main_dims) if ways > 1)
-    return SpatialSplit(cores, dims, main, axes)
-
-
-def split_of(plan) -> Optional[SpatialSplit]:
-    """The Plan's spatial split (None: data-parallel only)."""
-    return None if plan is None else spatial_split(plan.feed_partition, plan.cores_per_replica)
-
-
-def tensor_axes(dims: Sequence[int], axes: tuple) -> Optional[tuple]:
-    """The mesh axes each axis of a tensor split by `dims` is sharded over, batch first (a name, a tuple of names,
-    or None), or None when its split dims do not take the mesh's split axes in order (each one a product of
-    consecutive ones)."""
-    out, taken = [], 0
-    for axis, ways in enumerate(dims):
-        names, size = [BATCH] if axis == 0 else [], 1
-        while size < ways and taken < len(axes):
-            names.append(axes[taken][0])
-            size *= axes[taken][1]
-            taken += 1
-        if size != ways:
-            return None
-        out.append(None if not names else names[0] if len(names) == 1 else tuple(names))
-    return tuple(out) if taken == len(axes) else None
 
 
 # ------------------------------------------------------------------------------------------ the rules
@@ -136,60 +81,39 @@ def mesh_problems(loaded) -> list:
 
 @dataclass(frozen=True)
 class DeviceLayout:
-    """The run's devices as the mesh uses them: replicas of `split.cores` devices (one each when not split)."""
+    """The run's devices as the Plan's mesh lays them out."""
 
     devices: list
-    replicas: int
-    split: Optional[SpatialSplit]
+    mesh: DeviceMesh
 
     @property
     def platform(self) -> str:
         return self.devices[0].platform
+
+    @property
+    def split(self):
+        return self.mesh.split
 
     def describe(self) -> str:
         """The run's first line: what it trains on."""
         count = f"{len(self.devices)} {self.platform} device{'s' if len(self.devices) > 1 else ''}"
         if self.split is None:
             return f"jax | data-parallel over {count}"
-        return (f"jax | {self.replicas} replica{'s' if self.replicas > 1 else ''} × {self.split.cores} cores "
+        replicas = self.mesh.replicas
+        return (f"jax | {replicas} replica{'s' if replicas > 1 else ''} × {self.split.cores} cores "
                 f"(spatial {self.split.text}) over {count}")
 
-    def batch_shards(self) -> int:
-        """Into how many pieces each batch is split along its first axis: the replicas, times a split of the
-        per-replica batch where partition: splits it too."""
-        if self.split is None:
-            return len(self.devices)
-        return self.replicas * max(dims[0] for dims in self.split.dims.values())
 
-
-def device_layout(split: Optional[SpatialSplit], devices: list) -> DeviceLayout:
-    """The devices as replicas of the split's cores; refused at `partition` when they do not divide."""
-    if split is None:
-        return DeviceLayout(devices, len(devices), None)
-    count = len(devices)
-    if count % split.cores:
-        platform = devices[0].platform
-        fewer = [d for d in range(2, count + 1) if count % d == 0]
-        hint = (f"split over {' or '.join(map(str, fewer))} devices per replica (dims whose product divides {count})"
-                if fewer else "remove partition: (this machine has one device)")
-        if platform == "cpu":
-            hint += (", or split the CPU into more devices: "
-                     f"XLA_FLAGS=--xla_force_host_platform_device_count={split.cores}")
-        raise BuildError(("partition",), "train", f"a replica spans {split.cores} devices (the product of the dims of "
-                         f"'{split.main}'), which do not divide this machine's {count} {platform} device"
-                         f"{'s' if count > 1 else ''}", hint, code="partition-devices")
-    return DeviceLayout(devices, count // split.cores, split)
-
-
-def check_batches(plan, layout: DeviceLayout) -> None:
-    """Each of the Plan's global batches splits evenly over the batch shards (replicas, and a split batch axis),
-    which only the devices JAX finds here say (`Plan.per_shard`: the one rule)."""
-    shards = layout.batch_shards()
-    over = (f"this machine's {shards} devices" if layout.split is None else
-            f"{shards} batch shards ({layout.replicas} replicas of {layout.split.cores} devices each, of this "
-            f"machine's {len(layout.devices)})")
-    for batch in plan.batches:
-        plan.per_shard(batch.split, shards, over)
+def device_layout(plan, devices: list) -> DeviceLayout:
+    """`devices` as the Plan's mesh (`Plan.device_mesh`), or data-parallel over all of them without a Plan (the
+    memory estimate's build); devices that do not take whole replicas refused at `partition`, before anything is
+    built."""
+    if plan is None:
+        return DeviceLayout(devices, DeviceMesh(len(devices), None))
+    try:
+        return DeviceLayout(devices, plan.device_mesh(len(devices), devices[0].platform))
+    except DevicesRefused as refused:
+        raise BuildError(refused.key, "train", refused.message, refused.hint, code=refused.code) from None
 
 
 def distribution(layout: DeviceLayout, job):
@@ -201,10 +125,9 @@ def distribution(layout: DeviceLayout, job):
         return keras.distribution.DataParallel(devices=layout.devices) if len(layout.devices) > 1 else None
     from jax.experimental import mesh_utils
 
-    split = layout.split
-    shape = (layout.replicas, *(size for _name, size in split.axes))
-    names = [BATCH, *(name for name, _size in split.axes)]
-    mesh = keras.distribution.DeviceMesh(shape, names, mesh_utils.create_device_mesh(shape, layout.devices))
+    split, shape = layout.split, layout.mesh.shape
+    mesh = keras.distribution.DeviceMesh(shape, layout.mesh.axis_names,
+                                         mesh_utils.create_device_mesh(shape, layout.devices))
     by_shape = {}
     for (group, name), dims in split.dims.items():
         by_shape.setdefault(tuple(getattr(job.data, group)[name].shape), tensor_axes(dims, split.axes))

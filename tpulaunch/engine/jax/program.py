@@ -115,7 +115,7 @@ def explain_script(loaded: LoadedJob, plan: "Plan") -> str:
         *_precision_lines(job, at),
     ]
     written: dict = {}
-    for title, settings in (("make_input_fn", inputs), ("JaxTraining", training)):
+    for title, settings in (("make_dataset_fn", inputs), ("JaxTraining", training)):
         lines += settings_lines(f"keywords of {title} (below)", settings, at, written, NOTES, SOURCES)
     lines += ["# ------------------------------------------------------------------------ the job's own code", ""]
     lines += reference_lines(job)
@@ -164,15 +164,15 @@ def job_training():
 
 
 def job_batches(mode, skip=0):
-    """The mode's batches (global batch size) as NumPy, read by make_input_fn from the mode's files, after the first
+    """The mode's batches (global batch size) as NumPy, read by make_dataset_fn from the mode's files, after the first
     `skip` (a resumed training's: those it trained on)."""
     training = mode == "train"
     try:
         files = expand_files(TRAIN_FILES if training else EVAL_FILES)
     except FilesError as exc:
         raise SystemExit(f"data.{{mode}}: {{exc}}") from None
-    input_fn = {call("make_input_fn", ["files", "training=training", "use_tpu=False", *keywords(inputs)], 4)}
-    return numpy_batches(input_fn, TRAIN_BATCH_SIZE if training else EVAL_BATCH_SIZE, skip)
+    dataset_fn = {call("make_dataset_fn", ["files", "training=training", "use_tpu=False", *keywords(inputs)], 4)}
+    return numpy_batches(dataset_fn, TRAIN_BATCH_SIZE if training else EVAL_BATCH_SIZE, skip)
 
 
 def job_evaluation(training):

@@ -12,7 +12,7 @@ from tpulaunch.engine.core import loop
 from tpulaunch.engine.jax.locate import build_errors
 from tpulaunch.engine.core.model_dir import checkpoint_step, checkpoint_to_read
 from tpulaunch.engine.jax.hosts import refuse_split_over_hosts
-from tpulaunch.engine.pipeline import (eval_left_out, label_classes, make_input_fn, naming_read_errors,
+from tpulaunch.engine.pipeline import (eval_left_out, label_classes, make_dataset_fn, naming_read_errors,
                                        scores_class_ids)
 from tpulaunch.engine.plain import log_every_steps, spec_errors
 from tpulaunch.job.schema import Job
@@ -29,8 +29,7 @@ if TYPE_CHECKING:
 
 
 def make_training(job: Job, plan: Optional[Plan], *, search_path: Sequence[str] = ()):
-    """The job's JaxTraining over the devices as the Plan splits them, failures located at their job key."""
-    from tpulaunch.engine.jax import mesh
+    """The job's JaxTraining over the devices as the Plan's mesh lays them out, failures located at their job key."""
     from tpulaunch.engine.jax.training import JaxTraining, load_keras
     from tpulaunch.engine.job_code import job_builder, job_functions
 
@@ -41,9 +40,7 @@ def make_training(job: Job, plan: Optional[Plan], *, search_path: Sequence[str] 
     builder, kwargs = job_builder(job, search_path=search_path)
     with build_errors(job, "train"), spec_errors():
         whole_loss, _losses, _metrics = job_functions(job, search_path=search_path)
-        training = JaxTraining(job, builder, kwargs, custom_loss=whole_loss, split=mesh.split_of(plan))
-    if plan is not None:
-        mesh.check_batches(plan, training.layout)
+        training = JaxTraining(job, builder, kwargs, custom_loss=whole_loss, plan=plan)
     refuse_split_over_hosts(training.layout)
     return training
 
@@ -68,13 +65,13 @@ def _batches(job: Job, plan: Plan, mode: str, training, skip: int = 0):
     share of the records and makes its share of the global batch (`hosts.py`); DataParallel puts the shares
     together. The class ids of a sparse categorical crossentropy's labels are checked there (JAX would take any id
     silently)."""
-    from tpulaunch.engine.jax.hosts import InputShare, share
+    from tpulaunch.engine.jax.hosts import share
 
     index, count = share()
     with naming_read_errors(job, mode):
-        dataset = make_input_fn(job, mode, use_tpu=False, label_classes=_label_classes(job, training.model))(
-            {"batch_size": plan.per_shard(mode, count, f"{count} hosts"), "context": InputShare(index, count),
-             "skip_batches": skip})
+        dataset_fn = make_dataset_fn(job, mode, use_tpu=False, label_classes=_label_classes(job, training.model))
+        dataset = dataset_fn(plan.per_shard(mode, count, f"{count} hosts"), shard_index=index, shard_count=count,
+                             skip_batches=skip)
     return dataset.as_numpy_iterator()
 
 

@@ -242,10 +242,10 @@ def on_host(value) -> np.ndarray:
     return np.asarray(value.addressable_data(0))
 
 
-def numpy_batches(input_fn: Callable, batch_size: int, skip_batches: int = 0):
-    """The batches of a `portable.make_input_fn` input_fn (global batch size) as NumPy, as JAX takes them, after the
-    first `skip_batches` (a resumed training's step: the batches it already trained on)."""
-    return input_fn({"batch_size": batch_size, "skip_batches": skip_batches}).as_numpy_iterator()
+def numpy_batches(dataset_fn: Callable, batch_size: int, skip_batches: int = 0):
+    """The batches of a `portable.make_dataset_fn` dataset_fn (global batch size) as NumPy, as JAX takes them, after
+    the first `skip_batches` (a resumed training's step: the batches it already trained on)."""
+    return dataset_fn(batch_size, skip_batches=skip_batches).as_numpy_iterator()
 
 
 __all__ = ["JaxTraining", "NotKeras3Model", "StepsForAnotherBackend", "example_batch", "keras_on_jax", "make_optimizer", "make_loss", "outputs_logits",

@@ -42,7 +42,7 @@ class JaxTraining:
     its failures told at the job's keys, its checkpoints staged and fenced by model_dir's lease, and its export.
     Its steps, evaluation, save and attributes (model, devices, step) are the standalone training's."""
 
-    def __init__(self, job: Job, builder, builder_kwargs: dict, *, custom_loss=None, split=None):
+    def __init__(self, job: Job, builder, builder_kwargs: dict, *, custom_loss=None, plan=None):
         keras, jax = load_keras()  # before standalone imports TensorFlow: its import would settle Keras's backend
         # Before the model is built: its layers take the policy when they are made. bfloat16 is mixed_bfloat16 on
         # every device JAX runs (float32 weights, bfloat16 compute; no loss scaling), as on the TPU for the others.
@@ -53,7 +53,7 @@ class JaxTraining:
         from tpulaunch.run.lease import ensure_held
 
         self.job = job
-        self.layout = mesh.device_layout(split, jax.devices())  # `split`: partition:'s (mesh.split_of(plan))
+        self.layout = mesh.device_layout(plan, jax.devices())  # the Plan's mesh (None: data-parallel)
         try:
             # Staged, then moved while the run holds model_dir's lease; its state and deletions fenced (as the
             # other engines save: engine/core/staged_save.py).

@@ -146,7 +146,7 @@ def explain_script(loaded: LoadedJob, plan: "Plan", *,
         "",
     ]
     written: dict = {"seed": job.run.seed}  # SEED, above
-    for title, settings in (("make_input_fn", inputs), ("keras_optimizer_factory", optimizer),
+    for title, settings in (("make_dataset_fn", inputs), ("keras_optimizer_factory", optimizer),
                             ("KerasTraining", training), ("make_strategy", strategy)):
         if settings:
             lines += settings_lines(f"keywords of {title} (below)", settings, at, written, NOTES, SOURCES)
@@ -206,7 +206,7 @@ def job_training(strategy):
 
 
 def job_dataset(keras_training, mode, skip=0):
-    """make_input_fn on the mode's files, one pipeline per worker or TPU host, distributed over the replicas (each
+    """make_dataset_fn on the mode's files, one pipeline per worker or TPU host, distributed over the replicas (each
     batch through the model's preprocessor, where it has one), after what `skip` steps trained on (a resumed
     training's step)."""
     training = mode == "train"
@@ -214,8 +214,8 @@ def job_dataset(keras_training, mode, skip=0):
         files = expand_files(TRAIN_FILES if training else EVAL_FILES)
     except FilesError as exc:
         raise SystemExit(f"data.{{mode}}: {{exc}}") from None
-    input_fn = {call("make_input_fn", ["files", "training=training", "use_tpu=USE_TPU", *keywords(inputs)], 4)}
-    return distributed_dataset(keras_training.strategy, input_fn, TRAIN_BATCH_SIZE if training else EVAL_BATCH_SIZE,
+    dataset_fn = {call("make_dataset_fn", ["files", "training=training", "use_tpu=USE_TPU", *keywords(inputs)], 4)}
+    return distributed_dataset(keras_training.strategy, dataset_fn, TRAIN_BATCH_SIZE if training else EVAL_BATCH_SIZE,
                                keras_training.preprocess, skip_steps=skip)
 
 

@@ -101,13 +101,13 @@ def _dataset(job: Job, plan: Plan, training, mode: str, skip: int = 0):
     """The mode's batches over the strategy's replicas, after what `skip` steps trained on (a resumed run's step);
     the class ids of a sparse categorical crossentropy are checked there, on the host, for a model whose outputs are
     known before its first call (and in the step)."""
-    from tpulaunch.engine.pipeline import label_classes, make_input_fn
+    from tpulaunch.engine.pipeline import label_classes, make_dataset_fn
     from tpulaunch.engine.keras import standalone
 
     classes = label_classes(job, getattr(training.model, "outputs", None), training.output_names,
                              training.model)
     return standalone.distributed_dataset(training.strategy,
-                                          make_input_fn(job, mode, use_tpu=plan.on_tpu, label_classes=classes),
+                                          make_dataset_fn(job, mode, use_tpu=plan.on_tpu, label_classes=classes),
                                           _global_batch(plan, mode), training.preprocess, skip_steps=skip)
 
 

@@ -16,7 +16,7 @@ tpulaunch calls it with values converted from the job file (engine/keras/plain.p
 The strategy comes from the job and the machine (`make_strategy`): TPUStrategy on a TPU slice, with
 a device assignment when a replica spans several cores (spatial partitioning), MultiWorkerMirrored
 when TF_CONFIG names several workers, Mirrored over several local GPUs, else the default strategy.
-The input pipeline is the same `make_input_fn` TPUEstimator runs, called once per input pipeline by
+The input pipeline is the same `make_dataset_fn` every engine runs, called once per input pipeline by
 `distribute_datasets_from_function` with the per-replica batch. Checkpoints are object-based
 (`tf.train.CheckpointManager`), named `model.ckpt-STEP` in the model directory.
 """
@@ -127,18 +127,19 @@ def worker_scratch_dir(model_dir: str, task_type: str, task_id: int) -> str:
     return os.path.join(model_dir, f"worker-{task_type}-{task_id}-scratch")
 
 
-def distributed_dataset(strategy, input_fn: Callable, global_batch_size: int, preprocess: Optional[Callable] = None,
-                        skip_steps: int = 0):
-    """`input_fn({"batch_size": per-replica batch, "context": InputContext})`, once per input pipeline (one per
-    worker or TPU host), distributed over the replicas; each pipeline reads its own share (portable.host_shard),
-    after what its replicas trained on in `skip_steps` steps (a resumed training's step): a batch per replica a step.
-    `preprocess(features, labels)` (KerasTraining.preprocess), where given, maps each batch on the host, as a
-    KerasHub task's fit() maps its preprocessor over the data."""
+def distributed_dataset(strategy, make_dataset: Callable, global_batch_size: int,
+                        preprocess: Optional[Callable] = None, skip_steps: int = 0):
+    """`make_dataset` (`portable.make_dataset_fn`'s dataset_fn) called once per input pipeline (one per worker or
+    TPU host) with the per-replica batch, distributed over the replicas; each pipeline reads its own share
+    (`shard_index` of `shard_count`), after what its replicas trained on in `skip_steps` steps (a resumed
+    training's step): a batch per replica a step. `preprocess(features, labels)` (KerasTraining.preprocess), where
+    given, maps each batch on the host, as a KerasHub task's fit() maps its preprocessor over the data."""
 
     def dataset_fn(context):
         replicas = context.num_replicas_in_sync // context.num_input_pipelines  # this pipeline's
-        dataset = input_fn({"batch_size": context.get_per_replica_batch_size(global_batch_size), "context": context,
-                            "skip_batches": skip_steps * replicas})
+        dataset = make_dataset(context.get_per_replica_batch_size(global_batch_size),
+                               shard_index=context.input_pipeline_id, shard_count=context.num_input_pipelines,
+                               skip_batches=skip_steps * replicas)
         if preprocess is None:
             return dataset
         return dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
@@ -372,7 +373,7 @@ class KerasTraining:
         loss, metrics, labels, custom_loss, custom_losses, custom_metrics: as for the estimator
             engine's model_fn: loss names or import paths, per label or for all; metric names or
             import paths, a list (each applied to the heads it fits) or per label.
-        features: the feature specs (as for make_input_fn): the shapes a lazily built model is built for.
+        features: the feature specs (as for make_dataset_fn): the shapes a lazily built model is built for.
         make_optimizer: `make_optimizer(keras)` returns an optimizer of the model's Keras (keras_optimizer_factory).
         model_dir, keep_checkpoint_max, save_checkpoints_steps: where and how often to checkpoint.
         write_through: each checkpoint is written by `write_through(write, prefix)`, `write(any_prefix)` writing
