@@ -1,9 +1,30 @@
-"""What `tpulaunch data bench` does beside timing the pipeline (`data/bench.py`): the rate measured set against what
-the job's last training consumed, from model_dir's run record."""
+"""What `tpulaunch data bench` does: the job checked for its target, its input pipeline timed (`data/bench.py`), and
+the rate measured set against what the job's last training consumed, from model_dir's run record."""
 
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+from typing import Callable, ContextManager, Sequence
+
+
+def bench(job_file: str, overrides: Sequence[str], *, local: bool, seconds: float, say: Callable[[str], None],
+          warn=None, verbose: int = 0,
+          showing: Callable[[str], ContextManager] = lambda text: contextlib.nullcontext()):
+    """(the checked job, the pipeline's timing, its comparison with the last training or None). `showing(text)`:
+    around each long wait (TensorFlow loading, the timing), for the command to show it; `say`: notes on the record;
+    `warn`: called with the job's warnings; `verbose`: TensorFlow's log level."""
+    from tpulaunch.app.gate import load_checked
+    from tpulaunch.data.bench import bench_input
+    from tpulaunch.tf_env import quiet_tensorflow
+
+    checked = load_checked(job_file, overrides, local=local, warn=warn)
+    quiet_tensorflow(verbose)
+    job, engine = checked.job, checked.engine
+    with showing("loading TensorFlow"):
+        engine.load()
+    with showing(f"timing the input pipeline for {seconds:g} s"):
+        result = bench_input(job, checked.plan, seconds=seconds, search_path=job.search_path)
+    return checked, result, compared_with_training(result, job, say=say)
 
 
 def compared_with_training(result, job, *, say: Callable[[str], None]):

@@ -1,28 +1,164 @@
-"""What `train`, `evaluate` and `export` do before and around the engine's call: the job through the gate for
-its target, the run recorder, model_dir's lease, the TPU's resolver and the watch on its node.
+"""What `train`, `evaluate` and `export` do: the job through the gate for its target, the run recorder, model_dir's
+lease, the TPU's resolver and the watch on its node, the engine's call, and what a stopped run says.
 
-No printing here: a line to say goes to the `say` the command hands in; the renderer of run events is the
-command's too (`cli/render/`), handed to `recorder` to subscribe.
+TensorFlow is imported only after the job has passed the static checks (and after its log level has been set), so
+a broken job is refused in a fraction of a second. No printing here: a line to say goes to the `say` the command
+hands in; the renderer of run events is the command's too (`cli/render/`), handed in as `renderer(recorder)`.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Sequence
+import json
+import os
+import shlex
+from typing import Callable, Optional, Sequence, Tuple
 
-from tpulaunch.errors import ExitCode, TpuLaunchError
+from tpulaunch.errors import AlreadyReported, ExitCode, TpuLaunchError, low_memory_limit_warning
 
 
-def checked_to_run(job_file: str, overrides: Sequence[str], *, local: bool, warn=None):
+def train(job_file: str, overrides: Sequence[str], *, renderer: Callable, say: Callable[[str], None], warn=None,
+          verbose: int = 0, local: bool, model_dir: Optional[str], force: bool, take_lease: bool, wait_s: float,
+          watch_interval: float, auto_resume: int, resume_wait: float, recreate: bool, watch_node: bool,
+          profile: Optional[Tuple[int, int]], cpu_replicas: Optional[int]) -> None:
+    """`tpulaunch train`: the job checked for its target, model_dir's lease taken, the run recorded and watched,
+    the engine trains. A run stopped (a signal, its node lost, an evaluation stopped) says why and how to go on
+    through `say` and raises `AlreadyReported` with its exit code. `renderer(recorder)`: the run's renderer;
+    `warn`: called with the job's warnings; `verbose`: TensorFlow's log level (`tf_env.quiet_tensorflow`)."""
+    from tpulaunch.seam.registry import require
+    from tpulaunch.run.started import run_started
+
+    began = run_started()
+    sets = [*overrides, *_model_dir_override(model_dir)]
+    checked = checked_to_run(job_file, sets, local=local, warn=warn, verbose=verbose)
+    job, engine = checked.job, checked.engine
+    require(engine.name)  # a run that cannot start takes no lease
+    low_limit = low_memory_limit_warning()
+    if low_limit:
+        say(f"warning: {low_limit}")
+    with model_dir_lease(job, "train", take=take_lease, say=say) as lease:
+        _train(job_file, checked, engine, began, sets, lease, renderer=renderer, say=say, local=local, force=force,
+               wait_s=wait_s, watch_node=watch_node, watch_interval=watch_interval, auto_resume=auto_resume,
+               resume_wait=resume_wait, recreate=recreate, profile=profile, cpu_replicas=cpu_replicas)
+
+
+def _train(job_file: str, checked, engine, began: float, sets, lease, *, renderer: Callable,
+           say: Callable[[str], None], local: bool, force: bool, wait_s: float, watch_node: bool,
+           watch_interval: float, auto_resume: int, resume_wait: float, recreate: bool, profile,
+           cpu_replicas: Optional[int]) -> None:
+    from tpulaunch.app.recorded import recorded_run
+    from tpulaunch.data.input_help import input_help
+    from tpulaunch.engine.plain import log_every_steps
+    from tpulaunch.run.lease import LeaseLost
+    from tpulaunch.run.signals import EvaluationStopped, TrainingStopped
+    from tpulaunch.run.watchdog import NodeLost
+
+    job = checked.job
+    recorder = run_recorder(renderer, started_at=began, total_steps=job.train.steps if job.train else 0,
+                            batch_size=job.train.batch_size if job.train else 0,
+                            log_every_steps=log_every_steps(job), model_dir=job.run.model_dir,
+                            input_help=input_help(job, on_tpu=checked.plan.on_tpu))
+    with recorded_run(say, recorder, engine, checked, "train", lease=lease):
+        with resolving(recorder, job, local=local, watch_node=watch_node):
+            resolver = tpu_resolver(job, local, wait_s)
+            watch = watch_plan(job, local=local, watch_node=watch_node, wait_s=wait_s, interval=watch_interval,
+                               auto_resume=auto_resume, resume_wait=resume_wait, recreate=recreate,
+                               job_file=job_file, engine=engine.name, say=say)
+        try:
+            engine.train(job, checked.plan, recorder=recorder, cluster_resolver=resolver, force=force, watch=watch,
+                         profile=profile, cpu_replicas=_replicas(engine, cpu_replicas, checked.plan))
+        except LeaseLost as lost:  # fenced: say where it stopped, and what it left
+            lost.message += (f", at step {recorder.step} (its last checkpoint there: "
+                             f"{recorder.last_checkpoint or 'none from this run'})")
+            raise
+        except (TrainingStopped, NodeLost) as stopped:
+            hint = stopped.hint
+            if isinstance(stopped, EvaluationStopped):
+                # Only this command line knows how to name the same job, settings and model_dir again.
+                if stopped.final:
+                    hint = f"to evaluate that checkpoint: {_evaluate_command(job_file, sets, local)}"
+                else:
+                    hint = f"to evaluate it: {_evaluate_command(job_file, sets, local, stopped.checkpoint)}"
+            say(stopped.message)
+            if hint:
+                say(f"hint: {hint}")
+            raise AlreadyReported(stopped.exit_code) from None
+
+
+def evaluate(job_file: str, overrides: Sequence[str], *, renderer: Callable, say: Callable[[str], None], warn=None,
+             verbose: int = 0, local: bool, checkpoint: Optional[str], wait_s: float, cpu_replicas: Optional[int],
+             take_lease: bool) -> None:
+    """`tpulaunch evaluate`: the job checked for its target, model_dir's lease taken (evaluate writes its record
+    there), the run recorded, the engine evaluates `checkpoint` (None: the latest)."""
+    from tpulaunch.app.recorded import recorded_run
+    from tpulaunch.seam.registry import require
+    from tpulaunch.run.started import run_started
+
+    began = run_started()
+    checked = checked_to_run(job_file, overrides, local=local, warn=warn, verbose=verbose)
+    job, engine = checked.job, checked.engine
+    require(engine.name)  # a run that cannot start takes no lease
+    with model_dir_lease(job, "evaluate", take=take_lease, say=say) as lease:
+        recorder = run_recorder(renderer, started_at=began, model_dir=job.run.model_dir)
+        with recorded_run(say, recorder, engine, checked, "evaluate", lease=lease):
+            with resolving(recorder, job, local=local, watch_node=False):
+                resolver = tpu_resolver(job, local, wait_s)
+            engine.evaluate(job, checked.plan, recorder=recorder, checkpoint=checkpoint, cluster_resolver=resolver,
+                            cpu_replicas=_replicas(engine, cpu_replicas, checked.plan))
+
+
+def export(job_file: str, overrides: Sequence[str], out_dir: str, *, renderer: Callable,
+           say: Callable[[str], None], warn=None, verbose: int = 0, checkpoint: Optional[str]) -> str:
+    """`tpulaunch export`: a SavedModel of `checkpoint` (None: the latest) under `out_dir`; returns its path. It
+    only reads model_dir: no lease, no run record."""
+    from tpulaunch.app.recorded import recorded_run
+    from tpulaunch.run import phases
+    from tpulaunch.run.started import run_started
+
+    began = run_started()
+    checked = checked_to_run(job_file, overrides, local=True, warn=warn, verbose=verbose)  # a CPU serving graph
+    engine = checked.engine
+    recorder = run_recorder(renderer, started_at=began)
+    with recorded_run(say, recorder, engine, checked, "export", record=False), recorder.phase(phases.EXPORT):
+        return engine.export(checked.job, checked.plan, out_dir, checkpoint=checkpoint, say=recorder.note)
+
+
+def _model_dir_override(model_dir: Optional[str]) -> list:
+    # Relative to where the command runs (the job file's own paths are relative to the job file); a URL
+    # (gs://bucket/dir) as given: abspath would turn it into a local ./gs:/bucket/dir.
+    if not model_dir:
+        return []
+    return [f"run.model_dir={json.dumps(model_dir if '://' in model_dir else os.path.abspath(model_dir))}"]
+
+
+def _evaluate_command(job_file: str, sets: Sequence[str], local: bool, checkpoint: Optional[str] = None) -> str:
+    """The `tpulaunch evaluate` command line for the same job, settings and model_dir."""
+    words = ["tpulaunch", "evaluate", job_file, *(["--local"] if local else [])]
+    for value in sets:
+        words += ["--set", value]
+    return shlex.join(words + (["--checkpoint", checkpoint] if checkpoint else []))
+
+
+def _replicas(engine, cpu_replicas: Optional[int], plan) -> Optional[int]:
+    """`--cpu-replicas` for the engine, when asked (`checks/run_options.py` holds the rule)."""
+    from tpulaunch.checks.run_options import cpu_replicas_for
+
+    return cpu_replicas_for(engine.name, cpu_replicas, plan)
+
+
+def checked_to_run(job_file: str, overrides: Sequence[str], *, local: bool, warn=None, verbose: int = 0):
     """The job through the one gate (static checks for this target); a TPU job also refused when this machine's
-    TensorFlow cannot drive its TPU. `warn`: called with the job's warnings (`app/gate.py`)."""
+    TensorFlow cannot drive its TPU; then TensorFlow's log level set (`verbose`). `warn`: called with the job's
+    warnings (`app/gate.py`)."""
     from tpulaunch.app.gate import load_checked
+    from tpulaunch.tf_env import quiet_tensorflow
 
     checked = load_checked(job_file, list(overrides), local=local, warn=warn)
     if not local and checked.job.on_tpu:  # before the TPU is touched: can this machine's TensorFlow drive it?
         from tpulaunch.checks.stack import refuse_unless_runnable
 
         refuse_unless_runnable(checked.loaded, job_file, "running")
+    quiet_tensorflow(verbose)  # again: the command may run outside the `tpulaunch` group
     return checked
 
 

@@ -145,19 +145,12 @@ def bench(obj: Context, job_file: str, local: bool, overrides, seconds: float, f
     tpulaunch data bench job.yaml
     tpulaunch data bench job.yaml --local --seconds 30 --format json
     """
-    from tpulaunch.app.data import compared_with_training
-    from tpulaunch.app.gate import load_checked
-    from tpulaunch.data.bench import bench_input
-    from tpulaunch.tf_env import quiet_tensorflow
+    from tpulaunch.app.data import bench as timed
 
-    checked = load_checked(job_file, overrides, local=local, warn=warnings_to(obj.err, job_file))
-    quiet_tensorflow(obj.verbose)
-    job, engine = checked.job, checked.engine
-    with obj.err.status("loading TensorFlow"):
-        engine.load()
-    with obj.err.status(f"timing the input pipeline for {seconds:g} s"):
-        result = bench_input(job, checked.plan, seconds=seconds, search_path=job.search_path)
-    comparison = compared_with_training(result, job, say=obj.say)
+    checked, result, comparison = timed(job_file, overrides, local=local, seconds=seconds, say=obj.say,
+                                        warn=warnings_to(obj.err, job_file), verbose=obj.verbose,
+                                        showing=obj.err.status)
+    job = checked.job
     if fmt == "json":
         click.echo(json.dumps({"job": job.name, "model_dir": job.run.model_dir, "on_tpu": checked.plan.on_tpu,
                                **result.to_dict(),

@@ -1,58 +1,42 @@
-"""`tpulaunch train`, `evaluate` and `export`: validate the job, then run it with TPUEstimator.
+"""`tpulaunch train`, `evaluate` and `export`: each parses its options, calls `app/run.py` (the job checked, the run
+recorded, the engine's call) with the renderer for the run's lines (`cli/render/`), and says what comes back.
 
-TensorFlow is imported only after the job has passed the static checks (and after its log level has
-been set), so a broken job is refused in a fraction of a second. From there a run says which phase
-it is in (the first line comes before TensorFlow loads) and `train`/`evaluate` leave a run record in
-model_dir (`app/recorded.py`, `run/run_record.py`). What the commands do around the engine's call is
-`app/run.py`'s; the run's lines are `cli/render/`'s.
+`train` and `evaluate` leave a run record in model_dir (`app/recorded.py`, `run/run_record.py`).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shlex
-from typing import Optional, Sequence
+from typing import Optional
 
 import click
 
-from tpulaunch.app.run import model_dir_lease, resolving, tpu_resolver, watch_plan
+from tpulaunch.app import run as app_run
 from tpulaunch.cli.base import (Context, checkpoint_option, command, cpu_replicas_option, job_argument, local_option,
                                 pass_obj, set_option, wait_option, warnings_to)
-from tpulaunch.errors import AlreadyReported, TpuLaunchError, low_memory_limit_warning
-from tpulaunch.tf_env import quiet_tensorflow
 
 
-def _checked(obj: Context, job_file: str, overrides, extra=(), *, local: bool):
-    """The job through the one gate (`app/run.py`), with TensorFlow's logging set."""
-    from tpulaunch.app.run import checked_to_run
+def _renderer(obj: Context):
+    """The run's renderer for its recorder, on stdout: fixed-format lines when the output is not a terminal or under
+    CI, a live display otherwise. Made when the run starts: a job the gate refuses loads no rich."""
+    def made(recorder):
+        console = obj.out
+        if not console.is_terminal or os.environ.get("CI"):
+            from tpulaunch.cli.render.run_plain import PlainRenderer
 
-    checked = checked_to_run(job_file, [*overrides, *extra], local=local,
-                             warn=warnings_to(obj.text_out(stderr=True), job_file))
-    quiet_tensorflow(obj.verbose)  # again: the command may run outside the `tpulaunch` group
-    return checked
+            return PlainRenderer(console)
+        from tpulaunch.cli.render.run_live import LiveRenderer
 
+        return LiveRenderer(console, get_time=recorder.get_time)
 
-def _recorder(console, **settings):
-    """A run recorder with a renderer on `console`: fixed-format lines when the output is not a terminal
-    or under CI, a live display otherwise."""
-    from tpulaunch.app.run import run_recorder
-
-    if not console.is_terminal or os.environ.get("CI"):
-        from tpulaunch.cli.render.run_plain import PlainRenderer
-
-        return run_recorder(lambda recorder: PlainRenderer(console), **settings)
-    from tpulaunch.cli.render.run_live import LiveRenderer
-
-    return run_recorder(lambda recorder: LiveRenderer(console, get_time=recorder.get_time), **settings)
+    return made
 
 
-def _evaluate_command(job_file: str, sets: Sequence[str], local: bool, checkpoint: Optional[str] = None) -> str:
-    """The `tpulaunch evaluate` command line for the same job, settings and model_dir."""
-    words = ["tpulaunch", "evaluate", job_file, *(["--local"] if local else [])]
-    for value in sets:
-        words += ["--set", value]
-    return shlex.join(words + (["--checkpoint", checkpoint] if checkpoint else []))
+def _tellers(obj: Context, job_file: str) -> dict:
+    """What the application layer hands its lines to: the run's renderer on stdout, notes and the job's warnings on
+    stderr, and TensorFlow's log level."""
+    return {"renderer": _renderer(obj), "say": obj.say, "warn": warnings_to(obj.text_out(stderr=True), job_file),
+            "verbose": obj.verbose}
 
 
 class StepRange(click.ParamType):
@@ -78,14 +62,6 @@ take_lease_option = click.option(
     help="Take model_dir's lease even when another live run holds it (only when that run is surely stopped). "
          "Without it a run whose lease was not renewed for $TPULAUNCH_LEASE_STALE_S seconds (default 180; renewed "
          "every $TPULAUNCH_LEASE_RENEW_S, default 30) is taken over, and a live one refuses this run.")
-
-
-def _model_dir_override(model_dir: Optional[str]) -> list:
-    # Relative to where the command runs (the job file's own paths are relative to the job file); a URL
-    # (gs://bucket/dir) as given: abspath would turn it into a local ./gs:/bucket/dir.
-    if not model_dir:
-        return []
-    return [f"run.model_dir={json.dumps(model_dir if '://' in model_dir else os.path.abspath(model_dir))}"]
 
 
 @command()
@@ -154,70 +130,10 @@ def train(obj: Context, job_file: str, local: bool, overrides, model_dir: Option
       tpulaunch train job.yaml --local --profile 20-25   # a TensorBoard profile of steps 20 to 25
       tpulaunch train job.yaml --local --cpu-replicas 2  # keras engine: two replicas on this CPU
     """
-    from tpulaunch.seam.registry import require
-    from tpulaunch.run.started import run_started
-
-    began = run_started()
-    sets = [*overrides, *_model_dir_override(model_dir)]
-    checked = _checked(obj, job_file, sets, local=local)
-    job, engine = checked.job, checked.engine
-    require(engine.name)  # a run that cannot start takes no lease
-    low_limit = low_memory_limit_warning()
-    if low_limit:
-        obj.err.print(f"warning: {low_limit}", highlight=False, markup=False, soft_wrap=True)
-    with model_dir_lease(job, "train", take=take_lease, say=obj.say) as lease:
-        _train(obj, job_file, checked, engine, began, sets, lease, local=local, force=force, wait_s=wait_s,
-               watch_node=watch_node, watch_interval=watch_interval, auto_resume=auto_resume,
-               resume_wait=resume_wait, recreate=recreate, profile=profile, cpu_replicas=cpu_replicas)
-
-
-def _train(obj: Context, job_file: str, checked, engine, began: float, sets, lease, *, local: bool, force: bool,
-           wait_s: float, watch_node: bool, watch_interval: float, auto_resume: int, resume_wait: float,
-           recreate: bool, profile, cpu_replicas: Optional[int]):
-    from tpulaunch.app.recorded import recorded_run
-    from tpulaunch.data.input_help import input_help
-    from tpulaunch.engine.plain import log_every_steps
-    from tpulaunch.run.lease import LeaseLost
-    from tpulaunch.run.signals import EvaluationStopped, TrainingStopped
-    from tpulaunch.run.watchdog import NodeLost
-
-    job = checked.job
-    recorder = _recorder(obj.out, started_at=began, total_steps=job.train.steps if job.train else 0,
-                         batch_size=job.train.batch_size if job.train else 0,
-                         log_every_steps=log_every_steps(job), model_dir=job.run.model_dir,
-                         input_help=input_help(job, on_tpu=checked.plan.on_tpu))
-    with recorded_run(obj.say, recorder, engine, checked, "train", lease=lease):
-        with resolving(recorder, job, local=local, watch_node=watch_node):
-            resolver = tpu_resolver(job, local, wait_s)
-            watch = watch_plan(job, local=local, watch_node=watch_node, wait_s=wait_s, interval=watch_interval,
-                               auto_resume=auto_resume, resume_wait=resume_wait, recreate=recreate,
-                               job_file=job_file, engine=engine.name, say=obj.say)
-        try:
-            engine.train(job, checked.plan, recorder=recorder, cluster_resolver=resolver, force=force, watch=watch,
-                         profile=profile, cpu_replicas=_replicas(engine, cpu_replicas, checked.plan))
-        except LeaseLost as lost:  # fenced: say where it stopped, and what it left
-            lost.message += (f", at step {recorder.step} (its last checkpoint there: "
-                             f"{recorder.last_checkpoint or 'none from this run'})")
-            raise
-        except (TrainingStopped, NodeLost) as stopped:
-            hint = stopped.hint
-            if isinstance(stopped, EvaluationStopped):
-                # Only this command line knows how to name the same job, settings and model_dir again.
-                if stopped.final:
-                    hint = f"to evaluate that checkpoint: {_evaluate_command(job_file, sets, local)}"
-                else:
-                    hint = f"to evaluate it: {_evaluate_command(job_file, sets, local, stopped.checkpoint)}"
-            obj.err.print(stopped.message, highlight=False, markup=False, soft_wrap=True)
-            if hint:
-                obj.err.print(f"hint: {hint}", highlight=False, markup=False, soft_wrap=True)
-            raise AlreadyReported(stopped.exit_code) from None
-
-
-def _replicas(engine, cpu_replicas: Optional[int], plan) -> Optional[int]:
-    """`--cpu-replicas` for the engine, when asked (`checks/run_options.py` holds the rule)."""
-    from tpulaunch.checks.run_options import cpu_replicas_for
-
-    return cpu_replicas_for(engine.name, cpu_replicas, plan)
+    app_run.train(job_file, overrides, local=local, model_dir=model_dir, force=force, take_lease=take_lease,
+                  wait_s=wait_s, watch_interval=watch_interval, auto_resume=auto_resume, resume_wait=resume_wait,
+                  recreate=recreate, watch_node=watch_node, profile=profile, cpu_replicas=cpu_replicas,
+                  **_tellers(obj, job_file))
 
 
 @command()
@@ -241,21 +157,8 @@ def evaluate(obj: Context, job_file: str, local: bool, overrides, checkpoint: Op
       tpulaunch evaluate job.yaml --local
       tpulaunch evaluate job.yaml --local --checkpoint runs/cnn/model.ckpt-300
     """
-    from tpulaunch.app.recorded import recorded_run
-    from tpulaunch.seam.registry import require
-    from tpulaunch.run.started import run_started
-
-    began = run_started()
-    checked = _checked(obj, job_file, overrides, local=local)
-    job, engine = checked.job, checked.engine
-    require(engine.name)  # a run that cannot start takes no lease
-    with model_dir_lease(job, "evaluate", take=take_lease, say=obj.say) as lease:
-        recorder = _recorder(obj.out, started_at=began, model_dir=job.run.model_dir)
-        with recorded_run(obj.say, recorder, engine, checked, "evaluate", lease=lease):
-            with resolving(recorder, job, local=local, watch_node=False):
-                resolver = tpu_resolver(job, local, wait_s)
-            engine.evaluate(job, checked.plan, recorder=recorder, checkpoint=checkpoint, cluster_resolver=resolver,
-                            cpu_replicas=_replicas(engine, cpu_replicas, checked.plan))
+    app_run.evaluate(job_file, overrides, local=local, checkpoint=checkpoint, wait_s=wait_s, cpu_replicas=cpu_replicas,
+                     take_lease=take_lease, **_tellers(obj, job_file))
 
 
 @command()
@@ -276,14 +179,5 @@ def export(obj: Context, job_file: str, out_dir: str, overrides, checkpoint: Opt
       tpulaunch export job.yaml exported/
       saved_model_cli show --dir exported/<timestamp> --all
     """
-    from tpulaunch.app.recorded import recorded_run
-    from tpulaunch.run import phases
-    from tpulaunch.run.started import run_started
-
-    began = run_started()
-    checked = _checked(obj, job_file, overrides, local=True)  # export builds a CPU serving graph
-    engine = checked.engine
-    recorder = _recorder(obj.out, started_at=began)
-    with recorded_run(obj.say, recorder, engine, checked, "export", record=False), recorder.phase(phases.EXPORT):
-        path = engine.export(checked.job, checked.plan, out_dir, checkpoint=checkpoint, say=recorder.note)
+    path = app_run.export(job_file, overrides, out_dir, checkpoint=checkpoint, **_tellers(obj, job_file))
     obj.out.print(f"exported {path}", highlight=False, markup=False, soft_wrap=True)
