@@ -1,6 +1,7 @@
 """What `tpulaunch up` and `down` do: the job's TPU node found (a job whose TensorFlow stack is wrong can still have
 its node deleted), created, or looked for in every zone a run may have made it in. The API's refusal of a job value
-is located at its key. What is said on the way goes to `say`; the outcome comes back for the command to show.
+is located at its key. What is said on the way goes to `say`; what `up` created comes back for the command to show,
+what `down` deleted goes to `out` node by node.
 """
 
 from __future__ import annotations
@@ -91,3 +92,20 @@ def found_to_delete(job_file: str, overrides, *, say: Callable[[str], None]):
     zones = zones_to_search(loaded, job_tpu, ref, say)
     lives = [Lifecycle(replace(ref, zone=zone), job_file=job_file, on_progress=say) for zone in zones]
     return ref, zones, [life for life in lives if life.read_node() is not None or life.read_queued() is not None]
+
+
+def delete(job_file: str, overrides, *, wait_s: float, say: Callable[[str], None], out: Callable[[str], None]) -> None:
+    """`tpulaunch down`: the job's node (and its queued resource) deleted in every zone it is found in, each waited
+    for until gone; one line to `out` for each, or one saying there is nothing to delete."""
+    from tpulaunch.tpu import node as cluster
+
+    ref, zones, found = found_to_delete(job_file, overrides, say=say)
+    if not found:
+        where = cluster.where(ref) if len(zones) == 1 else f"project '{ref.project}', zones {', '.join(zones)}"
+        out(f"TPU node '{ref.name}' does not exist in {where}: nothing to delete")
+        return
+    for life in found:
+        outcome = life.delete(wait_s=wait_s)
+        suffix = f" after {outcome.seconds:.0f} s" if outcome.changed else ""
+        zone = f" in {life.ref.zone}" if life.ref.zone != ref.zone or len(found) > 1 else ""
+        out(f"{outcome.message}{zone}{suffix}")

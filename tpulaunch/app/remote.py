@@ -1,15 +1,18 @@
-"""What `run`, `rehearse`, `logs` and `cancel` do before the remote run is followed: the job read and checked for
-its TPU, its secrets, its stage, and the Controller wired to the Cloud TPU API (`remote/controller.py`).
+"""What `run`, `rehearse`, `logs` and `cancel` do: the job read and checked for its TPU, its secrets, its stage, the
+Controller wired to the Cloud TPU API (`remote/controller.py`) or the JobSet submitted to GKE, the run followed,
+and what Ctrl-C leaves; a rehearsal's own TPU API server started, preempting at its steps, and stopped.
 
-No printing here: the commands hand in `say` (notes, stderr) and `out` (progress, stdout) and render the rest.
+No printing here: the commands hand in `say` (notes, stderr) and `out` (progress, stdout) and render the rest. A run
+that ends badly or is detached raises `AlreadyReported` with its exit code, once what it says has been said.
 """
 
 from __future__ import annotations
 
+import sys
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
-from tpulaunch.errors import ExitCode, TpuLaunchError
+from tpulaunch.errors import AlreadyReported, ExitCode, TpuLaunchError
 
 LOCAL_PATH_ON_TPU = "local-path-on-tpu"  # validate's rule that a rehearsal waives: its local folders stand for the bucket
 
@@ -96,6 +99,172 @@ def staged_controller(job_file: str, overrides, *, target: str, api_endpoint: Op
                       keep_tpu=keep_tpu, after_preemption=after_preemption,
                       say=say, out=out, **({"on_step": on_step} if on_step else {}))
     return made, record
+
+
+def run(job_file: str, overrides, *, recreate: int, after_preemption: str, keep_tpu: bool, host_timeout_s: float,
+        try_wait_s: float, poll_s: float, timeout_s: float, dry_run: bool, say: Callable[[str], None],
+        out: Callable[[str], None], warn=None) -> Optional[str]:
+    """`tpulaunch run`: the job on its TPU VM, created, followed and recovered by the Controller, or, for a job with
+    a gke: section, submitted as a JobSet and followed. Returns the JobSet as YAML with `dry_run` (nothing staged,
+    submitted or created), else None once the run has ended well."""
+    from tpulaunch.tpu import api
+
+    if dry_run or has_gke(job_file, overrides):
+        return _run_on_gke(job_file, overrides, recreate=recreate, dry_run=dry_run, poll_s=poll_s, say=say, out=out,
+                           warn=warn)
+    controller, record = staged_controller(job_file, overrides, target="tpu", api_endpoint=api.endpoint(),
+                                           recreate=recreate, poll_s=poll_s, timeout_s=timeout_s,
+                                           host_timeout_s=host_timeout_s, try_wait_s=try_wait_s, keep_tpu=keep_tpu,
+                                           after_preemption=after_preemption, say=say, out=out, warn=warn)
+    try:
+        controller.run(record)
+    except KeyboardInterrupt:
+        _detached(job_file, controller, say)
+    return None
+
+
+def rehearse(job_file: str, overrides, *, preempt_at: Sequence[int], recreate: int, after_preemption: str,
+             secrets_dir: Optional[str], hosts: Optional[int], poll_s: float, keep_tpu: bool, host_timeout_s: float,
+             try_wait_s: float, say: Callable[[str], None], out: Callable[[str], None], warn=None) -> None:
+    """`tpulaunch rehearse`: run's whole path on this machine. A local Cloud TPU API server (`remote/rehearsal.py`)
+    runs for the rehearsal's length, its TPU VMs local processes, preempted at `preempt_at`; with
+    $TPULAUNCH_TPU_API_ENDPOINT set, that server is used instead (and Ctrl-C detaches, as with `run`). A job with a
+    gke: section rehearses its JobSet as local processes."""
+    from tpulaunch.tpu import api
+
+    if has_gke(job_file, overrides):
+        _rehearse_on_gke(job_file, overrides, preempt_at=preempt_at, recreate=recreate, poll_s=poll_s,
+                         python=sys.executable, say=say, out=out, warn=warn)
+        return
+    external = api.endpoint()
+    if external and preempt_at:
+        raise TpuLaunchError("--preempt-at needs the rehearsal's own TPU API server",
+                             hint=f"unset ${api.ENDPOINT_ENV}, or preempt through the server you started",
+                             exit_code=ExitCode.USAGE)
+    rehearsal = None
+    if not external:
+        from tpulaunch.remote.rehearsal import Rehearsal
+
+        rehearsal = Rehearsal(hosts=hosts, secrets_dir=secrets_dir, preempt_at=preempt_at)
+        say(f"rehearsal | local Cloud TPU API at {rehearsal.endpoint}; TPU VMs are local processes (disks "
+            f"under {rehearsal.root}); local paths stand for the bucket; nothing is installed on the VMs")
+    try:
+        holder = {}
+        on_step = None
+        if rehearsal is not None and preempt_at:
+            on_step = lambda step: holder["preempt"](step)  # noqa: E731 (the node is known once the job is checked)
+        controller, record = staged_controller(
+            job_file, overrides, target="local", api_endpoint=external or rehearsal.endpoint, recreate=recreate,
+            poll_s=poll_s, timeout_s=600, host_timeout_s=host_timeout_s, try_wait_s=try_wait_s,
+            keep_tpu=keep_tpu, after_preemption=after_preemption, rehearsal_python=sys.executable, on_step=on_step,
+            secrets_url=rehearsal.server.secret_manager_url if rehearsal is not None else None,
+            say=say, out=out, warn=warn)
+        if on_step is not None:
+            holder["preempt"] = rehearsal.preempting(lambda: controller.ref, preempt_at, say)
+        try:
+            controller.run(record)
+        except KeyboardInterrupt:
+            if rehearsal is None:
+                _detached(job_file, controller, say, verb="rehearse")
+            say("rehearsal stopped: its TPU VMs ended with it; the checkpoints stay in run.model_dir")
+            raise AlreadyReported(ExitCode.INTERRUPTED) from None
+    finally:
+        if rehearsal is not None:
+            rehearsal.stop()
+
+
+def logs(job_file: str, overrides, *, host: int, attempt: Optional[int], keep_following: bool, poll_s: float,
+         say: Callable[[str], None], out: Callable[[str], None]) -> None:
+    """`tpulaunch logs`: what a host of the job's remote run printed, read from run.model_dir, each line to `out`;
+    `keep_following`: new lines every `poll_s` until the host ends."""
+    from tpulaunch.remote.follow import HostLog, host_status, newest_attempt
+
+    model_dir = model_dir_of(job_file, overrides)
+    attempt = attempt or newest_attempt(model_dir)
+    if not attempt:
+        raise TpuLaunchError(f"no remote run has written to {model_dir} yet",
+                             hint=f"start one: tpulaunch run {job_file}", exit_code=ExitCode.PROBLEMS)
+    log = HostLog(model_dir, attempt, host)
+    say(f"logs | host {host} of VM {attempt} | {log.url}")
+    while True:
+        for line in log.new_lines():
+            out(line)
+        status = host_status(model_dir, attempt, host) or {}
+        if not keep_following or status.get("exit_code") is not None:
+            return
+        time.sleep(poll_s)
+
+
+def cancel(job_file: str, overrides, *, wait_s: float, say: Callable[[str], None],
+           out: Callable[[str], None]) -> None:
+    """`tpulaunch cancel`: a job with a gke: section has its JobSet deleted; any other its TPU node, as `down` does
+    (`app/lifecycle.py`'s `delete`). run.model_dir stays."""
+    from tpulaunch.errors import JobFileError
+    from tpulaunch.job.load import load_job
+
+    try:
+        loaded = load_job(job_file, overrides, env={})
+    except JobFileError:
+        loaded = None
+    on_gke = loaded.section("gke") if loaded is not None else None
+    if on_gke is not None:
+        from tpulaunch.remote import gke
+        from tpulaunch.remote.jobset import jobset_name
+
+        name = str(loaded.data.get("name"))
+        deleted = gke.cancel(name, on_gke)
+        say(f"cancel | JobSet '{jobset_name(name)}' " + (
+            "deleted with its pods; the checkpoints stay in run.model_dir" if deleted
+            else f"not found in namespace '{on_gke.namespace}': nothing to cancel"))
+        return
+    from tpulaunch.app.lifecycle import delete
+
+    delete(job_file, overrides, wait_s=wait_s, say=say, out=out)
+
+
+def _run_on_gke(job_file: str, overrides, *, recreate: int, dry_run: bool, poll_s: float,
+                say: Callable[[str], None], out: Callable[[str], None], warn=None) -> Optional[str]:
+    """The job checked, staged (or only named, `dry_run`: its JobSet's YAML returned) and submitted as a JobSet,
+    then followed."""
+    from tpulaunch.remote import gke
+
+    sub, stage = jobset_submission(job_file, overrides, recreate=recreate, dry_run=dry_run, warn=warn)
+    if dry_run:
+        return gke.as_yaml(sub.manifest)
+    say(f"stage | {stage.uploaded} new of {stage.total} files | {stage.url}")
+    follower = gke.GkeRun(sub, say=say, out=out, poll_s=poll_s)
+    follower.submit()
+    try:
+        code = follower.follow()
+    except KeyboardInterrupt:
+        say(f"detached: JobSet '{sub.name}' goes on in the cluster, restarted there by cause")
+        say(f"  reattach: tpulaunch run {job_file}    end it: tpulaunch cancel {job_file}")
+        raise AlreadyReported(ExitCode.INTERRUPTED) from None
+    if code:
+        raise AlreadyReported(code)
+    return None
+
+
+def _rehearse_on_gke(job_file: str, overrides, *, preempt_at, recreate: int, poll_s: float, python: str,
+                     say: Callable[[str], None], out: Callable[[str], None], warn=None) -> None:
+    """The JobSet `run` would submit, its pods local processes under JobSet's failure handling
+    (`remote/jobset_rehearsal.py`); local paths stand for the bucket."""
+    local = local_jobset(job_file, overrides, preempt_at=preempt_at, recreate=recreate, poll_s=poll_s, python=python,
+                         say=say, out=out, warn=warn)
+    try:
+        code = local.run()
+    except KeyboardInterrupt:
+        say("rehearsal stopped: its pods ended with it; the checkpoints stay in run.model_dir")
+        raise AlreadyReported(ExitCode.INTERRUPTED) from None
+    if code:
+        raise AlreadyReported(code)
+
+
+def _detached(job_file: str, controller, say: Callable[[str], None], verb: str = "run") -> None:
+    """Ctrl-C: the run goes on; the command that reattaches (the same verb: a rehearsal's run is rehearse's)."""
+    say(f"detached: the run goes on on TPU node '{controller.ref.name}' ({controller.ref.zone})")
+    say(f"  reattach: tpulaunch {verb} {job_file}    end it: {controller.down_command()}")
+    raise AlreadyReported(ExitCode.INTERRUPTED)
 
 
 def has_gke(job_file: str, overrides) -> bool:

@@ -68,6 +68,10 @@ class Context:
         """One line on stderr, as written (no markup, no highlighting): what the application layer tells as it goes."""
         self.err.print(text, highlight=False, markup=False, soft_wrap=True)
 
+    def show(self, text: str) -> None:
+        """One line on stdout, as written: what the application layer hands a command to show as it goes."""
+        self.out.print(text, highlight=False, markup=False, soft_wrap=True)
+
 
 def warnings_to(console, job_file: str):
     """What the gate (`app/gate.py`) calls with a job's warnings: printed on `console`, located in `job_file`."""

@@ -2,7 +2,7 @@
 
 No TensorFlow import: the default runtime version reads the installed TensorFlow's version from
 package metadata. google-cloud-tpu is imported only once a command runs (`tpu/api.py`). What they do is
-`app/lifecycle.py`'s.
+`app/lifecycle.py`'s (`create`, `delete`); here their options are parsed and what they return or tell is shown.
 """
 
 from __future__ import annotations
@@ -48,12 +48,10 @@ def up(obj, job_file: str, overrides, timeout_s: float):
         head = f"TPU node '{ref.name}' is READY after {outcome.seconds:.0f} s"
     else:
         head = f"TPU node '{ref.name}' is already READY: nothing to create"
-    obj.out.print(f"{head} ({status.accelerator_type}, {spec.tier}, {status.runtime_version or spec.runtime_version}; "
-                  f"project '{ref.project}', zone '{ref.zone}'; {status.hosts} host{'s' if status.hosts != 1 else ''})",
-                  highlight=False, markup=False, soft_wrap=True)
-    obj.out.print(f"cost: {price_text(spec.accelerator_type, ref.zone, spec.tier)}", highlight=False, markup=False,
-                  soft_wrap=True)
-    obj.out.print(f"remove it with: tpulaunch down {job_file}", highlight=False, markup=False, soft_wrap=True)
+    obj.show(f"{head} ({status.accelerator_type}, {spec.tier}, {status.runtime_version or spec.runtime_version}; "
+             f"project '{ref.project}', zone '{ref.zone}'; {status.hosts} host{'s' if status.hosts != 1 else ''})")
+    obj.show(f"cost: {price_text(spec.accelerator_type, ref.zone, spec.tier)}")
+    obj.show(f"remove it with: tpulaunch down {job_file}")
 
 
 @command()
@@ -72,17 +70,6 @@ def down(obj, job_file: str, overrides, timeout_s: float):
     Examples:
       tpulaunch down job.yaml
     """
-    from tpulaunch.app.lifecycle import found_to_delete
-    from tpulaunch.tpu import node as cluster
+    from tpulaunch.app.lifecycle import delete
 
-    ref, zones, found = found_to_delete(job_file, overrides, say=obj.say)
-    if not found:
-        where = cluster.where(ref) if len(zones) == 1 else f"project '{ref.project}', zones {', '.join(zones)}"
-        obj.out.print(f"TPU node '{ref.name}' does not exist in {where}: nothing to delete", highlight=False,
-                      markup=False, soft_wrap=True)
-        return
-    for life in found:
-        outcome = life.delete(wait_s=timeout_s)
-        suffix = f" after {outcome.seconds:.0f} s" if outcome.changed else ""
-        zone = f" in {life.ref.zone}" if life.ref.zone != ref.zone or len(found) > 1 else ""
-        obj.out.print(f"{outcome.message}{zone}{suffix}", highlight=False, markup=False, soft_wrap=True)
+    delete(job_file, overrides, wait_s=timeout_s, say=obj.say, out=obj.show)

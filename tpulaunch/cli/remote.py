@@ -1,18 +1,16 @@
 """`tpulaunch run JOB` (the job on its TPU VM, supervised from here) and `tpulaunch rehearse JOB` (run's whole
-path on this machine). No TensorFlow here: the controller reads files and asks the TPU API. What is checked,
-staged and wired before a run is followed is `app/remote.py`'s.
+path on this machine), `logs` and `cancel`: their options parsed, one call into `app/remote.py` (what each does:
+checked, staged, wired, followed, detached) and its lines shown. No TensorFlow here.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Optional
 
 import click
 
-from tpulaunch.app.remote import has_gke, jobset_submission, local_jobset, model_dir_of, staged_controller
+from tpulaunch.app import remote as app_remote
 from tpulaunch.cli.base import Context, command, job_argument, pass_obj, set_option, warnings_to
-from tpulaunch.errors import AlreadyReported, ExitCode, TpuLaunchError
 
 recreate_option = click.option(
     "--recreate", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
@@ -35,64 +33,9 @@ after_preemption_option = click.option(
 keep_option = click.option("--keep-tpu", is_flag=True, help="Leave the TPU when the run ends (default: delete it).")
 
 
-def _say(obj: Context):
-    return lambda text: obj.err.print(text, highlight=False, markup=False, soft_wrap=True)
-
-
-def _out(obj: Context):
-    return lambda text: obj.out.print(text, highlight=False, markup=False, soft_wrap=True)
-
-
 def _tellers(obj: Context, job_file: str) -> dict:
     """Where the application layer's lines go: notes and warnings on stderr, progress on stdout."""
-    return {"say": _say(obj), "out": _out(obj), "warn": warnings_to(obj.text_out(stderr=True), job_file)}
-
-
-def _run_on_gke(obj: Context, job_file: str, overrides, *, recreate: int, dry_run: bool, poll_s: float) -> None:
-    """The job checked, staged (or only named, --dry-run) and submitted as a JobSet, then followed."""
-    from tpulaunch.remote import gke
-
-    say = _say(obj)
-    sub, stage = jobset_submission(job_file, overrides, recreate=recreate, dry_run=dry_run,
-                                   warn=warnings_to(obj.text_out(stderr=True), job_file))
-    if dry_run:
-        obj.out.file.write(gke.as_yaml(sub.manifest))
-        return
-    say(f"stage | {stage.uploaded} new of {stage.total} files | {stage.url}")
-    follower = gke.GkeRun(sub, say=say, out=_out(obj), poll_s=poll_s)
-    follower.submit()
-    try:
-        code = follower.follow()
-    except KeyboardInterrupt:
-        say(f"detached: JobSet '{sub.name}' goes on in the cluster, restarted there by cause")
-        say(f"  reattach: tpulaunch run {job_file}    end it: tpulaunch cancel {job_file}")
-        raise AlreadyReported(ExitCode.INTERRUPTED) from None
-    if code:
-        raise AlreadyReported(code)
-
-
-def _rehearse_on_gke(obj: Context, job_file: str, overrides, *, preempt_at, recreate: int, poll_s: float,
-                     python: str) -> None:
-    """The JobSet `run` would submit, its pods local processes under JobSet's failure handling
-    (`remote/jobset_rehearsal.py`); local paths stand for the bucket."""
-    say = _say(obj)
-    local = local_jobset(job_file, overrides, preempt_at=preempt_at, recreate=recreate, poll_s=poll_s, python=python,
-                         **_tellers(obj, job_file))
-    try:
-        code = local.run()
-    except KeyboardInterrupt:
-        say("rehearsal stopped: its pods ended with it; the checkpoints stay in run.model_dir")
-        raise AlreadyReported(ExitCode.INTERRUPTED) from None
-    if code:
-        raise AlreadyReported(code)
-
-
-def _detached(obj: Context, job_file: str, controller, verb: str = "run") -> None:
-    """Ctrl-C: the run goes on; the command that reattaches (the same verb: a rehearsal's run is rehearse's)."""
-    say = _say(obj)
-    say(f"detached: the run goes on on TPU node '{controller.ref.name}' ({controller.ref.zone})")
-    say(f"  reattach: tpulaunch {verb} {job_file}    end it: {controller.down_command()}")
-    raise AlreadyReported(ExitCode.INTERRUPTED)
+    return {"say": obj.say, "out": obj.show, "warn": warnings_to(obj.text_out(stderr=True), job_file)}
 
 
 @command("run")
@@ -137,19 +80,11 @@ def run(obj: Context, job_file: str, overrides, recreate: int, after_preemption:
       tpulaunch rehearse job.yaml --preempt-at 12     # the same path on this machine first
       tpulaunch run gke-job.yaml --dry-run | kubectl apply -f -
     """
-    from tpulaunch.tpu import api
-
-    if dry_run or has_gke(job_file, overrides):
-        _run_on_gke(obj, job_file, overrides, recreate=recreate, dry_run=dry_run, poll_s=poll_s)
-        return
-    controller, record = staged_controller(job_file, overrides, target="tpu", api_endpoint=api.endpoint(),
-                                           recreate=recreate, poll_s=poll_s, timeout_s=timeout_s,
-                                           host_timeout_s=host_timeout_s, try_wait_s=try_wait_s, keep_tpu=keep_tpu,
-                                           after_preemption=after_preemption, **_tellers(obj, job_file))
-    try:
-        controller.run(record)
-    except KeyboardInterrupt:
-        _detached(obj, job_file, controller)
+    manifest = app_remote.run(job_file, overrides, recreate=recreate, after_preemption=after_preemption,
+                              keep_tpu=keep_tpu, host_timeout_s=host_timeout_s, try_wait_s=try_wait_s, poll_s=poll_s,
+                              timeout_s=timeout_s, dry_run=dry_run, **_tellers(obj, job_file))
+    if manifest is not None:
+        obj.out.file.write(manifest)
 
 
 @command("rehearse")
@@ -193,49 +128,10 @@ def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, 
       tpulaunch rehearse job.yaml --preempt-at 12 --preempt-at 31 --recreate 2
       tpulaunch rehearse job.yaml --set tpu.type=v4-16 --hosts 2 --preempt-at 7 --recreate 1
     """
-    import sys
-
-    from tpulaunch.tpu import api
-
-    if has_gke(job_file, overrides):
-        _rehearse_on_gke(obj, job_file, overrides, preempt_at=preempt_at, recreate=recreate, poll_s=poll_s,
-                         python=sys.executable)
-        return
-    external = api.endpoint()
-    if external and preempt_at:
-        raise TpuLaunchError("--preempt-at needs the rehearsal's own TPU API server",
-                             hint=f"unset ${api.ENDPOINT_ENV}, or preempt through the server you started",
-                             exit_code=ExitCode.USAGE)
-    rehearsal = None
-    if not external:
-        from tpulaunch.remote.rehearsal import Rehearsal
-
-        rehearsal = Rehearsal(hosts=hosts, secrets_dir=secrets_dir, preempt_at=preempt_at)
-        _say(obj)(f"rehearsal | local Cloud TPU API at {rehearsal.endpoint}; TPU VMs are local processes (disks "
-                  f"under {rehearsal.root}); local paths stand for the bucket; nothing is installed on the VMs")
-    try:
-        holder = {}
-        on_step = None
-        if rehearsal is not None and preempt_at:
-            on_step = lambda step: holder["preempt"](step)  # noqa: E731 (the node is known once the job is checked)
-        controller, record = staged_controller(
-            job_file, overrides, target="local", api_endpoint=external or rehearsal.endpoint, recreate=recreate,
-            poll_s=poll_s, timeout_s=600, host_timeout_s=host_timeout_s, try_wait_s=try_wait_s,
-            keep_tpu=keep_tpu, after_preemption=after_preemption, rehearsal_python=sys.executable, on_step=on_step,
-            secrets_url=rehearsal.server.secret_manager_url if rehearsal is not None else None,
-            **_tellers(obj, job_file))
-        if on_step is not None:
-            holder["preempt"] = rehearsal.preempting(lambda: controller.ref, preempt_at, _say(obj))
-        try:
-            controller.run(record)
-        except KeyboardInterrupt:
-            if rehearsal is None:
-                _detached(obj, job_file, controller, verb="rehearse")
-            _say(obj)("rehearsal stopped: its TPU VMs ended with it; the checkpoints stay in run.model_dir")
-            raise AlreadyReported(ExitCode.INTERRUPTED) from None
-    finally:
-        if rehearsal is not None:
-            rehearsal.stop()
+    app_remote.rehearse(job_file, overrides, preempt_at=preempt_at, recreate=recreate,
+                        after_preemption=after_preemption, secrets_dir=secrets_dir, hosts=hosts, poll_s=poll_s,
+                        keep_tpu=keep_tpu, host_timeout_s=host_timeout_s, try_wait_s=try_wait_s,
+                        **_tellers(obj, job_file))
 
 
 @command("logs")
@@ -259,22 +155,8 @@ def logs(obj: Context, job_file: str, overrides, host: int, attempt: Optional[in
       tpulaunch logs job.yaml                 # the chief's lines, newest VM
       tpulaunch logs job.yaml --host 3 -f     # host 3, following
     """
-    from tpulaunch.remote.follow import HostLog, host_status, newest_attempt
-
-    model_dir = model_dir_of(job_file, overrides)
-    attempt = attempt or newest_attempt(model_dir)
-    if not attempt:
-        raise TpuLaunchError(f"no remote run has written to {model_dir} yet",
-                             hint=f"start one: tpulaunch run {job_file}", exit_code=ExitCode.PROBLEMS)
-    log, out = HostLog(model_dir, attempt, host), _out(obj)
-    _say(obj)(f"logs | host {host} of VM {attempt} | {log.url}")
-    while True:
-        for line in log.new_lines():
-            out(line)
-        status = host_status(model_dir, attempt, host) or {}
-        if not keep_following or status.get("exit_code") is not None:
-            return
-        time.sleep(poll_s)
+    app_remote.logs(job_file, overrides, host=host, attempt=attempt, keep_following=keep_following, poll_s=poll_s,
+                    say=obj.say, out=obj.show)
 
 
 @command("cancel")
@@ -282,8 +164,8 @@ def logs(obj: Context, job_file: str, overrides, host: int, attempt: Optional[in
 @set_option
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=600, show_default=True,
               metavar="SECONDS", help="How long to wait for the TPU node to be deleted.")
-@click.pass_context
-def cancel(ctx: click.Context, job_file: str, overrides, timeout_s: float):
+@pass_obj
+def cancel(obj: Context, job_file: str, overrides, timeout_s: float):
     """End the job's remote run and delete what `run` created (its JobSet on GKE, its TPU node otherwise);
     run.model_dir and its checkpoints stay: `tpulaunch run` starts again from the newest one.
 
@@ -291,30 +173,4 @@ def cancel(ctx: click.Context, job_file: str, overrides, timeout_s: float):
     Examples:
       tpulaunch cancel job.yaml
     """
-    from tpulaunch.errors import JobFileError
-    from tpulaunch.job.load import load_job
-
-    obj = ctx.ensure_object(Context)
-    try:
-        loaded = load_job(job_file, overrides, env={})
-    except JobFileError:
-        loaded = None
-    on_gke = loaded.section("gke") if loaded is not None else None
-    if on_gke is not None:
-        from tpulaunch.remote import gke
-
-        name = str(loaded.data.get("name"))
-        deleted = gke.cancel(name, on_gke)
-        _say(obj)(f"cancel | JobSet '{_jobset_name(name)}' " + (
-            "deleted with its pods; the checkpoints stay in run.model_dir" if deleted
-            else f"not found in namespace '{on_gke.namespace}': nothing to cancel"))
-        return
-    from tpulaunch.cli.lifecycle import down
-
-    ctx.invoke(down, job_file=job_file, overrides=overrides, timeout_s=timeout_s)
-
-
-def _jobset_name(job_name: str) -> str:
-    from tpulaunch.remote.jobset import jobset_name
-
-    return jobset_name(job_name)
+    app_remote.cancel(job_file, overrides, wait_s=timeout_s, say=obj.say, out=obj.show)
