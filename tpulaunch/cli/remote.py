@@ -225,7 +225,7 @@ def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, 
             secrets_url=rehearsal.server.secret_manager_url if rehearsal is not None else None,
             **_tellers(obj, job_file))
         if on_step is not None:
-            holder["preempt"] = rehearsal.preempting(lambda: controller.ref, preempt_at, _say(obj))
+            holder["preempt"] = rehearsal.preempting(lambda: controller.preempted_node, preempt_at, _say(obj))
         try:
             controller.run(record)
         except KeyboardInterrupt:

@@ -196,16 +196,21 @@ class Lifecycle:
         return [self.read_node(name) for name in self.node_names]
 
     def guest_attributes(self, namespace: str) -> List[Dict[str, str]]:
-        """What each host of the node set of itself under `namespace` of its guest attributes (key -> value, in
-        worker order: the API's order when no workers are named); [] when the node is gone."""
-        request = {"name": self.ref.full_name, "query_path": f"{namespace}/"}
-        try:
-            answer = self._request(lambda: api.to_dict(self.client.get_guest_attributes(
-                request=request, timeout=self.timeout, retry=None)), "reading")
-        except api.NodeNotFound:
-            return []
-        return [{item.get("key"): item.get("value") for item in (entry.get("queryValue") or {}).get("items") or []}
-                for entry in answer.get("guestAttributes") or []]
+        """What each host of the node (of each slice's, slice after slice) set of itself under `namespace` of its
+        guest attributes (key -> value, in worker order: the API's order when no workers are named); a node that is
+        gone adds none."""
+        found: List[Dict[str, str]] = []
+        for name in self.node_names:
+            request = {"name": f"{self.parent}/nodes/{name}", "query_path": f"{namespace}/"}
+            try:
+                answer = self._request(lambda: api.to_dict(self.client.get_guest_attributes(
+                    request=request, timeout=self.timeout, retry=None)), "reading")
+            except api.NodeNotFound:
+                continue
+            found += [{item.get("key"): item.get("value")
+                       for item in (entry.get("queryValue") or {}).get("items") or []}
+                      for entry in answer.get("guestAttributes") or []]
+        return found
 
     def read_queued(self) -> Optional[dict]:
         """The queued resource of the node's name, or None."""

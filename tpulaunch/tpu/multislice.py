@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
+# The generations Cloud TPU makes multislice queued resources of (https://cloud.google.com/tpu/docs/multislice-introduction)
+MULTISLICE_PREFIXES = ("v4", "v5litepod", "v5p", "v6e")
 MEGASCALE_PORT = 8080  # libtpu's multislice coordinator (the port Google's multislice examples use)
 COORDINATOR = "MEGASCALE_COORDINATOR_ADDRESS"
 NUM_SLICES = "MEGASCALE_NUM_SLICES"
