@@ -160,7 +160,7 @@ def rehearse(job_file: str, overrides, *, preempt_at: Sequence[int], recreate: i
             secrets_url=rehearsal.server.secret_manager_url if rehearsal is not None else None,
             say=say, out=out, warn=warn)
         if on_step is not None:
-            holder["preempt"] = rehearsal.preempting(lambda: controller.ref, preempt_at, say)
+            holder["preempt"] = rehearsal.preempting(lambda: controller.preempted_node, preempt_at, say)
         try:
             controller.run(record)
         except KeyboardInterrupt:

@@ -1,8 +1,10 @@
-"""Rules of a job that runs past one TPU VM: `gke:` (a JobSet on a GKE cluster) and `tpu.slices` (multislice)."""
+"""Rules of a job that runs past one TPU VM: `gke:` (a JobSet on a GKE cluster) and `tpu.slices` (multislice: on GKE,
+or on TPU VMs as one multislice queued resource)."""
 
 from __future__ import annotations
 
 from tpulaunch.job.load import LoadedJob
+from tpulaunch.tpu.multislice import MULTISLICE_PREFIXES
 from tpulaunch.tpu.gke import NoGkeSlice, gke_slice
 from tpulaunch.tpu.types import UnknownTpuType, parse_tpu_type
 
@@ -46,13 +48,13 @@ def gke_problems(loaded: LoadedJob) -> list:
                                            f"(multislice), which only JAX does; the {about.display} has no such "
                                            "training",
                                            "set run.engine: jax, or tpu.slices: 1 and a larger tpu.type"))
-        elif gke is None:
-            problems.append(loaded.problem(("tpu", "slices"), "slices-without-gke",
-                                           f"{tpu.slices} slices run on GKE: `tpulaunch run` on TPU VMs creates "
-                                           "one slice",
-                                           "add a gke: section (the cluster with the slices' node pools), or "
-                                           "tpu.slices: 1"))
-        elif tpu_type.hosts < 2:
+        elif gke is None and tpu_type.generation.prefix not in MULTISLICE_PREFIXES:
+            problems.append(loaded.problem(("tpu", "type"), "slices-tpu-type",
+                                           f"{tpu.slices} slices on TPU VMs are one multislice queued resource, "
+                                           f"which Cloud TPU makes of v4, v5e, v5p and v6e slices, not "
+                                           f"{tpu_type.generation.name}",
+                                           "choose a v4, v5e (v5litepod), v5p or v6e type, or tpu.slices: 1"))
+        elif gke is not None and tpu_type.hosts < 2:
             problems.append(loaded.problem(("tpu", "slices"), "slices-single-host",
                                            f"GKE runs multislice only on multi-host slices; {tpu_type.name} is one "
                                            "host",

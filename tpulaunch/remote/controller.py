@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Dict, List, Optional
 
 from tpulaunch.errors import ExitCode, TpuLaunchError
@@ -173,7 +173,8 @@ class Controller:
     def _follow_vm(self, node: Optional[dict]) -> None:
         self.log = HostLog(self.model_dir, self.vm)
         self.statuses = {}
-        self.hosts = slice_hosts(node, self.life.spec.accelerator_type)
+        # the run's hosts: on several slices (one multislice queued resource) each slice's, numbered slice after slice
+        self.hosts = slice_hosts(node, self.life.spec.accelerator_type) * self.life.slices
         self.ready_at = time.monotonic()
 
     def _hosts_words(self) -> str:
@@ -182,6 +183,12 @@ class Controller:
         runs = "every host trains, worker 0 the chief" if self.stage.manifest.get("hosts") == "every" else \
             "worker 0 trains"
         return f"each of its {self.hosts} hosts; {runs}"
+
+    @property
+    def preempted_node(self):
+        """The node a rehearsal's --preempt-at preempts: the job's, or on several slices the last slice's (which loses
+        the whole queued resource)."""
+        return replace(self.ref, name=self.life.node_names[-1])
 
     @property
     def status(self) -> Optional[dict]:
@@ -469,10 +476,12 @@ class Controller:
             self._read()
             if self._hosts_decide():
                 return
-            node = self.life.read_node()
-            state = node.get("state") if node is not None else cluster.NOT_FOUND
-            if causes.node_cause(state):
-                self._recover(str(state))
+            # every slice's node: one lost (preempted, gone) loses the run's queued resource, recreated whole (as
+            # Cloud TPU recreates a multislice queued resource), its hosts resuming from the newest checkpoint
+            states = [node.get("state") if node is not None else cluster.NOT_FOUND for node in self.life.read_nodes()]
+            lost = next((state for state in states if causes.node_cause(state)), None)
+            if lost is not None:
+                self._recover(str(lost) if len(states) == 1 else f"{lost} ({self.life.node_names[states.index(lost)]})")
                 continue
             late = self._late_hosts()
             if late:

@@ -37,6 +37,7 @@ from typing import List, Optional
 
 from tpulaunch import store
 from tpulaunch.remote import layout, secret_manager
+from tpulaunch.tpu import multislice
 
 SHIP_EVERY_S = 10.0
 CHIEF = 0  # the worker that holds the lease (and, for a "chief" engine, the only one that trains)
@@ -94,6 +95,17 @@ def worker_env(worker: int, hosts: int, hosts_run: str, endpoints: List[str]) ->
     return {"TF_CONFIG": json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": worker}})}
 
 
+def place_env(worker: int, hosts: int, hosts_run: str, endpoints: List[str], slice_id: int = 0, slices: int = 1,
+              coordinator: str = "") -> dict:
+    """What train's environment gets of this host's place in the run: $TF_CONFIG (`worker_env`, `worker` and `hosts`
+    counted over every slice), and on a TPU VM of several slices (given its own slice's `endpoints`) the MEGASCALE_*
+    values, as the JobSet gives them to a GKE pod (`tpu/multislice.py`)."""
+    if slices > 1 and len(endpoints) * slices == hosts:
+        endpoints = multislice.run_endpoints(endpoints, slice_id, slices, coordinator)
+    return {**worker_env(worker, hosts, hosts_run, endpoints),
+            **multislice.megascale_environment(coordinator, slices, slice_id)}
+
+
 class Status:
     """This host's status file under model_dir, rewritten whole at each change, and its copy on the host's disk
     (`copy`), where the startup script reads whether the runner took the status over from it."""
@@ -124,7 +136,7 @@ def _last_message(log_path: str) -> str:
 
 def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[float],
         installed: Optional[float], hosts: int = 1, endpoints: Optional[List[str]] = None, zone: str = "",
-        installed_from: str = "") -> int:
+        installed_from: str = "", slice_id: int = 0, slices: int = 1, coordinator: str = "") -> int:
     manifest = fetch_stage(stage_url, disk)
     model_dir = manifest["model_dir"]
     hosts_run = manifest.get("hosts", "chief")
@@ -132,7 +144,7 @@ def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[f
     status = Status(layout.host_status(model_dir, attempt, worker), os.path.join(disk, "status.json"), worker=worker,
                     attempt=attempt, hosts=hosts, booted=booted, installed=installed,
                     **({"installed_from": installed_from} if installed_from else {}), fetched=time.time(), role=mine,
-                    phase="fetched", exit_code=None)
+                    phase="fetched", exit_code=None, **({"slice": slice_id} if slices > 1 else {}))
     if mine == NONE:
         status.update(phase="ended", exit_code=0, ended=time.time(),
                       message=f"nothing to run on this host: worker {CHIEF} trains")
@@ -149,7 +161,8 @@ def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[f
         status.update(phase="ended", exit_code=1, ended=time.time(), message=message)
         print(f"tpulaunch | worker {worker}: {message}", flush=True)
         return 1
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **worker_env(worker, hosts, hosts_run, endpoints or []), **values}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           **place_env(worker, hosts, hosts_run, endpoints or [], slice_id, slices, coordinator), **values}
     command = train_command(manifest, disk, hosts, zone)
     # Readable by this user alone: the train's output may quote anything of the job's.
     with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
@@ -201,20 +214,28 @@ def _other_holder(model_dir: str, train_pid: int) -> Optional[dict]:
         return None
 
 
-def main(argv=None) -> int:
+def arguments(argv=None) -> argparse.Namespace:
+    """The host runner's command line, as the startup script writes it."""
     parser = argparse.ArgumentParser(prog="python -m tpulaunch.remote.host", description=__doc__.splitlines()[0])
     parser.add_argument("--stage", required=True)
     parser.add_argument("--worker", type=int, required=True)
     parser.add_argument("--hosts", type=int, default=1, help="hosts in the slice")
     parser.add_argument("--endpoints", default="", help="the slice's worker-network-endpoints (comma-separated)")
     parser.add_argument("--zone", default="", help="the zone the VM was made in")
+    parser.add_argument("--slice", type=int, default=0, help="this host's slice (several slices: tpu-env's)")
+    parser.add_argument("--slices", type=int, default=1, help="the run's slices")
+    parser.add_argument("--coordinator", default="", help="the multislice coordinator (worker 0 of slice 0)")
     parser.add_argument("--attempt", type=int, required=True)
     parser.add_argument("--disk", required=True)
     parser.add_argument("--booted", type=float)
     parser.add_argument("--installed", type=float)
     parser.add_argument("--installed-from", default="",
                         help="where the install came from: wheelhouse, index (none: nothing installed)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = arguments(argv)
     endpoints = [item for item in args.endpoints.split(",") if item]
     from tpulaunch.errors import TpuLaunchError
 
@@ -227,7 +248,7 @@ def main(argv=None) -> int:
 
 def _run_host(args, endpoints: List[str]) -> int:
     return run(args.stage, args.worker, args.attempt, args.disk, args.booted, args.installed, args.hosts, endpoints,
-               args.zone, args.installed_from)
+               args.zone, args.installed_from, args.slice, args.slices, args.coordinator)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Optional
 
 from tpulaunch.remote import causes
+from tpulaunch.tpu import multislice
 from tpulaunch.tpu.gke import EXCLUSIVE_TOPOLOGY, TPU_RESOURCE, GkeSlice
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
@@ -121,7 +122,6 @@ def run_hosts(name: str, slices: int, hosts: int) -> str:
 
 
 HOST_PORT = 8476  # where the run's hosts meet (jax.distributed's coordinator on host 0)
-MEGASCALE_PORT = 8080  # libtpu's multislice coordinator (the port Google's multislice examples use)
 
 
 def _environment(name: str, tpu_slice: GkeSlice, slices: int, python: Optional[str], attempt_base: int) -> list:
@@ -137,13 +137,10 @@ def _environment(name: str, tpu_slice: GkeSlice, slices: int, python: Optional[s
         {"name": "TPULAUNCH_RUN_HOSTS", "value": run_hosts(name, slices, tpu_slice.hosts)},
         {"name": "TPULAUNCH_ATTEMPT_BASE", "value": str(attempt_base)},
     ]
-    if slices > 1:
-        env += [
-            {"name": "MEGASCALE_COORDINATOR_ADDRESS", "value": f"{pod_hostname(name, 0, 0)}:{MEGASCALE_PORT}"},
-            {"name": "MEGASCALE_NUM_SLICES", "value": str(slices)},
-            {"name": "MEGASCALE_SLICE_ID", "valueFrom": slice_index},
-            {"name": "MEGASCALE_PORT", "value": str(MEGASCALE_PORT)},
-        ]
+    coordinator = f"{pod_hostname(name, 0, 0)}:{multislice.MEGASCALE_PORT}"
+    for key, value in multislice.megascale_environment(coordinator, slices, None).items():
+        env.append({"name": key, "valueFrom": slice_index} if key == multislice.SLICE_ID else
+                   {"name": key, "value": value})
     if python:
         env.append({"name": "TPULAUNCH_IMAGE_PYTHON", "value": python})
     return env

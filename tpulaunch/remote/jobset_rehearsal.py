@@ -29,6 +29,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from tpulaunch.remote import jobset
 from tpulaunch.remote.follow import HostLog
+from tpulaunch.tpu import multislice
 
 Say = Callable[[str], None]
 REHEARSAL_GRACE_S = 15
@@ -215,7 +216,7 @@ class LocalJobSet:
             elif jobset.RESTART_ATTEMPT_KEY in path:
                 values[item["name"]] = str(self.restarts)
         values["TPULAUNCH_RUN_HOSTS"] = ",".join(a for hosts in addresses for a in hosts)
-        if "MEGASCALE_COORDINATOR_ADDRESS" in values:
-            values["MEGASCALE_COORDINATOR_ADDRESS"] = addresses[0][0]
+        if multislice.COORDINATOR in values:
+            values[multislice.COORDINATOR] = addresses[0][0]
         values.pop("TPULAUNCH_IMAGE_PYTHON", None)  # a rehearsal runs this machine's Python (the script's own)
         return values

@@ -31,9 +31,23 @@ else
   ACCELERATOR="$(attribute accelerator-type)" || ACCELERATOR=""
   ZONE="$(curl -sSf -H "Metadata-Flavor: Google" "${META}instance/zone")" || ZONE=""
   ZONE="${ZONE##*/}"            # projects/N/zones/Z: the zone the VM was made in (tpu.zones' fallback may pick any)
+  # A slice of a multislice queued resource: Cloud TPU's tpu-env metadata (`KEY: 'value'` lines) names its slice,
+  # the slices and the coordinator (tpulaunch/tpu/multislice.py); absent on one slice
+  TPU_ENV="$(attribute tpu-env)" || TPU_ENV=""
+  tpu_env() { printf '%s\n' "$TPU_ENV" | sed -n "s/^$1: *'\(.*\)' *\$/\1/p" | head -n 1; }
+  SLICES="$(tpu_env MEGASCALE_NUM_SLICES)"
+  SLICE="$(tpu_env MEGASCALE_SLICE_ID)"
+  COORDINATOR="$(tpu_env MEGASCALE_COORDINATOR_ADDRESS)"
 fi
 HOSTS="$(echo "$ENDPOINTS" | tr ',' '\n' | grep -c .)"
 [ "$HOSTS" -ge 1 ] || HOSTS=1
+SLICES="${SLICES:-1}"
+SLICE="${SLICE:-0}"
+if [ "$SLICES" -gt 1 ]; then
+  # The run's hosts are numbered slice after slice, as on GKE: worker 0 of slice 0 is the chief
+  WORKER=$(( SLICE * HOSTS + WORKER ))
+  HOSTS=$(( SLICES * HOSTS ))
+fi
 DISK="${HOME:-/root}/tpulaunch"
 mkdir -p "$DISK" && cd "$DISK" || exit 1
 LOG="$DISK/startup.log"          # what this script printed (also on its own output: the VM's console)
@@ -184,6 +198,7 @@ export PYTHONPATH="$DISK/pkg"
 # A stop for this script (a GKE pod's SIGTERM reaches only its first process) goes on to the host runner, which
 # passes it to train: train saves its checkpoint and ends, as on a TPU VM shutting down.
 "$PY" -m tpulaunch.remote.host --stage "$STAGE" --worker "$WORKER" --hosts "$HOSTS" --endpoints "$ENDPOINTS" --zone "$ZONE" \
+  --slice "$SLICE" --slices "$SLICES" --coordinator "${COORDINATOR:-}" \
   --attempt "$ATTEMPT" --disk "$DISK" --booted "$BOOTED" --installed "$INSTALLED" \
   --installed-from "${INSTALL_SOURCE:-}" > >(tee -a "$LOG") 2>&1 &
 RUNNER=$!

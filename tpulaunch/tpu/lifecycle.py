@@ -6,6 +6,8 @@ reserved, the network. Types of the generations whose Cloud TPU guides create th
 resources (v5e, v5p, v6e: https://cloud.google.com/tpu/docs/queued-resources,
 https://cloud.google.com/tpu/docs/v5e, .../v5p, .../v6e) are asked for as a queued resource of the
 same name as the node; older ones (v2, v3, v4) as a plain node. `tpu.queued: true|false` overrides.
+A job on `tpu.slices: N` (N > 1) is one queued resource of N nodes (its `multislice_params`), which Cloud TPU names
+`<node name>-0 … -(N-1)` (`tpu/multislice.py`); they are waited for, and deleted, together.
 
 `tpulaunch run` creates through `Fallback`: `tpu.zones` and `tpu.tiers` tried in order (each tier in every
 zone) when one refuses for capacity (a stockout, no quota), with a bounded wait for each try.
@@ -23,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Optional, Tuple
 
 from tpulaunch.errors import ExitCode, TpuLaunchError
-from tpulaunch.tpu import api
+from tpulaunch.tpu import api, multislice
 from tpulaunch.tpu import node as cluster
 
 QUEUED_GENERATIONS = ("v5litepod", "v5e", "v5p", "v6e")
@@ -50,6 +52,7 @@ class NodeSpec:
     queued: bool = False
     # The node's metadata (`tpulaunch run`: its startup-script, which every host runs when it boots), as pairs.
     metadata: tuple = ()
+    slices: int = 1  # nodes of this type, one multislice queued resource (tpu.slices)
 
     @property
     def tier(self) -> str:
@@ -92,7 +95,10 @@ def spec_for(job_tpu, engine: str) -> NodeSpec:
                     spot=bool(getattr(job_tpu, "spot", False)), preemptible=bool(getattr(job_tpu, "preemptible", False)),
                     reserved=bool(getattr(job_tpu, "reserved", False)), network=getattr(job_tpu, "network", None),
                     subnetwork=getattr(job_tpu, "subnetwork", None),
-                    queued=uses_queued_resource(job_tpu.type, getattr(job_tpu, "queued", None)))
+                    slices=int(getattr(job_tpu, "slices", 1) or 1),
+                    # Cloud TPU makes several slices of one job only as a queued resource's multislice_params
+                    queued=int(getattr(job_tpu, "slices", 1) or 1) > 1
+                    or uses_queued_resource(job_tpu.type, getattr(job_tpu, "queued", None)))
     tiers = getattr(job_tpu, "tiers", None)
     return with_tier(spec, tiers[0]) if tiers else spec  # `up` creates the first tier tpu.tiers lists
 
@@ -166,25 +172,45 @@ class Lifecycle:
         return cluster.with_retries(self.ref, fn, what=what, attempts=self.attempts, backoff_s=self.backoff_s,
                                     subject=subject)
 
-    def read_node(self) -> Optional[dict]:
-        """The node as the API's JSON names it, or None when it does not exist."""
+    @property
+    def slices(self) -> int:
+        return self.spec.slices if self.spec is not None else 1
+
+    @property
+    def node_names(self) -> List[str]:
+        """The nodes of the job's TPU: its node, or on several slices the multislice queued resource's N nodes."""
+        return multislice.slice_node_names(self.ref.name, self.slices)
+
+    def read_node(self, name: Optional[str] = None) -> Optional[dict]:
+        """The node `name` (default: the first of `node_names`, slice 0's on several) as the API's JSON names it, or
+        None when it does not exist."""
+        full = f"{self.parent}/nodes/{name or self.node_names[0]}"
         try:
             return self._request(lambda: api.to_dict(self.client.get_node(
-                name=self.ref.full_name, timeout=self.timeout, retry=None)), "reading")
+                name=full, timeout=self.timeout, retry=None)), "reading")
         except api.NodeNotFound:
             return None
 
+    def read_nodes(self) -> List[Optional[dict]]:
+        """Each of `node_names`, None for one that does not exist."""
+        return [self.read_node(name) for name in self.node_names]
+
     def guest_attributes(self, namespace: str) -> List[Dict[str, str]]:
-        """What each host of the node set of itself under `namespace` of its guest attributes (key -> value, in
-        worker order: the API's order when no workers are named); [] when the node is gone."""
-        request = {"name": self.ref.full_name, "query_path": f"{namespace}/"}
-        try:
-            answer = self._request(lambda: api.to_dict(self.client.get_guest_attributes(
-                request=request, timeout=self.timeout, retry=None)), "reading")
-        except api.NodeNotFound:
-            return []
-        return [{item.get("key"): item.get("value") for item in (entry.get("queryValue") or {}).get("items") or []}
-                for entry in answer.get("guestAttributes") or []]
+        """What each host of the node (of each slice's, slice after slice) set of itself under `namespace` of its
+        guest attributes (key -> value, in worker order: the API's order when no workers are named); a node that is
+        gone adds none."""
+        found: List[Dict[str, str]] = []
+        for name in self.node_names:
+            request = {"name": f"{self.parent}/nodes/{name}", "query_path": f"{namespace}/"}
+            try:
+                answer = self._request(lambda: api.to_dict(self.client.get_guest_attributes(
+                    request=request, timeout=self.timeout, retry=None)), "reading")
+            except api.NodeNotFound:
+                continue
+            found += [{item.get("key"): item.get("value")
+                       for item in (entry.get("queryValue") or {}).get("items") or []}
+                      for entry in answer.get("guestAttributes") or []]
+        return found
 
     def read_queued(self) -> Optional[dict]:
         """The queued resource of the node's name, or None."""
@@ -228,7 +254,8 @@ class Lifecycle:
                          + (f"; or start it: `gcloud compute tpus tpu-vm start {self.ref.name} --zone {self.ref.zone}`"
                             if status.state in ("STOPPED", "STOPPING") else ""),
                     exit_code=ExitCode.CLUSTER)
-            if status.state == "READY" and status.health == "HEALTHY":
+            if status.state == "READY" and status.health == "HEALTHY" and all(
+                    node is not None and node.get("state") == "READY" for node in self.read_nodes()[1:]):
                 return Outcome(False, status, 0.0, f"TPU node '{self.ref.name}' is already READY")
             self.on_progress(f"TPU node '{self.ref.name}' exists and is {_state(status)}: waiting for READY")
             return Outcome(True, self._wait_ready(None, started, wait_s), time.monotonic() - started)
@@ -256,12 +283,18 @@ class Lifecycle:
         from google.cloud import tpu_v2
 
         spec = self.spec
-        how = "a queued resource" if spec.queued else "a node"
+        how = (f"a queued resource of {spec.slices} slices" if spec.slices > 1 else
+               "a queued resource" if spec.queued else "a node")
         self.on_progress(f"creating TPU node '{self.ref.name}' ({spec.accelerator_type}, {spec.tier}, "
                          f"{spec.runtime_version}) as {how} in {cluster.where(self.ref)}")
         if spec.queued:
-            resource = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[tpu_v2.QueuedResource.Tpu.NodeSpec(
-                parent=self.parent, node_id=self.ref.name, node=self._node_message())]))
+            node_spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=self.parent, node=self._node_message())
+            if spec.slices > 1:  # instead of node_id: N nodes named <prefix>-0 … -(N-1)
+                node_spec.multislice_params = tpu_v2.QueuedResource.Tpu.NodeSpec.MultisliceParams(
+                    node_count=spec.slices, node_id_prefix=self.ref.name)
+            else:
+                node_spec.node_id = self.ref.name
+            resource = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[node_spec]))
             if spec.spot or spec.preemptible:
                 resource.spot = tpu_v2.QueuedResource.Spot()
             elif spec.reserved:
@@ -312,11 +345,16 @@ class Lifecycle:
                         raise self._queued_failure(queued, qr_state)
                 else:
                     qr_state = None
-                node = self.read_node()
-                status = self.status(node) if node is not None else None
+                statuses = [self.status(node) if node is not None else None for node in self.read_nodes()]
+                ready = [status is not None and status.state == "READY" and status.health == "HEALTHY"
+                         for status in statuses]
+                if all(ready):
+                    return statuses[0]
+                # the first node not READY yet says where the create is (all of them on one slice)
+                status = statuses[ready.index(False)]
                 now = _state(status) if status else (f"queued resource {qr_state}" if qr_state else "not created yet")
-                if status is not None and status.state == "READY" and status.health == "HEALTHY":
-                    return status
+                if len(statuses) > 1:
+                    now = f"{sum(ready)} of {len(statuses)} slices READY, {self.node_names[ready.index(False)]} {now}"
                 if status is not None and status.state in cluster.RECREATE_STATES - {"NOT_FOUND"}:
                     raise TpuLaunchError(f"TPU node '{self.ref.name}' became {status.state} while it was being created",
                                          exit_code=ExitCode.CLUSTER)
@@ -348,9 +386,9 @@ class Lifecycle:
         """What exists of the node now, in words ('' when nothing); never raises."""
         found = []
         try:
-            node = self.read_node()
-            if node is not None:
-                found.append(f"TPU node '{self.ref.name}' ({node.get('state') or 'state unknown'})")
+            for name, node in zip(self.node_names, self.read_nodes()):
+                if node is not None:
+                    found.append(f"TPU node '{name}' ({node.get('state') or 'state unknown'})")
             if self.spec is None or self.spec.queued:
                 queued = self.read_queued()
                 if queued is not None:
@@ -376,22 +414,24 @@ class Lifecycle:
         Idempotent: nothing there -> `changed` False.
         """
         started = time.monotonic()
-        node, queued = self.read_node(), self.read_queued()
-        if node is None and queued is None:
+        nodes, queued = self.read_nodes(), self.read_queued()
+        if all(node is None for node in nodes) and queued is None:
             return Outcome(False, None, 0.0, f"TPU node '{self.ref.name}' does not exist in {cluster.where(self.ref)}: "
                                              "nothing to delete")
         if queued is not None:
             self.on_progress(f"deleting queued resource '{self.ref.name}' and its TPU node")
             self._delete(lambda: self.client.delete_queued_resource(
                 request={"name": self.qr_name, "force": True}, timeout=self.timeout, retry=None), self._qr_subject)
-        elif node is not None and node.get("state") != "DELETING":
-            self.on_progress(f"deleting TPU node '{self.ref.name}' ({node.get('state')})")
-            self._delete(lambda: self.client.delete_node(name=self.ref.full_name, timeout=self.timeout, retry=None),
-                         f"TPU node '{self.ref.name}'")
+        else:
+            for name, node in zip(self.node_names, nodes):
+                if node is not None and node.get("state") != "DELETING":
+                    self.on_progress(f"deleting TPU node '{name}' ({node.get('state')})")
+                    self._delete(lambda full=f"{self.parent}/nodes/{name}": self.client.delete_node(
+                        name=full, timeout=self.timeout, retry=None), f"TPU node '{name}'")
         pause = self.poll_s
         while True:
-            node, queued = self.read_node(), self.read_queued() if queued is not None else None
-            if node is None and queued is None:
+            nodes, queued = self.read_nodes(), self.read_queued() if queued is not None else None
+            if all(node is None for node in nodes) and queued is None:
                 return Outcome(True, None, time.monotonic() - started, f"TPU node '{self.ref.name}' deleted")
             left = wait_s - (time.monotonic() - started)
             if left <= 0:

@@ -58,6 +58,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import urllib.parse
 from typing import Mapping, Optional, Sequence
 
+from tpulaunch.tpu import multislice
 from tpulaunch.tpu.local_vm import METADATA_PREFIX, LocalVms
 
 GUEST_VERB = ":getGuestAttributes"
@@ -444,19 +445,28 @@ class TpuApiServer:
                 if resource is not None:
                     resource["state"] = {"state": "ACTIVE"}
                     spec = resource["tpu"]["nodeSpec"][0]
-                    full = f"{spec['parent']}/nodes/{spec['nodeId']}"
-                    self.nodes[full] = {**spec["node"], "name": full, "state": "READY", "health": "HEALTHY",
-                                        "networkEndpoints": [{"ipAddress": "10.0.0.2", "port": 8470}]}
-                    self._boot(self.nodes[full])
+                    names = _queued_node_names(resource)
+                    first: list = []  # slice 0's worker 0, the coordinator, once its VM has its endpoints
+                    for index, full in enumerate(names):
+                        self.nodes[full] = {**spec["node"], "name": full, "state": "READY", "health": "HEALTHY",
+                                            "networkEndpoints": [{"ipAddress": "10.0.0.2", "port": 8470}]}
+
+                        # Every VM of a multislice queued resource is told its slice, the slices and the coordinator
+                        # in its tpu-env metadata, as Cloud TPU's are (none on one slice)
+                        def tpu_env(endpoints, index=index):
+                            first[:] = first or endpoints[:1]
+                            return multislice.tpu_env_text(
+                                multislice.megascale_environment(first[0], len(names), index))
+                        self._boot(self.nodes[full], tpu_env)
                 op.update(done=True, response={"@type": _QR_TYPE, **(resource or {})})
             elif op["metadata"]["verb"] == "delete":
                 self._halt(target)
                 self.nodes.pop(target, None)
                 op.update(done=True, response={"@type": "type.googleapis.com/google.protobuf.Empty"})
 
-    def _boot(self, node: dict) -> None:
+    def _boot(self, node: dict, tpu_env=lambda endpoints: "") -> None:
         if self.vms is not None:
-            vm = self.vms.boot(node, self.root_url)
+            vm = self.vms.boot(node, self.root_url, tpu_env)
             # one endpoint per host, as a real slice's node lists them
             node["networkEndpoints"] = [{"ipAddress": endpoint.split(":")[0], "port": int(endpoint.split(":")[1])}
                                         for endpoint in vm.endpoints]
@@ -621,9 +631,9 @@ class TpuApiServer:
             resource = self.queued.pop(name, None)
             if resource is None:
                 return 404, _error_body(404, f"Resource '{name}' was not found", "NOT_FOUND")
-            for spec in resource.get("tpu", {}).get("nodeSpec", []):
-                self._halt(f"{spec['parent']}/nodes/{spec['nodeId']}")
-                self.nodes.pop(f"{spec['parent']}/nodes/{spec['nodeId']}", None)
+            for full in _queued_node_names(resource):
+                self._halt(full)
+                self.nodes.pop(full, None)
             op = self._operation(name.rsplit("/queuedResources/", 1)[0], name, "delete-queued")
             op.update(done=True, response={"@type": "type.googleapis.com/google.protobuf.Empty"})
         return 200, json.dumps(op)
@@ -658,6 +668,21 @@ def _tier(scheduling: dict) -> str:
         if scheduling.get(tier):
             return tier
     return "on-demand"
+
+
+def _queued_node_names(resource: dict) -> list:
+    """The full names of a queued resource's nodes: its node spec's node_id, or for multislice_params the N nodes
+    `<node_id_prefix>-<i>` (the queued resource's id when no prefix is given), as Cloud TPU names them."""
+    names = []
+    for spec in resource.get("tpu", {}).get("nodeSpec", []):
+        params = spec.get("multisliceParams")
+        if params:
+            prefix = params.get("nodeIdPrefix") or resource["name"].rsplit("/", 1)[-1]
+            names += [f"{spec['parent']}/nodes/{name}"
+                      for name in multislice.slice_node_names(prefix, int(params["nodeCount"]))]
+        else:
+            names.append(f"{spec['parent']}/nodes/{spec['nodeId']}")
+    return names
 
 
 def v2_node(node: dict) -> dict:

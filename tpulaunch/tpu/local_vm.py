@@ -32,7 +32,7 @@ import signal
 import subprocess
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Mapping, Optional, Set
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set
 
 from tpulaunch.tpu.lifecycle import GUEST_ATTRIBUTES_KEY
 
@@ -82,6 +82,7 @@ class Vm:
     endpoints: List[str]
     hosts: List[Host] = field(default_factory=list)
     guest: Dict[int, Dict[str, str]] = field(default_factory=dict)  # worker -> "NS/KEY" -> what it set there
+    tpu_env: str = ""  # its `tpu-env` attribute (a multislice queued resource's slice: MEGASCALE_* values)
 
     @property
     def guest_attributes_enabled(self) -> bool:
@@ -91,7 +92,8 @@ class Vm:
     def attributes(self, worker: int) -> Dict[str, str]:
         """What host `worker` reads under instance/attributes/ (the node's own metadata included)."""
         return {**self.metadata, "agent-worker-number": str(worker), "accelerator-type": self.accelerator_type,
-                "worker-network-endpoints": ",".join(self.endpoints)}
+                "worker-network-endpoints": ",".join(self.endpoints),
+                **({"tpu-env": self.tpu_env} if self.tpu_env else {})}
 
 
 class LocalVms:
@@ -126,15 +128,18 @@ class LocalVms:
         found = lookup(accelerator_type)
         return found.hosts if found else 1
 
-    def boot(self, node: dict, metadata_root: str) -> Optional[Vm]:
+    def boot(self, node: dict, metadata_root: str,
+             tpu_env: Callable[[List[str]], str] = lambda endpoints: "") -> Optional[Vm]:
         """Start every host of `node` (its API JSON), each running the node's startup script when it has one.
 
-        `metadata_root` is the server's URL; each host's metadata lives under `<metadata_root>vm/<id>/<worker>/`.
+        `metadata_root` is the server's URL; each host's metadata lives under `<metadata_root>vm/<id>/<worker>/`;
+        `tpu_env` gives its `tpu-env` attribute from its hosts' endpoints.
         """
         accelerator_type = node.get("acceleratorType") or "v3-8"
         count = self.host_count(accelerator_type)
-        vm = Vm(secrets.token_hex(4), node["name"], accelerator_type, dict(node.get("metadata") or {}),
-                [f"127.0.0.1:{_free_port()}" for i in range(count)])
+        endpoints = [f"127.0.0.1:{_free_port()}" for i in range(count)]
+        vm = Vm(secrets.token_hex(4), node["name"], accelerator_type, dict(node.get("metadata") or {}), endpoints,
+                tpu_env=tpu_env(endpoints))
         short = node["name"].rsplit("/", 1)[-1]
         script = vm.metadata.get("startup-script")
         with self._lock:  # its metadata is served before any host starts: a host's first act is to read it

@@ -145,8 +145,10 @@ def test_restart_by_cause_for_the_codes_train_exits_with(tmp_path):
     ({"engine: jax": "engine: keras"}, "tpu.slices", "slices-engine"),
     ({"v6e-16, slices: 2": "v3-32"}, "tpu.type", "gke-tpu-type"),
     ({"v6e-16, slices: 2": "v6e-8, slices: 2"}, "tpu.slices", "slices-single-host"),
-    ({"gke: {cluster: c, location: us-central1, queue: multislice-queue, priority_class: medium}\n": ""},
-     "tpu.slices", "slices-without-gke"),
+    ({"gke: {cluster: c, location: us-central1, queue: multislice-queue, priority_class: medium}\n": "",
+      "v6e-16, slices: 2": "v3-32, slices: 2"}, "tpu.type", "slices-tpu-type"),
+    ({"gke: {cluster: c, location: us-central1, queue: multislice-queue, priority_class: medium}\n": "",
+      "engine: jax": "engine: keras"}, "tpu.slices", "slices-engine"),
     ({"tpu: {type: v6e-16, slices: 2, project: p}\n": ""}, "gke", "gke-without-tpu"),
 ])
 def test_what_cannot_run_past_one_slice_is_refused_at_its_key(tmp_path, edit, key, code):
@@ -161,6 +163,16 @@ def test_what_cannot_run_past_one_slice_is_refused_at_its_key(tmp_path, edit, ke
     assert (key, code) in found, found
     refused = tpulaunch("run", "job.yaml", "--dry-run", cwd=tmp_path)
     assert refused.returncode == 1 and f"[{code}]" in refused.stderr and "apiVersion" not in refused.stdout
+
+
+
+def test_a_jax_job_on_two_slices_of_tpu_vms_passes_the_slice_rules(tmp_path):
+    """Without gke:, `tpulaunch run` makes the slices one multislice queued resource (tpu/lifecycle.py)."""
+    (tmp_path / "job.yaml").write_text(JOB.replace(
+        "gke: {cluster: c, location: us-central1, queue: multislice-queue, priority_class: medium}\n", ""))
+    done = tpulaunch("validate", "--static", "--format", "json", "job.yaml", cwd=tmp_path)
+    found = {(p["path"], p["code"]) for p in json.loads(done.stdout)["problems"] if p["severity"] == "error"}
+    assert not {key for key in found if key[0] in ("tpu.slices", "tpu.type")}, found
 
 
 # ------------------------------------------------------------------------------------------ against an API server

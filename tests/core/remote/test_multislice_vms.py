@@ -1,0 +1,103 @@
+"""Several slices on TPU VMs: one multislice queued resource (`tpu.slices: 2`), created and deleted through the real
+google-cloud-tpu against the local Cloud TPU API, its two nodes' hosts running the real startup script, each told its
+slice by its VM's tpu-env metadata; the host runner's environment for each (its place in the run, MEGASCALE_*).
+
+The startup script runs as in a rehearsal (this machine's Python, nothing installed) with a Python that records how
+the script starts the host runner instead of starting it; the runner's own parser and environment then read those
+words. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tarfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from tpu_api_server import DEFAULT_PROJECT, DEFAULT_ZONE
+from tpulaunch.job.schema import Tpu
+from tpulaunch.remote import host
+from tpulaunch.remote.startup import render
+from tpulaunch.tpu import multislice
+from tpulaunch.tpu.lifecycle import Lifecycle, spec_for
+from tpulaunch.tpu.node import resolve_node
+
+RECORDING_PYTHON = """#!/bin/bash
+# This machine's Python, except that the host runner is not started: its command line is kept on the host's disk.
+if [ "$1" = "-m" ] && [ "$2" = "tpulaunch.remote.host" ]; then
+  shift 2
+  printf '%s\\n' "$@" > "$HOME/host-args"
+  exit 0
+fi
+exec {python} "$@"
+"""
+
+
+def _host_args(disk: str, seconds: float = 60.0) -> list:
+    path = Path(disk) / "host-args"
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().endswith("\n"):
+            return path.read_text().splitlines()
+        time.sleep(0.1)
+    log = Path(disk) / "startup-script.log"
+    raise AssertionError(f"the startup script never started the host runner: {log.read_text() if log.exists() else ''}")
+
+
+def test_two_slices_are_one_queued_resource_whose_hosts_know_their_slice_and_the_run(tpu_api, tmp_path):
+    vms = tpu_api.run_vms(str(tmp_path / "vms"), hosts=2)
+    python = tmp_path / "python"
+    python.write_text(RECORDING_PYTHON.format(python=sys.executable))
+    python.chmod(0o755)
+    package = tmp_path / "pkg.tar.gz"
+    with tarfile.open(package, "w:gz"):
+        pass
+    script = render(stage=str(tmp_path / "stage.json"), package=str(package), model_dir=str(tmp_path / "model"),
+                    requirements=(), rehearsal_python=str(python))
+    job_tpu = Tpu(name="multi", zone=DEFAULT_ZONE, project=DEFAULT_PROJECT, type="v5litepod-16", slices=2,
+                  runtime_version="v2-alpha-tpuv5-lite", spot=True)
+    spec = replace(spec_for(job_tpu, "jax"), metadata=(("startup-script", script),))
+    life = Lifecycle(resolve_node(job_tpu), spec, api_endpoint=tpu_api.endpoint, poll_s=0.05)
+
+    life.create(wait_s=60)
+
+    # One queued resource, asking for two nodes by multislice_params instead of a node_id (parsed by the server
+    # with the library's own QueuedResource)
+    (asked,) = tpu_api.created
+    assert asked["queuedResourceId"] == "multi"
+    (node_spec,) = asked["queuedResource"]["tpu"]["nodeSpec"]
+    assert node_spec["multisliceParams"] == {"nodeCount": 2, "nodeIdPrefix": "multi"} and "nodeId" not in node_spec
+    assert "spot" in asked["queuedResource"]
+    # Cloud TPU's names for its nodes, each READY with a VM of its own
+    assert life.node_names == ["multi-0", "multi-1"]
+    nodes = life.read_nodes()
+    assert [node["state"] for node in nodes] == ["READY", "READY"]
+    assert len({vm.node for vm in vms.vms.values()}) == 2
+
+    # Each host: its place among the run's 4 hosts (slice after slice), its slice, the coordinator (slice 0's
+    # worker 0); its train's $TF_CONFIG and MEGASCALE_* from the host runner's own reading of that command line
+    first = nodes[0]["networkEndpoints"][0]
+    coordinator = f"{first['ipAddress']}:{first['port']}"
+    seen = {}
+    for vm in vms.vms.values():
+        for vm_host in vm.hosts:
+            args = host.arguments(_host_args(vm_host.disk))
+            env = host.place_env(args.worker, args.hosts, "every", args.endpoints.split(","), args.slice,
+                                 args.slices, args.coordinator)
+            config = json.loads(env["TF_CONFIG"])
+            seen[args.worker] = (args.slice, args.hosts, config["task"]["index"], config["cluster"]["worker"][0],
+                                 len(config["cluster"]["worker"]), env[multislice.SLICE_ID],
+                                 env[multislice.NUM_SLICES], env[multislice.COORDINATOR])
+    assert seen == {worker: (worker // 2, 4, worker, coordinator, 4, str(worker // 2), "2", coordinator)
+                    for worker in range(4)}
+
+    # down: the queued resource and both nodes, and their VMs' processes
+    outcome = life.delete(wait_s=30)
+    assert outcome.changed
+    assert tpu_api.queued_resource("multi") is None
+    assert life.read_nodes() == [None, None]
+    assert not any(vm_host.running for vm in vms.vms.values() for vm_host in vm.hosts)
+    assert not life.delete(wait_s=30).changed
