@@ -57,10 +57,24 @@ def slices_of(checked) -> int:
 
 def slice_nodes_of(checked, ref, *, wait_s: float, on_wait: Optional[Callable] = None):
     """On several slices: each slice's node of the job's multislice queued resource (a missing one NOT_FOUND, with
-    an error), waited for as `node_of` waits, and the located problems of their runtime."""
-    from tpulaunch.tpu.node import check_slices
+    an error), waited for as `node_of` waits, and the located problems of their runtime. When none of the nodes
+    exists, the queued resource's own state says why (one waiting for capacity has no node yet)."""
+    from tpulaunch.tpu import api, multislice
+    from tpulaunch.tpu.lifecycle import Lifecycle
+    from tpulaunch.tpu.node import check_slices, where
 
-    nodes = check_slices(ref, checked.loaded.section("tpu"), slices_of(checked), wait=wait_s, on_wait=on_wait)
+    slices = slices_of(checked)
+    try:
+        nodes = check_slices(ref, checked.loaded.section("tpu"), slices, wait=wait_s, on_wait=on_wait)
+    except api.NodeNotFound as missing:
+        queued = Lifecycle(ref, job_file=checked.file, slices=slices).read_queued()
+        if queued is None:
+            raise
+        state = (queued.get("state") or {}).get("state") or "in an unknown state"
+        raise api.NodeNotFound(
+            f"{multislice.tpu_words(ref.name, slices)} is {state} in {where(ref)}: none of its nodes exists yet",
+            hint="Cloud TPU creates its nodes when it has the capacity for all of them; "
+                 f"`tpulaunch down {checked.file}` gives it up") from None
     return nodes, _stack_of(checked, ref, nodes)
 
 

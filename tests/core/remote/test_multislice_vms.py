@@ -1,6 +1,7 @@
 """Several slices on TPU VMs: one multislice queued resource (`tpu.slices: 2`), created and deleted through the real
 google-cloud-tpu against the local Cloud TPU API, its two nodes' hosts running the real startup script, each told its
 slice by its VM's tpu-env metadata; the host runner's environment for each (its place in the run, MEGASCALE_*).
+`status` of such a job shows each slice's node, and `down` finds the nodes a gone queued resource left.
 
 The startup script runs as in a rehearsal (this machine's Python, nothing installed) with a Python that records how
 the script starts the host runner instead of starting it; the runner's own parser and environment then read those
@@ -17,6 +18,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from tpu_api_server import DEFAULT_PROJECT, DEFAULT_ZONE
@@ -28,7 +30,7 @@ from tpulaunch.job.schema import Tpu
 from tpulaunch.remote import host
 from tpulaunch.remote.startup import render
 from tpulaunch.tpu import multislice
-from tpulaunch.tpu.lifecycle import Lifecycle, spec_for
+from tpulaunch.tpu.lifecycle import Lifecycle, NotReadyInTime, spec_for
 from tpulaunch.tpu.node import resolve_node
 
 RECORDING_PYTHON = """#!/bin/bash
@@ -141,6 +143,17 @@ def test_status_shows_each_slices_node_and_a_lost_one_makes_the_job_unusable(cli
     none = CliRunner().invoke(cli, ["status", job], catch_exceptions=False)
     assert none.exit_code == ExitCode.CLUSTER, none.output
     assert "queued resource 'my-tpu' of 2 slices (TPU nodes my-tpu-0, my-tpu-1): none of its nodes exists" in none.output
+
+    # A queued resource still waiting for capacity has no node yet: its state says so
+    cli_tpu_api.stockout(DEFAULT_ZONE)
+    job_tpu = Tpu(name="my-tpu", zone=DEFAULT_ZONE, project=DEFAULT_PROJECT, type="v5litepod-16", slices=2,
+                  runtime_version="v2-alpha-tpuv5-lite")
+    with pytest.raises(NotReadyInTime):  # `up --timeout` running out: the queued resource is left waiting
+        Lifecycle(resolve_node(job_tpu), spec_for(job_tpu, "jax"), poll_s=0.05).create(wait_s=0.1)
+    waiting = CliRunner().invoke(cli, ["status", job], catch_exceptions=False)
+    assert waiting.exit_code == ExitCode.CLUSTER, waiting.output
+    assert "queued resource 'my-tpu' of 2 slices (TPU nodes my-tpu-0, my-tpu-1) is WAITING_FOR_RESOURCES in " \
+           f"project '{DEFAULT_PROJECT}', zone '{DEFAULT_ZONE}': none of its nodes exists yet" in waiting.output
 
 
 def test_down_finds_and_deletes_the_slices_nodes_a_gone_queued_resource_left(cli_tpu_api, tmp_path):
