@@ -94,9 +94,8 @@ def found_to_delete(job_file: str, overrides, *, say: Callable[[str], None]):
     slices = multislice.slices_of(job_tpu)
     zones = zones_to_search(loaded, job_tpu, ref, say)
     lives = [Lifecycle(replace(ref, zone=zone), job_file=job_file, on_progress=say, slices=slices) for zone in zones]
-    return ref, slices, zones, [life for life in lives
-                                if any(node is not None for node in life.read_nodes()) or life.read_queued() is not None]
-
+    return ref, slices, zones, [life for life in lives if life.read_queued() is not None
+                                or any(node is not None for node in life.read_nodes())]
 
 
 def delete(job_file: str, overrides, *, wait_s: float, say: Callable[[str], None], out: Callable[[str], None]) -> None:

@@ -1,6 +1,6 @@
 """What `tpulaunch status JOB.yaml` reads, as data: the job's TPU node (READY, HEALTHY, of the declared type, its
-runtime against this machine's TensorFlow; on several slices each slice's node), who holds the lease on its model_dir (`run/lease.py`), how its last run
-ended (its run record), the newest remote run under it, and a GKE job's JobSet.
+runtime against this machine's TensorFlow; on several slices each slice's node), who holds the lease on its model_dir
+(`run/lease.py`), how its last run ended (its run record), the newest remote run under it, and a GKE job's JobSet.
 
 No TensorFlow import: the installed version is read from package metadata; the lease and the record are read
 through the store (`tpulaunch/store/`: local or gs://, each read within its timeout). What cannot be read is

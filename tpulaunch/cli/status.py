@@ -45,9 +45,9 @@ def status(obj, job_file, wait_s, fmt, overrides):
       tpulaunch status job.yaml --set tpu.name=my-other-tpu
     """
     from tpulaunch.app import status as read
-    from tpulaunch.tpu.multislice import tpu_words
     from tpulaunch.cli.render.status import (render_last_run, render_lease, render_remote_run, render_slices,
                                              render_status)
+    from tpulaunch.tpu.multislice import tpu_words
 
     checked = read.checked_for_status(job_file, overrides)
     lease, last_run, remote_run = read.model_dir_status(checked, say=obj.say)

@@ -126,7 +126,8 @@ def test_status_shows_each_slices_node_and_a_lost_one_makes_the_job_unusable(cli
     shown = CliRunner().invoke(cli, ["status", job], catch_exceptions=False)
     assert shown.exit_code == ExitCode.CLUSTER, shown.output
     rows = {line.split()[1]: line.split()[2:5] for line in shown.output.splitlines() if line.startswith(("0 ", "1 "))}
-    assert rows == {"my-tpu-0": ["READY", "HEALTHY", "v5litepod-16"], "my-tpu-1": ["PREEMPTED", "HEALTHY", "v5litepod-16"]}
+    assert rows == {"my-tpu-0": ["READY", "HEALTHY", "v5litepod-16"],
+                    "my-tpu-1": ["PREEMPTED", "HEALTHY", "v5litepod-16"]}
     assert "error: TPU node 'my-tpu-1' is PREEMPTED" in shown.output
     assert "queued resource my-tpu (2 slices): not usable" in shown.output
 
@@ -142,7 +143,8 @@ def test_status_shows_each_slices_node_and_a_lost_one_makes_the_job_unusable(cli
     cli_tpu_api.delete_node("my-tpu-0")
     none = CliRunner().invoke(cli, ["status", job], catch_exceptions=False)
     assert none.exit_code == ExitCode.CLUSTER, none.output
-    assert "queued resource 'my-tpu' of 2 slices (TPU nodes my-tpu-0, my-tpu-1): none of its nodes exists" in none.output
+    assert "queued resource 'my-tpu' of 2 slices (TPU nodes my-tpu-0, my-tpu-1): none of its nodes exists " \
+           f"in project '{DEFAULT_PROJECT}', zone '{DEFAULT_ZONE}'" in none.output
 
     # A queued resource still waiting for capacity has no node yet: its state says so
     cli_tpu_api.stockout(DEFAULT_ZONE)

@@ -1,6 +1,6 @@
 """What `tpulaunch status` shows, as text: the node as a table with its findings (on several slices, one row per
-slice's node), then one line each for model_dir's
-lease, its last run and its remote run (the data is `app/status.py`'s)."""
+slice's node), then one line each for model_dir's lease, its last run and its remote run (the data is
+`app/status.py`'s)."""
 
 from __future__ import annotations
 
