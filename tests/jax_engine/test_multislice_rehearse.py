@@ -42,7 +42,9 @@ def test_two_slices_of_tpu_vms_rehearsed_through_a_preempted_slice_train_what_on
     said = rehearsed.stdout + rehearsed.stderr
     assert rehearsed.returncode == 0, said
     assert "as a queued resource of 2 slices" in said, said
-    assert "-1' at step 4" in said and "recovery 1 of 1" in said, said
+    assert "-1' at step 4" in said, said
+    assert "recovery 1 of 1: creating queued resource 'slices' of 2 slices (TPU nodes slices-0, slices-1) again" \
+        in said, said
 
     first = (run_dir / "tpulaunch-remote/attempts/1/worker-0.log").read_text()
     assert "train | step 4/8" in first and "train | step 5/8" not in first  # held at step 4 until preempted

@@ -83,26 +83,32 @@ def create(job_file: str, overrides, *, wait_s: float, say: Callable[[str], None
 
 
 def found_to_delete(job_file: str, overrides, *, say: Callable[[str], None]):
-    """(NodeRef, the zones looked in, a `Lifecycle` for each zone where the job's node or its queued resource is)."""
+    """(NodeRef, the job's tpu.slices, the zones looked in, a `Lifecycle` for each zone where the job's node, its
+    queued resource or, on several slices, any of the queued resource's nodes is: they can outlive it)."""
     from dataclasses import replace
 
+    from tpulaunch.tpu import multislice
     from tpulaunch.tpu.lifecycle import Lifecycle
 
     loaded, job_tpu, ref = node_of(job_file, overrides, "deleting the TPU of", "delete")
+    slices = multislice.slices_of(job_tpu)
     zones = zones_to_search(loaded, job_tpu, ref, say)
-    lives = [Lifecycle(replace(ref, zone=zone), job_file=job_file, on_progress=say) for zone in zones]
-    return ref, zones, [life for life in lives if life.read_node() is not None or life.read_queued() is not None]
+    lives = [Lifecycle(replace(ref, zone=zone), job_file=job_file, on_progress=say, slices=slices) for zone in zones]
+    return ref, slices, zones, [life for life in lives if life.read_queued() is not None
+                                or any(node is not None for node in life.read_nodes())]
 
 
 def delete(job_file: str, overrides, *, wait_s: float, say: Callable[[str], None], out: Callable[[str], None]) -> None:
-    """`tpulaunch down`: the job's node (and its queued resource) deleted in every zone it is found in, each waited
-    for until gone; one line to `out` for each, or one saying there is nothing to delete."""
+    """`tpulaunch down`: the job's node (and its queued resource; on several slices each of its nodes, also when the
+    queued resource is gone) deleted in every zone it is found in, each waited for until gone; one line to `out` for
+    each, or one saying there is nothing to delete."""
+    from tpulaunch.tpu import multislice
     from tpulaunch.tpu import node as cluster
 
-    ref, zones, found = found_to_delete(job_file, overrides, say=say)
+    ref, slices, zones, found = found_to_delete(job_file, overrides, say=say)
     if not found:
         where = cluster.where(ref) if len(zones) == 1 else f"project '{ref.project}', zones {', '.join(zones)}"
-        out(f"TPU node '{ref.name}' does not exist in {where}: nothing to delete")
+        out(f"{multislice.tpu_words(ref.name, slices)} does not exist in {where}: nothing to delete")
         return
     for life in found:
         outcome = life.delete(wait_s=wait_s)

@@ -262,7 +262,7 @@ def _rehearse_on_gke(job_file: str, overrides, *, preempt_at, recreate: int, pol
 
 def _detached(job_file: str, controller, say: Callable[[str], None], verb: str = "run") -> None:
     """Ctrl-C: the run goes on; the command that reattaches (the same verb: a rehearsal's run is rehearse's)."""
-    say(f"detached: the run goes on on TPU node '{controller.ref.name}' ({controller.ref.zone})")
+    say(f"detached: the run goes on on {controller.life.described} ({controller.ref.zone})")
     say(f"  reattach: tpulaunch {verb} {job_file}    end it: {controller.down_command()}")
     raise AlreadyReported(ExitCode.INTERRUPTED)
 

@@ -1,6 +1,6 @@
 """What `tpulaunch status JOB.yaml` reads, as data: the job's TPU node (READY, HEALTHY, of the declared type, its
-runtime against this machine's TensorFlow), who holds the lease on its model_dir (`run/lease.py`), how its last run
-ended (its run record), the newest remote run under it, and a GKE job's JobSet.
+runtime against this machine's TensorFlow; on several slices each slice's node), who holds the lease on its model_dir
+(`run/lease.py`), how its last run ended (its run record), the newest remote run under it, and a GKE job's JobSet.
 
 No TensorFlow import: the installed version is read from package metadata; the lease and the record are read
 through the store (`tpulaunch/store/`: local or gs://, each read within its timeout). What cannot be read is
@@ -42,16 +42,54 @@ def node_ref(checked):
 def node_of(checked, ref, *, wait_s: float, on_wait: Optional[Callable] = None):
     """The node as the TPU API has it (waiting up to `wait_s` for one on its way to READY, `on_wait` told each
     time), and the located problems of its runtime against this machine's TensorFlow and the job's engine."""
-    from tpulaunch.checks.stack import node_problems
     from tpulaunch.tpu.node import check_node
 
     node = check_node(ref, checked.loaded.section("tpu"), wait=wait_s, on_wait=on_wait)
-    # The node's runtime against this machine's TensorFlow and the job's engine: a job-file (or install)
-    # problem, located, exit 1; it replaces the node's own looser major.minor warning.
-    stack = node_problems(checked.loaded, ref.name, node.runtime_version)
+    return node, _stack_of(checked, ref, [node])
+
+
+def slices_of(checked) -> int:
+    """The job's tpu.slices (1 unless it asks for several)."""
+    from tpulaunch.tpu import multislice
+
+    return multislice.slices_of(checked.loaded.section("tpu"))
+
+
+def slice_nodes_of(checked, ref, *, wait_s: float, on_wait: Optional[Callable] = None):
+    """On several slices: each slice's node of the job's multislice queued resource (a missing one NOT_FOUND, with
+    an error), waited for as `node_of` waits, and the located problems of their runtime. When none of the nodes
+    exists, the queued resource's own state says why (one waiting for capacity has no node yet)."""
+    from tpulaunch.tpu import api, multislice
+    from tpulaunch.tpu.lifecycle import Lifecycle
+    from tpulaunch.tpu.node import check_slices, where
+
+    slices = slices_of(checked)
+    try:
+        nodes = check_slices(ref, checked.loaded.section("tpu"), slices, wait=wait_s, on_wait=on_wait)
+    except api.NodeNotFound as missing:
+        queued = Lifecycle(ref, job_file=checked.file, slices=slices).read_queued()
+        if queued is None:
+            raise
+        state = (queued.get("state") or {}).get("state") or "in an unknown state"
+        raise api.NodeNotFound(
+            f"{multislice.tpu_words(ref.name, slices)} is {state} in {where(ref)}: none of its nodes exists yet",
+            hint="Cloud TPU creates its nodes when it has the capacity for all of them; "
+                 f"`tpulaunch down {checked.file}` gives it up") from None
+    return nodes, _stack_of(checked, ref, nodes)
+
+
+def _stack_of(checked, ref, nodes) -> list:
+    """The nodes' runtime (one queued resource's are all alike: the first that has one) against this machine's
+    TensorFlow and the job's engine: a job-file (or install) problem, located, exit 1; it replaces the nodes' own
+    looser major.minor warning."""
+    from tpulaunch.checks.stack import node_problems
+
+    named = next((node for node in nodes if node.runtime_version), nodes[0])
+    stack = node_problems(checked.loaded, named.name, named.runtime_version)
     if stack:
-        node.findings = [f for f in node.findings if f.code != "runtime-version-mismatch"]
-    return node, stack
+        for node in nodes:
+            node.findings = [f for f in node.findings if f.code != "runtime-version-mismatch"]
+    return stack
 
 
 def lease_of(checked) -> dict:

@@ -22,7 +22,8 @@ from tpulaunch.errors import AlreadyReported, ExitCode, TpuLaunchError
 @set_option
 @pass_obj
 def status(obj, job_file, wait_s, fmt, overrides):
-    """Show the job's TPU node: state, health, type, hosts, endpoints, runtime version; who holds the
+    """Show the job's TPU node (on tpu.slices N, each slice's node of its queued resource): state, health, type,
+    hosts, endpoints, runtime version; who holds the
     lease on run.model_dir (a live train/evaluate, a stale one, or none); and its last run (the newest
     whole line of its run record).
 
@@ -44,7 +45,9 @@ def status(obj, job_file, wait_s, fmt, overrides):
       tpulaunch status job.yaml --set tpu.name=my-other-tpu
     """
     from tpulaunch.app import status as read
-    from tpulaunch.cli.render.status import render_last_run, render_lease, render_remote_run, render_status
+    from tpulaunch.cli.render.status import (render_last_run, render_lease, render_remote_run, render_slices,
+                                             render_status)
+    from tpulaunch.tpu.multislice import tpu_words
 
     checked = read.checked_for_status(job_file, overrides)
     lease, last_run, remote_run = read.model_dir_status(checked, say=obj.say)
@@ -78,31 +81,42 @@ def status(obj, job_file, wait_s, fmt, overrides):
         spinner.start()
 
     def on_wait(node_status, seconds_left):
-        message = (f"TPU node {ref.name} is {node_status.state}"
+        message = (f"TPU node {node_status.name} is {node_status.state}"
                    f"{'/' + node_status.health if node_status.health else ''}: waiting (up to {seconds_left:.0f}s more)")
         if spinner is not None:
             spinner.update(message)
         elif fmt == "text":
             obj.err.print(message, highlight=False)
 
+    slices = read.slices_of(checked)
     try:
-        node, stack = read.node_of(checked, ref, wait_s=wait_s, on_wait=on_wait)
+        if slices > 1:  # one multislice queued resource: each slice's node
+            nodes, stack = read.slice_nodes_of(checked, ref, wait_s=wait_s, on_wait=on_wait)
+        else:
+            node, stack = read.node_of(checked, ref, wait_s=wait_s, on_wait=on_wait)
+            nodes = [node]
     finally:
         if spinner is not None:
             spinner.stop()
+    usable = all(node.usable for node in nodes)
     if fmt == "json":
         extra = {"problems": [p.to_dict() for p in stack]} if stack else {}
-        click.echo(json.dumps({"file": job_file, **node.to_dict(), "lease": lease, "last_run": last_run,
+        shown = ({"queued_resource": ref.name, "slices": [node.to_dict() for node in nodes], "usable": usable}
+                 if slices > 1 else nodes[0].to_dict())
+        click.echo(json.dumps({"file": job_file, **shown, "lease": lease, "last_run": last_run,
                                "remote_run": remote_run, **extra}, indent=2))
     else:
-        render_status(obj.out, node)
+        if slices > 1:
+            render_slices(obj.out, ref.name, nodes)
+        else:
+            render_status(obj.out, nodes[0])
         render_lease(obj.out, lease)
         render_last_run(obj.out, last_run)
         render_remote_run(obj.out, remote_run)
     if any(p.is_error for p in stack):
         if fmt == "json":  # the problems are in the JSON already
             raise AlreadyReported(ExitCode.PROBLEMS)
-        raise TpuLaunchError(f"TPU node '{ref.name}' cannot run this job's TensorFlow: fix the problems above",
+        raise TpuLaunchError(f"{tpu_words(ref.name, slices)} cannot run this job's TensorFlow: fix the problems above",
                              problems=stack, exit_code=ExitCode.PROBLEMS)
-    if not node.usable:
+    if not usable:
         raise AlreadyReported(ExitCode.CLUSTER)

@@ -166,7 +166,7 @@ class Controller:
                                 "zone": self.ref.zone, "tier": self.life.spec.tier})
         self.record.save(self.model_dir)
         self._follow_vm(self.life.read_node())
-        self.say(f"tpu | TPU node '{self.ref.name}' is READY after {outcome.seconds:.1f} s: VM {vm} of the run "
+        self.say(f"tpu | {self.life.described} is READY after {outcome.seconds:.1f} s: VM {vm} of the run "
                  f"starts the job (its startup script, on {self._hosts_words()})")
         return outcome.seconds
 
@@ -216,12 +216,12 @@ class Controller:
             state = node.get("state")
             if layout.STAGE_KEY not in metadata:
                 raise TpuLaunchError(
-                    f"TPU node '{self.ref.name}' exists but was not created by `tpulaunch run` (no startup script of "
+                    f"{self.life.described} exists but was not created by `tpulaunch run` (no startup script of "
                     "it)", hint=f"`{self.down_command()}` deletes it, or set tpu.name to another node",
                     exit_code=ExitCode.CLUSTER)
             if metadata[layout.STAGE_KEY] != self.stage.digest:
                 raise TpuLaunchError(
-                    f"TPU node '{self.ref.name}' runs another staged job (stage {metadata[layout.STAGE_KEY][:12]}, "
+                    f"{self.life.described} runs another staged job (stage {metadata[layout.STAGE_KEY][:12]}, "
                     f"this job's is {self.stage.digest[:12]}): the job file, its code or its --set values changed",
                     hint=f"let that run end, or `{self.down_command()}` first (the checkpoints stay in "
                          "model_dir)", exit_code=ExitCode.CLUSTER)
@@ -231,13 +231,13 @@ class Controller:
                 self.vm = vm
                 self._follow_vm(node)
                 self._read()  # its lines so far (the step it reached, when it was lost)
-                self.say(f"tpu | reattached to TPU node '{self.ref.name}' ({state}), VM {self.vm} of the run")
+                self.say(f"tpu | reattached to {self.life.described} ({state}), VM {self.vm} of the run")
                 if causes.node_cause(state):
                     self._recover(str(state))
                 elif state != "READY":
                     self.life.create(wait_s=self.create_timeout_s)  # on its way: waited for
                 return
-            self.say(f"tpu | TPU node '{self.ref.name}' is left from a run that ended (VM {vm}: {ended}): deleting "
+            self.say(f"tpu | {self.life.described} is left from a run that ended (VM {vm}: {ended}): deleting "
                      "it; this run creates a VM of its own")
             self.life.delete(wait_s=self.create_timeout_s)
         self._clear_model_dir()
@@ -332,7 +332,7 @@ class Controller:
         if used >= self.recreate:
             self._end(f"failed: {cause}")
             raise TpuLaunchError(
-                f"TPU node '{self.ref.name}' was lost ({cause}){where}, and "
+                f"{self.life.described} was lost ({cause}){where}, and "
                 + (f"all {self.recreate} recoveries were used" if self.recreate else "--recreate is 0"),
                 hint=f"`tpulaunch run {self.job_file} --recreate N` creates it again and resumes from the newest "
                      f"checkpoint; `{self.down_command()}` removes what is left of it",
@@ -348,7 +348,7 @@ class Controller:
         tries = self.fallback.starting_at(self.ref.zone, after=next_zone)
         first = f", trying {tries[0]} first" + (f" (--after-preemption {NEXT_ZONE})" if next_zone else "") \
             if len(self.fallback.tries) > 1 else ""
-        self.say(f"tpu | recovery {used + 1} of {self.recreate}: creating TPU node '{self.ref.name}' again with the "
+        self.say(f"tpu | recovery {used + 1} of {self.recreate}: creating {self.life.described} again with the "
                  f"same startup script{first}")
         self._create(self._next_vm(), tries)
         recovery.recreate_s = round(time.monotonic() - started, 3)
@@ -428,9 +428,9 @@ class Controller:
 
     def _remove_node(self) -> None:
         if self.keep_tpu:
-            self.say(f"tpu | TPU node '{self.ref.name}' kept (--keep-tpu): `{self.down_command()}` removes it")
+            self.say(f"tpu | {self.life.described} kept (--keep-tpu): `{self.down_command()}` removes it")
             return
-        self.say(f"tpu | deleting TPU node '{self.ref.name}': the run is over (its output is in run.model_dir)")
+        self.say(f"tpu | deleting {self.life.described}: the run is over (its output is in run.model_dir)")
         self.life.delete(wait_s=self.create_timeout_s)
         self.removed = True
 
@@ -457,10 +457,10 @@ class Controller:
         if self.removed or self.down_command() in f"{failed.message} {failed.hint or ''}":
             return
         try:
-            node = self.life.read_node()
-            left = f"TPU node '{self.ref.name}' ({node.get('state')}) in {self.ref.zone}" if node else ""
+            states = [node.get("state") for node in self.life.read_nodes() if node is not None]
+            left = f"{self.life.described} ({', '.join(map(str, states))}) in {self.ref.zone}" if states else ""
         except Exception as exc:  # the API is failing too: say what could not be checked
-            left = f"possibly TPU node '{self.ref.name}' in {self.ref.zone} (could not check: {exc})"
+            left = f"possibly {self.life.described} in {self.ref.zone} (could not check: {exc})"
         if left:
             failed.message = f"{failed.message}; left: {left}"
             failed.hint = f"`{self.down_command()}` removes it" + (f"; {failed.hint}" if failed.hint else "")
@@ -551,7 +551,7 @@ class Controller:
             output = (f"its whole startup output: {layout.host_startup_log(self.model_dir, self.vm, worker)}; fix the "
                       "job's requirements (or this tpulaunch's extra)")
         raise TpuLaunchError(
-            f"worker {worker} of TPU node '{self.ref.name}' (VM {self.vm} of the run) failed while "
+            f"worker {worker} of {self.life.described} (VM {self.vm} of the run) failed while "
             f"{status.get('phase') or 'starting'}: {status['failed']}; not retried: a new VM runs the same startup "
             "script" + ("; its output ends:\n  " + "\n  ".join(tail) if tail else ""),
             hint=f"{output} and rerun", exit_code=ExitCode.CLUSTER)

@@ -95,9 +95,9 @@ def spec_for(job_tpu, engine: str) -> NodeSpec:
                     spot=bool(getattr(job_tpu, "spot", False)), preemptible=bool(getattr(job_tpu, "preemptible", False)),
                     reserved=bool(getattr(job_tpu, "reserved", False)), network=getattr(job_tpu, "network", None),
                     subnetwork=getattr(job_tpu, "subnetwork", None),
-                    slices=int(getattr(job_tpu, "slices", 1) or 1),
+                    slices=multislice.slices_of(job_tpu),
                     # Cloud TPU makes several slices of one job only as a queued resource's multislice_params
-                    queued=int(getattr(job_tpu, "slices", 1) or 1) > 1
+                    queued=multislice.slices_of(job_tpu) > 1
                     or uses_queued_resource(job_tpu.type, getattr(job_tpu, "queued", None)))
     tiers = getattr(job_tpu, "tiers", None)
     return with_tier(spec, tiers[0]) if tiers else spec  # `up` creates the first tier tpu.tiers lists
@@ -136,12 +136,14 @@ class Lifecycle:
         api_endpoint: the v2 endpoint (None: $TPULAUNCH_TPU_API_ENDPOINT, else Google's).
         poll_s: first pause between reads while waiting (doubles up to cluster.MAX_POLL_S).
         on_progress: told each new state while waiting ("CREATING", "WAITING_FOR_RESOURCES"...).
+        slices: the job's tpu.slices, for a `delete` without a spec (`down`: its nodes are found by their names).
     """
 
     def __init__(self, ref: cluster.NodeRef, spec: Optional[NodeSpec] = None, *, job_file: str = "JOB.yaml",
                  api_endpoint: Optional[str] = None, timeout: float = cluster.REQUEST_TIMEOUT_S,
                  attempts: int = cluster.ATTEMPTS, backoff_s: float = cluster.BACKOFF_S, poll_s: float = cluster.POLL_S,
-                 on_progress: Progress = lambda text: None, should_stop: Callable[[], bool] = lambda: False):
+                 on_progress: Progress = lambda text: None, should_stop: Callable[[], bool] = lambda: False,
+                 slices: int = 1):
         if ref.local or ref.direct:
             raise TpuLaunchError(f"TPU '{ref.name}' is not a node the TPU API manages: nothing to create or delete",
                                  hint="set tpu.name to the node's name (and tpu.zone, tpu.project)")
@@ -150,6 +152,7 @@ class Lifecycle:
         self.timeout, self.attempts, self.backoff_s, self.poll_s = timeout, attempts, backoff_s, poll_s
         self.on_progress = on_progress
         self.should_stop = should_stop
+        self._slices = slices
         self._client = None
 
     # ------------------------------------------------------------------ reading
@@ -174,7 +177,12 @@ class Lifecycle:
 
     @property
     def slices(self) -> int:
-        return self.spec.slices if self.spec is not None else 1
+        return self.spec.slices if self.spec is not None else self._slices
+
+    @property
+    def described(self) -> str:
+        """The job's TPU in words: its node, or the queued resource of its slices and their nodes."""
+        return multislice.tpu_words(self.ref.name, self.slices)
 
     @property
     def node_names(self) -> List[str]:
@@ -416,10 +424,14 @@ class Lifecycle:
         started = time.monotonic()
         nodes, queued = self.read_nodes(), self.read_queued()
         if all(node is None for node in nodes) and queued is None:
-            return Outcome(False, None, 0.0, f"TPU node '{self.ref.name}' does not exist in {cluster.where(self.ref)}: "
+            return Outcome(False, None, 0.0, f"{self.described} does not exist in {cluster.where(self.ref)}: "
                                              "nothing to delete")
+        # what is deleted, in words: on several slices the nodes left without their queued resource are named
+        gone = self.described if queued is not None or self.slices <= 1 else "TPU nodes " + ", ".join(
+            f"'{name}'" for name, node in zip(self.node_names, nodes) if node is not None)
         if queued is not None:
-            self.on_progress(f"deleting queued resource '{self.ref.name}' and its TPU node")
+            self.on_progress(f"deleting queued resource '{self.ref.name}' and its TPU "
+                             + (f"nodes ({', '.join(self.node_names)})" if self.slices > 1 else "node"))
             self._delete(lambda: self.client.delete_queued_resource(
                 request={"name": self.qr_name, "force": True}, timeout=self.timeout, retry=None), self._qr_subject)
         else:
@@ -432,10 +444,10 @@ class Lifecycle:
         while True:
             nodes, queued = self.read_nodes(), self.read_queued() if queued is not None else None
             if all(node is None for node in nodes) and queued is None:
-                return Outcome(True, None, time.monotonic() - started, f"TPU node '{self.ref.name}' deleted")
+                return Outcome(True, None, time.monotonic() - started, f"{gone} deleted")
             left = wait_s - (time.monotonic() - started)
             if left <= 0:
-                raise TpuLaunchError(f"TPU node '{self.ref.name}' was still there {wait_s:g} s after deleting it",
+                raise TpuLaunchError(f"{gone}: still there {wait_s:g} s after deleting it",
                                      hint=f"rerun `tpulaunch down {self.job_file}`", exit_code=ExitCode.CLUSTER)
             time.sleep(min(pause, left))
             pause = min(pause * 2, cluster.MAX_POLL_S)

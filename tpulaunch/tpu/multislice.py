@@ -24,10 +24,26 @@ PORT = "MEGASCALE_PORT"
 TPU_ENV_KEY = "tpu-env"  # a TPU VM's metadata attribute that carries the MEGASCALE_* values
 
 
+def slices_of(job_tpu) -> int:
+    """The job's `tpu.slices` as a number: 1 when it is unset, or not a number above 1."""
+    slices = getattr(job_tpu, "slices", 1)
+    return slices if isinstance(slices, int) and slices > 1 else 1
+
+
 def slice_node_names(prefix: str, slices: int) -> List[str]:
     """The nodes of the job's TPU: its node name alone, or on several slices Cloud TPU's names for a multislice queued
     resource's nodes, `<prefix>-<slice>`."""
     return [prefix] if slices <= 1 else [f"{prefix}-{index}" for index in range(slices)]
+
+
+def tpu_words(prefix: str, slices: int) -> str:
+    """The job's TPU as messages name it: its node, or on several slices the queued resource and its nodes (what
+    `tpulaunch down` deletes, what a recovery recreates)."""
+    if slices <= 1:
+        return f"TPU node '{prefix}'"
+    names = slice_node_names(prefix, slices)
+    nodes = ", ".join(names) if slices <= 3 else f"{names[0]} … {names[-1]}"
+    return f"queued resource '{prefix}' of {slices} slices (TPU nodes {nodes})"
 
 
 def megascale_environment(coordinator: str, slices: int, slice_id: Optional[int]) -> Dict[str, str]:

@@ -3,7 +3,8 @@
 - `resolve_node` turns the job's `tpu:` section (and the environment) into a `NodeRef`.
 - `check_node` reads the node once per poll: state, health, accelerator type, hosts, runtime version;
   it waits while the node is on its way to READY, fails fast when it will not get there by itself, and
-  retries transient API failures (5xx, timeouts, malformed replies) with backoff.
+  retries transient API failures (5xx, timeouts, malformed replies) with backoff. `check_slices` checks each
+  slice's node of a job on several slices (one multislice queued resource) the same way.
 - `cluster_resolver` gives TensorFlow's `TPUClusterResolver` for the same node and endpoint.
 - `watch_node` polls in a background thread and reports state/health changes (the training watchdog).
 
@@ -34,7 +35,7 @@ import threading
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Mapping, Optional
+from typing import Callable, List, Mapping, Optional
 
 from tpulaunch.errors import ExitCode, TpuLaunchError
 from tpulaunch.tpu import api
@@ -401,6 +402,38 @@ def check_node(ref: NodeRef, job_tpu=None, *, wait: float = 0, on_wait: Optional
         pause = min(pause * 2, MAX_POLL_S)
     status.findings = _findings(ref, status, wait)
     return status
+
+
+def check_slices(ref: NodeRef, job_tpu, slices: int, *, wait: float = 0,
+                 on_wait: Optional[Callable[[NodeStatus, float], None]] = None, **reading) -> List[NodeStatus]:
+    """Each slice's node of the job's multislice queued resource (`<tpu.name>-<slice>`), checked as `check_node`
+    checks one, all within one `wait`. A slice whose node is missing is shown as NOT_FOUND with an error (the
+    others are still read); NodeNotFound when none of them exists."""
+    from dataclasses import replace
+
+    from tpulaunch.tpu import multislice
+
+    started = time.monotonic()
+    statuses, missing = [], []
+    for index, name in enumerate(multislice.slice_node_names(ref.name, slices)):
+        left = max(0.0, wait - (time.monotonic() - started))
+        try:
+            statuses.append(check_node(replace(ref, name=name), job_tpu, wait=left, on_wait=on_wait, **reading))
+        except api.NodeNotFound:
+            missing.append(name)
+            statuses.append(NodeStatus(
+                name=name, zone=ref.zone, project=ref.project, state="NOT_FOUND", health=None, accelerator_type=None,
+                expected_type=getattr(job_tpu, "type", None), devices=None, hosts=0, runtime_version=None,
+                installed_tf=installed_tensorflow_version(),
+                findings=[Finding("error", "slice-node-missing", f"TPU node '{name}' (slice {index}) does not exist",
+                                  "a multislice queued resource is recreated whole: `tpulaunch down JOB.yaml` then "
+                                  "`tpulaunch up JOB.yaml` (a `tpulaunch run` with --recreate does both)")]))
+    if len(missing) == len(statuses):
+        raise api.NodeNotFound(
+            f"{multislice.tpu_words(ref.name, slices)}: none of its nodes exists in {where(ref)}",
+            hint=f"create it: `tpulaunch up JOB.yaml`; or check the name, zone and project (`gcloud compute tpus "
+                 f"queued-resources list --zone {ref.zone} --project {ref.project}`)")
+    return statuses
 
 
 def _worth_waiting(status: NodeStatus) -> bool:

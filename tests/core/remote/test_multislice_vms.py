@@ -1,6 +1,7 @@
 """Several slices on TPU VMs: one multislice queued resource (`tpu.slices: 2`), created and deleted through the real
 google-cloud-tpu against the local Cloud TPU API, its two nodes' hosts running the real startup script, each told its
 slice by its VM's tpu-env metadata; the host runner's environment for each (its place in the run, MEGASCALE_*).
+`status` of such a job shows each slice's node, and `down` finds the nodes a gone queued resource left.
 
 The startup script runs as in a rehearsal (this machine's Python, nothing installed) with a Python that records how
 the script starts the host runner instead of starting it; the runner's own parser and environment then read those
@@ -17,12 +18,19 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+from click.testing import CliRunner
+
 from tpu_api_server import DEFAULT_PROJECT, DEFAULT_ZONE
+from tpu_jobs import tpu_job
+from tpulaunch.app.lifecycle import delete
+from tpulaunch.cli.app import cli
+from tpulaunch.errors import ExitCode
 from tpulaunch.job.schema import Tpu
 from tpulaunch.remote import host
 from tpulaunch.remote.startup import render
 from tpulaunch.tpu import multislice
-from tpulaunch.tpu.lifecycle import Lifecycle, spec_for
+from tpulaunch.tpu.lifecycle import Lifecycle, NotReadyInTime, spec_for
 from tpulaunch.tpu.node import resolve_node
 
 RECORDING_PYTHON = """#!/bin/bash
@@ -101,3 +109,69 @@ def test_two_slices_are_one_queued_resource_whose_hosts_know_their_slice_and_the
     assert life.read_nodes() == [None, None]
     assert not any(vm_host.running for vm in vms.vms.values() for vm_host in vm.hosts)
     assert not life.delete(wait_s=30).changed
+
+
+def _slices_job(tmp_path) -> str:
+    return str(tpu_job(tmp_path, "type: v5litepod-16\nslices: 2\nruntime_version: v2-alpha-tpuv5-lite",
+                       name="slices", run=", engine: jax"))
+
+
+def test_status_shows_each_slices_node_and_a_lost_one_makes_the_job_unusable(cli_tpu_api, tmp_path):
+    job = _slices_job(tmp_path)
+    for name in ("my-tpu-0", "my-tpu-1"):
+        cli_tpu_api.set_node(name, accelerator_type="v5litepod-16", hosts=4)
+        cli_tpu_api.patch_node(name, runtimeVersion="v2-alpha-tpuv5-lite")
+    cli_tpu_api.patch_node("my-tpu-1", state="PREEMPTED")
+
+    shown = CliRunner().invoke(cli, ["status", job], catch_exceptions=False)
+    assert shown.exit_code == ExitCode.CLUSTER, shown.output
+    rows = {line.split()[1]: line.split()[2:5] for line in shown.output.splitlines() if line.startswith(("0 ", "1 "))}
+    assert rows == {"my-tpu-0": ["READY", "HEALTHY", "v5litepod-16"],
+                    "my-tpu-1": ["PREEMPTED", "HEALTHY", "v5litepod-16"]}
+    assert "error: TPU node 'my-tpu-1' is PREEMPTED" in shown.output
+    assert "queued resource my-tpu (2 slices): not usable" in shown.output
+
+    cli_tpu_api.delete_node("my-tpu-1")  # gone with its queued resource's recreation under way
+    read = CliRunner().invoke(cli, ["status", job, "--format", "json"], catch_exceptions=False)
+    assert read.exit_code == ExitCode.CLUSTER, read.output
+    answer = json.loads(read.output)
+    assert answer["queued_resource"] == "my-tpu" and answer["usable"] is False
+    assert [(node["name"], node["state"], node["hosts"]) for node in answer["slices"]] == [
+        ("my-tpu-0", "READY", 4), ("my-tpu-1", "NOT_FOUND", 0)]
+    assert [finding["code"] for finding in answer["slices"][1]["findings"]] == ["slice-node-missing"]
+
+    cli_tpu_api.delete_node("my-tpu-0")
+    none = CliRunner().invoke(cli, ["status", job], catch_exceptions=False)
+    assert none.exit_code == ExitCode.CLUSTER, none.output
+    assert "queued resource 'my-tpu' of 2 slices (TPU nodes my-tpu-0, my-tpu-1): none of its nodes exists " \
+           f"in project '{DEFAULT_PROJECT}', zone '{DEFAULT_ZONE}'" in none.output
+
+    # A queued resource still waiting for capacity has no node yet: its state says so
+    cli_tpu_api.stockout(DEFAULT_ZONE)
+    job_tpu = Tpu(name="my-tpu", zone=DEFAULT_ZONE, project=DEFAULT_PROJECT, type="v5litepod-16", slices=2,
+                  runtime_version="v2-alpha-tpuv5-lite")
+    with pytest.raises(NotReadyInTime):  # `up --timeout` running out: the queued resource is left waiting
+        Lifecycle(resolve_node(job_tpu), spec_for(job_tpu, "jax"), poll_s=0.05).create(wait_s=0.1)
+    waiting = CliRunner().invoke(cli, ["status", job], catch_exceptions=False)
+    assert waiting.exit_code == ExitCode.CLUSTER, waiting.output
+    assert "queued resource 'my-tpu' of 2 slices (TPU nodes my-tpu-0, my-tpu-1) is WAITING_FOR_RESOURCES in " \
+           f"project '{DEFAULT_PROJECT}', zone '{DEFAULT_ZONE}': none of its nodes exists yet" in waiting.output
+
+
+def test_down_finds_and_deletes_the_slices_nodes_a_gone_queued_resource_left(cli_tpu_api, tmp_path):
+    job = _slices_job(tmp_path)
+    for name in ("my-tpu-0", "my-tpu-1"):
+        cli_tpu_api.set_node(name, accelerator_type="v5litepod-16")
+    said, out = [], []
+
+    delete(job, (), wait_s=30, say=said.append, out=out.append)
+
+    assert cli_tpu_api.nodes == {}
+    assert [line for line in said if line.startswith("deleting")] == [
+        "deleting TPU node 'my-tpu-0' (READY)", "deleting TPU node 'my-tpu-1' (READY)"]
+    (done,) = out
+    assert done.startswith("TPU nodes 'my-tpu-0', 'my-tpu-1' deleted after "), done
+    out.clear()
+    delete(job, (), wait_s=30, say=said.append, out=out.append)
+    assert out == [f"queued resource 'my-tpu' of 2 slices (TPU nodes my-tpu-0, my-tpu-1) does not exist in project "
+                   f"'{DEFAULT_PROJECT}', zone '{DEFAULT_ZONE}': nothing to delete"]
