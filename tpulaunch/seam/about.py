@@ -66,6 +66,7 @@ class EngineAbout:
     tpu_stack: Optional[str]
     packages: Tuple[Tuple[str, str], ...] = ()  # (module, what it is) it needs beside its framework
     environment: Dict[str, str] = field(default_factory=dict)  # set before its framework is imported
+    environment_needs: Optional[str] = None  # a module without which `environment` is not set (it would break it)
     # Set only in a process that runs a job on this engine, before the job's code or the framework loads (by
     # validate before the code checks, by its own load()): what would change another engine's job if set for every
     # engine this machine runs, as `environment` is (a Keras 3 on JAX engine's KERAS_BACKEND=jax).
