@@ -5,6 +5,7 @@ refused at its key, and a replica that does not divide the devices before anythi
 
 from __future__ import annotations
 
+import json
 import subprocess
 import textwrap
 from pathlib import Path
@@ -94,3 +95,17 @@ def test_an_uneven_split_is_refused_at_its_key_and_a_replica_that_does_not_divid
            "'image'), which do not divide this machine's 6 cpu devices" in said
     assert "phase | initialise" not in said and "Traceback" not in said
     assert not (tmp_path / "six").exists() or not list((tmp_path / "six").glob("model.ckpt-*"))
+
+
+def test_a_local_plan_of_the_split_job_shows_the_replicas_its_run_takes_of_this_machines_devices(project):
+    """8 devices in replicas of 4: 2 replicas, each batch of 8 split in 2 along its first axis, then 2x2 spatially,
+    as the run's own first line says it."""
+    planned = _run("plan", project, "--no-memory", "--format", "json", devices=8)
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    plan = json.loads(planned.stdout)
+    assert plan["local_devices"] == {"count": 8, "platform": "cpu", "replicas": 2, "mesh": [2, 2, 2],
+                                     "text": "2 replicas × 4 cores (spatial 2×2 on image) over 8 cpu devices"}
+    (train,) = plan["batches"]
+    assert (train["global_batch"], train["per_replica"]) == (8, 4)
+    assert {t["name"]: (t["shape"], t["piece"]) for t in plan["tensors"]} == {
+        "image": ([4, 16, 16, 1], [4, 8, 8, 1]), "mask": ([4, 16, 16, 1], [4, 8, 8, 1])}

@@ -8,7 +8,7 @@ def planned(checked, *, memory: bool, xla: bool, tpu_compiler: bool, use_tf: boo
     """(the Plan, with what was asked added; TensorFlow's build per mode, or None without `use_tf`)."""
     from tpulaunch.plan.memory import add_memory
 
-    the_plan = checked.plan
+    the_plan = _on_this_machine(checked)
     if memory or xla:
         import os
 
@@ -26,6 +26,27 @@ def planned(checked, *, memory: bool, xla: bool, tpu_compiler: bool, use_tf: boo
     if use_tf:
         built = _tensorflow_verdict(checked)
     return the_plan, built
+
+
+def _on_this_machine(checked):
+    """A local job's Plan over the devices its run splits each batch over (an engine that finds them itself: its
+    `devices_here`), else the gate's Plan as it is."""
+    from tpulaunch.app.gate import JobRefused
+    from tpulaunch.plan.build import on_devices
+    from tpulaunch.plan.mesh import DevicesRefused
+    from tpulaunch.seam.about import load_attribute
+    from tpulaunch.seam.registry import about
+
+    engine = about(checked.plan.engine)
+    if checked.plan.slice is not None or engine.devices_here is None:
+        return checked.plan
+    count, platform = load_attribute(engine.devices_here)()
+    try:
+        return on_devices(checked.plan, checked.job, count, platform)
+    except DevicesRefused as refused:  # at `partition`, as `train` refuses it
+        raise JobRefused(f"not planning {checked.file}: fix the problem above",
+                         problems=[checked.loaded.problem(refused.key, refused.code, refused.message,
+                                                          refused.hint)]) from None
 
 
 def _tensorflow_verdict(checked) -> dict:

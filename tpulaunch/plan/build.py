@@ -126,6 +126,22 @@ class DeviceAssignmentPlan:
     replicas_per_pipeline: int
 
 
+@dataclass(frozen=True)
+class LocalDevices:
+    """This machine's devices as a local run lays them out (an engine that shards each batch over them itself)."""
+
+    count: int
+    platform: str  # the framework's name for them: "cpu", "gpu"
+    mesh: DeviceMesh
+
+    def describe(self) -> str:
+        return self.mesh.describe(self.count, self.platform)
+
+    def to_dict(self) -> dict:
+        return {"count": self.count, "platform": self.platform, "replicas": self.mesh.replicas,
+                "mesh": list(self.mesh.shape), "text": self.describe()}
+
+
 @dataclass
 class Plan:
     job: str
@@ -140,10 +156,13 @@ class Plan:
     cores_per_replica: int = 1  # as the job declares it (the checks say whether the slice allows it)
     engine: str = ""  # the engine the plan is for (run.engine, else the installed TensorFlow's): build_plan sets it
     device_assignment: Optional[DeviceAssignmentPlan] = None  # on a TPU, for an engine that assigns devices
+    local_devices: Optional[LocalDevices] = None  # on this machine, the devices its run splits batches over
 
     @property
     def replicas(self) -> int:
-        return self.slice.replicas if self.slice else 1
+        if self.slice:
+            return self.slice.replicas
+        return self.local_devices.mesh.replicas if self.local_devices else 1
 
     def batch(self, split: str) -> Optional[BatchPlan]:
         return next((b for b in self.batches if b.split == split), None)
@@ -193,6 +212,7 @@ class Plan:
             "engine": self.engine,
             "on_tpu": self.on_tpu,
             "device_assignment": asdict(self.device_assignment) if self.device_assignment else None,
+            "local_devices": self.local_devices.to_dict() if self.local_devices else None,
             "slice": asdict(self.slice) if self.slice else None,
             "batches": [asdict(b) for b in self.batches],
             "tensors": [dict(asdict(t), padding_factor=round(t.padding_factor, 2)) for t in self.tensors],
@@ -275,6 +295,18 @@ def build_plan(job: Job, *, local: bool = False, engine: Optional[str] = None) -
         plan.auto_partition = job.partition == "auto"
     plan.tensors = tensor_plans(job, plan.per_replica_batch, plan.feed_partition)
     return plan
+
+
+def on_devices(plan: Plan, job: Job, devices: int, platform: str) -> Plan:
+    """A local Plan of an engine that shards each batch over this machine's devices itself (`EngineAbout.
+    devices_here`), over the `devices` it finds there: the replicas its device mesh takes (`Plan.device_mesh`), each
+    batch per replica and the tensors' pieces at it, as its run splits them. Raises what the run would refuse
+    (devices that do not take whole replicas, a batch that does not divide over them)."""
+    mesh = plan.device_mesh(devices, platform)
+    placed = replace(plan, batches=[replace(b, per_replica=b.global_batch // mesh.replicas) for b in plan.batches],
+                     local_devices=LocalDevices(devices, platform, mesh))
+    placed.tensors = tensor_plans(job, placed.per_replica_batch, placed.feed_partition)
+    return placed
 
 
 def _device_assignment(job: Job, tpu_type: TpuType) -> Optional[DeviceAssignmentPlan]:

@@ -86,6 +86,15 @@ class DeviceMesh:
     def axis_names(self) -> list:
         return [BATCH, *(name for name, _size in self.split.axes)] if self.split else [BATCH]
 
+    def describe(self, devices: int, platform: str) -> str:
+        """What it trains on, over `devices` of `platform`: `data-parallel over 8 cpu devices`, `2 replicas × 4
+        cores (spatial 2×2 on image) over 8 cpu devices` (the run's first line, and a local plan's)."""
+        count = f"{devices} {platform} device{'s' if devices > 1 else ''}"
+        if self.split is None:
+            return f"data-parallel over {count}"
+        return (f"{self.replicas} replica{'s' if self.replicas > 1 else ''} × {self.split.cores} cores "
+                f"(spatial {self.split.text}) over {count}")
+
     def batch_shards(self) -> int:
         """Into how many pieces each batch is split along its first axis: the replicas, times a split of the
         per-replica batch where partition: splits it too."""

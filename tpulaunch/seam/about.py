@@ -66,6 +66,7 @@ class EngineAbout:
     tpu_stack: Optional[str]
     packages: Tuple[Tuple[str, str], ...] = ()  # (module, what it is) it needs beside its framework
     environment: Dict[str, str] = field(default_factory=dict)  # set before its framework is imported
+    environment_needs: Optional[str] = None  # a module without which `environment` is not set (it would break it)
     # Set only in a process that runs a job on this engine, before the job's code or the framework loads (by
     # validate before the code checks, by its own load()): what would change another engine's job if set for every
     # engine this machine runs, as `environment` is (a Keras 3 on JAX engine's KERAS_BACKEND=jax).
@@ -82,6 +83,10 @@ class EngineAbout:
     # partition: splits inputs over this machine's devices too (no tpu:, or --local): a replica is as many devices as
     # the largest product of the partition dims (else partition: applies on a TPU only)
     partition_on_devices: bool = False
+    # "module:function() -> (count, platform)": the devices its framework finds on this machine, for an engine that
+    # shards each batch over them itself (partition_on_devices): a local Plan's replicas are what they take
+    # (`plan/build.on_devices`), as its run takes them
+    devices_here: Optional[str] = None
     device_assignment: bool = False  # a replica is a block of the slice's topology (plan: its DeviceAssignment)
     batches_per_replica: bool = False  # its input pipeline batches per replica (else per input_fn call)
     batches_per_host: bool = False  # one input pipeline per host, batched to the host's share of the global batch

@@ -101,10 +101,12 @@ def require(name: str) -> None:
 
 def set_environment() -> None:
     """Before any framework is imported: what the engines this machine runs need in the environment (the keras
-    engine's TF_USE_LEGACY_KERAS, which TensorFlow 2.15 would misread: set only where it runs)."""
+    engine's TF_USE_LEGACY_KERAS, which TensorFlow 2.15 would misread: set only where it runs, and where tf-keras,
+    which it names, is installed: `EngineAbout.environment_needs`)."""
     import os
 
     for name in ENGINES:
-        if runnable(name):
+        needs = about(name).environment_needs
+        if runnable(name) and (needs is None or installed_module(needs)):
             for key, value in about(name).environment.items():
                 os.environ.setdefault(key, value)

@@ -21,7 +21,9 @@ def render_plan(console: Console, plan: Plan) -> None:
     text = engine.local_title if plan.slice is None else engine.title
     console.print(f"engine: {plan.engine}: {text}", highlight=False)
     s = plan.slice
-    if s is None and plan.cores_per_replica > 1:  # an engine that splits partition: over this machine's devices
+    if s is None and plan.local_devices is not None:  # an engine that splits each batch over this machine's devices
+        console.print(f"runs locally (no tpu: section): {plan.local_devices.describe()}", highlight=False)
+    elif s is None and plan.cores_per_replica > 1:  # an engine that splits partition: over this machine's devices
         console.print(f"runs locally (no tpu: section): replicas of {plan.cores_per_replica} devices each, split as "
                       "partition: says, as many as this machine's devices hold (below: the global batch, before the "
                       "replicas split it)", highlight=False)

@@ -8,7 +8,8 @@ ABOUT = EngineAbout(
     name="jax",
     engine="tpulaunch.engine.jax.engine:JaxEngine",
     title="Keras 3 on JAX (keras.distribution.DataParallel)",
-    local_title="Keras 3 on JAX, data-parallel over this machine's devices (keras.distribution.DataParallel)",
+    local_title="Keras 3 on JAX over this machine's devices (keras.distribution: DataParallel, or a device mesh for "
+                "partition:)",
     install_hint="pip install 'tpulaunch[jax]': Keras 3 on JAX (TensorFlow's tf.data reads the records)",
     framework=JAX,
     versions=((0, 4), None),
@@ -29,6 +30,7 @@ ABOUT = EngineAbout(
     static_rules="tpulaunch.engine.jax.rules:problems",
     even_splits=True,  # a NamedSharding splits an axis into equal pieces only
     partition_on_devices=True,  # a device mesh over this machine's devices (engine/jax/mesh.py)
+    devices_here="tpulaunch.engine.jax.mesh:devices_here",  # JAX's devices: a local plan's replicas
     batches_per_replica=False,  # one pipeline makes the global batch; DataParallel splits it over the devices
     tpu_extra="jax-tpu",
     # Google's JAX AI image for TPUs (jax 0.8.1 with libtpu; Keras and tpulaunch's own requirements are installed

@@ -30,19 +30,20 @@ class JaxEngine:
         import_tensorflow()  # its tf.data reads the records
 
     def check_build(self, loaded, plan) -> list:
-        from tpulaunch.engine.core.build_failures import BuildError
-        from tpulaunch.engine.jax.runner import make_training, trace_first_step
+        from tpulaunch.engine.core.build_failures import BuildError, problems_of
+        from tpulaunch.engine.jax.runner import make_training, trace_steps
 
         with running_job_code(loaded.job):
             try:
-                trace_first_step(make_training(loaded.job, plan, search_path=loaded.job.search_path), loaded.job)
-            except BuildError as failure:
+                # The train step, and the eval step when the job evaluates: each mode's failure at its key.
+                builds = trace_steps(make_training(loaded.job, plan, search_path=loaded.job.search_path), loaded.job)
+            except BuildError as failure:  # the model itself did not build
                 return [loaded.problem(failure.key, failure.code or "model-build-failed",
                                        f"building the train model: {failure.detail}", failure.hint)]
             except TpuLaunchError as failure:
                 return [loaded.problem(("model", "builder"), failure.code or "build-failed", failure.message,
                                        failure.hint)]
-        return []
+        return problems_of(loaded, builds, "model")
 
     def step_tensors(self, job, *, use_tpu: bool):
         from tpulaunch.engine.jax.memory_plan import step_tensors

@@ -96,12 +96,16 @@ class DeviceLayout:
 
     def describe(self) -> str:
         """The run's first line: what it trains on."""
-        count = f"{len(self.devices)} {self.platform} device{'s' if len(self.devices) > 1 else ''}"
-        if self.split is None:
-            return f"jax | data-parallel over {count}"
-        replicas = self.mesh.replicas
-        return (f"jax | {replicas} replica{'s' if replicas > 1 else ''} × {self.split.cores} cores "
-                f"(spatial {self.split.text}) over {count}")
+        return f"jax | {self.mesh.describe(len(self.devices), self.platform)}"
+
+
+def devices_here() -> tuple:
+    """(how many, JAX's platform name) of the devices JAX finds on this machine, which a local Plan's replicas take
+    (`EngineAbout.devices_here`; on a CPU, as XLA_FLAGS' --xla_force_host_platform_device_count splits it)."""
+    import jax
+
+    devices = jax.devices()
+    return len(devices), devices[0].platform
 
 
 def device_layout(plan, devices: list) -> DeviceLayout:

@@ -45,18 +45,32 @@ def make_training(job: Job, plan: Optional[Plan], *, search_path: Sequence[str] 
     return training
 
 
-def trace_first_step(training, job: Job) -> None:
-    """The training step traced on abstract values at the train batch (nothing is computed): what the first step of
-    `train` would fail at (a label the loss cannot take, inputs the model does not have), located as `train`
-    locates it. `validate` runs it, so it says OK only for a job whose steps run."""
+def trace_steps(training, job: Job) -> list:
+    """The job's steps traced on abstract values (nothing is computed): the training step at the train batch and,
+    when the job has `eval:`, the evaluation step (`test_step`: the loss and metrics in inference, the model's own
+    where it has one) at the eval batch. What `train`'s first step or its first evaluation would fail at (a label
+    the loss cannot take, inputs the model does not have, an eval path of its own that breaks), located as `train`
+    locates it: one `ModeBuild` per mode. `validate` runs it, so it says OK only for a job whose steps run."""
     import jax
 
+    from tpulaunch.engine.core.build_failures import BuildError, ModeBuild
     from tpulaunch.engine.jax.memory_plan import abstract_state, data_specs
 
     model = training.model
-    features, labels = data_specs(job, model, job.train.batch_size if job.train else 1)
-    with build_errors(job, "train"), spec_errors():
-        jax.eval_shape(lambda f, y, state: model.train_step(state, (f, y)), features, labels, abstract_state(model))
+    trainable, non_trainable, optimizer, metrics = abstract_state(model)
+    states = {"train": (trainable, non_trainable, optimizer, metrics), "eval": (trainable, non_trainable, metrics)}
+    steps = {"train": model.train_step, "eval": model.test_step}
+    builds = []
+    for mode in ("train", "eval") if job.eval is not None else ("train",):
+        section = getattr(job, mode)
+        features, labels = data_specs(job, model, section.batch_size if section is not None else 1)
+        try:
+            with build_errors(job, mode), spec_errors():
+                jax.eval_shape(lambda f, y, state: steps[mode](state, (f, y)), features, labels, states[mode])
+            builds.append(ModeBuild(mode, True))
+        except BuildError as failure:
+            builds.append(ModeBuild(mode, False, failure.key, failure.detail, failure.hint, failure.code))
+    return builds
 
 
 def _batches(job: Job, plan: Plan, mode: str, training, skip: int = 0):

@@ -20,6 +20,10 @@ ABOUT = EngineAbout(
     # TensorFlow 2.16+ makes tf.keras Keras 3 unless this is set; with it, tf.keras is tf-keras (Keras 2), as
     # builders written with `from tensorflow import keras` expect. `import keras` is Keras 3 either way.
     environment={"TF_USE_LEGACY_KERAS": "1"},
+    # Only where tf-keras is installed: without it, TF_USE_LEGACY_KERAS leaves tf.keras nothing to load, and what
+    # imports tf.keras (tensorflow_text, KerasHub with it) fails with a RecursionError, in every engine's process
+    # (the [jax] extra has no tf-keras: its engine trains Keras 3). tf.keras is then Keras 3, as TensorFlow ships it.
+    environment_needs="tf_keras",
     refused_keys=(
         RefusedKey("data.skip_corrupt", "data.skip_corrupt is not supported by the keras engine yet: its input "
                    "pipeline would stop at the first bad record",
