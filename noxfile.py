@@ -12,8 +12,8 @@ install arguments) is unchanged:
     keras       .venv-keras   .[keras,jax,test] + KerasHub                     tests/keras_engine
     jax         .venv-keras   (the keras session's: one TensorFlow for both)  tests/jax_engine
 
-The estimator, keras and jax sessions also test `plan`'s answer from XLA's TPU compiler: they use the xla session's
-environment ($TPULAUNCH_SUITE_XLA_PYTHON), made first.
+Every session but xla also uses XLA's TPU compiler (`plan`'s answer from it, libtpu's own words on a host with no TPU):
+the xla session's environment ($TPULAUNCH_SUITE_XLA_PYTHON), made first.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def _pytest(session: nox.Session, python: str, folder: str, xla: bool = False) -
 def core(session: nox.Session) -> None:
     """What runs without TensorFlow: the job file, the static checks, `plan --no-memory`, the CLI's fast path, the
     TPU's lifecycle against the local Cloud TPU API, `run`'s JobSets and startup script."""
-    _pytest(session, _environment(session, ".venv-core", (("-e", ".[test]"),)), "tests/core")
+    _environment(session, ".venv-xla", XLA)  # libtpu's own words on a host with no TPU (tests/core/cli/test_exit_codes.py)
+    _pytest(session, _environment(session, ".venv-core", (("-e", ".[test]"),)), "tests/core", xla=True)
 
 
 @nox.session

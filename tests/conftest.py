@@ -27,6 +27,10 @@ os.environ["HOME"] = tempfile.mkdtemp(prefix="tpulaunch-tests-home-")
 os.environ.pop("TPULAUNCH_XLA_PYTHON", None)
 for _cache in ("TPULAUNCH_CACHE", "XDG_CACHE_HOME"):  # XLA's cached answers: the empty home's, not the contributor's
     os.environ.pop(_cache, None)
+# Nor the contributor's cloud, cluster or Keras settings: a test that wants one sets it for itself.
+for _setting in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CONFIG", "TPU_NAME", "TF_CONFIG",
+                 "KERAS_BACKEND", "STORAGE_EMULATOR_HOST", "KUBECONFIG", "TPULAUNCH_TPU_API_ENDPOINT"):
+    os.environ.pop(_setting, None)
 
 pytest_plugins = ["gcs_fake", "tpu_api_server"]
 

@@ -99,14 +99,15 @@ def test_a_memory_error_exits_1_naming_the_address_space_limit():
 
 
 def _libtpu_without_a_tpu() -> str:
-    """What libtpu itself says on a host with no TPU (this machine), from XLA's own environment (.venv-xla)."""
+    """What libtpu itself says on a host with no TPU (this machine), from the suite's XLA environment (jax with
+    libtpu: the `xla` session's, which every session that runs this makes first)."""
+    import os
     import subprocess
 
-    from paths import REPO
+    from paths import SUITE_XLA_PYTHON
 
-    python = REPO / ".venv-xla" / "bin" / "python"
-    assert python.is_file(), "XLA's TPU compiler environment .venv-xla is missing: the README's test command makes it"
-    said = subprocess.run([str(python), "-c", "import jax; jax.devices()"], capture_output=True, text=True,
+    assert os.path.isfile(SUITE_XLA_PYTHON), f"XLA's TPU compiler is not installed at {SUITE_XLA_PYTHON}: `nox -s xla`"
+    said = subprocess.run([SUITE_XLA_PYTHON, "-c", "import jax; jax.devices()"], capture_output=True, text=True,
                           env={"JAX_PLATFORMS": "tpu", "PATH": "/usr/bin:/bin"}, timeout=120)
     assert said.returncode != 0
     return [line for line in said.stderr.splitlines() if line.startswith("RuntimeError: ")][-1][len("RuntimeError: "):]
