@@ -54,15 +54,18 @@ def write(path: str, data: bytes, if_generation_match: Optional[int], private: b
         # A write over a file that must be at a generation: its folder exists, or the file does not either.
         if if_generation_match is None:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with _guarded(path, if_generation_match, timeout_s) as still_mine:
-            temporary = _written(path, data, private)
-            try:
+        try:
+            temporary = _written(path, data, private)  # before the guard: a slow disk holds no one else up
+        except FileNotFoundError:  # its folder is gone, so is the file that had to be at a generation
+            raise PreconditionFailed(path, if_generation_match) from None
+        try:
+            with _guarded(path, if_generation_match, timeout_s) as still_mine:
                 if not still_mine():
                     raise PreconditionFailed(path, if_generation_match or 0)
                 os.replace(temporary, path)
-            except BaseException:
-                _remove(temporary)
-                raise
+        except BaseException:
+            _remove(temporary)
+            raise
         return digest(data)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     temporary = _written(path, data, private)
@@ -108,8 +111,10 @@ def list_files(pattern: str) -> List[str]:
 
 
 def _is_ours(path: str) -> bool:
-    """The store's own temporary files, which no listing shows (a guard exists only during a change)."""
-    return path.endswith(".tmp") and ".store." in os.path.basename(path)
+    """The store's own files, which no listing shows: temporary files, and a guard (during a change, or left by a
+    holder that died, until the next change removes it)."""
+    name = os.path.basename(path)
+    return (name.endswith(".tmp") and ".store." in name) or name.endswith(".lock")
 
 
 def _written(path: str, data: bytes, private: bool) -> str:

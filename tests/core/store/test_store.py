@@ -208,3 +208,13 @@ def test_gs_copies_and_deletes_carry_their_preconditions(cloud):
     assert f"ifGenerationMatch={older}" in copy and f"ifSourceGenerationMatch={copied}" in copy, copy
     delete = [line for line in requests if line.startswith("DELETE ") and "preconditions%2Fstaging" in line][-1]
     assert f"ifGenerationMatch={copied}" in delete, delete
+
+
+def test_a_listing_shows_none_of_the_stores_own_files(tmp_path):
+    """A guard left by a holder that died, and a temporary file a crash left, are the store's, not the caller's."""
+    folder = tmp_path / "attempts"
+    store.write(str(folder / "worker-0.json"), b"{}")
+    (folder / "worker-0.json.lock").write_bytes(b"host 1 abcd")
+    (folder / "worker-1.json.store.123.abcdef.tmp").write_bytes(b"{")
+    assert store.list_files(str(folder) + "/") == [str(folder / "worker-0.json")]
+    assert store.list_files(str(folder / "*")) == [str(folder / "worker-0.json")]
