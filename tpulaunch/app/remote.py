@@ -125,16 +125,18 @@ def run(job_file: str, overrides, *, recreate: int, after_preemption: str, keep_
 
 def rehearse(job_file: str, overrides, *, preempt_at: Sequence[int], recreate: int, after_preemption: str,
              secrets_dir: Optional[str], hosts: Optional[int], poll_s: float, keep_tpu: bool, host_timeout_s: float,
-             try_wait_s: float, say: Callable[[str], None], out: Callable[[str], None], warn=None) -> None:
+             try_wait_s: float, say: Callable[[str], None], out: Callable[[str], None], warn=None,
+             install: bool = False) -> None:
     """`tpulaunch rehearse`: run's whole path on this machine. A local Cloud TPU API server (`remote/rehearsal.py`)
     runs for the rehearsal's length, its TPU VMs local processes, preempted at `preempt_at`; with
     $TPULAUNCH_TPU_API_ENDPOINT set, that server is used instead (and Ctrl-C detaches, as with `run`). A job with a
-    gke: section rehearses its JobSet as local processes."""
+    gke: section rehearses its JobSet as local processes. `install`: the hosts run the startup script's real install
+    (a venv, the job's requirements from the package index, the run's wheelhouse) instead of this machine's Python."""
     from tpulaunch.tpu import api
 
     if has_gke(job_file, overrides):
         _rehearse_on_gke(job_file, overrides, preempt_at=preempt_at, recreate=recreate, poll_s=poll_s,
-                         python=sys.executable, say=say, out=out, warn=warn)
+                         python=None if install else sys.executable, say=say, out=out, warn=warn)
         return
     external = api.endpoint()
     if external and preempt_at:
@@ -145,9 +147,11 @@ def rehearse(job_file: str, overrides, *, preempt_at: Sequence[int], recreate: i
     if not external:
         from tpulaunch.remote.rehearsal import Rehearsal
 
-        rehearsal = Rehearsal(hosts=hosts, secrets_dir=secrets_dir, preempt_at=preempt_at)
+        rehearsal = Rehearsal(hosts=hosts, secrets_dir=secrets_dir, preempt_at=preempt_at, install=install)
         say(f"rehearsal | local Cloud TPU API at {rehearsal.endpoint}; TPU VMs are local processes (disks "
-            f"under {rehearsal.root}); local paths stand for the bucket; nothing is installed on the VMs")
+            f"under {rehearsal.root}); local paths stand for the bucket; " + (
+                "each host installs the job's requirements as a TPU VM does (a venv, the package index, the run's "
+                "wheelhouse)" if install else "nothing is installed on the VMs"))
     try:
         holder = {}
         on_step = None
@@ -156,7 +160,8 @@ def rehearse(job_file: str, overrides, *, preempt_at: Sequence[int], recreate: i
         controller, record = staged_controller(
             job_file, overrides, target="local", api_endpoint=external or rehearsal.endpoint, recreate=recreate,
             poll_s=poll_s, timeout_s=600, host_timeout_s=host_timeout_s, try_wait_s=try_wait_s,
-            keep_tpu=keep_tpu, after_preemption=after_preemption, rehearsal_python=sys.executable, on_step=on_step,
+            keep_tpu=keep_tpu, after_preemption=after_preemption,
+            rehearsal_python=None if install else sys.executable, on_step=on_step,
             secrets_url=rehearsal.server.secret_manager_url if rehearsal is not None else None,
             say=say, out=out, warn=warn)
         if on_step is not None:
@@ -245,7 +250,7 @@ def _run_on_gke(job_file: str, overrides, *, recreate: int, dry_run: bool, poll_
     return None
 
 
-def _rehearse_on_gke(job_file: str, overrides, *, preempt_at, recreate: int, poll_s: float, python: str,
+def _rehearse_on_gke(job_file: str, overrides, *, preempt_at, recreate: int, poll_s: float, python: Optional[str],
                      say: Callable[[str], None], out: Callable[[str], None], warn=None) -> None:
     """The JobSet `run` would submit, its pods local processes under JobSet's failure handling
     (`remote/jobset_rehearsal.py`); local paths stand for the bucket."""
@@ -306,7 +311,7 @@ def jobset_submission(job_file: str, overrides, *, recreate: int, dry_run: bool,
     return gke.submission(checked, stage, startup_script(stage), recreate=recreate, attempt_base=base), stage
 
 
-def local_jobset(job_file: str, overrides, *, preempt_at, recreate: int, poll_s: float, python: str,
+def local_jobset(job_file: str, overrides, *, preempt_at, recreate: int, poll_s: float, python: Optional[str],
                  say: Callable[[str], None], out: Callable[[str], None], warn=None):
     """The JobSet `run` would submit, staged for this machine, as local processes under JobSet's failure handling
     (`remote/jobset_rehearsal.py`); local paths stand for the bucket."""
@@ -324,7 +329,7 @@ def local_jobset(job_file: str, overrides, *, preempt_at, recreate: int, poll_s:
     sub = gke.submission(checked, stage, startup_script(stage, rehearsal_python=python), recreate=recreate,
                          attempt_base=newest_attempt(stage.model_dir))
     return LocalJobSet(sub.manifest, stage.model_dir, say=say, out=out, preempt_at=preempt_at, poll_s=poll_s,
-                       hosts_environment=lambda root: hosts_environment(root, preempt_at))
+                       hosts_environment=lambda root: hosts_environment(root, preempt_at, install=python is None))
 
 
 def model_dir_of(job_file: str, overrides) -> str:

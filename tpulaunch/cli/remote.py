@@ -102,20 +102,26 @@ def run(obj: Context, job_file: str, overrides, recreate: int, after_preemption:
               help="Hosts per slice (default: as many as tpu.type has).")
 @click.option("--poll", "poll_s", type=click.FloatRange(min=0.05), default=0.2, show_default=True, metavar="SECONDS",
               help="Read the run's progress and the node's state this often.")
+@click.option("--install", is_flag=True,
+              help="Each host installs the job's requirements as a TPU VM does (python3 -m venv, pip from the "
+                   "package index, the run's wheelhouse kept under run.model_dir and reused by later hosts and "
+                   "recreated VMs), with this machine's base Python as the image's python3; the run record's "
+                   "install_s and installed_from say what it took. Minutes and ~2 GB per host without a wheelhouse.")
 @keep_option
 @host_timeout_option
 @zone_wait_option
 @pass_obj
 def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, after_preemption: str,
-             secrets_dir: Optional[str],
-             hosts: Optional[int], poll_s: float, keep_tpu: bool, host_timeout_s: float, try_wait_s: float):
+             secrets_dir: Optional[str], hosts: Optional[int], poll_s: float, install: bool, keep_tpu: bool,
+             host_timeout_s: float, try_wait_s: float):
     """`tpulaunch run`'s whole path on this machine, before paying for a TPU.
 
     A local Cloud TPU API v2 server runs in this process; its TPU VMs are local processes that run the
     node's startup script (each host a process with a scratch folder as its disk, reading the metadata a
     TPU VM host reads). The job is staged, the TPU created, the run followed and recovered exactly as `run`
     does. What stands in: local run.model_dir and data folders for the bucket; this machine's Python
-    environment for the VM's install (nothing is installed; tpulaunch's own requirements are checked); this
+    environment for the VM's install (nothing is installed; tpulaunch's own requirements are checked), or with
+    --install the VM's real install, into a venv of this machine's base Python, from the package index; this
     machine's CPU for the TPU (the VM runs `train --local`); --secrets DIR for Secret Manager (the job's
     ${NAME}s). With $TPULAUNCH_TPU_API_ENDPOINT set, that server is used instead (it must run TPU VMs:
     `python -m tpulaunch.tpu.local_api --vms DIR`), and Ctrl-C detaches as with `run`. Faults to rehearse
@@ -127,10 +133,11 @@ def rehearse(obj: Context, job_file: str, overrides, preempt_at, recreate: int, 
       tpulaunch rehearse job.yaml --set train.steps=20 --preempt-at 12 --recreate 1
       tpulaunch rehearse job.yaml --preempt-at 12 --preempt-at 31 --recreate 2
       tpulaunch rehearse job.yaml --set tpu.type=v4-16 --hosts 2 --preempt-at 7 --recreate 1
+      tpulaunch rehearse job.yaml --install --preempt-at 12 --recreate 1   # the VM's install too
     """
     app_remote.rehearse(job_file, overrides, preempt_at=preempt_at, recreate=recreate,
                         after_preemption=after_preemption, secrets_dir=secrets_dir, hosts=hosts, poll_s=poll_s,
-                        keep_tpu=keep_tpu, host_timeout_s=host_timeout_s, try_wait_s=try_wait_s,
+                        keep_tpu=keep_tpu, host_timeout_s=host_timeout_s, try_wait_s=try_wait_s, install=install,
                         **_tellers(obj, job_file))
 
 

@@ -19,7 +19,14 @@ BOOT_TOOLS = os.path.join(HERE, "boot_tools.py")
 
 
 def startup_script(stage: Stage, *, rehearsal_python: Optional[str] = None) -> str:
-    """The script for `stage`; `rehearsal_python` (a rehearsal) reuses this machine's Python instead of a venv."""
+    """The script for `stage`; `rehearsal_python` (a rehearsal) reuses this machine's Python instead of a venv.
+    Without it (a TPU VM, or `rehearse --install`) the hosts install the stage's requirements, which must be named."""
+    if rehearsal_python is None and not stage.manifest["install"]["requirements"]:
+        from tpulaunch.errors import ExitCode, TpuLaunchError
+
+        raise TpuLaunchError("tpulaunch's package metadata is missing here, so the hosts cannot be told what to "
+                             "install", hint="install tpulaunch with pip (pip install -e . in a checkout)",
+                             exit_code=ExitCode.PROBLEMS)
     return render(stage=stage.url, package=stage.blob_url(stage.manifest["tpulaunch"]["blob"]),
                   model_dir=stage.model_dir, requirements=_requirements(stage, rehearsal_python),
                   rehearsal_python=rehearsal_python)
