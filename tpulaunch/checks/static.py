@@ -173,7 +173,7 @@ def _check_auto_partition(loaded: LoadedJob, data, cpr: Optional[int], batch: in
     even = even_splits(loaded)
     chosen = auto_partition(data.features, data.labels, cpr, batch, even=even)
     if chosen is None:
-        enough = (f"divisible by 2 often enough (the {loaded.engine_about.display()} splits only evenly)" if even
+        enough = (f"divisible by 2 often enough (the {loaded.engine_about.display} splits only evenly)" if even
                   else "large enough")
         return [loaded.problem(("partition",), "partition-auto-impossible",
                                f"partition: auto cannot split the features over {cpr} cores: no spatial axis is {enough}",

@@ -135,7 +135,7 @@ def validate_job(
             result.data_reports = reports
             result.checked.append("data")
     if use_tf and result.plan is not None and result.ok:
-        stage(f"the {loaded.engine_about.display()}'s own framework checks (--tf)")
+        stage(f"the {loaded.engine_about.display}'s own framework checks (--tf)")
         problems, built = tensorflow_verdict(loaded, result.plan)
         result.problems.extend(problems)
         result.extra["tensorflow"] = built
