@@ -55,7 +55,8 @@ def _environment(session: nox.Session, name: str, installs: tuple) -> str:
 
 def _pytest(session: nox.Session, python: str, folder: str, xla: bool = False) -> None:
     env = {"TPULAUNCH_SUITE_XLA_PYTHON": str(ROOT / ".venv-xla" / "bin" / "python")} if xla else {}
-    session.run(python, *PYTEST, folder, *session.posargs, external=True, env=env)
+    named = any(arg.startswith("tests/") for arg in session.posargs)  # `-- tests/...`: those, not the whole folder
+    session.run(python, *PYTEST, *(() if named else (folder,)), *session.posargs, external=True, env=env)
 
 
 @nox.session
