@@ -18,13 +18,15 @@ from tpulaunch.tpu.node import resolve_node
 A, B = "us-central1-a", "us-central1-b"
 
 
-def _fallback(tpu_api, said, **tpu):
+def _fallback(tpu_api, said, try_wait_s: float = 30.0, **tpu):
+    """The job's zones and tiers as `run` tries them. A stockout is refused at once, so each try's wait only bounds a
+    slow machine; the test of a try that waits out its time passes a short one."""
     job_tpu = Tpu(name="cap-tpu", project=DEFAULT_PROJECT, runtime_version="tpu-vm-tf-2.15.1-se", **tpu)
     spec = spec_for(job_tpu, "estimator")
 
     def make(ref, node_spec):
         return Lifecycle(ref, node_spec, api_endpoint=tpu_api.endpoint, poll_s=0.05)
-    return Fallback(resolve_node(job_tpu), spec, placements(job_tpu, spec), make=make, try_wait_s=1.0,
+    return Fallback(resolve_node(job_tpu), spec, placements(job_tpu, spec), make=make, try_wait_s=try_wait_s,
                     on_progress=said.append)
 
 
@@ -63,7 +65,7 @@ def test_no_capacity_anywhere_lists_what_was_tried_and_leaves_nothing(tpu_api):
 def test_a_queued_resource_waiting_for_capacity_is_deleted_after_its_wait_and_the_next_zone_tried(tpu_api):
     tpu_api.stockout(A)
     said = []
-    life, _ = _fallback(tpu_api, said, type="v5litepod-8", zones=[A, B], spot=True).create(wait_s=30)
+    life, _ = _fallback(tpu_api, said, try_wait_s=1.0, type="v5litepod-8", zones=[A, B], spot=True).create(wait_s=30)
     assert (life.ref.zone, life.spec.queued) == (B, True)
     assert tpu_api.queued_resource("cap-tpu", zone=A) is None  # the waiting one was removed, not leaked
     assert tpu_api.queued_resource("cap-tpu", zone=B)["state"]["state"] == "ACTIVE"
