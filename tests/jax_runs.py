@@ -1,7 +1,8 @@
 """The jax engine's runs as its suites start them (tests/jax_engine/, and the keras suite's TensorBoard and oracle
 tests): `tpulaunch` in a process of its own (`TPULAUNCH`) with XLA's host platform split into `devices` (`run_env`;
 Keras chooses its backend once per process), the small Keras 3 job they train (`project`, `KERAS3_MODELS`), and the
-variables a checkpoint holds (`checkpoint_variables`); `HELD`, a classifier that holds a rehearsed slice at a
+variables a checkpoint holds (`checkpoint_variables`), a rehearsed run's against one process's
+(`assert_weights_of_one_process`); `HELD`, a classifier that holds a rehearsed slice at a
 step."""
 
 from __future__ import annotations
@@ -92,6 +93,23 @@ def checkpoint_variables(model_dir: Path, checkpoint: str = "") -> dict:
     reader = tf.train.load_checkpoint(checkpoint or tf.train.latest_checkpoint(str(model_dir)))
     return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
             if name.endswith("/.ATTRIBUTES/VARIABLE_VALUE")}
+
+
+def assert_weights_of_one_process(project: Path, job_file: str, run_dir: Path, one_dir: Path, env: dict) -> None:
+    """The rehearsed run's checkpoint (several hosts, slices, a preemption) holds the weights one `train --local` of
+    the same job ends with, after the job's steps (within 1e-5)."""
+    import subprocess
+
+    import numpy as np
+
+    alone = subprocess.run([*TPULAUNCH, "train", job_file, "--local", "--model-dir", str(one_dir)],
+                           cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    several, one = checkpoint_variables(run_dir), checkpoint_variables(one_dir)
+    steps = yaml.safe_load((project / job_file).read_text())["train"]["steps"]
+    assert sorted(several) == sorted(one) and one["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == steps
+    for name in one:
+        np.testing.assert_allclose(several[name], one[name], rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 # The job's classifier (KERAS3_MODELS's) whose steps past the 4th wait for a folder to appear ($HOLD_UNTIL: the

@@ -11,10 +11,9 @@ import json
 import re
 import subprocess
 
-import numpy as np
 import yaml
 
-from jax_runs import HELD, TPULAUNCH, checkpoint_variables, run_env
+from jax_runs import HELD, TPULAUNCH, assert_weights_of_one_process, run_env
 from jax_runs import project  # noqa: F401  (the fixture: the jax engine's small job)
 
 import pytest
@@ -65,13 +64,7 @@ def test_two_slices_rehearsed_through_a_preempted_pod_train_what_one_process_tra
     assert "resumed from step" in logs[0] or "train | start | step 3/8" in logs[0]
     assert "checkpoint | step 8" in logs[0] and all("checkpoint |" not in log for log in logs[1:])
 
-    alone = subprocess.run([*TPULAUNCH, "train", "gke.yaml", "--local", "--model-dir", str(one_dir)],
-                           cwd=project, env=env, capture_output=True, text=True, timeout=300)
-    assert alone.returncode == 0, alone.stdout + alone.stderr
-    four, one = checkpoint_variables(run_dir), checkpoint_variables(one_dir)
-    assert sorted(four) == sorted(one) and one["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == 8
-    for name in one:
-        np.testing.assert_allclose(four[name], one[name], rtol=1e-5, atol=1e-5, err_msg=name)
+    assert_weights_of_one_process(project, "gke.yaml", run_dir, one_dir, env)
 
 
 def test_the_jobs_own_failure_fails_the_jobset_without_a_restart(project, tmp_path):  # noqa: F811

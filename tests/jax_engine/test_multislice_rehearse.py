@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 import subprocess
 
-import numpy as np
 import yaml
 
-from jax_runs import HELD, TPULAUNCH, checkpoint_variables, run_env
+from jax_runs import HELD, TPULAUNCH, assert_weights_of_one_process, run_env
 from jax_runs import project  # noqa: F401  (the fixture: the jax engine's small job)
 
 import pytest
@@ -57,10 +56,4 @@ def test_two_slices_of_tpu_vms_rehearsed_through_a_preempted_slice_train_what_on
         assert "train | step 8/8" in log
     assert "checkpoint | step 8" in logs[0] and all("checkpoint |" not in log for log in logs[1:])
 
-    alone = subprocess.run([*TPULAUNCH, "train", "slices.yaml", "--local", "--model-dir", str(one_dir)],
-                           cwd=project, env=env, capture_output=True, text=True, timeout=300)
-    assert alone.returncode == 0, alone.stdout + alone.stderr
-    four, one = checkpoint_variables(run_dir), checkpoint_variables(one_dir)
-    assert sorted(four) == sorted(one) and one["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == 8
-    for name in one:
-        np.testing.assert_allclose(four[name], one[name], rtol=1e-5, atol=1e-5, err_msg=name)
+    assert_weights_of_one_process(project, "slices.yaml", run_dir, one_dir, env)
