@@ -98,11 +98,12 @@ STATUS
   why="$(put "$DISK/status.json" "$ATTEMPTS/$ATTEMPT/worker-$WORKER.json" 2>&1)" \
     || unreported "${2:+$2; }this host cannot write its status to run.model_dir: ${why:-no reason given}"
 }
-# fail PHASE WHAT: say it, leave it in the status and the log beside it, stop
+# fail PHASE WHAT: say it, leave the log and then the status that points at it, stop. The log goes first: the
+# controller removes the VM as soon as it reads a failed status, and this host with it.
 fail() {
   say "worker $WORKER: $2"
-  status "$1" "$2"
   put "$LOG" "$ATTEMPTS/$ATTEMPT/worker-$WORKER.startup.log" 2>>"$LOG"
+  status "$1" "$2"
   exit 1
 }
 
