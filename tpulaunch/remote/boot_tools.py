@@ -6,14 +6,16 @@ alone (no gcloud, gsutil or google-cloud-storage on the image is assumed).
     python3 boot_tools.py wheelhouse-key REQUIREMENT...   the run's wheelhouse's name for these on this Python
     python3 boot_tools.py wheelhouse-get URL DIR       the wheelhouse at URL into DIR, checked by its hash
     python3 boot_tools.py wheelhouse-put DIR URL PINS REQUIREMENT...   DIR's wheels as the wheelhouse at URL
+    python3 boot_tools.py report-pins REPORT           what `pip install --report REPORT` added, as pins
 
 gs:// goes through Cloud Storage's JSON API with the token of the VM's service account from the metadata server
 ($TPULAUNCH_METADATA_URL, else Google's); $STORAGE_EMULATOR_HOST, as google-cloud-storage reads it, points it at
 another server. Every file written is this user's alone, as every file under tpulaunch-remote/.
 
 The wheelhouse (`layout.wheelhouse`): what the first host that installed the job's requirements from the package
-index put into its venv (what the image lacked), as wheels, so that every later host of the run (a recreated VM's too) installs
-them with `pip install --no-index --find-links`. It is named by the requirements and the VM's Python version and
+index put into its venv, or over a container image's Python (a GKE pod: what pip's install report lists), as
+wheels, so that every later host of the run (a recreated VM's, a restarted pod's) installs them with
+`pip install --no-index --find-links`. It is named by the requirements and the Python's version and
 machine (`wheelhouse-key`), and is two files: `<key>.tar` (the wheels) and `<key>.json` (written last: its hash,
 size, the wheels and the pins they came from), so a reader sees a whole wheelhouse or none, and one whose tar does
 not match its hash is not used.
@@ -191,6 +193,13 @@ def wheelhouse_get(url: str, folder: str) -> dict:
     return described
 
 
+def report_pins(report_file: str) -> list:
+    """What a `pip install --report` added, pinned (`name==version`, one per distribution it installed)."""
+    with open(report_file) as handle:
+        report = json.load(handle)
+    return [f"{item['metadata']['name']}=={item['metadata']['version']}" for item in report.get("install", [])]
+
+
 def main(argv) -> int:
     command, args = argv[0], argv[1:]
     try:
@@ -202,6 +211,9 @@ def main(argv) -> int:
             described = wheelhouse_put(args[0], args[1], args[2], args[3:])
             print(f"kept the run's wheelhouse: {len(described['wheels'])} wheels, {described['bytes']} bytes, "
                   f"at {args[1]}.tar")
+        elif command == "report-pins":
+            for pin in report_pins(args[0]):
+                print(pin)
         elif command == "wheelhouse-get":
             described = wheelhouse_get(*args)
             print(f"the run's wheelhouse: {len(described['wheels'])} wheels, {described['bytes']} bytes, its hash "

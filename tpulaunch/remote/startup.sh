@@ -107,6 +107,54 @@ fail() {
   exit 1
 }
 
+# install_requirements KIND BASE_PYTHON: the job's requirements into $PY, from the package index once per run:
+# worker 0 of the first VM (or pod) keeps what it installed (KIND venv: the venv's own distributions; image: what
+# pip added to the image, from its install report) as wheels, as the run's wheelhouse under run.model_dir (named by
+# the requirements and BASE_PYTHON's version); every later host, a recreated VM's or a restarted pod's too, installs
+# from it, the index not asked. A wheelhouse missing, not matching its hash or not installing leaves a host to the
+# index, as before.
+install_requirements() {
+  local kind="$1" base="$2" report=()
+  export PIP_DISABLE_PIP_VERSION_CHECK=1  # its notice says nothing the run needs, and asks the index
+  HOUSE="$WHEELHOUSE/$("$base" "$TOOLS" wheelhouse-key "${REQUIREMENTS[@]}")"
+  WHEELS="$DISK/wheels"
+  if "$base" "$TOOLS" wheelhouse-get "$HOUSE" "$WHEELS" >>"$LOG" 2>&1 \
+      && "$PY" -m pip install -q --no-index --find-links "$WHEELS" "${REQUIREMENTS[@]}" >>"$LOG" 2>&1; then
+    INSTALL_SOURCE=wheelhouse
+    say "installed the job's requirements from the run's wheelhouse ($HOUSE.tar), none from the package index"
+    return
+  fi
+  INSTALL_SOURCE=index
+  # pip 22.2 and later report what an install added (an image's pip may be older: no wheelhouse then)
+  if [ "$kind" = image ] && "$PY" -m pip install --help 2>/dev/null | grep -q -- "--report"; then
+    rm -f "$DISK/installed.json"
+    report=(--report "$DISK/installed.json")
+  fi
+  step installing "installing the job's requirements failed" \
+    "$PY" -m pip install -q ${report[@]+"${report[@]}"} "${REQUIREMENTS[@]}"
+  [ "$WORKER" = 0 ] || return 0
+  # What was installed, pinned (a venv's: --all, so `wheel` too, which TensorFlow's dependencies need; not the pip
+  # and setuptools every venv is made with), each as a wheel: pip's cache holds what it just downloaded (the index
+  # serves its files as cacheable for a year), so the index is not asked for them again. Not keeping it fails
+  # nothing: later hosts install from the index.
+  if [ "$kind" = venv ]; then
+    pins() { "$PY" -m pip freeze --local --all | { grep -v -E '^(pip|setuptools)==' || true; }; }
+  elif [ ${#report[@]} -gt 0 ]; then
+    pins() { "$base" "$TOOLS" report-pins "$DISK/installed.json"; }
+  else
+    say "this image's pip cannot report what it installed: later hosts install from the index"
+    return 0
+  fi
+  if { rm -rf "$WHEELS" && mkdir -p "$WHEELS" && pins >"$DISK/pins.txt" \
+      && { [ ! -s "$DISK/pins.txt" ] || "$PY" -m pip wheel -q --no-deps -w "$WHEELS" -r "$DISK/pins.txt"; } \
+      && "$base" "$TOOLS" wheelhouse-put "$WHEELS" "$HOUSE" "$DISK/pins.txt" "${REQUIREMENTS[@]}"
+    } >>"$LOG" 2>&1; then
+    say "kept what it installed as the run's wheelhouse ($HOUSE.tar): later hosts install from it"
+  else
+    say "could not keep the run's wheelhouse (the end of $LOG says why): later hosts install from the index"
+  fi
+}
+
 say "worker $WORKER of $HOSTS, $ACCELERATOR | VM $ATTEMPT of the run"
 status installing
 if [ -n "$REHEARSAL_PYTHON" ]; then
@@ -137,9 +185,10 @@ for requirement in missing:
 sys.exit(1 if missing else 0)
 CHECK
 elif [ -n "${TPULAUNCH_IMAGE_PYTHON:-}" ]; then
-  # A container image's own Python: what the image has (its JAX and libtpu) is used, the rest installed over it
+  # A container image's own Python (a GKE pod): what the image has (its JAX and libtpu) is used, the rest installed
+  # over it; pip's report of what it added is what the run's wheelhouse keeps
   PY="$TPULAUNCH_IMAGE_PYTHON"
-  step installing "installing the job's requirements failed" "$PY" -m pip install -q "${REQUIREMENTS[@]}"
+  install_requirements image "$PY"
 else
   # --system-site-packages: what the TPU image already has (its TensorFlow) is not installed twice. Ubuntu's Python
   # makes venvs only with its python3-venv package, which a base image need not have: installed then (as root).
@@ -152,34 +201,7 @@ else
     step installing "making the venv failed" python3 -m venv --system-site-packages "$DISK/venv"
   fi
   PY="$DISK/venv/bin/python"
-  export PIP_DISABLE_PIP_VERSION_CHECK=1  # its notice says nothing the run needs, and asks the index
-  # One install from the package index per run: worker 0 of the first VM keeps what it installed into the venv
-  # (what the image lacked), as wheels, as the run's wheelhouse under run.model_dir (named by the requirements and
-  # this Python); every later host (a recreated VM's too) installs from it, the index not asked. A wheelhouse
-  # missing, not matching its hash or not installing leaves a host to the index, as before.
-  HOUSE="$WHEELHOUSE/$("$SYSTEM_PYTHON" "$TOOLS" wheelhouse-key "${REQUIREMENTS[@]}")"
-  WHEELS="$DISK/wheels"
-  if "$SYSTEM_PYTHON" "$TOOLS" wheelhouse-get "$HOUSE" "$WHEELS" >>"$LOG" 2>&1 \
-      && "$PY" -m pip install -q --no-index --find-links "$WHEELS" "${REQUIREMENTS[@]}" >>"$LOG" 2>&1; then
-    INSTALL_SOURCE=wheelhouse
-    say "installed the job's requirements from the run's wheelhouse ($HOUSE.tar), none from the package index"
-  else
-    INSTALL_SOURCE=index
-    step installing "installing the job's requirements failed" "$PY" -m pip install -q "${REQUIREMENTS[@]}"
-    # The venv's own distributions, pinned (--all: `wheel` too, which TensorFlow's dependencies need; not the pip
-    # and setuptools every venv is made with), each as a wheel: pip's cache holds what it just downloaded (the
-    # index serves its files as cacheable for a year), so the index is not asked for them again. Not keeping it
-    # fails nothing: later hosts install from the index.
-    if [ "$WORKER" = 0 ] && { rm -rf "$WHEELS" && "$PY" -m pip freeze --local --all >"$DISK/frozen.txt" \
-        && { grep -v -E '^(pip|setuptools)==' "$DISK/frozen.txt" >"$DISK/pins.txt" || true; } \
-        && "$PY" -m pip wheel -q --no-deps -w "$WHEELS" -r "$DISK/pins.txt" \
-        && "$SYSTEM_PYTHON" "$TOOLS" wheelhouse-put "$WHEELS" "$HOUSE" "$DISK/pins.txt" "${REQUIREMENTS[@]}"
-      } >>"$LOG" 2>&1; then
-      say "kept what it installed as the run's wheelhouse ($HOUSE.tar): later hosts install from it"
-    elif [ "$WORKER" = 0 ]; then
-      say "could not keep the run's wheelhouse (the end of $LOG says why): later hosts install from the index"
-    fi
-  fi
+  install_requirements venv python3
 fi
 INSTALLED="$(date +%s.%N)"
 status fetching

@@ -271,15 +271,10 @@ with open({said!r}, "a") as handle:
 """
 
 
-def test_the_first_host_keeps_a_wheelhouse_and_a_recreated_vms_host_installs_from_it_not_the_index(
-        tmp_path, metadata, package_index):
-    """The real venv and pip (a TPU VM's path, not a rehearsal's): VM 1's worker 0 installs from the index and keeps
-    what it installed under run.model_dir; a host of the next VM (fresh disk, fresh pip cache) installs the same
-    requirements from there with the index not asked at all."""
-    index, asked = package_index
-    bin_dir, said = tmp_path / "bin", tmp_path / "host-runner.txt"
-    bin_dir.mkdir()
-    (bin_dir / "python3").symlink_to(os.path.realpath(sys.executable))  # the image's python3, with its venv module
+def _host(tmp_path, index, requirements):
+    """(the startup script, its environment, the file its stand-in host runner writes its arguments to): a stage of
+    a run in tmp_path/model_dir whose tpulaunch is a host runner that says it ran, pip pointed at `index`."""
+    said = tmp_path / "host-runner.txt"
     runner = tmp_path / "pkg" / "tpulaunch" / "remote"  # what stands for tpulaunch: a host runner that says it ran
     runner.mkdir(parents=True)
     for folder in (runner.parent, runner):
@@ -288,34 +283,90 @@ def test_the_first_host_keeps_a_wheelhouse_and_a_recreated_vms_host_installs_fro
     from tpulaunch.remote.stage import tar_gz
 
     (tmp_path / "pkg.tar.gz").write_bytes(tar_gz([("tpulaunch", str(runner.parent))]))
-    model_dir = tmp_path / "model_dir"
-    script = _script(model_dir, tmp_path, ["tinyhouse-app>=1"])
+    script = _script(tmp_path / "model_dir", tmp_path, requirements)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON", "VIRTUAL_ENV"))}
     # pip caches what it fetches over https, or from a trusted host: as trusted, this index is cached as PyPI is
-    env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", TPULAUNCH_METADATA_URL=metadata, PIP_INDEX_URL=index,
-               PIP_TRUSTED_HOST="127.0.0.1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    env.update(PIP_INDEX_URL=index, PIP_TRUSTED_HOST="127.0.0.1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    return script, env, said
 
-    def boot(home: str) -> str:
-        done = subprocess.run(["bash", "-c", script], env={**env, "HOME": str(tmp_path / home)}, capture_output=True,
-                              text=True, timeout=300)
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout
 
-    first = boot("vm-1-worker-0")
+def _boot(script: str, env: dict, home) -> str:
+    """One host's startup (a fresh disk and pip cache: its own home); what it printed."""
+    done = subprocess.run(["bash", "-c", script], env={**env, "HOME": str(home)}, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def _wheelhouse(model_dir) -> dict:
+    (described,) = [json.loads(p.read_text()) for p in (model_dir / "tpulaunch-remote" / "wheelhouse").glob("*.json")]
+    return described
+
+
+def test_the_first_host_keeps_a_wheelhouse_and_a_recreated_vms_host_installs_from_it_not_the_index(
+        tmp_path, metadata, package_index):
+    """The real venv and pip (a TPU VM's path, not a rehearsal's): VM 1's worker 0 installs from the index and keeps
+    what it installed under run.model_dir; a host of the next VM (fresh disk, fresh pip cache) installs the same
+    requirements from there with the index not asked at all."""
+    index, asked = package_index
+    script, env, said = _host(tmp_path, index, ["tinyhouse-app>=1"])
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(os.path.realpath(sys.executable))  # the image's python3, with its venv module
+    env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", TPULAUNCH_METADATA_URL=metadata)
+
+    first = _boot(script, env, tmp_path / "vm-1-worker-0")
     wheels = [path for path in asked if path.endswith(".whl")]  # each once: keeping them asked the index for none
     assert sorted(wheels) == ["/files/tinyhouse_app-1.0-py3-none-any.whl", "/files/tinyhouse_dep-1.0-py3-none-any.whl"]
     assert "kept what it installed as the run's wheelhouse" in first
-    (described,) = [json.loads(p.read_text()) for p in (model_dir / "tpulaunch-remote" / "wheelhouse").glob("*.json")]
-    assert described["wheels"] == ["tinyhouse_app-1.0-py3-none-any.whl", "tinyhouse_dep-1.0-py3-none-any.whl"]
+    assert _wheelhouse(tmp_path / "model_dir")["wheels"] == ["tinyhouse_app-1.0-py3-none-any.whl",
+                                                              "tinyhouse_dep-1.0-py3-none-any.whl"]
     assert "--installed-from index" in said.read_text()
 
     before = len(asked)
-    later = boot("vm-2-worker-0")  # a recreated VM: a new disk, no pip cache
+    later = _boot(script, env, tmp_path / "vm-2-worker-0")  # a recreated VM: a new disk, no pip cache
     assert asked[before:] == []  # the package index was not asked anything
     assert "installed the job's requirements from the run's wheelhouse" in later
     assert said.read_text().splitlines()[-1].endswith("--installed-from wheelhouse")
     venv_python = tmp_path / "vm-2-worker-0" / "tpulaunch" / "venv" / "bin" / "python"
     imported = subprocess.run([str(venv_python), "-c", "import tinyhouse_app, tinyhouse_dep"], env=env)
+    assert imported.returncode == 0
+
+
+def test_a_gke_pods_install_over_its_image_is_kept_and_a_restarted_pod_installs_from_it_not_the_index(
+        tmp_path, package_index):
+    """A GKE pod (remote/jobset.py: $TPU_WORKER_ID, the image's Python in $TPULAUNCH_IMAGE_PYTHON) on an image that
+    already has tinyhouse-dep: the first pod installs only what the image lacks (tinyhouse-app) and keeps exactly
+    that, from pip's install report, not the image's own packages; a pod of the JobSet's restart, on a fresh copy of
+    the image, installs it from the wheelhouse with the index not asked."""
+    index, asked = package_index
+    script, env, said = _host(tmp_path, index, ["tinyhouse-app>=1"])
+    env.update(TPU_WORKER_ID="0", TPU_WORKER_HOSTNAMES="localhost")
+
+    def image(name: str) -> str:
+        """A fresh copy of the image: a Python with tinyhouse-dep installed (and pip, as the stock images have)."""
+        subprocess.run([sys.executable, "-m", "venv", str(tmp_path / name)], check=True)
+        python = str(tmp_path / name / "bin" / "python")
+        subprocess.run([python, "-m", "pip", "install", "-q", "tinyhouse-dep"], env={**env, "HOME": str(tmp_path)},
+                       check=True)
+        return python
+
+    first_image, restarted_image = image("image-1"), image("image-2")
+    before = len(asked)
+    first = _boot(script, {**env, "TPULAUNCH_IMAGE_PYTHON": first_image, "TPULAUNCH_RESTART_ATTEMPT": "0"},
+                  tmp_path / "pod-1")
+    assert [path for path in asked[before:] if path.endswith(".whl")] == ["/files/tinyhouse_app-1.0-py3-none-any.whl"]
+    assert "kept what it installed as the run's wheelhouse" in first, first
+    kept = _wheelhouse(tmp_path / "model_dir")
+    assert (kept["wheels"], kept["pins"]) == (["tinyhouse_app-1.0-py3-none-any.whl"], ["tinyhouse_app==1.0"])
+
+    before = len(asked)
+    later = _boot(script, {**env, "TPULAUNCH_IMAGE_PYTHON": restarted_image, "TPULAUNCH_RESTART_ATTEMPT": "1"},
+                  tmp_path / "pod-2")
+    assert asked[before:] == []  # the package index was not asked anything
+    assert "installed the job's requirements from the run's wheelhouse" in later, later
+    assert said.read_text().splitlines()[-1].endswith("--installed-from wheelhouse")
+    imported = subprocess.run([restarted_image, "-c", "import tinyhouse_app, tinyhouse_dep"], env=env)
     assert imported.returncode == 0
 
 
