@@ -9,9 +9,30 @@ through the store (`tpulaunch/store/`: local or gs://, each read within its time
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from tpulaunch.errors import TpuLaunchError, first_line
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """What `status --wait` is waiting for, as its progress line says it: "<subject> is <state>[/<health>]"."""
+    subject: str  # "TPU node 'my-tpu'", "queued resource 'my-tpu' of 2 slices (TPU nodes my-tpu-0, my-tpu-1)"
+    state: str
+    health: Optional[str] = None
+
+
+# A queued resource on its way to its nodes (Cloud TPU API v2's QueuedResourceState): worth waiting for.
+QUEUED_ON_ITS_WAY = {"CREATING", "ACCEPTED", "PROVISIONING", "WAITING_FOR_RESOURCES", "ACTIVE", "STATE_UNSPECIFIED"}
+
+
+def _node_waiting(on_wait: Optional[Callable]) -> Optional[Callable]:
+    """check_node's on_wait(NodeStatus, seconds_left), told as a `Waiting`."""
+    if on_wait is None:
+        return None
+    return lambda node, left: on_wait(Waiting(f"TPU node '{node.name}'", node.state, node.health), left)
 
 
 def checked_for_status(job_file: str, overrides):
@@ -44,7 +65,7 @@ def node_of(checked, ref, *, wait_s: float, on_wait: Optional[Callable] = None):
     time), and the located problems of its runtime against this machine's TensorFlow and the job's engine."""
     from tpulaunch.tpu.node import check_node
 
-    node = check_node(ref, checked.loaded.section("tpu"), wait=wait_s, on_wait=on_wait)
+    node = check_node(ref, checked.loaded.section("tpu"), wait=wait_s, on_wait=_node_waiting(on_wait))
     return node, _stack_of(checked, ref, [node])
 
 
@@ -55,27 +76,40 @@ def slices_of(checked) -> int:
     return multislice.slices_of(checked.loaded.section("tpu"))
 
 
-def slice_nodes_of(checked, ref, *, wait_s: float, on_wait: Optional[Callable] = None):
+def slice_nodes_of(checked, ref, *, wait_s: float, on_wait: Optional[Callable] = None, poll_s: Optional[float] = None):
     """On several slices: each slice's node of the job's multislice queued resource (a missing one NOT_FOUND, with
     an error), waited for as `node_of` waits, and the located problems of their runtime. When none of the nodes
-    exists, the queued resource's own state says why (one waiting for capacity has no node yet)."""
+    exists, the queued resource's own state says why (one waiting for capacity has no node yet); one on its way to
+    its nodes is waited for too, within the same `wait_s`, `on_wait` told its state."""
     from tpulaunch.tpu import api, multislice
+    from tpulaunch.tpu import node as cluster
     from tpulaunch.tpu.lifecycle import Lifecycle
-    from tpulaunch.tpu.node import check_slices, where
 
     slices = slices_of(checked)
-    try:
-        nodes = check_slices(ref, checked.loaded.section("tpu"), slices, wait=wait_s, on_wait=on_wait)
-    except api.NodeNotFound as missing:
-        queued = Lifecycle(ref, job_file=checked.file, slices=slices).read_queued()
-        if queued is None:
-            raise
-        state = (queued.get("state") or {}).get("state") or "in an unknown state"
-        raise api.NodeNotFound(
-            f"{multislice.tpu_words(ref.name, slices)} is {state} in {where(ref)}: none of its nodes exists yet",
-            hint="Cloud TPU creates its nodes when it has the capacity for all of them; "
-                 f"`tpulaunch down {checked.file}` gives it up") from None
-    return nodes, _stack_of(checked, ref, nodes)
+    subject = multislice.tpu_words(ref.name, slices)
+    started, pause = time.monotonic(), poll_s or cluster.POLL_S
+    while True:
+        left = wait_s - (time.monotonic() - started)
+        try:
+            nodes = cluster.check_slices(ref, checked.loaded.section("tpu"), slices, wait=max(0.0, left),
+                                         on_wait=_node_waiting(on_wait))
+            return nodes, _stack_of(checked, ref, nodes)
+        except api.NodeNotFound:
+            queued = Lifecycle(ref, job_file=checked.file, slices=slices).read_queued()
+            if queued is None:
+                raise
+        state = (queued.get("state") or {}).get("state") or "STATE_UNSPECIFIED"
+        left = wait_s - (time.monotonic() - started)
+        if state not in QUEUED_ON_ITS_WAY or left <= 0:
+            waited = f" after waiting {wait_s:g}s" if wait_s else ""
+            raise api.NodeNotFound(
+                f"{subject} is {state} in {cluster.where(ref)}: none of its nodes exists yet{waited}",
+                hint="Cloud TPU creates its nodes when it has the capacity for all of them; wait with --wait "
+                     f"SECONDS, or `tpulaunch down {checked.file}` gives it up") from None
+        if on_wait is not None:
+            on_wait(Waiting(subject, state), left)
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, cluster.MAX_POLL_S)
 
 
 def _stack_of(checked, ref, nodes) -> list:

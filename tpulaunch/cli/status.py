@@ -80,13 +80,13 @@ def status(obj, job_file, wait_s, fmt, overrides):
         spinner = obj.err.status(f"reading TPU node {ref.name}")
         spinner.start()
 
-    def on_wait(node_status, seconds_left):
-        message = (f"TPU node {node_status.name} is {node_status.state}"
-                   f"{'/' + node_status.health if node_status.health else ''}: waiting (up to {seconds_left:.0f}s more)")
+    def on_wait(waiting, seconds_left):
+        message = (f"{waiting.subject} is {waiting.state}{'/' + waiting.health if waiting.health else ''}: "
+                   f"waiting (up to {seconds_left:.0f}s more)")
         if spinner is not None:
             spinner.update(message)
         elif fmt == "text":
-            obj.err.print(message, highlight=False)
+            obj.err.print(message, highlight=False, soft_wrap=True)
 
     slices = read.slices_of(checked)
     try:

@@ -158,6 +158,43 @@ def test_status_shows_each_slices_node_and_a_lost_one_makes_the_job_unusable(cli
            f"project '{DEFAULT_PROJECT}', zone '{DEFAULT_ZONE}': none of its nodes exists yet" in waiting.output
 
 
+def test_status_wait_waits_for_a_queued_resource_to_get_its_nodes_and_says_its_state_meanwhile(cli_tpu_api, tmp_path):
+    """`status --wait` on a queued resource still waiting for capacity: each pause says the queued resource's state;
+    once Cloud TPU creates its nodes (here, at the first pause) they are read and checked as any slice's; a wait
+    that runs out says how long it waited."""
+    from tpulaunch.app import status as read
+
+    job = _slices_job(tmp_path)
+    cli_tpu_api.stockout(DEFAULT_ZONE)
+    job_tpu = Tpu(name="my-tpu", zone=DEFAULT_ZONE, project=DEFAULT_PROJECT, type="v5litepod-16", slices=2,
+                  runtime_version="v2-alpha-tpuv5-lite")
+    with pytest.raises(NotReadyInTime):  # `up --timeout` running out: the queued resource is left waiting
+        Lifecycle(resolve_node(job_tpu), spec_for(job_tpu, "jax"), poll_s=0.05).create(wait_s=0.1)
+
+    ran_out = CliRunner().invoke(cli, ["status", job, "--wait", "0.5"], catch_exceptions=False)
+    assert ran_out.exit_code == ExitCode.CLUSTER, ran_out.output
+    words = "queued resource 'my-tpu' of 2 slices (TPU nodes my-tpu-0, my-tpu-1)"
+    assert f"{words} is WAITING_FOR_RESOURCES: waiting (up to " in ran_out.output
+    assert f"{words} is WAITING_FOR_RESOURCES in project '{DEFAULT_PROJECT}', zone '{DEFAULT_ZONE}': none of its " \
+           "nodes exists yet after waiting 0.5s" in ran_out.output
+
+    told = []
+
+    def capacity_comes(waiting, seconds_left):  # Cloud TPU finds the capacity while status waits
+        told.append(waiting)
+        for name in ("my-tpu-0", "my-tpu-1"):
+            cli_tpu_api.set_node(name, accelerator_type="v5litepod-16", hosts=4)
+            cli_tpu_api.patch_node(name, runtimeVersion="v2-alpha-tpuv5-lite")
+
+    checked = read.checked_for_status(job, ())
+    nodes, stack = read.slice_nodes_of(checked, read.node_ref(checked), wait_s=60, on_wait=capacity_comes,
+                                       poll_s=0.05)
+    assert told == [read.Waiting(words, "WAITING_FOR_RESOURCES")]
+    assert [(node.name, node.state, node.usable) for node in nodes] == [("my-tpu-0", "READY", True),
+                                                                         ("my-tpu-1", "READY", True)]
+    assert stack == []
+
+
 def test_down_finds_and_deletes_the_slices_nodes_a_gone_queued_resource_left(cli_tpu_api, tmp_path):
     job = _slices_job(tmp_path)
     for name in ("my-tpu-0", "my-tpu-1"):
