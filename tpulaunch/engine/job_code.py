@@ -148,16 +148,17 @@ def _refuse_empty_outputs(spec, model) -> None:
                         key=key)
 
 
-def job_functions(job: Job, *, search_path: Sequence[str] = (), keras_metrics: bool = False
+def job_functions(job: Job, *, search_path: Sequence[str] = ()
                   ) -> Tuple[Optional[Callable], Dict[str, Callable], Dict[str, Callable]]:
     """(the loss function for all labels when model.loss is one import path, import-path losses by path,
-    import-path metrics by path); a Keras Loss as a metric, a Keras Metric as a loss, and (unless `keras_metrics`:
-    the keras engine feeds one each batch) a Keras Metric as a metric are refused at their job key."""
+    import-path metrics by path); a Keras Loss as a metric and a Keras Metric as a loss are refused at their job
+    key. An engine that calls a job's own metric as a function refuses a Keras Metric itself
+    (`refuse_keras_metric_objects`)."""
     spec = job.model
     functions = {}
     for key, path in spec.function_paths():
         function = resolve(path, search_path=search_path, what="loss" if key[1] == "loss" else "metric")
-        _refuse_keras_objects(key, path, function, keras_metrics=keras_metrics)
+        _refuse_keras_objects(key, path, function)
         functions[(key[1], path)] = function
     custom_losses = {path: fn for (kind, path), fn in functions.items() if kind == "loss"}
     custom_metrics = {path: fn for (kind, path), fn in functions.items() if kind == "metrics"}
@@ -182,27 +183,34 @@ def _keras_kind(function) -> Optional[str]:
     return None
 
 
-def _refuse_keras_objects(key: tuple, path: str, function, *, keras_metrics: bool = False) -> None:
-    """A Keras Metric as a loss, a Keras Loss as a metric, and (unless `keras_metrics`) a Keras Metric as a metric
-    refused at its key before anything is built: the estimator engine's metrics are TensorFlow 1's (value,
-    update_op), and it calls a job's own metric as a function; the keras engine feeds a Metric each batch. A Loss
-    as model.loss trains (portable.compute_loss)."""
+def _refuse_keras_objects(key: tuple, path: str, function) -> None:
+    """A Keras Metric as a loss and a Keras Loss as a metric, refused at its key before anything is built. A Loss as
+    model.loss trains (portable.compute_loss)."""
     from tpulaunch.engine.core.build_failures import BuildError
 
     kind = _keras_kind(function)
-    if kind is None or (key[1] == "loss" and ".losses." in kind):
-        return
-    if keras_metrics and key[1] == "metrics" and ".metrics." in kind:
+    if kind is None or (key[1] == "loss" and ".losses." in kind) or (key[1] == "metrics" and ".metrics." in kind):
         return
     found = f"{path!r} is a {kind}"
     if key[1] == "loss":
         raise BuildError(key, "train", f"{found}, not a loss",
                          hint="give model.loss a Keras loss name, a tf.keras.losses.Loss (class or object) or a "
                               "function fn(labels, outputs) by its import path")
-    raise BuildError(
-        key, "train", f"{found}: tpulaunch calls a job's own metric as a function fn(labels, outputs) on each batch"
-        + ("" if ".metrics." in kind else ", and a Keras Loss is no metric") + (
-            "" if keras_metrics else " on the estimator engine"),
-        hint="use a built-in metric name (accuracy, auc, precision, recall, mean_iou, mean_squared_error, ...), or "
-             "a function fn(labels, outputs) by its import path: the batch's value on the keras engine (which also "
-             "takes a Keras Metric), a tf.compat.v1.metrics (value, update_op) on the estimator engine")
+    raise BuildError(key, "train", f"{found}, and a Keras Loss is no metric", hint=METRIC_HINT)
+
+
+METRIC_HINT = ("use a built-in metric name (accuracy, auc, precision, recall, mean_iou, mean_squared_error, ...), or "
+               "a function fn(labels, outputs) by its import path: the batch's value on the keras engine (which also "
+               "takes a Keras Metric), a tf.compat.v1.metrics (value, update_op) on the estimator engine")
+
+
+def refuse_keras_metric_objects(job: Job, custom_metrics: Dict[str, Callable], engine: str) -> None:
+    """For an engine that calls a job's own metric as a function on each batch: a Keras Metric among
+    `custom_metrics` (from `job_functions`) refused at its key, naming `engine`."""
+    from tpulaunch.engine.core.build_failures import BuildError
+
+    for key, path in job.model.function_paths():
+        kind = _keras_kind(custom_metrics[path]) if key[1] == "metrics" and path in custom_metrics else None
+        if kind is not None:
+            raise BuildError(key, "train", f"{path!r} is a {kind}: the {engine} engine calls a job's own metric as a "
+                                           "function fn(labels, outputs) on each batch", hint=METRIC_HINT)

@@ -19,7 +19,7 @@ from tpulaunch.engine.estimator.locate import build_errors, located, located_met
 from tpulaunch.engine.estimator.plain import model_settings
 from tpulaunch.engine.plain import optimizer_settings
 from tpulaunch.job.flags import apply_flags
-from tpulaunch.engine.job_code import apply_precision, job_builder, job_functions
+from tpulaunch.engine.job_code import apply_precision, job_builder, job_functions, refuse_keras_metric_objects
 from tpulaunch.errors import TpuLaunchError
 from tpulaunch.job.imports import make_call, resolve
 from tpulaunch.job.schema import CLASSIFICATION_LOSSES, CLASSIFICATION_METRICS, OPTIMIZERS, REGRESSION_METRICS, Job
@@ -100,6 +100,9 @@ def make_model_fn(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -
         return located(own, job, "train", ("model", "model_fn"))
     checked_builder, kwargs = job_builder(job, search_path=search_path, accept=accept_model)
     whole_loss, custom_losses, custom_metrics = job_functions(job, search_path=search_path)
+    # TensorFlow 1's metrics are (value, update_op): a job's own metric is called as a function, a Keras Metric
+    # (which keeps state across batches) is not one
+    refuse_keras_metric_objects(job, custom_metrics, "estimator")
     make_optimizer = make_optimizer_factory(job, search_path=search_path)
     model_fn = standalone.make_model_fn(
         checked_builder, kwargs, use_tpu=use_tpu,

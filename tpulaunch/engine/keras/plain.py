@@ -37,7 +37,7 @@ def job_parts(job: Job, *, use_tpu: bool, search_path: Sequence[str] = ()) -> Jo
 
     apply_flags(job, search_path=search_path)
     builder, kwargs = job_builder(job, search_path=search_path)
-    whole_loss, custom_losses, custom_metrics = job_functions(job, search_path=search_path, keras_metrics=True)
+    whole_loss, custom_losses, custom_metrics = job_functions(job, search_path=search_path)
     return JobParts(builder, kwargs, apply_precision(job.model.precision, use_tpu=use_tpu),
                     keras_optimizer(job, search_path=search_path), whole_loss, custom_losses, custom_metrics)
 
