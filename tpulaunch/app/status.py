@@ -10,7 +10,7 @@ through the store (`tpulaunch/store/`: local or gs://, each read within its time
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from tpulaunch.errors import TpuLaunchError, first_line
@@ -33,6 +33,54 @@ def _node_waiting(on_wait: Optional[Callable]) -> Optional[Callable]:
     if on_wait is None:
         return None
     return lambda node, left: on_wait(Waiting(f"TPU node '{node.name}'", node.state, node.health), left)
+
+
+@dataclass
+class JobStatus:
+    """Everything `status` shows of one job. `target` says which parts are there: "gke" (the JobSet, no node of
+    its own), "local" (no tpu: section: nothing to check) or "tpu" (its node, or on several slices each slice's)."""
+    file: str
+    target: str
+    lease: dict
+    last_run: dict
+    remote_run: Optional[dict]
+    jobset: Optional[dict] = None
+    name: Optional[str] = None  # tpu: the node's (or the queued resource's) name
+    slices: int = 1
+    nodes: list = field(default_factory=list)  # NodeStatus per slice
+    stack: list = field(default_factory=list)  # the nodes' runtime against this machine's TensorFlow: Problems
+
+    @property
+    def usable(self) -> bool:
+        return all(node.usable for node in self.nodes)
+
+    @property
+    def stack_errors(self) -> bool:
+        return any(problem.is_error for problem in self.stack)
+
+
+def job_status(job_file: str, overrides, *, wait_s: float, on_wait: Optional[Callable] = None,
+               say: Callable[[str], None]) -> JobStatus:
+    """What `status` shows of the job: its model_dir's lease, last run and remote run, and per its target the
+    JobSet or the TPU node(s), waited for up to `wait_s` (`on_wait(Waiting, seconds_left)` at each pause)."""
+    checked = checked_for_status(job_file, overrides)
+    lease, last_run, remote_run = model_dir_status(checked, say=say)
+    shown = JobStatus(file=job_file, target="tpu", lease=lease, last_run=last_run, remote_run=remote_run)
+    on_gke = checked.loaded.section("gke")
+    if on_gke is not None:  # no TPU node of its own: the JobSet, and what its pods write to model_dir
+        shown.target, shown.jobset = "gke", jobset_of(checked, on_gke)
+        return shown
+    if checked.loaded.section("tpu") is None:
+        shown.target = "local"
+        return shown
+    ref = node_ref(checked)
+    shown.name, shown.slices = ref.name, slices_of(checked)
+    if shown.slices > 1:  # one multislice queued resource: each slice's node
+        shown.nodes, shown.stack = slice_nodes_of(checked, ref, wait_s=wait_s, on_wait=on_wait)
+    else:
+        node, shown.stack = node_of(checked, ref, wait_s=wait_s, on_wait=on_wait)
+        shown.nodes = [node]
+    return shown
 
 
 def checked_for_status(job_file: str, overrides):

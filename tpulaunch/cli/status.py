@@ -49,74 +49,60 @@ def status(obj, job_file, wait_s, fmt, overrides):
                                              render_status)
     from tpulaunch.tpu.multislice import tpu_words
 
-    checked = read.checked_for_status(job_file, overrides)
-    lease, last_run, remote_run = read.model_dir_status(checked, say=obj.say)
-    on_gke = checked.loaded.section("gke")
-    if on_gke is not None:  # no TPU node of its own: the JobSet, and what its pods write to model_dir
-        jobset = read.jobset_of(checked, on_gke)
-        if fmt == "json":
-            click.echo(json.dumps({"file": job_file, "gke": jobset, "lease": lease, "last_run": last_run,
-                                   "remote_run": remote_run}, indent=2, default=str))
-        else:
-            obj.out.print(f"GKE: {jobset['text']}", highlight=False, markup=False, soft_wrap=True)
-            render_lease(obj.out, lease)
-            render_last_run(obj.out, last_run)
-            render_remote_run(obj.out, remote_run)
-        return
-    if checked.loaded.section("tpu") is None:
-        if fmt == "json":
-            click.echo(json.dumps({"file": job_file, "tpu": None, "runs": "locally", "usable": True, "lease": lease,
-                                   "last_run": last_run}, indent=2))
-        else:
-            obj.out.print(f"{job_file}: no tpu: section, so the job runs locally (CPU/GPU); nothing to check",
-                          highlight=False)
-            render_lease(obj.out, lease)
-            render_last_run(obj.out, last_run)
-        return
-
-    ref = read.node_ref(checked)
     spinner = None
-    if fmt == "text" and wait_s and obj.err.is_terminal:
-        spinner = obj.err.status(f"reading TPU node {ref.name}")
-        spinner.start()
 
     def on_wait(waiting, seconds_left):
+        nonlocal spinner
         message = (f"{waiting.subject} is {waiting.state}{'/' + waiting.health if waiting.health else ''}: "
                    f"waiting (up to {seconds_left:.0f}s more)")
-        if spinner is not None:
+        if fmt == "text" and obj.err.is_terminal:
+            if spinner is None:
+                spinner = obj.err.status(message)
+                spinner.start()
             spinner.update(message)
         elif fmt == "text":
             obj.err.print(message, highlight=False, soft_wrap=True)
 
-    slices = read.slices_of(checked)
     try:
-        if slices > 1:  # one multislice queued resource: each slice's node
-            nodes, stack = read.slice_nodes_of(checked, ref, wait_s=wait_s, on_wait=on_wait)
-        else:
-            node, stack = read.node_of(checked, ref, wait_s=wait_s, on_wait=on_wait)
-            nodes = [node]
+        shown = read.job_status(job_file, overrides, wait_s=wait_s, on_wait=on_wait, say=obj.say)
     finally:
         if spinner is not None:
             spinner.stop()
-    usable = all(node.usable for node in nodes)
     if fmt == "json":
-        extra = {"problems": [p.to_dict() for p in stack]} if stack else {}
-        shown = ({"queued_resource": ref.name, "slices": [node.to_dict() for node in nodes], "usable": usable}
-                 if slices > 1 else nodes[0].to_dict())
-        click.echo(json.dumps({"file": job_file, **shown, "lease": lease, "last_run": last_run,
-                               "remote_run": remote_run, **extra}, indent=2))
+        click.echo(json.dumps(_as_json(shown), indent=2, default=str))
     else:
-        if slices > 1:
-            render_slices(obj.out, ref.name, nodes)
+        if shown.target == "gke":
+            obj.out.print(f"GKE: {shown.jobset['text']}", highlight=False, markup=False, soft_wrap=True)
+        elif shown.target == "local":
+            obj.out.print(f"{job_file}: no tpu: section, so the job runs locally (CPU/GPU); nothing to check",
+                          highlight=False)
+        elif shown.slices > 1:
+            render_slices(obj.out, shown.name, shown.nodes)
         else:
-            render_status(obj.out, nodes[0])
-        render_lease(obj.out, lease)
-        render_last_run(obj.out, last_run)
-        render_remote_run(obj.out, remote_run)
-    if any(p.is_error for p in stack):
+            render_status(obj.out, shown.nodes[0])
+        render_lease(obj.out, shown.lease)
+        render_last_run(obj.out, shown.last_run)
+        if shown.target != "local":
+            render_remote_run(obj.out, shown.remote_run)
+    if shown.stack_errors:
         if fmt == "json":  # the problems are in the JSON already
             raise AlreadyReported(ExitCode.PROBLEMS)
-        raise TpuLaunchError(f"{tpu_words(ref.name, slices)} cannot run this job's TensorFlow: fix the problems above",
-                             problems=stack, exit_code=ExitCode.PROBLEMS)
-    if not usable:
+        raise TpuLaunchError(f"{tpu_words(shown.name, shown.slices)} cannot run this job's TensorFlow: fix the "
+                             "problems above", problems=shown.stack, exit_code=ExitCode.PROBLEMS)
+    if not shown.usable:
         raise AlreadyReported(ExitCode.CLUSTER)
+
+
+def _as_json(shown) -> dict:
+    """`status --format json`: the same keys per target as ever (scripts read them)."""
+    if shown.target == "gke":
+        return {"file": shown.file, "gke": shown.jobset, "lease": shown.lease, "last_run": shown.last_run,
+                "remote_run": shown.remote_run}
+    if shown.target == "local":
+        return {"file": shown.file, "tpu": None, "runs": "locally", "usable": True, "lease": shown.lease,
+                "last_run": shown.last_run}
+    extra = {"problems": [p.to_dict() for p in shown.stack]} if shown.stack else {}
+    nodes = ({"queued_resource": shown.name, "slices": [node.to_dict() for node in shown.nodes],
+              "usable": shown.usable} if shown.slices > 1 else shown.nodes[0].to_dict())
+    return {"file": shown.file, **nodes, "lease": shown.lease, "last_run": shown.last_run,
+            "remote_run": shown.remote_run, **extra}
