@@ -1,10 +1,40 @@
-"""What `tpulaunch data bench` does: the job checked for its target, its input pipeline timed (`data/bench.py`), and
-the rate measured set against what the job's last training consumed, from model_dir's run record."""
+"""What `tpulaunch data` does: `synth` writes a starter job's example records (`data/synth.py`), `inspect` reads what
+records hold (`data/inspect_records.py`), and `bench` checks the job for its target, times its input pipeline
+(`data/bench.py`) and sets the rate against what the job's last training consumed, from model_dir's run record.
+TensorFlow is loaded here, inside each, never by the command line's fast path."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, ContextManager, Sequence
+from typing import Callable, ContextManager, List, Optional, Sequence
+
+
+def planned_records(name: str, records: Optional[int], shards: Optional[int]) -> int:
+    """How many records `synth` of the example `name` writes (train and eval), for a progress bar's total."""
+    from tpulaunch.data.synth import planned_records as planned
+
+    return planned(name, records, shards)
+
+
+def synth(name: str, out_dir: str, *, records: Optional[int], size: Optional[int], shards: Optional[int], seed: int,
+          on_record: Optional[Callable[[], None]] = None) -> List[str]:
+    """The example `name`'s train and eval TFRecords written into `out_dir` (local or gs://): the files written.
+    `on_record` is told after each record."""
+    from tpulaunch.data import synth as synth_module
+    from tpulaunch.tf_env import import_tensorflow
+
+    import_tensorflow()  # quietly, before the records are written: TensorFlow's start-up lines stay off the terminal
+    return synth_module.write_example(name, out_dir, records=records, shards=shards, seed=seed, size=size,
+                                      on_record=on_record)
+
+
+def inspect(pattern: str, *, records: int, compression: Optional[str]):
+    """What the first `records` tf.train.Examples of the files matching `pattern` hold (`data/inspect_records.py`)."""
+    from tpulaunch.data.inspect_records import inspect as inspect_records
+    from tpulaunch.tf_env import import_tensorflow
+
+    import_tensorflow()
+    return inspect_records(pattern, records=records, compression=compression)
 
 
 def bench(job_file: str, overrides: Sequence[str], *, local: bool, seconds: float, say: Callable[[str], None],

@@ -1,6 +1,7 @@
 """`tpulaunch data`: write example TFRecords, look inside existing ones, time a job's input pipeline.
 
-TensorFlow is imported only inside the commands (by tpulaunch.data.synth / inspect_records / bench).
+What each does is `app/data.py`'s (TensorFlow is imported there, inside each command); here, its options and
+how its answer is shown.
 """
 
 from __future__ import annotations
@@ -47,22 +48,20 @@ def synth(obj: Context, name: str, out_dir: str, records, size, shards, seed: in
     tpulaunch data synth --example unet3d data/ct --size 32 --records 16
     tpulaunch data synth --example retinanet gs://my-bucket/detection --size 256
     """
-    from tpulaunch.data import synth as synth_module
-    from tpulaunch.tf_env import import_tensorflow
+    from tpulaunch.app import data as doing
 
-    import_tensorflow()  # here, so that TensorFlow's start-up lines stay off the terminal
-    total = synth_module.planned_records(name, records, shards)
+    total = doing.planned_records(name, records, shards)
     if total >= PROGRESS_THRESHOLD and obj.err.is_terminal:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         with Progress(TextColumn("writing {task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeRemainingColumn(), console=obj.err, transient=True) as progress:
             task = progress.add_task(name, total=total)
-            files = synth_module.write_example(name, out_dir, records=records, shards=shards, seed=seed, size=size,
-                                               on_record=lambda: progress.advance(task))
+            files = doing.synth(name, out_dir, records=records, shards=shards, seed=seed, size=size,
+                                on_record=lambda: progress.advance(task))
     else:
         with obj.err.status(f"writing {total} {name} records"):
-            files = synth_module.write_example(name, out_dir, records=records, shards=shards, seed=seed, size=size)
+            files = doing.synth(name, out_dir, records=records, shards=shards, seed=seed, size=size)
     for path in files:
         obj.out.print(path, highlight=False, soft_wrap=True)
     obj.out.print(f"wrote {total} records in {len(files)} files", highlight=False)
@@ -75,7 +74,7 @@ _EXAMPLE_JOBS = {"quickstart": "configs/quickstart.yaml", "unet3d": "configs/une
 
 
 def _print_next_step(obj: Context, name: str, out_dir: str, size) -> None:
-    from tpulaunch.data.synth import template_overrides
+    from tpulaunch.data.synth import template_overrides  # the words of the next step (no TensorFlow)
 
     sets = " ".join(f"--set '{s}'" for s in template_overrides(name, out_dir, size))
     job = _EXAMPLE_JOBS[name]
@@ -99,10 +98,8 @@ def inspect_command(obj: Context, pattern: str, records: int, compression, fmt: 
     tpulaunch data inspect 'gs://my-bucket/ct/train-*.tfrecord' --records 20
     tpulaunch data inspect 'data/*.tfrecord.gz' --compression GZIP --format json
     """
-    from tpulaunch.data.inspect_records import inspect
-    from tpulaunch.tf_env import import_tensorflow
+    from tpulaunch.app.data import inspect
 
-    import_tensorflow()  # here, so that TensorFlow's start-up lines stay off the terminal
     result = inspect(pattern, records=records, compression=compression)
     if fmt == "json":
         click.echo(json.dumps(result.to_dict(), indent=2))
