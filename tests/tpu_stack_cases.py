@@ -180,7 +180,7 @@ def train_on_a_tpu_refuses_a_machine_whose_tensorflow_cannot_drive_it_and_valida
 
     job = write_job(tmp_path)
     gs = ["--set", "run.model_dir=gs://my-bucket/runs/x", "--set", "data.train=gs://my-bucket/data/train.tfrecord"]
-    verdict = stack.installed_verdict(stack.installed_distributions(), about(engine_name(None)).tpu_runtime)
+    verdict = stack.installed_verdict(stack.installed_distributions(), about(engine_name(None)).on_tpu.runtime)
     refused = verdict is not None and verdict.severity == "error"
     trained = run("train", job, *gs, "--wait", "0")
     assert (f"[tpu-stack-{verdict.code}]" in trained.output) is refused if verdict else "tpu-stack" not in trained.output

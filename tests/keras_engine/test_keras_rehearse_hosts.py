@@ -1,5 +1,5 @@
 """`tpulaunch rehearse` of a keras job on a two-host slice (v4-16): the keras engine's hosts all train
-(`EngineAbout.tpu_hosts` "every"), each a local process running the node's startup script, told its index by
+(`EngineAbout.on_tpu.hosts` "every"), each a local process running the node's startup script, told its index by
 $TF_CONFIG built from the slice's worker-network-endpoints (127.0.0.1 ports in a rehearsal), so the two run one
 MultiWorkerMirroredStrategy on this CPU; worker 0 alone holds the model_dir lease and writes the checkpoints."""
 

@@ -38,9 +38,9 @@ def _on_this_machine(checked):
     from tpulaunch.seam.registry import about
 
     engine = about(checked.plan.engine)
-    if checked.plan.slice is not None or engine.devices_here is None:
+    if checked.plan.slice is not None or engine.layout.devices_here is None:
         return checked.plan
-    count, platform = load_attribute(engine.devices_here)()
+    count, platform = load_attribute(engine.layout.devices_here)()
     try:
         return on_devices(checked.plan, checked.job, count, platform)
     except DevicesRefused as refused:  # at `partition`, as `train` refuses it

@@ -22,7 +22,7 @@ def gke_problems(loaded: LoadedJob) -> list:
                                            "tpu: section saying which slice",
                                            "add tpu: {type: v6e-16} (the node pool's slice; tpu.name and tpu.zone "
                                            "are not used on GKE)"))
-        if about is not None and about.container_image is None:
+        if about is not None and about.on_tpu.container_image is None:
             problems.append(loaded.problem(("gke",), "gke-engine",
                                            f"the {about.display} runs on TPU VM images only: its TPU runtime has "
                                            "no container a GKE pod could run",
@@ -42,7 +42,7 @@ def gke_problems(loaded: LoadedJob) -> list:
                                            "choose a v4, v5e (v5litepod), v5p or v6e type, or drop gke: and use a "
                                            "TPU VM"))
     if tpu.slices > 1:
-        if about is not None and not about.multislice:
+        if about is not None and not about.layout.multislice:
             problems.append(loaded.problem(("tpu", "slices"), "slices-engine",
                                            f"{tpu.slices} slices train data-parallel over the data-center network "
                                            f"(multislice), which only JAX does; the {about.display} has no such "

@@ -9,7 +9,7 @@ from tpulaunch.errors import TpuLaunchError
 
 def cpu_replicas_for(engine: str, cpu_replicas: Optional[int], plan) -> Optional[int]:
     """`--cpu-replicas` for the engine (None when not asked): only an engine that splits this machine into
-    replicas (`EngineAbout.cpu_replicas`) runs them, and only on this machine. Every engine takes the option; this
+    replicas (`EngineAbout.layout.cpu_replicas`) runs them, and only on this machine. Every engine takes the option; this
     is the one place that refuses it.
 
     Raises:
@@ -19,8 +19,8 @@ def cpu_replicas_for(engine: str, cpu_replicas: Optional[int], plan) -> Optional
         return None
     from tpulaunch.seam.registry import about, names
 
-    if not about(engine).cpu_replicas:
-        able = " or ".join(name for name in names() if about(name).cpu_replicas)
+    if not about(engine).layout.cpu_replicas:
+        able = " or ".join(name for name in names() if about(name).layout.cpu_replicas)
         raise TpuLaunchError(f"--cpu-replicas needs an engine that splits this machine into replicas ({able})",
                              hint=f"set run.engine: {able}, or drop --cpu-replicas")
     if plan.on_tpu:

@@ -24,7 +24,7 @@ def stack_problems(loaded: LoadedJob, installed: Optional[Mapping[str, str]] = N
     from tpulaunch.tpu.types import lookup
 
     about, installed, found, tensorflow = _installed_for(loaded, installed)
-    stack, api = about.stack(), about.tpu_runtime
+    stack, api = about.stack(), about.on_tpu.runtime
     problems = []
     if this_machine and (len(found) > 1 or tensorflow is not None):
         problems += _located(loaded, ("tpu",), stack.installed_verdict(installed, api))
@@ -74,7 +74,7 @@ def node_problems(loaded: LoadedJob, node_name: str, runtime: Optional[str],
 
     about, installed, _found, tensorflow = _installed_for(loaded, installed)
     slice_type = lookup(job_tpu.type)
-    verdict = about.stack().runtime_verdict(runtime, about.tpu_runtime, tensorflow, installed,
+    verdict = about.stack().runtime_verdict(runtime, about.on_tpu.runtime, tensorflow, installed,
                                     hosts=slice_type.hosts if slice_type else None,
                                     generation=slice_type.generation.name if slice_type else None)
     if verdict is None:

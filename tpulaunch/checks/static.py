@@ -21,9 +21,9 @@ PADDING_WARN_BYTES = 1 << 20
 
 
 def even_splits(loaded: LoadedJob) -> bool:
-    """The job's engine splits inputs only evenly (its `EngineAbout.even_splits`): uneven pieces are its own
+    """The job's engine splits inputs only evenly (its `EngineAbout.layout.even_splits`): uneven pieces are its own
     rules' errors, not padding to warn about, and `partition: auto` picks only even splits."""
-    return loaded.engine_about.even_splits
+    return loaded.engine_about.layout.even_splits
 
 
 def known_slice(loaded: LoadedJob):
@@ -112,7 +112,7 @@ def check_partition(loaded: LoadedJob) -> list:
                                            severity="warning"))
         return problems
     cores_from = "tpu.cores_per_replica"
-    if tpu is None and not loaded.engine_about.partition_on_devices:
+    if tpu is None and not loaded.engine_about.layout.partition_on_devices:
         return [loaded.problem(("partition",), "partition-without-tpu",
                                "partition applies only on a TPU; this job runs locally, so it is ignored",
                                "add a tpu: section, or remove partition:", severity="warning")]
@@ -264,7 +264,7 @@ def check_cadence(loaded: LoadedJob) -> list:
         problems.append(loaded.problem(("eval", "every_steps"), "eval-after-training",
                                        f"every_steps {ev.every_steps} >= train.steps {train.steps}: evaluation runs only at the end",
                                        "lower every_steps, or leave it out to evaluate once at the end", severity="warning"))
-    if tpu is None or not loaded.engine_about.tpu_loops:
+    if tpu is None or not loaded.engine_about.on_tpu.loops:
         return problems
     loop = tpu.iterations_per_loop
     if train is not None and loop > train.steps:

@@ -41,7 +41,7 @@ class LoadedJob:
     def section(self, name: str):
         """The validated section, or None (absent or invalid: see `usable`; tpu/partition when local, partition kept
         for an engine that splits inputs over this machine's devices)."""
-        if self.local and (name == "tpu" or name == "partition" and not self.engine_about.partition_on_devices):
+        if self.local and (name == "tpu" or name == "partition" and not self.engine_about.layout.partition_on_devices):
             return None
         return self.sections.get(name)
 

@@ -116,7 +116,7 @@ class BatchPlan:
 @dataclass(frozen=True)
 class DeviceAssignmentPlan:
     """A TPUStrategy layout (`plan/tpu_layout.py`) and its input pipelines, for an engine whose replica is a
-    block of the slice's topology (`EngineAbout.device_assignment`)."""
+    block of the slice's topology (`EngineAbout.layout.device_assignment`)."""
 
     logical_devices: int  # per replica (tpu.cores_per_replica)
     computation_shape: list  # DeviceAssignment.build's block, [x, y, z, devices per chip]
@@ -252,7 +252,7 @@ def tensor_plans(job: Job, per_replica_batch: int, feed: Optional[Partition]) ->
 
 def build_plan(job: Job, *, local: bool = False, engine: Optional[str] = None) -> Plan:
     """The plan for a job that passed the checks; `local`: for this machine (no TPU, one replica, no partitioning
-    but on an engine that splits inputs over this machine's devices, `EngineAbout.partition_on_devices`);
+    but on an engine that splits inputs over this machine's devices, `EngineAbout.layout.partition_on_devices`);
     `engine`: the job's engine as the checks worked it out (None: worked out here, from `run.engine`)."""
     tpu = None if local else job.tpu
     tpu_type = tpu_type_for(tpu)
@@ -268,8 +268,8 @@ def build_plan(job: Job, *, local: bool = False, engine: Optional[str] = None) -
         )
     engine = engine or registry.engine_name(job.run)
     about = registry.about(engine)
-    assigned = _device_assignment(job, tpu_type) if about.device_assignment and layout is not None else None
-    if assigned is not None or (about.batches_per_host and slice_plan is not None):
+    assigned = _device_assignment(job, tpu_type) if about.layout.device_assignment and layout is not None else None
+    if assigned is not None or (about.layout.batches_per_host and slice_plan is not None):
         # One dataset_fn call per input pipeline (a host), batched per replica, dequeued once per replica it feeds
         # (or, batched per host, its share of the global batch).
         slice_plan = replace(slice_plan, input_fn_calls_per_host=1)
@@ -280,18 +280,18 @@ def build_plan(job: Job, *, local: bool = False, engine: Optional[str] = None) -
         if spec is None:
             continue
         share = per_replica(spec.batch_size, layout)
-        host_batch = (spec.batch_size // tpu_type.hosts if about.batches_per_host and tpu is not None
+        host_batch = (spec.batch_size // tpu_type.hosts if about.layout.batches_per_host and tpu is not None
                       else share * replicas_per_host)
         batches.append(BatchPlan(split, spec.batch_size, share, per_host=host_batch,
-                                 params_batch_size=host_batch if about.batches_per_host else share))
+                                 params_batch_size=host_batch if about.layout.batches_per_host else share))
     cores = tpu.cores_per_replica if tpu is not None else 1
-    if tpu is None and about.partition_on_devices:  # its replicas span partition:'s devices on this machine
+    if tpu is None and about.layout.partition_on_devices:  # its replicas span partition:'s devices on this machine
         cores = device_cores(job.partition)
     plan = Plan(job.name, tpu is not None, slice_plan, batches, [], cores_per_replica=cores, engine=engine,
                 device_assignment=assigned)
     if cores > 1 and job.partition is not None:
         plan.feed_partition = resolve_partition(job.partition, job.data.features, job.data.labels, cores,
-                                                plan.per_replica_batch, even=about.even_splits)
+                                                plan.per_replica_batch, even=about.layout.even_splits)
         plan.auto_partition = job.partition == "auto"
     plan.tensors = tensor_plans(job, plan.per_replica_batch, plan.feed_partition)
     return plan

@@ -1,4 +1,4 @@
-"""The device mesh of an engine that shards each batch over the devices itself (`EngineAbout.partition_on_devices`):
+"""The device mesh of an engine that shards each batch over the devices itself (`EngineAbout.layout.partition_on_devices`):
 replicas along a "batch" axis, each of `cores` devices laid out as the split axes of partition:'s most split tensor.
 
 It is the Plan's: the dims fed (`Plan.feed_partition`) and the devices a replica spans (`Plan.cores_per_replica`)

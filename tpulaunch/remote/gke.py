@@ -44,8 +44,8 @@ def submission(checked, stage: Stage, startup_script: str, *, recreate: int, att
     engine = about(checked.plan.engine)
     tpu_slice = gke_slice(parse_tpu_type(job.tpu.type))
     manifest = jobset.build(job_name=job.name, gke=job.gke, slices=job.tpu.slices, tpu_slice=tpu_slice,
-                            image=job.gke.image or engine.container_image, startup_script=startup_script,
-                            stage_digest=stage.digest, recreate=recreate, python=engine.container_python,
+                            image=job.gke.image or engine.on_tpu.container_image, startup_script=startup_script,
+                            stage_digest=stage.digest, recreate=recreate, python=engine.on_tpu.container_python,
                             attempt_base=attempt_base)
     return Submission(manifest, stage, job.gke.namespace, job.gke.context)
 

@@ -3,7 +3,7 @@
     python -m tpulaunch.remote.host --stage URL --worker N --hosts H --attempt A --disk DIR
 
 It fetches the stage (the job file and its code) onto the host's disk, then runs this host's part: which hosts
-run `tpulaunch train` is the engine's to say (`EngineAbout.tpu_hosts`): "chief", worker 0 alone (TPUEstimator:
+run `tpulaunch train` is the engine's to say (`EngineAbout.on_tpu.hosts`): "chief", worker 0 alone (TPUEstimator:
 its session drives every host of a -pod image); "every", each host, worker 0 the chief that alone holds
 model_dir's lease and writes its shared files (the others are told they are not by $TF_CONFIG, the multi-worker
 convention `run/workers.py` reads). A host with nothing to run says so in its status and exits 0.

@@ -261,7 +261,7 @@ def stage_job(checked, job_file: str, overrides: Sequence[str], *, engine: str, 
         bundles.append({"blob": add(tar_gz([("", folder)])), "into": f"job/{into}"})
         vm_dirs.append(into)
     package = add(tar_gz([("tpulaunch", package_dir())]))
-    extra = about(engine).tpu_extra
+    extra = about(engine).on_tpu.extra
     requirements = install_requirements(extra, strict=target == "tpu")  # a rehearsal installs nothing
     if requirements is None and target == "tpu":
         raise TpuLaunchError("tpulaunch's package metadata is missing here, so the TPU VM cannot be told what to "
@@ -277,7 +277,7 @@ def stage_job(checked, job_file: str, overrides: Sequence[str], *, engine: str, 
         "bundles": bundles,
         "tpulaunch": {"version": __version__, "blob": package, "into": "pkg"},
         "install": {"extra": extra, "requirements": requirements or []},
-        "hosts": about(engine).tpu_hosts,  # which hosts of a multi-host slice run train (host.py)
+        "hosts": about(engine).on_tpu.hosts,  # which hosts of a multi-host slice run train (host.py)
     }
     if secrets and secrets.get("names"):
         manifest["secrets"] = secrets  # names and the project: the values stay in Secret Manager

@@ -46,6 +46,47 @@ class RefusedKey:
 
 
 @dataclass(frozen=True)
+class Layout:
+    """How an engine lays a job over devices: what the plan, the checks of partition: and the run options ask."""
+
+    even_splits: bool = False  # spatial splits must be even (uneven ones are errors; partition: auto picks even)
+    # partition: splits inputs over this machine's devices too (no tpu:, or --local): a replica is as many devices as
+    # the largest product of the partition dims (else partition: applies on a TPU only)
+    partition_on_devices: bool = False
+    # "module:function() -> (count, platform)": the devices its framework finds on this machine, for an engine that
+    # shards each batch over them itself (partition_on_devices): a local Plan's replicas are what they take
+    # (`plan/build.on_devices`), as its run takes them
+    devices_here: Optional[str] = None
+    device_assignment: bool = False  # a replica is a block of the slice's topology (plan: its DeviceAssignment)
+    batches_per_replica: bool = False  # its input pipeline batches per replica (else per input_fn call)
+    batches_per_host: bool = False  # one input pipeline per host, batched to the host's share of the global batch
+    cpu_replicas: bool = False  # can split this machine's CPU into replicas (--cpu-replicas)
+    multislice: bool = False  # trains across several slices over the data-center network (tpu.slices > 1)
+
+
+@dataclass(frozen=True)
+class OnTpu:
+    """How an engine reaches a TPU and runs on a slice's hosts: what the TPU's lifecycle, `run`'s stage and startup
+    script, the GKE JobSet and validate's cadence warnings ask."""
+
+    # How it reaches a TPU, as its stack facts name it (TensorFlow's, `tpu/stack.py`: the "se" or "pjrt" runtime of
+    # tpu-vm-tf-X.Y.Z-{se|pjrt}, cloud.google.com/tpu/docs/runtimes)
+    runtime: str = "pjrt"
+    extra: str = ""  # tpulaunch's extra (setup.cfg) that runs it on a TPU VM (`tpulaunch run` installs it there)
+    # Which hosts of a multi-host TPU VM slice run `tpulaunch train` (`tpulaunch run`'s startup script asks):
+    # "chief": worker 0 alone, its framework driving every host's chips; "every": each host runs it, worker 0 the
+    # chief (the lease, model_dir's shared files). On a one-host slice both are worker 0 alone.
+    hosts: str = "chief"
+    # Whether it runs tpu.iterations_per_loop steps per host round trip on a TPU (TPUEstimator's loop, Keras's
+    # steps_per_execution), so that checkpoints and evaluations fall between loops; validate's cadence warnings ask.
+    loops: bool = True
+    # The container image a GKE pod runs its jobs in (`gke:`, docs/gke.md): a stock image with its framework for
+    # TPUs, and that image's Python; None: its TPU runtime exists only as TPU VM images, so it refuses gke:
+    container_image: Optional[str] = None
+    container_python: str = "python3"
+
+
+@dataclass(frozen=True)
 class EngineAbout:
     """What an engine is and can do, read by the checks, the plan and the CLI without its library.
 
@@ -79,39 +120,13 @@ class EngineAbout:
     # (stage, "module:function(loaded, search_path) -> problems"): its checks of the job's own code that need
     # its framework but build nothing, after the flags and the model's import paths
     code_checks: Tuple[Tuple[str, str], ...] = ()
-    even_splits: bool = False  # spatial splits must be even (uneven ones are errors; partition: auto picks even)
-    # partition: splits inputs over this machine's devices too (no tpu:, or --local): a replica is as many devices as
-    # the largest product of the partition dims (else partition: applies on a TPU only)
-    partition_on_devices: bool = False
-    # "module:function() -> (count, platform)": the devices its framework finds on this machine, for an engine that
-    # shards each batch over them itself (partition_on_devices): a local Plan's replicas are what they take
-    # (`plan/build.on_devices`), as its run takes them
-    devices_here: Optional[str] = None
-    device_assignment: bool = False  # a replica is a block of the slice's topology (plan: its DeviceAssignment)
-    batches_per_replica: bool = False  # its input pipeline batches per replica (else per input_fn call)
-    batches_per_host: bool = False  # one input pipeline per host, batched to the host's share of the global batch
-    cpu_replicas: bool = False  # can split this machine's CPU into replicas (--cpu-replicas)
-    # How it reaches a TPU, as its stack facts name it (TensorFlow's, `tpu/stack.py`: the "se" or "pjrt" runtime of
-    # tpu-vm-tf-X.Y.Z-{se|pjrt}, cloud.google.com/tpu/docs/runtimes)
-    tpu_runtime: str = "pjrt"
-    tpu_extra: str = ""  # tpulaunch's extra (setup.cfg) that runs it on a TPU VM (`tpulaunch run` installs it there)
-    # Which hosts of a multi-host TPU VM slice run `tpulaunch train` (`tpulaunch run`'s startup script asks):
-    # "chief": worker 0 alone, its framework driving every host's chips; "every": each host runs it, worker 0 the
-    # chief (the lease, model_dir's shared files). On a one-host slice both are worker 0 alone.
-    tpu_hosts: str = "chief"
-    # Whether it runs tpu.iterations_per_loop steps per host round trip on a TPU (TPUEstimator's loop, Keras's
-    # steps_per_execution), so that checkpoints and evaluations fall between loops; validate's cadence warnings ask.
-    tpu_loops: bool = True
+    layout: Layout = field(default_factory=Layout)  # how it lays a job over devices
+    on_tpu: OnTpu = field(default_factory=OnTpu)  # how it reaches a TPU and runs on its hosts
     params_set_by_tensorflow: Tuple[str, ...] = ()  # model.params keys its framework sets itself (TPUEstimator's)
     # "module:function(request) -> exported": an engine that lowers its own training step for XLA's TPU compiler
     # (`plan/xla_tpu.py`), run in `plan/memory.py`'s step child; None: the step is exported through TensorFlow
     # (`plan/xla_export.py`)
     step_exporter: Optional[str] = None
-    # The container image a GKE pod runs its jobs in (`gke:`, docs/gke.md): a stock image with its framework for TPUs,
-    # and that image's Python; None: its TPU runtime exists only as TPU VM images, so it refuses gke:
-    container_image: Optional[str] = None
-    container_python: str = "python3"
-    multislice: bool = False  # trains across several slices over the data-center network (tpu.slices > 1)
 
     @property
     def display(self) -> str:

@@ -53,7 +53,7 @@ class Engine(Protocol):
 
         `watch`: the TPU node's watch (`run/watchdog.WatchPlan`; None: none), `profile`: the global steps to
         profile into model_dir, `force`: resume over a job copy of another model, `cpu_replicas`: this machine's
-        CPU as that many replicas (only for an engine whose `EngineAbout.cpu_replicas` says it can; None
+        CPU as that many replicas (only for an engine whose `EngineAbout.layout.cpu_replicas` says it can; None
         otherwise)."""
 
     def evaluate(self, job: "Job", plan: "Plan", *, recorder: "RunRecorder", checkpoint: Optional[str] = None,

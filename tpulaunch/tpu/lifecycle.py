@@ -68,7 +68,7 @@ def uses_queued_resource(accelerator_type: str, setting: Optional[bool] = None) 
 
 def default_runtime(accelerator_type: str, engine: str, tf_version: Optional[str]) -> Optional[str]:
     """The TPU software version for the installed TensorFlow (https://cloud.google.com/tpu/docs/runtimes:
-    `tpu-vm-tf-x.y.z[-pod][-{se|pjrt}]`): the runtime the job's engine declares (`EngineAbout.tpu_runtime`:
+    `tpu-vm-tf-x.y.z[-pod][-{se|pjrt}]`): the runtime the job's engine declares (`EngineAbout.on_tpu.runtime`:
     TPUEstimator's sessions need the stream executor, se), -pod on a multi-host slice; a TensorFlow newer than
     the newest image (a tensorflow-tpu wheel that brings libtpu itself) gets the generation's base image
     (`tpu/stack.py` holds those facts)."""
@@ -78,7 +78,7 @@ def default_runtime(accelerator_type: str, engine: str, tf_version: Optional[str
     found, stack = lookup(accelerator_type), about(engine).stack()
     # No TensorFlow here: TensorFlow's stack has no image to name; an engine on a base image (jax) needs none.
     version = stack.version_tuple(tf_version) if tf_version and re.match(r"^\d+\.\d+\.\d+$", tf_version) else None
-    return stack.default_runtime(about(engine).tpu_runtime, version,
+    return stack.default_runtime(about(engine).on_tpu.runtime, version,
                                  hosts=found.hosts if found else None,
                                  generation=found.generation.name if found else None)
 

@@ -3,7 +3,7 @@ version against one table of facts, as pure functions (no TensorFlow import, no 
 turns their verdicts into located problems for `validate` (and every verb's gate), `status` asks them about
 the node's runtimeVersion, and `up` takes its default runtime from `default_runtime`.
 
-An engine's `EngineAbout.tpu_runtime` says how it reaches the TPU:
+An engine's `EngineAbout.on_tpu.runtime` says how it reaches the TPU:
   * "se" (the estimator engine): TPUEstimator's sessions send the graph over gRPC to the TensorFlow server of the
     node's own `tpu-vm-tf-X.Y.Z[-pod]-se` image, which runs the TPU. The installed TensorFlow only builds the
     graph, so any TensorFlow 2.15 wheel does (the PyPI `tensorflow` 2.15.1 wheel has no TPU runtime loader

@@ -124,7 +124,7 @@ def test_a_jax_jobs_tpu_vm_is_told_to_install_the_jax_tpu_extra_and_a_missing_ex
     from tpulaunch.remote.stage import install_requirements
     from tpulaunch.seam.registry import about
 
-    wanted = install_requirements(about("jax").tpu_extra, strict=True)
+    wanted = install_requirements(about("jax").on_tpu.extra, strict=True)
     assert "jax[tpu]>=0.4" in wanted and "tensorflow-cpu>=2.16" in wanted and "keras>=3" in wanted
     assert not any(line.startswith(("tensorflow>", "tf-keras", "jax[cpu]")) for line in wanted)
     with pytest.raises(TpuLaunchError, match=r"tpulaunch metadata has no \[no-such-extra\] extra") as refused:

@@ -53,7 +53,7 @@ def render_plan(console: Console, plan: Plan) -> None:
     if plan.batches:
         table = Table(title="batch", box=box.SIMPLE_HEAD, title_justify="left")
         columns = ("split", "global", "per replica", "per host", "params['batch_size']")
-        if engine.batches_per_replica:  # the dataset_fn batches per replica (InputContext.get_per_replica_batch_size)
+        if engine.layout.batches_per_replica:  # the dataset_fn batches per replica (InputContext.get_per_replica_batch_size)
             columns = ("split", "global", "per replica", "per input pipeline", "dataset batch")
         for col in columns:
             table.add_column(col, justify="right")

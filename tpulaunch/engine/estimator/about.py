@@ -1,6 +1,6 @@
 """What the estimator engine is and can do (read without TensorFlow; `seam/registry.py` lists it)."""
 
-from tpulaunch.seam.about import EngineAbout, OwnKey
+from tpulaunch.seam.about import EngineAbout, OnTpu, OwnKey
 from tpulaunch.tpu.stack import TENSORFLOW
 
 ABOUT = EngineAbout(
@@ -13,10 +13,6 @@ ABOUT = EngineAbout(
     tpu_stack="tpulaunch.tpu.stack",
     versions=(None, (2, 16)),  # TensorFlow 2.16 removed tf.estimator
     packages=(("tensorflow_estimator", "tensorflow-estimator"),),
-    tpu_runtime="se",  # TPUEstimator's sessions run on the stream executor runtime
-    tpu_extra="tpu",
-    # On a multi-host slice (a -pod image: a TensorFlow server on every host) worker 0's session drives them all.
-    tpu_hosts="chief",
     # TPUEstimator's own functions: the other engines refuse a job that names them (and explain names the way out)
     own_keys=(
         OwnKey("model.model_fn", "a TPUEstimator model_fn",
@@ -35,4 +31,10 @@ ABOUT = EngineAbout(
     # Set by TPUEstimator itself: `batch_size` and `context` in params= are refused by TPUEstimator
     # (_RESERVED_PARAMS_KEYS); `use_tpu` would be overwritten without a word.
     params_set_by_tensorflow=("batch_size", "use_tpu", "context"),
+    on_tpu=OnTpu(
+        runtime="se",  # TPUEstimator's sessions run on the stream executor runtime
+        extra="tpu",
+        # On a multi-host slice (a -pod image: a TensorFlow server on every host) worker 0's session drives them all.
+        hosts="chief",
+    ),
 )

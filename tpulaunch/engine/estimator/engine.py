@@ -41,7 +41,7 @@ class EstimatorEngine:
             return tf_problems(loaded, plan, search_path=loaded.job.search_path)
 
     def train(self, job, plan, *, recorder, cluster_resolver=None, force=False, watch=None, profile=None,
-              cpu_replicas: Optional[int] = None):  # cpu_replicas: refused by the checks (ABOUT.cpu_replicas)
+              cpu_replicas: Optional[int] = None):  # cpu_replicas: refused by the checks (ABOUT.layout.cpu_replicas)
         from tpulaunch.engine.estimator import runner
 
         with running_job_code(job):

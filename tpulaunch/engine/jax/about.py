@@ -1,6 +1,6 @@
 """What the jax engine is and can do (read without JAX; `seam/registry.py` lists it)."""
 
-from tpulaunch.seam.about import EngineAbout, Framework, RefusedKey
+from tpulaunch.seam.about import EngineAbout, Framework, Layout, OnTpu, RefusedKey
 
 JAX = Framework("JAX", "jax", ("jax",))
 
@@ -28,18 +28,22 @@ ABOUT = EngineAbout(
                    "remove run.warm_start, or set run.engine: keras"),
     ),
     static_rules="tpulaunch.engine.jax.rules:problems",
-    even_splits=True,  # a NamedSharding splits an axis into equal pieces only
-    partition_on_devices=True,  # a device mesh over this machine's devices (engine/jax/mesh.py)
-    devices_here="tpulaunch.engine.jax.mesh:devices_here",  # JAX's devices: a local plan's replicas
-    batches_per_replica=False,  # one pipeline makes the global batch; DataParallel splits it over the devices
-    tpu_extra="jax-tpu",
-    # Google's JAX AI image for TPUs (jax 0.8.1 with libtpu; Keras and tpulaunch's own requirements are installed
-    # over it by the pod's startup script), in the virtualenv it ships
-    container_image="us-docker.pkg.dev/cloud-tpu-images/jax-ai-image/tpu:jax0.8.1-rev1",
-    container_python="/opt/venv/bin/python",
-    multislice=True,
-    tpu_hosts="every",
-    batches_per_host=True,  # each host reads its share of every global batch (engine/jax/hosts.py)
-    tpu_loops=False,  # one step per call on a TPU too: tpu.iterations_per_loop does not set its cadence
     step_exporter="tpulaunch.engine.jax.memory_plan:export_step",  # Keras 3's train step lowered by JAX itself
+    layout=Layout(
+        even_splits=True,  # a NamedSharding splits an axis into equal pieces only
+        partition_on_devices=True,  # a device mesh over this machine's devices (engine/jax/mesh.py)
+        devices_here="tpulaunch.engine.jax.mesh:devices_here",  # JAX's devices: a local plan's replicas
+        batches_per_replica=False,  # one pipeline makes the global batch; DataParallel splits it over the devices
+        multislice=True,
+        batches_per_host=True,  # each host reads its share of every global batch (engine/jax/hosts.py)
+    ),
+    on_tpu=OnTpu(
+        extra="jax-tpu",
+        # Google's JAX AI image for TPUs (jax 0.8.1 with libtpu; Keras and tpulaunch's own requirements are installed
+        # over it by the pod's startup script), in the virtualenv it ships
+        container_image="us-docker.pkg.dev/cloud-tpu-images/jax-ai-image/tpu:jax0.8.1-rev1",
+        container_python="/opt/venv/bin/python",
+        hosts="every",
+        loops=False,  # one step per call on a TPU too: tpu.iterations_per_loop does not set its cadence
+    ),
 )

@@ -57,7 +57,7 @@ class JaxEngine:
                                "engine does not run", "drop --tf")], {}
 
     def train(self, job, plan, *, recorder, cluster_resolver=None, force=False, watch=None, profile=None,
-              cpu_replicas: Optional[int] = None):  # cpu_replicas: refused by the checks (ABOUT.cpu_replicas)
+              cpu_replicas: Optional[int] = None):  # cpu_replicas: refused by the checks (ABOUT.layout.cpu_replicas)
         from tpulaunch.engine.jax import hosts, runner
 
         if profile:

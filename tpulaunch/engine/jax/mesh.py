@@ -101,7 +101,7 @@ class DeviceLayout:
 
 def devices_here() -> tuple:
     """(how many, JAX's platform name) of the devices JAX finds on this machine, which a local Plan's replicas take
-    (`EngineAbout.devices_here`; on a CPU, as XLA_FLAGS' --xla_force_host_platform_device_count splits it)."""
+    (`EngineAbout.layout.devices_here`; on a CPU, as XLA_FLAGS' --xla_force_host_platform_device_count splits it)."""
     import jax
 
     devices = jax.devices()

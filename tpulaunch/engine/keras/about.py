@@ -1,6 +1,6 @@
 """What the keras engine is and can do (read without TensorFlow; `seam/registry.py` lists it)."""
 
-from tpulaunch.seam.about import EngineAbout, RefusedKey
+from tpulaunch.seam.about import EngineAbout, Layout, OnTpu, RefusedKey
 from tpulaunch.tpu.stack import TENSORFLOW
 
 ABOUT = EngineAbout(
@@ -34,16 +34,20 @@ ABOUT = EngineAbout(
                    "model.load_weights)"),
     ),
     static_rules="tpulaunch.engine.keras.rules:problems",
-    even_splits=True,  # experimental_split_to_logical_devices refuses uneven splits
-    device_assignment=True,  # TPUStrategy's DeviceAssignment: a replica is a block of the slice's topology
-    batches_per_replica=True,  # distribute_datasets_from_function: InputContext.get_per_replica_batch_size
-    cpu_replicas=True,
-    tpu_runtime="pjrt",
-    tpu_extra="keras-tpu",
-    # Google publishes no TensorFlow image for TPUs on GKE: a plain Python image, tensorflow-tpu and libtpu installed
-    # over it by the pod's startup script (the keras-tpu extra)
-    container_image="python:3.11-slim",
-    # Its process loads libtpu, which drives the chips of its own host only: on a multi-host slice every host runs
-    # the program (the same TPUStrategy), worker 0 the chief.
-    tpu_hosts="every",
+    layout=Layout(
+        even_splits=True,  # experimental_split_to_logical_devices refuses uneven splits
+        device_assignment=True,  # TPUStrategy's DeviceAssignment: a replica is a block of the slice's topology
+        batches_per_replica=True,  # distribute_datasets_from_function: InputContext.get_per_replica_batch_size
+        cpu_replicas=True,
+    ),
+    on_tpu=OnTpu(
+        runtime="pjrt",
+        extra="keras-tpu",
+        # Google publishes no TensorFlow image for TPUs on GKE: a plain Python image, tensorflow-tpu and libtpu
+        # installed over it by the pod's startup script (the keras-tpu extra)
+        container_image="python:3.11-slim",
+        # Its process loads libtpu, which drives the chips of its own host only: on a multi-host slice every host runs
+        # the program (the same TPUStrategy), worker 0 the chief.
+        hosts="every",
+    ),
 )
