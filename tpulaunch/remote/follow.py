@@ -61,6 +61,37 @@ class HostLog:
             self.checkpoint = int(match.group(1))
 
 
+class Recovery:
+    """How long a JobSet's restart took to train again, as its follower sees it: from the moment it saw the loss
+    (a pod failed, the restart count grew) to the first step the chief's new log shows, and the steps lost (the
+    newest step the old log showed, less the step the new one resumed from: as fine as the job's log cadence)."""
+
+    def __init__(self):
+        self._lost: Optional[tuple] = None  # (when, the newest step seen) of a loss not yet recovered from
+        self.recoveries: List[dict] = []  # each recovery, in order
+
+    def lost(self, log: HostLog, now: float) -> None:
+        """The run was lost at `now`; `log` is the chief's log of the generation that was lost."""
+        self._lost = (now, log.step)
+
+    def back(self, log: HostLog, now: float) -> Optional[str]:
+        """Once `log` (the new generation's chief) shows its first step after a loss: what to say, in words."""
+        if self._lost is None or log.first_step is None:
+            return None
+        noticed, step = self._lost
+        self._lost = None
+        resumed = log.started_from
+        steps_lost = max(0, step - resumed) if step is not None and resumed is not None else None
+        self.recoveries.append({"recovery_s": round(now - noticed, 1), "step": step, "resumed_from": resumed,
+                                "steps_lost": steps_lost})
+        words = f"back in {now - noticed:.1f} s: step {log.first_step} trained"
+        if resumed is not None:
+            words += f", resumed from step {resumed}"
+        if steps_lost is not None:
+            words += f" ({steps_lost} step{'s' if steps_lost != 1 else ''} since the last logged step lost)"
+        return words
+
+
 def host_status(model_dir: str, attempt: int, worker: int = 0) -> Optional[dict]:
     """The host's status file (`host.py`), or None before the host wrote one (or when it is not JSON yet)."""
     status = store.read(layout.host_status(model_dir, attempt, worker))

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 from tpulaunch.errors import ExitCode, TpuLaunchError
 from tpulaunch.remote import jobset
-from tpulaunch.remote.follow import HostLog, host_status
+from tpulaunch.remote.follow import HostLog, Recovery, host_status
 from tpulaunch.remote.stage import Stage
 from tpulaunch.tpu.gke import gke_slice
 from tpulaunch.tpu.types import parse_tpu_type
@@ -146,6 +146,7 @@ class GkeRun:
         """Follow the JobSet to its end: the chief's lines, restarts as they happen; the exit code."""
         model_dir, base = self.sub.stage.model_dir, self.attempt_base
         seen_restarts, log = 0, HostLog(model_dir, base + 1)
+        recovery = Recovery()
         began = time.monotonic()
         while True:
             current = self.get()
@@ -158,9 +159,13 @@ class GkeRun:
                 limit = self.sub.manifest["spec"]["failurePolicy"]["maxRestarts"]
                 self.say(f"gke | restart {restarts} of at most {limit}: every pod recreated, the job resumes from "
                          "its newest checkpoint")
+                recovery.lost(log, time.monotonic())
                 seen_restarts, log = restarts, HostLog(model_dir, base + restarts + 1)
             for line in log.new_lines():
                 self.out(line)
+            back = recovery.back(log, time.monotonic())
+            if back:
+                self.say(f"gke | {back}")
             ended = _condition(status)
             if ended == "Completed":
                 self.say(f"gke | JobSet '{self.sub.name}' completed")

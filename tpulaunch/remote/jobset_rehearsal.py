@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 from tpulaunch.remote import jobset
-from tpulaunch.remote.follow import HostLog
+from tpulaunch.remote.follow import HostLog, Recovery
 from tpulaunch.tpu import multislice
 
 Say = Callable[[str], None]
@@ -93,6 +93,9 @@ class LocalJobSet:
         self.grace_s = min(self.job_spec["template"]["spec"].get("terminationGracePeriodSeconds", 30), REHEARSAL_GRACE_S)
         self.max_restarts = manifest["spec"]["failurePolicy"]["maxRestarts"]
         self.restarts = 0
+        self.recovery = Recovery()  # each restart's time back to training, said as `run` on GKE says it
+        self._log: Optional[HostLog] = None  # the chief's log of the newest generation of pods
+        self._failed_at = 0.0  # when a pod of it was seen failed
         env = {item["name"]: item.get("value") for item in self.container.get("env", [])}
         self.attempt_base = int(env.get("TPULAUNCH_ATTEMPT_BASE") or 0)  # model_dir's earlier runs' VMs
 
@@ -130,6 +133,7 @@ class LocalJobSet:
                              f"(maxRestarts {self.max_restarts})")
                     return code
                 self.restarts += 1
+                self.recovery.lost(self._log, self._failed_at)
                 self.say(f"rehearsal | JobSet '{name}' restarting ({self.restarts} of {self.max_restarts}): a pod "
                          f"exited {code}, every pod recreated")
         finally:
@@ -139,13 +143,12 @@ class LocalJobSet:
     def _attempt(self) -> int:
         """One generation of pods, to the first failure (every pod stopped then) or until all exit 0."""
         pods = self._start_pods()
-        log = HostLog(self.model_dir, self.attempt_base + self.restarts + 1)
+        log = self._log = HostLog(self.model_dir, self.attempt_base + self.restarts + 1)
         preempted: Optional[Pod] = None
         killed_at = 0.0
         try:
             while True:
-                for line in log.new_lines():
-                    self.out(line)
+                self._read(log)
                 if self.pending and log.step is not None and log.step >= self.pending[0]:
                     self.pending.pop(0)
                     preempted = pods[-1]
@@ -157,17 +160,24 @@ class LocalJobSet:
                 codes = [pod.exit_code() for pod in pods]
                 failed = [code for code in codes if code not in (None, 0)]
                 if failed:
+                    self._failed_at = time.monotonic()  # a restart's time back counts from here
                     self._stop(pods)
-                    for line in log.new_lines():
-                        self.out(line)
+                    self._read(log)
                     return failed[0]
                 if all(code == 0 for code in codes):
-                    for line in log.new_lines():
-                        self.out(line)
+                    self._read(log)
                     return 0
                 time.sleep(self.poll_s)
         finally:
             self._stop(pods)
+
+    def _read(self, log: HostLog) -> None:
+        """The chief's new lines, out; after a restart, once it trains again, how long that took."""
+        for line in log.new_lines():
+            self.out(line)
+        back = self.recovery.back(log, time.monotonic())
+        if back:
+            self.say(f"rehearsal | {back}")
 
     def _stop(self, pods: List[Pod]) -> None:
         """Every pod still running: SIGTERM, then SIGKILL after the grace period (as the kubelet deletes a pod)."""

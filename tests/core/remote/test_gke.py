@@ -6,9 +6,11 @@ model_dir on fake-gcs-server. No TensorFlow in the CLI processes' work here (val
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
+import threading
 import textwrap
 
 import pytest
@@ -208,16 +210,17 @@ def _run_in_background(tmp_path, env, *args):
                             cwd=tmp_path, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _chief_writes(env, lines: str, status: dict) -> None:
-    """What the chief pod's host runner writes to model_dir (its log and its status), on the fake bucket."""
+def _chief_writes(env, lines: str, status: dict, attempt: int = 1) -> None:
+    """What the chief pod's host runner writes to model_dir (its log and its status), on the fake bucket, for the
+    JobSet's `attempt` (its first pods 1, each restart one more)."""
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
     os.environ["STORAGE_EMULATOR_HOST"] = env["STORAGE_EMULATOR_HOST"]
     try:
         bucket = storage.Client(project="p", credentials=AnonymousCredentials()).bucket("bucket")
-        bucket.blob("runs/ct/tpulaunch-remote/attempts/1/worker-0.log").upload_from_string(lines)
-        bucket.blob("runs/ct/tpulaunch-remote/attempts/1/worker-0.json").upload_from_string(json.dumps(status))
+        bucket.blob(f"runs/ct/tpulaunch-remote/attempts/{attempt}/worker-0.log").upload_from_string(lines)
+        bucket.blob(f"runs/ct/tpulaunch-remote/attempts/{attempt}/worker-0.json").upload_from_string(json.dumps(status))
     finally:
         del os.environ["STORAGE_EMULATOR_HOST"]
 
@@ -250,6 +253,49 @@ def test_run_submits_the_jobset_follows_it_to_its_end_and_reattaches(tmp_path, c
     other = tpulaunch("run", "job.yaml", "--poll", "0.1", cwd=tmp_path, env=env)
     assert other.returncode == 1 and "runs another stage of this job" in other.stderr
     assert "tpulaunch cancel" in other.stderr and "Traceback" not in other.stderr
+
+
+def _read_until(stream, text: str) -> list:
+    """Lines of a running follower's stream up to the one holding `text` (an event: it printed it)."""
+    lines = []
+    for line in stream:
+        lines.append(line)
+        if text in line:
+            return lines
+    raise AssertionError(f"the follower ended without saying {text!r}: {''.join(lines)}")
+
+
+def test_run_says_how_long_a_restart_took_to_train_again_and_the_steps_it_lost(tmp_path, cluster):
+    """The JobSet restarts (its status's restart count grows) after the chief logged step 40; the restarted chief
+    resumes from its step-30 checkpoint: `run` says the restart, then, at the restarted chief's first step, how long
+    it took from the restart seen, the step it resumed from and the steps lost since the last logged one."""
+    api, env = cluster
+    (tmp_path / "job.yaml").write_text(JOB)
+    follower = _run_in_background(tmp_path, env, "--recreate", "2")
+    watchdog = threading.Timer(120, follower.kill)  # a follower that never says what is waited for ends the wait
+    watchdog.start()
+    try:
+        assert api.created.wait(60), follower.communicate(timeout=5)
+        _chief_writes(env, "train | start | step 0/100 | batch 64\ntrain | step 20/100 | loss 0.5\n"
+                           "checkpoint | step 30\ntrain | step 40/100 | loss 0.4\n",
+                      {"worker": 0, "phase": "training", "exit_code": None})
+        _read_until(follower.stdout, "train | step 40/100")
+        _chief_writes(env, "train | start | step 30/100 | batch 64\ntrain | step 50/100 | loss 0.3\n",
+                      {"worker": 0, "phase": "training", "exit_code": None}, attempt=2)
+        api.set_status("ct-seg", {"restarts": 1})
+        said = "".join(_read_until(follower.stderr, "gke | back in "))
+        assert "gke | restart 1 of at most 2: every pod recreated" in said
+        back = re.search(r"gke \| back in (\d+\.\d) s: step 50 trained, resumed from step 30 \(10 steps since the "
+                         r"last logged step lost\)", said)
+        assert back and float(back.group(1)) < 60, said
+        api.set_status("ct-seg", {"restarts": 1, "conditions": [{"type": "Completed", "status": "True"}]})
+        out, err = follower.communicate(timeout=60)
+    finally:
+        watchdog.cancel()
+        if follower.poll() is None:
+            follower.kill()
+    assert follower.returncode == 0, out + err
+    assert "JobSet 'ct-seg' completed" in err
 
 
 def test_a_failed_jobset_ends_run_with_the_chiefs_exit_code(tmp_path, cluster):
