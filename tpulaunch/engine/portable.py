@@ -201,8 +201,8 @@ def make_dataset_fn(files: Sequence[str], *, training: bool, use_tpu: bool, feat
 
     With a `seed` every run reads the same batches in the same order: the shuffles are seeded (the
     order still changes from epoch to epoch) and the parallel reads and parses hand out their results
-    in order. `skip_batches` (what a resumed run already trained on) drops that many batches first: with a
-    seed the pipeline so continues exactly where the interrupted run stopped.
+    in order. `skip_batches` (what a resumed run already trained on: a number, or a scalar int64 tensor) drops that
+    many batches first: with a seed the pipeline so continues exactly where the interrupted run stopped.
     """
     files = list(files)
     parse = parse_example_fn(features, labels, features_as_dict)
@@ -244,7 +244,9 @@ def make_dataset_fn(files: Sequence[str], *, training: bool, use_tpu: bool, feat
         if not training and use_tpu:
             dataset = dataset.repeat()
         dataset = dataset.batch(batch_size, drop_remainder=True)
-        if skip_batches:  # what a resumed run already trained on (before the parse: not parsed again)
+        # What a resumed run already trained on (before the parse: not parsed again): a number, or a scalar int64
+        # tensor read when the pipeline starts (the estimator's restored global step).
+        if not isinstance(skip_batches, int) or skip_batches:
             dataset = dataset.skip(skip_batches)
         if batch_parse:  # serialized records were shuffled and batched: one vectorised parse per batch
             dataset = dataset.map(parse_batch, num_parallel_calls=autotune, deterministic=in_order)

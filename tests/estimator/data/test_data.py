@@ -181,6 +181,41 @@ def test_tpuestimators_input_fn_reads_its_hosts_share_by_the_tpu_context(tmp_pat
     assert len(batches(input_fn({"batch_size": 1}))) == 12  # no context (an Estimator on CPU): every record
 
 
+def test_a_training_input_fn_reads_on_after_the_batches_its_restored_global_step_trained_on(tmp_path):
+    """TPUEstimator calls the input_fn afresh at each `train` (a resumed run, each segment between evaluations): the
+    training pipeline starts after the batches of the steps the global step counts, read when the pipeline starts
+    (after the restore), one batch a step for each replica it feeds (an Estimator on CPU: one). Evaluation's
+    pipeline starts at its first batch."""
+    path = write_examples(tmp_path / "t.tfrecord", [{"x": [i], "y": [i % 2]} for i in range(64)])
+    job = make_job(train=path, eval=path, features={"x": {"shape": [], "dtype": "int64"}},
+                   labels={"y": {"shape": [], "dtype": "int64"}}, shuffle_buffer=0)
+    job = job.model_copy(update={"run": job.run.model_copy(update={"seed": 1})})  # its reads and parses in order
+
+    class FeedsFour:  # a TPU host whose pipeline feeds 4 replicas
+        def current_input_fn_deployment(self):
+            return "/job:worker/task:0/device:CPU:0", 0, 1, 4
+
+    batch = 2
+    training = params_input_fn(make_dataset_fn(job, "train", use_tpu=False), training=True)
+    evaluation = params_input_fn(make_dataset_fn(job, "eval", use_tpu=False))
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        global_step = tf.compat.v1.train.create_global_step()
+        pipelines = {  # name: (the input_fn's dataset, the batches a step takes from it)
+            "cpu": (training({"batch_size": batch}), 1),
+            "tpu host": (training({"batch_size": batch, "context": FeedsFour()}), 4),
+            "eval": (evaluation({"batch_size": batch}), 0)}
+        iterators = {name: tf.compat.v1.data.make_initializable_iterator(dataset)
+                     for name, (dataset, _) in pipelines.items()}
+        firsts = {name: iterator.get_next()[0] for name, iterator in iterators.items()}
+        session.run(tf.compat.v1.global_variables_initializer())
+        for restored in (0, 3):
+            session.run(global_step.assign(restored))
+            for name, (_, per_step) in pipelines.items():
+                session.run(iterators[name].initializer)
+                skipped = restored * per_step
+                assert session.run(firsts[name]).tolist() == [skipped * batch + i for i in range(batch)], name
+
+
 def test_gzip_records(tmp_path):
     path = write_examples(tmp_path / "z.tfrecord.gz", [{"x": [i]} for i in range(4)], compression="GZIP")
     job = make_job(eval=path, features={"x": {"shape": [], "dtype": "int64"}}, compression="GZIP")

@@ -10,8 +10,15 @@ the same order (`shuffle_buffer: 0`) from the same seed.
 - `export`'s SavedModel answers what the checkpoint's model answers.
 - An eval set that ends in a partial batch: the metrics are over its whole batches, and the eval line says how
   many examples that is and how many records were left out.
+- A run stopped and resumed ends as one that never stopped, on a shuffled input (`shuffle_buffer: 16` and
+  `run.seed`: the order changes from batch to batch and epoch to epoch, so only a run that reads on from the
+  batch it stopped at matches): one model_dir trained to step 3 by `train.steps`, evaluating every 2 steps (two
+  `train` calls of TPUEstimator, each making its input anew), then rerun and stopped by a real SIGINT once it
+  trains (the stop's checkpoint at a step k between checkpoints), then rerun to k + 5 (past an epoch's end).
+  Its checkpoints at 2, 3, k and k + 5 hold the hand-written loop's weights over the seeded pipeline's first
+  batches in order (their order is tests/estimator/engine/test_seeded_input.py's to check).
 
-One `train` run (module scope) is shared by every assertion.
+One `train` run (module scope) is shared by the first assertions, the three of the stopped model_dir by the last.
 Tolerances: weights rtol 1e-5, atol 1e-6 (the same float32 steps on the same CPU; only the order of sums may
 differ); metrics rtol 1e-5, atol 1e-6; the served logits rtol 1e-5, atol 1e-5.
 """
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +35,11 @@ import pytest
 import tensorflow as tf
 import yaml
 
-from checkpoint_cases import tpulaunch
+from checkpoint_cases import checkpoint_steps, said, tpulaunch
+from lease_runs import Run, cli_env
 from records import write_examples
+from tpulaunch.engine.pipeline import make_dataset_fn
+from tpulaunch.job.load import load_job
 from tpulaunch.models.cnn import build
 from tpulaunch.run.events import EvalResult, LeftOut
 from tpulaunch.cli.render.run_text import eval_text
@@ -87,21 +98,28 @@ def trained(tmp_path_factory):
     return root, model_dir, runs
 
 
-def _hand_trained(root: Path):
-    """The model after STEPS hand-written Adam steps from the builder's seeded values."""
+def _file_order(root: Path, steps: int) -> list:
+    """The first `steps` batches of the train records in file order, epoch after epoch (`shuffle_buffer: 0`)."""
+    x, y = _records(root / "train.tfrecord")
+    return [(x[start:start + BATCH], y[start:start + BATCH]) for start in (s * BATCH % TRAIN_RECORDS for s in range(steps))]
+
+
+def _hand_trained(batches: list, at: tuple = ()) -> tuple:
+    """The model after one hand-written Adam step per batch of `batches` from the builder's seeded values, and its
+    weights by name after each step of `at`."""
     tf.keras.utils.set_random_seed(SEED)  # as a Keras user seeds a run: Python's, NumPy's, TensorFlow's, Keras's
     model = build(**PARAMS)
     optimizer = tf.compat.v1.train.AdamOptimizer(learning_rate=LEARNING_RATE)
-    x, y = _records(root / "train.tfrecord")
-    for step in range(STEPS):
-        start = step * BATCH % TRAIN_RECORDS
+    snapshots = {}
+    for step, (images, labels) in enumerate(batches, start=1):
         with tf.GradientTape() as tape:
-            logits = model(x[start:start + BATCH], training=True)
-            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y[start:start + BATCH], logits))
+            logits = model(images, training=True)
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
         gradients = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-    return model
-
+        if step in at:
+            snapshots[step] = {v.name.split(":")[0]: v.numpy() for v in model.weights}
+    return model, snapshots
 
 
 def _restored(model_dir: Path):
@@ -129,7 +147,7 @@ def test_train_ends_with_the_weights_of_a_hand_written_loop(trained):
     root, model_dir, _ = trained
     reader = tf.train.load_checkpoint(str(model_dir))
     assert reader.get_tensor("global_step") == STEPS
-    hand = _hand_trained(root)
+    hand, _ = _hand_trained(_file_order(root, STEPS))
     for variable in hand.weights:
         name = variable.name.split(":")[0]
         np.testing.assert_allclose(reader.get_tensor(name), variable.numpy(), err_msg=name, **WEIGHTS)
@@ -168,3 +186,93 @@ def test_the_exported_savedmodel_answers_what_the_checkpoint_answers(trained):
     images, _ = _records(root / "eval.tfrecord")
     served = tf.saved_model.load(path).signatures["serving_default"](tf.constant(images))["outputs"].numpy()
     np.testing.assert_allclose(served, _restored(model_dir)(images, training=False).numpy(), **SERVED)
+
+
+# ------------------------------------------------------------------------------------ stopped and resumed
+
+SHUFFLED = ("--set", "data.shuffle_buffer=16", "--set", "run.save_checkpoints_steps=100000",
+            "--set", "run.keep_checkpoint_max=10")
+STOPPED_AT = 3  # train.steps of the first run; its evaluations every 2 steps make two segments: 0 to 2, 2 to 3
+
+
+@pytest.fixture(scope="module")
+def resumed(trained, tmp_path_factory):
+    """One model_dir, three runs of the module's job on a shuffled input (a seeded buffer, reshuffled each epoch),
+    checkpoints only where a run stops: to step 3 (`train.steps`), evaluating every 2 steps; a rerun of 1000000
+    steps stopped by a real SIGINT once it trains (its stop's checkpoint at a step between checkpoints, k); a rerun
+    to k + 5 (more than an epoch of 4 batches). Returns (root, model_dir, k, the runs)."""
+    root = trained[0]
+    model_dir = tmp_path_factory.mktemp("resumed") / "m"
+    runs = {"first": tpulaunch("train", root / "job.yaml", model_dir, *SHUFFLED, "--set", f"train.steps={STOPPED_AT}",
+                               "--set", "eval.every_steps=2")}
+    assert runs["first"].returncode == 0, said(runs["first"])
+    assert checkpoint_steps(model_dir) == [0, 2, STOPPED_AT], said(runs["first"])
+
+    stopped = Run(["train", str(root / "job.yaml"), "--local", "--set", f"run.model_dir={model_dir}", *SHUFFLED,
+                   "--set", "train.steps=1000000", "--set", "eval=null"], env=cli_env(), cwd=root)
+    try:
+        stopped.wait_for_line(lambda line: line.startswith("train | step "))  # the event: it trains
+        stopped.process.send_signal(signal.SIGINT)
+        assert stopped.finish() == 130, stopped.text()
+    finally:
+        stopped.end()
+    runs["stopped"] = stopped
+    (line,) = [line for line in stopped.err if line.startswith("stopped at step ")]
+    step = int(re.fullmatch(r"stopped at step (\d+), checkpoint saved; rerun the same command to resume", line).group(1))
+    assert checkpoint_steps(model_dir) == [0, 2, STOPPED_AT, step], stopped.text()  # k is no periodic checkpoint
+
+    runs["rerun"] = tpulaunch("train", root / "job.yaml", model_dir, *SHUFFLED, "--set", f"train.steps={step + 5}",
+                              "--set", "eval=null")
+    assert runs["rerun"].returncode == 0, said(runs["rerun"])
+    return root, model_dir, step, runs
+
+
+def _pipeline_order(root: Path, steps: int) -> list:
+    """The first `steps` batches the job's seeded pipeline hands out with the runs' settings (its order is
+    tests/estimator/engine/test_seeded_input.py's to check): what a run that never stopped trains on."""
+    loaded = load_job(str(root / "job.yaml"), [SHUFFLED[i + 1] for i in range(0, len(SHUFFLED), 2)])
+    assert loaded.problems == []
+    tf.random.set_seed(SEED)  # as TPUEstimator seeds its graph (tf_random_seed): the shuffles' seeds are (it, run.seed)
+    dataset = make_dataset_fn(loaded.job, "train", use_tpu=False)(BATCH)
+    return list(dataset.take(steps).as_numpy_iterator())
+
+
+@pytest.fixture(scope="module")
+def never_stopped(resumed):
+    """The hand-written loop over the shuffled pipeline's batches, its weights at every step a checkpoint holds."""
+    root, _, step, _ = resumed
+    batches = _pipeline_order(root, step + 5)
+    epochs = [np.concatenate([images for images, _ in batches[start:start + 4]]) for start in (0, 4)]
+    assert not np.array_equal(epochs[0], _records(root / "train.tfrecord")[0]), "the input is not shuffled"
+    assert not np.array_equal(epochs[0], epochs[1]), "the second epoch is not reshuffled"
+    return _hand_trained(batches, at=(2, STOPPED_AT, step, step + 5))[1]
+
+
+def _assert_checkpoint_holds(model_dir: Path, step: int, expected: dict) -> None:
+    reader = tf.train.load_checkpoint(str(model_dir / f"model.ckpt-{step}"))
+    assert reader.get_tensor("global_step") == step
+    for name, value in expected.items():
+        np.testing.assert_allclose(reader.get_tensor(name), value, err_msg=f"step {step}: {name}", **WEIGHTS)
+
+
+def test_a_run_that_evaluates_between_its_steps_reads_on_after_each_evaluation(resumed, never_stopped):
+    """Each evaluation ends a segment of training (TPUEstimator's `train` called again, its input made anew): the
+    next one trains on the batches after the last one's, not the first batches again."""
+    _, model_dir, _, runs = resumed
+    assert [line.split(" | ")[:2] for line in runs["first"].stdout.splitlines() if line.startswith("eval |")] == [
+        ["eval", "step 2"], ["eval", f"step {STOPPED_AT}"]]
+    for step in (2, STOPPED_AT):
+        _assert_checkpoint_holds(model_dir, step, never_stopped[step])
+
+
+def test_a_run_stopped_by_its_train_steps_and_rerun_with_more_reads_on_from_that_step(resumed, never_stopped):
+    _, model_dir, step, runs = resumed
+    assert f"resumed from step {STOPPED_AT} ({model_dir})" in runs["stopped"].out
+    _assert_checkpoint_holds(model_dir, step, never_stopped[step])
+
+
+def test_a_run_stopped_by_sigint_between_checkpoints_and_rerun_ends_as_one_that_never_stopped(resumed, never_stopped):
+    _, model_dir, step, runs = resumed
+    assert f"resumed from step {step} ({model_dir})" in runs["rerun"].stdout.splitlines()
+    assert checkpoint_steps(model_dir)[-1] == step + 5
+    _assert_checkpoint_holds(model_dir, step + 5, never_stopped[step + 5])

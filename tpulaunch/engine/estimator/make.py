@@ -79,4 +79,5 @@ def input_fn_for(job: Job, mode: str, use_tpu: bool, search_path: Sequence[str],
     from tpulaunch.engine.estimator.standalone import params_input_fn
     from tpulaunch.engine.pipeline import make_dataset_fn
 
-    return params_input_fn(make_dataset_fn(job, mode, use_tpu=use_tpu, unread_files=unread_files))
+    return params_input_fn(make_dataset_fn(job, mode, use_tpu=use_tpu, unread_files=unread_files),
+                           training=mode == "train")

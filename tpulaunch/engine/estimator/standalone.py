@@ -30,16 +30,33 @@ def host_shard(context) -> tuple:
     return int(index), int(count)
 
 
-def params_input_fn(dataset_fn: Callable) -> Callable:
+def params_input_fn(dataset_fn: Callable, training: bool = False) -> Callable:
     """TPUEstimator's `input_fn(params)` over the shared pipeline (`portable.make_dataset_fn`'s `dataset_fn`):
     `params["batch_size"]` is the batch of this call (per host under PER_HOST_V2, global on CPU) and
-    `params["context"]` says which host's share of the data it reads (`host_shard`)."""
+    `params["context"]` says which host's share of the data it reads (`host_shard`). `training`: the pipeline
+    skips the batches the restored global step already trained on (`trained_batches`)."""
 
     def input_fn(params):
         index, count = host_shard(params.get("context"))
-        return dataset_fn(params["batch_size"], shard_index=index, shard_count=count)
+        skip = trained_batches(params.get("context")) if training else 0
+        return dataset_fn(params["batch_size"], shard_index=index, shard_count=count, skip_batches=skip)
 
     return input_fn
+
+
+def trained_batches(context):
+    """The batches this input pipeline handed out for the steps the session's global step counts: the step times
+    the replicas the pipeline feeds (one batch each a step: `current_input_fn_deployment()`'s last item; one on an
+    Estimator on CPU). A tensor, read when the pipeline starts: after the session restored its checkpoint, so every
+    `train` call (a resumed run, each segment between evaluations, a session TensorFlow recreates) reads on after
+    the batches already trained on. 0 in a graph without a global step."""
+    global_step = tf.compat.v1.train.get_global_step()
+    if global_step is None:
+        return 0
+    fed = 1
+    if context is not None and hasattr(context, "current_input_fn_deployment"):
+        fed = int(context.current_input_fn_deployment()[3])
+    return tf.cast(tf.convert_to_tensor(global_step), tf.int64) * fed
 
 
 # ------------------------------------------------------------------------------------------ optimizer
