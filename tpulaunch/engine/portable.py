@@ -186,7 +186,7 @@ def make_dataset_fn(files: Sequence[str], *, training: bool, use_tpu: bool, feat
                     labels: Dict[str, dict], compression: str, shuffle_buffer: int, cache: bool,
                     skip_corrupt: bool, features_as_dict: bool = False,
                     label_classes: Optional[Dict[str, int]] = None, seed: Optional[int] = None) -> Callable:
-    """`dataset_fn(batch_size, shard_index=0, shard_count=1, skip_batches=0)`: a tf.data.Dataset of
+    """`dataset_fn(batch_size, shard_index=0, shard_count=1, skip_batches=0, reseed=0)`: a tf.data.Dataset of
     (features, labels) batches read from `files` (TFRecords of tf.train.Example).
 
     `batch_size` is the batch this pipeline produces (each engine says whose: a host's, a replica's, the
@@ -202,7 +202,10 @@ def make_dataset_fn(files: Sequence[str], *, training: bool, use_tpu: bool, feat
     With a `seed` every run reads the same batches in the same order: the shuffles are seeded (the
     order still changes from epoch to epoch) and the parallel reads and parses hand out their results
     in order. `skip_batches` (what a resumed run already trained on: a number, or a scalar int64 tensor) drops that
-    many batches first: with a seed the pipeline so continues exactly where the interrupted run stopped.
+    many batches first: with a seed the pipeline so continues exactly where the interrupted run stopped. `reseed`
+    (a number or a tensor) seeds the shuffles at seed + reseed: a pipeline made anew partway through a run (the
+    estimator's, at each segment between evaluations: `standalone.read_on`) reads another order, not the first
+    batches again.
     """
     files = list(files)
     parse = parse_example_fn(features, labels, features_as_dict)
@@ -214,15 +217,19 @@ def make_dataset_fn(files: Sequence[str], *, training: bool, use_tpu: bool, feat
     # Without a seed the parallel stages may hand out whichever result is ready first (faster); with one, in order.
     in_order = not training or seed is not None
 
-    def dataset_fn(batch_size: int, shard_index: int = 0, shard_count: int = 1, skip_batches: int = 0):
+    def dataset_fn(batch_size: int, shard_index: int = 0, shard_count: int = 1, skip_batches: int = 0,
+                   reseed: int = 0):
         autotune = tf.data.AUTOTUNE
         index, count = shard_index, shard_count
+        # A pipeline made anew at step `reseed` of a run (the estimator's segments between evaluations): its
+        # shuffles seeded at seed + reseed, another order than the pipeline made at step 0 (a number or a tensor)
+        shuffle_seed = seed if seed is None or (isinstance(reseed, int) and not reseed) else seed + reseed
         dataset = tf.data.Dataset.from_tensor_slices(files)
         shard_files = count > 1 and len(files) >= count
         if shard_files:
             dataset = dataset.shard(count, index)
         if training:
-            dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+            dataset = dataset.shuffle(len(files), seed=shuffle_seed, reshuffle_each_iteration=True)
             if not cache:
                 dataset = dataset.repeat()
         dataset = dataset.interleave(
@@ -240,7 +247,7 @@ def make_dataset_fn(files: Sequence[str], *, training: bool, use_tpu: bool, feat
                 if training:
                     dataset = dataset.repeat()
         if training and shuffle_buffer > 0:
-            dataset = dataset.shuffle(shuffle_buffer, seed=seed)
+            dataset = dataset.shuffle(shuffle_buffer, seed=shuffle_seed)
         if not training and use_tpu:
             dataset = dataset.repeat()
         dataset = dataset.batch(batch_size, drop_remainder=True)

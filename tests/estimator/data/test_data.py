@@ -184,8 +184,10 @@ def test_tpuestimators_input_fn_reads_its_hosts_share_by_the_tpu_context(tmp_pat
 def test_a_training_input_fn_reads_on_after_the_batches_its_restored_global_step_trained_on(tmp_path):
     """TPUEstimator calls the input_fn afresh at each `train` (a resumed run, each segment between evaluations): the
     training pipeline starts after the batches of the steps the global step counts, read when the pipeline starts
-    (after the restore), one batch a step for each replica it feeds (an Estimator on CPU: one). Evaluation's
-    pipeline starts at its first batch."""
+    (after the restore), one batch a step for each replica it feeds (an Estimator on CPU: one); a run that trains
+    in segments between evaluations (every 2 steps) skips only what its current segment trained on (the segment's
+    pipeline is seeded at its first step: tests/estimator/engine/test_oracle_estimator.py). Evaluation's pipeline
+    starts at its first batch."""
     path = write_examples(tmp_path / "t.tfrecord", [{"x": [i], "y": [i % 2]} for i in range(64)])
     job = make_job(train=path, eval=path, features={"x": {"shape": [], "dtype": "int64"}},
                    labels={"y": {"shape": [], "dtype": "int64"}}, shuffle_buffer=0)
@@ -197,22 +199,24 @@ def test_a_training_input_fn_reads_on_after_the_batches_its_restored_global_step
 
     batch = 2
     training = params_input_fn(make_dataset_fn(job, "train", use_tpu=False), training=True)
+    segments = params_input_fn(make_dataset_fn(job, "train", use_tpu=False), training=True, segment_steps=2)
     evaluation = params_input_fn(make_dataset_fn(job, "eval", use_tpu=False))
     with tf.Graph().as_default(), tf.compat.v1.Session() as session:
         global_step = tf.compat.v1.train.create_global_step()
-        pipelines = {  # name: (the input_fn's dataset, the batches a step takes from it)
-            "cpu": (training({"batch_size": batch}), 1),
-            "tpu host": (training({"batch_size": batch, "context": FeedsFour()}), 4),
-            "eval": (evaluation({"batch_size": batch}), 0)}
+        pipelines = {  # name: (the input_fn's dataset, the batches to skip at each restored step)
+            "cpu": (training({"batch_size": batch}), lambda step: step),
+            "tpu host": (training({"batch_size": batch, "context": FeedsFour()}), lambda step: step * 4),
+            "segments of 2": (segments({"batch_size": batch}), lambda step: step % 2),
+            "eval": (evaluation({"batch_size": batch}), lambda step: 0)}
         iterators = {name: tf.compat.v1.data.make_initializable_iterator(dataset)
                      for name, (dataset, _) in pipelines.items()}
         firsts = {name: iterator.get_next()[0] for name, iterator in iterators.items()}
         session.run(tf.compat.v1.global_variables_initializer())
         for restored in (0, 3):
             session.run(global_step.assign(restored))
-            for name, (_, per_step) in pipelines.items():
+            for name, (_, skips) in pipelines.items():
                 session.run(iterators[name].initializer)
-                skipped = restored * per_step
+                skipped = skips(restored)
                 assert session.run(firsts[name]).tolist() == [skipped * batch + i for i in range(batch)], name
 
 

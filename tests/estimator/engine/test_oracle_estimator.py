@@ -13,10 +13,11 @@ the same order (`shuffle_buffer: 0`) from the same seed.
 - A run stopped and resumed ends as one that never stopped, on a shuffled input (`shuffle_buffer: 16` and
   `run.seed`: the order changes from batch to batch and epoch to epoch, so only a run that reads on from the
   batch it stopped at matches): one model_dir trained to step 3 by `train.steps`, evaluating every 2 steps (two
-  `train` calls of TPUEstimator, each making its input anew), then rerun and stopped by a real SIGINT once it
-  trains (the stop's checkpoint at a step k between checkpoints), then rerun to k + 5 (past an epoch's end).
-  Its checkpoints at 2, 3, k and k + 5 hold the hand-written loop's weights over the seeded pipeline's first
-  batches in order (their order is tests/estimator/engine/test_seeded_input.py's to check).
+  `train` calls of TPUEstimator, each making its input anew: the second, a segment starting at step 2, reads the
+  pipeline seeded at step 2, not the first batches again), then rerun without evaluations and stopped by a real
+  SIGINT once it trains (the stop's checkpoint at a step k between checkpoints), then rerun to k + 5 (past an
+  epoch's end). Its checkpoints at 2, 3, k and k + 5 hold the hand-written loop's weights over those batches in
+  that order (the seeded pipeline's order is tests/estimator/engine/test_seeded_input.py's to check).
 
 One `train` run (module scope) is shared by the first assertions, the three of the stopped model_dir by the last.
 Tolerances: weights rtol 1e-5, atol 1e-6 (the same float32 steps on the same CPU; only the order of sums may
@@ -227,25 +228,32 @@ def resumed(trained, tmp_path_factory):
     return root, model_dir, step, runs
 
 
-def _pipeline_order(root: Path, steps: int) -> list:
-    """The first `steps` batches the job's seeded pipeline hands out with the runs' settings (its order is
-    tests/estimator/engine/test_seeded_input.py's to check): what a run that never stopped trains on."""
+def _pipeline_order(root: Path, steps: int, reseed: int = 0) -> list:
+    """The first `steps` batches the job's seeded pipeline hands out with the runs' settings, made at step `reseed`
+    of a run (its order is tests/estimator/engine/test_seeded_input.py's to check)."""
     loaded = load_job(str(root / "job.yaml"), [SHUFFLED[i + 1] for i in range(0, len(SHUFFLED), 2)])
     assert loaded.problems == []
     tf.random.set_seed(SEED)  # as TPUEstimator seeds its graph (tf_random_seed): the shuffles' seeds are (it, run.seed)
-    dataset = make_dataset_fn(loaded.job, "train", use_tpu=False)(BATCH)
+    dataset = make_dataset_fn(loaded.job, "train", use_tpu=False)(BATCH, reseed=reseed)
     return list(dataset.take(steps).as_numpy_iterator())
 
 
 @pytest.fixture(scope="module")
 def never_stopped(resumed):
-    """The hand-written loop over the shuffled pipeline's batches, its weights at every step a checkpoint holds."""
+    """The hand-written loop over the batches the runs read, its weights at every step a checkpoint holds: the
+    pipeline made at step 0 for steps 0 and 1, the one made at step 2 (the segment after the evaluation at step 2)
+    for step 2, then the pipeline made at step 0 again read on from its batch 3 (the reruns evaluate nothing: one
+    segment from step 0, each resume skipping what it trained on)."""
     root, _, step, _ = resumed
     batches = _pipeline_order(root, step + 5)
+    (after_evaluation,) = _pipeline_order(root, 1, reseed=2)
     epochs = [np.concatenate([images for images, _ in batches[start:start + 4]]) for start in (0, 4)]
     assert not np.array_equal(epochs[0], _records(root / "train.tfrecord")[0]), "the input is not shuffled"
     assert not np.array_equal(epochs[0], epochs[1]), "the second epoch is not reshuffled"
-    return _hand_trained(batches, at=(2, STOPPED_AT, step, step + 5))[1]
+    assert not any(np.array_equal(after_evaluation[0], images) for images, _ in batches[:3]), \
+        "the segment after an evaluation reads a batch the run already read"
+    read = batches[:2] + [after_evaluation] + batches[3:]
+    return _hand_trained(read, at=(2, STOPPED_AT, step, step + 5))[1]
 
 
 def _assert_checkpoint_holds(model_dir: Path, step: int, expected: dict) -> None:
@@ -255,9 +263,9 @@ def _assert_checkpoint_holds(model_dir: Path, step: int, expected: dict) -> None
         np.testing.assert_allclose(reader.get_tensor(name), value, err_msg=f"step {step}: {name}", **WEIGHTS)
 
 
-def test_a_run_that_evaluates_between_its_steps_reads_on_after_each_evaluation(resumed, never_stopped):
+def test_a_run_that_evaluates_between_its_steps_reads_a_new_order_after_each_evaluation(resumed, never_stopped):
     """Each evaluation ends a segment of training (TPUEstimator's `train` called again, its input made anew): the
-    next one trains on the batches after the last one's, not the first batches again."""
+    next one reads the pipeline seeded at its first step, not the first batches again."""
     _, model_dir, _, runs = resumed
     assert [line.split(" | ")[:2] for line in runs["first"].stdout.splitlines() if line.startswith("eval |")] == [
         ["eval", "step 2"], ["eval", f"step {STOPPED_AT}"]]

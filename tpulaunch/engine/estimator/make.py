@@ -76,8 +76,11 @@ def input_fn_for(job: Job, mode: str, use_tpu: bool, search_path: Sequence[str],
         apply_flags(job, search_path=search_path)  # a factory may read FLAGS as it builds the input_fn
         return located(resolve_input_fn(job.data, mode, search_path=search_path), job, mode,
                        input_fn_key(job.data, mode))
+    from tpulaunch.engine.core.loop import evaluates
     from tpulaunch.engine.estimator.standalone import params_input_fn
     from tpulaunch.engine.pipeline import make_dataset_fn
 
+    # The loop trains in segments between evaluations (engine/core/loop.py): a segment's pipeline is made anew
+    segment_steps = job.eval.every_steps if evaluates(job) else None
     return params_input_fn(make_dataset_fn(job, mode, use_tpu=use_tpu, unread_files=unread_files),
-                           training=mode == "train")
+                           training=mode == "train", segment_steps=segment_steps)

@@ -190,7 +190,7 @@ def _job_input_fn(inputs: dict) -> str:
     except FilesError as exc:
         raise SystemExit(f"data.{{mode}}: {{exc}}") from None
     dataset_fn = {call("make_dataset_fn", ["files", "training=training", "use_tpu=USE_TPU", *keywords(inputs)], 4)}
-    return params_input_fn(dataset_fn, training=training)'''
+    return params_input_fn(dataset_fn, training=training, segment_steps=EVAL_EVERY_STEPS if EVAL_FILES else None)'''
 
 
 def _tail(inputs: dict, optimizer: dict, model: dict, config: dict, estimator: dict, *, eval_params: bool) -> str:

@@ -30,33 +30,40 @@ def host_shard(context) -> tuple:
     return int(index), int(count)
 
 
-def params_input_fn(dataset_fn: Callable, training: bool = False) -> Callable:
+def params_input_fn(dataset_fn: Callable, training: bool = False, segment_steps: Optional[int] = None) -> Callable:
     """TPUEstimator's `input_fn(params)` over the shared pipeline (`portable.make_dataset_fn`'s `dataset_fn`):
     `params["batch_size"]` is the batch of this call (per host under PER_HOST_V2, global on CPU) and
     `params["context"]` says which host's share of the data it reads (`host_shard`). `training`: the pipeline
-    skips the batches the restored global step already trained on (`trained_batches`)."""
+    reads on from where the restored global step left it (`read_on`); `segment_steps`: the steps between the
+    evaluations the run trains in segments of (eval.every_steps), None when it trains in one."""
 
     def input_fn(params):
         index, count = host_shard(params.get("context"))
-        skip = trained_batches(params.get("context")) if training else 0
-        return dataset_fn(params["batch_size"], shard_index=index, shard_count=count, skip_batches=skip)
+        skip, reseed = read_on(params.get("context"), segment_steps) if training else (0, 0)
+        return dataset_fn(params["batch_size"], shard_index=index, shard_count=count, skip_batches=skip,
+                          reseed=reseed)
 
     return input_fn
 
 
-def trained_batches(context):
-    """The batches this input pipeline handed out for the steps the session's global step counts: the step times
-    the replicas the pipeline feeds (one batch each a step: `current_input_fn_deployment()`'s last item; one on an
-    Estimator on CPU). A tensor, read when the pipeline starts: after the session restored its checkpoint, so every
-    `train` call (a resumed run, each segment between evaluations, a session TensorFlow recreates) reads on after
-    the batches already trained on. 0 in a graph without a global step."""
+def read_on(context, segment_steps: Optional[int]) -> tuple:
+    """(batches to skip, the step the pipeline is seeded at) for a training pipeline TPUEstimator made anew at the
+    session's global step: at the start of each segment between evaluations (`train` is called once a segment),
+    after a resume, or when TensorFlow recreates a session. A segment starting at step b reads a pipeline seeded
+    at b (`portable.make_dataset_fn`'s `reseed`: another order than the last segment's, never the same batches
+    again) from its first batch; a run resumed at step k inside it skips the k - b batches the segment had handed
+    out (times the replicas the pipeline feeds: `current_input_fn_deployment()`'s last item; one on CPU), so it
+    reads what a run that never stopped reads, at the cost of reading at most a segment's batches again, never
+    everything since step 0 at every evaluation. Tensors, read when the pipeline starts (after the restore)."""
     global_step = tf.compat.v1.train.get_global_step()
     if global_step is None:
-        return 0
+        return 0, 0
     fed = 1
     if context is not None and hasattr(context, "current_input_fn_deployment"):
         fed = int(context.current_input_fn_deployment()[3])
-    return tf.cast(tf.convert_to_tensor(global_step), tf.int64) * fed
+    step = tf.cast(tf.convert_to_tensor(global_step), tf.int64)
+    began = (step // segment_steps) * segment_steps if segment_steps else tf.zeros_like(step)
+    return (step - began) * fed, began
 
 
 # ------------------------------------------------------------------------------------------ optimizer
