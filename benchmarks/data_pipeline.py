@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tpulaunch.engine.pipeline import make_dataset_fn, parse_example_fn  # noqa: E402
-from tpulaunch.engine.estimator.standalone import READ_BUFFER_BYTES  # noqa: E402
+from tpulaunch.engine.portable import READ_BUFFER_BYTES  # noqa: E402
 from tpulaunch.checks.data import dry_run  # noqa: E402
 from tpulaunch.job.load import load_job  # noqa: E402
 
