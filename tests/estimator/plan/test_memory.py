@@ -236,10 +236,22 @@ run:
 
 
 def run_plan(tmp_path, *args, size=64, cores=1, batch=8, partition="null"):
+    """`tpulaunch plan JOB ARGS` through its command line, in this process: TensorFlow is loaded once for the
+    module. What a process of its own adds (`plan --no-memory` never loads TensorFlow) is
+    test_plan_no_memory_stays_tensorflow_free's."""
+    import traceback
+
+    from click.testing import CliRunner
+    from tpulaunch.cli.app import cli
+
     path = tmp_path / "job.yaml"
     path.write_text(JOB_YAML.format(size=size, cores=cores, batch=batch, partition=partition))
-    return subprocess.run([PYTHON, "-m", "tpulaunch", "plan", str(path), *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=300)
+    argv = ["plan", str(path), *args]
+    result = CliRunner().invoke(cli, argv)
+    said = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        said += "".join(traceback.format_exception(result.exception))
+    return subprocess.CompletedProcess(["tpulaunch", *argv], result.exit_code, result.stdout, said)
 
 
 def test_plan_json_memory_contract(tmp_path):

@@ -204,9 +204,20 @@ def test_a_secret_reaches_the_builder_from_secret_manager_and_is_written_nowhere
     assert manifest.stat().st_mode & 0o777 == 0o600  # the stage's files: this user's alone
 
 
-def test_after_a_preemption_next_zone_recreates_the_node_in_the_next_of_tpu_zones(job):
+@pytest.fixture(scope="module")
+def preempted_at_7(data) -> tuple:
+    """One rehearsal read by two tests: 10 steps over tpu.zones [us-central1-a, us-central1-b], preempted at step 7
+    and recreated in the next zone (--after-preemption next-zone), by a job that logs every 100 steps. (job, the
+    finished rehearse)"""
+    job = write_job(data / "preempted-at-7")
     done = rehearse(job, "--set", "tpu.zones=[us-central1-a, us-central1-b]", "--set", "train.steps=10",
-                    "--preempt-at", "7", "--recreate", "1", "--after-preemption", "next-zone")
+                    "--preempt-at", "7", "--recreate", "1", "--after-preemption", "next-zone",
+                    "--set", "run.log_every_steps=100")
+    return job, done
+
+
+def test_after_a_preemption_next_zone_recreates_the_node_in_the_next_of_tpu_zones(preempted_at_7):
+    job, done = preempted_at_7
     assert done.returncode == 0, done.stdout + done.stderr
     assert "trying us-central1-b (on-demand) first (--after-preemption next-zone)" in done.stderr
     record = _record(job)
@@ -216,14 +227,14 @@ def test_after_a_preemption_next_zone_recreates_the_node_in_the_next_of_tpu_zone
     assert recovery["cause"] == "PREEMPTED" and recovery["resumed_from"] == 5
 
 
-def test_preempt_at_lands_at_its_step_whatever_the_jobs_log_cadence(job):
+def test_preempt_at_lands_at_its_step_whatever_the_jobs_log_cadence(preempted_at_7):
     """A job that logs every 100 steps is preempted at step 7 of its own count (the chief holds there until the
     rehearsal preempts it), not at the next log line after it."""
-    done = rehearse(job, "--preempt-at", "7", "--recreate", "1", "--set", "run.log_every_steps=100")
+    job, done = preempted_at_7
     assert done.returncode == 0, done.stdout + done.stderr
     (recovery,) = _record(job)["recoveries"]
     assert recovery["step"] == 7 and recovery["resumed_from"] == recovery["checkpoint_step"] == 5
     first = (job.parent / "runs/q/tpulaunch-remote/attempts/1/worker-0.log").read_text()
-    assert "train | step 7/20 | held here: the rehearsal preempts now" in first
-    assert "train | step 8/20" not in first
+    assert "train | step 7/10 | held here: the rehearsal preempts now" in first
+    assert "train | step 8/10" not in first
     assert "rehearsal | preempted TPU node 'rehearsal-tpu' at step 7:" in done.stderr
