@@ -50,6 +50,12 @@ def test_two_slices_rehearsed_through_a_preempted_pod_train_what_one_process_tra
     assert "rehearsal | JobSet 'jax-engine': 2 slices of 2 hosts" in rehearsed.stderr, said
     assert "rehearsal | preempted the pod of slice 1 host 1 at step 4" in rehearsed.stderr
     assert re.search(r"restarting \(1 of 1\): a pod exited (143|137), every pod recreated", rehearsed.stderr)
+    # how long the restart took to train again, from the failed pod seen to the restarted chief's first step
+    back = re.search(r"rehearsal \| back in (\d+\.\d) s: step (\d+) trained, resumed from step (\d+) \((\d+) steps? "
+                     r"since the last logged step lost\)", rehearsed.stderr)
+    assert back, said
+    resumed = int(back.group(3))  # its newest checkpoint at step 4: 3 (checkpoints every 3 steps)
+    assert (int(back.group(2)), int(back.group(4))) == (resumed + 1, 4 - resumed), said
     assert "rehearsal | JobSet 'jax-engine' completed" in rehearsed.stderr
 
     first = (run_dir / "tpulaunch-remote/attempts/1/worker-0.log").read_text()
