@@ -88,6 +88,26 @@ def test_a_compiled_model_keeps_its_own_metrics_and_optimizer_where_the_job_sets
     assert_metrics_equal(recorded_evals(model_dir, "train")[-1], oracle["evaluate"])
 
 
+@pytest.mark.parametrize("style", ["sequential", "subclassed"])
+def test_a_sequential_and_a_subclassed_model_train_and_evaluate_as_keras_fit_and_evaluate(project, tmp_path, style):
+    """A Sequential model without an Input and a subclassed keras.Model with its own call (oracle.py's MODELS), each
+    built at its first batch: train's weights are fit's, and train's and evaluate's metrics are evaluate()'s."""
+    model_dir, builder = tmp_path / "run", ("--set", f"model.builder=oraclemodels:{style}")
+    trained = _run("train", project, "--model-dir", str(model_dir), *builder)
+    oracle = run_oracle(project, tmp_path, run_env(), backend="tensorflow", builder=style,
+                        tf_checkpoint=tf.train.latest_checkpoint(str(model_dir)))
+    assert_weights_equal(oracle["checkpoint"], oracle["fit"])  # restored by name into zeroed weights: none missed
+
+    expected = oracle["evaluate"]
+    assert set(expected) == {"loss", "accuracy"}
+    (recorded,) = recorded_evals(model_dir, "train")
+    assert_metrics_equal(recorded, expected)
+    assert eval_line(STEPS, expected) in trained.stdout.splitlines(), trained.stdout
+    evaluated = _run("evaluate", project, "--set", f"run.model_dir={model_dir}", *builder)
+    assert eval_line(STEPS, expected) in evaluated.stdout.splitlines(), evaluated.stdout
+    assert_metrics_equal(recorded_evals(model_dir, "evaluate")[-1], expected)
+
+
 def test_a_run_stopped_at_step_3_and_resumed_equals_one_that_never_stopped(project, tmp_path):
     """Shuffled (a seeded buffer, reshuffled each epoch) over two replicas (one input pipeline handing each a batch a
     step): the resumed run reads on from step 4's batches of the same order."""
