@@ -154,6 +154,7 @@ def run_oracle(project: Path, tmp: Path, env: dict, *, backend: str, checkpoint=
     and `predict`'s outputs of the checkpoint on it. `builder`: a name in oraclemodels, or module:name."""
     spec = yaml.safe_load((project / job).read_text())
     model, data, evaluation = spec["model"], spec["data"], spec.get("eval") or {}
+    assert not compile or model.get("loss") == "sparse_categorical_crossentropy", model  # the one it compiles with
     optimizer = model.get("optimizer") or {}
     optimizer = {"name": optimizer} if isinstance(optimizer, str) else optimizer
     config = {"project": str(project), "backend": backend, "compile": compile, "seed": spec["run"]["seed"],

@@ -1,8 +1,11 @@
 """The jax engine's numbers against Keras 3 on JAX itself (a differential oracle, `oracle.py`): on the same records
 in the same order and the same seed, `tpulaunch train`'s weights equal `model.fit`'s; every metric `train` and
 `evaluate` print and the run record holds equals `model.evaluate` over the same eval set; `export`'s SavedModel
-answers what `model.predict` answers; a model its builder compile()d trains with its own compile where the job sets
-none; and a run stopped at step 3 and resumed ends with the weights of one that never stopped. Tolerances: oracle.py."""
+answers what `model.predict` answers; a Sequential model and a subclassed keras.Model with its own call train to
+fit's weights and evaluate to evaluate()'s metrics as the functional one does; a model its builder compile()d trains
+with its own compile where the job sets none; and a run stopped at step 3 and resumed ends with the weights of one
+that never stopped. Tolerances: oracle.py. (The spatial split's oracle: test_jax_partition.py; a KerasHub task's:
+test_kerashub_task_jax.py.)"""
 
 from __future__ import annotations
 

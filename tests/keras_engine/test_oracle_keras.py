@@ -1,8 +1,10 @@
 """The keras engine's numbers against Keras 3 on TensorFlow itself (a differential oracle, `oracle.py`): on the same
 records in the same order and the same seed, `tpulaunch train`'s weights (its own step, in the strategy's replica)
 equal `model.fit`'s; every metric `train` and `evaluate` print and the run record holds equals `model.evaluate` over
-the same eval set; `export`'s SavedModel answers what `model.predict` answers; and a run stopped at step 3 and
-resumed ends with the weights of one that never stopped, over two replicas. Tolerances: oracle.py."""
+the same eval set; `export`'s SavedModel answers what `model.predict` answers; a Sequential model and a subclassed
+keras.Model with its own call train to fit's weights and evaluate to evaluate()'s metrics as the functional one does;
+and a run stopped at step 3 and resumed ends with the weights of one that never stopped, over two replicas.
+Tolerances: oracle.py."""
 
 from __future__ import annotations
 
