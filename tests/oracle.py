@@ -44,12 +44,36 @@ MODELS = textwrap.dedent('''
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")])
         return model
+
+
+    def sequential():
+        """A Sequential model given without an Input: built at its first batch."""
+        return keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(16, activation="relu"),
+                                 keras.layers.Dense(3)])
+
+
+    class TwoLayers(keras.Model):
+        """A subclassed model with its own call: no Input, built at its first call."""
+
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras.layers.Dense(16, activation="relu")
+            self.logits = keras.layers.Dense(3)
+
+        def call(self, image, training=False):
+            return self.logits(self.hidden(keras.ops.reshape(image, (-1, 64))))
+
+
+    def subclassed():
+        return TwoLayers()
 ''')
 
 # Keras 3 as its users write it: fit on the records in file order; evaluate and predict a checkpoint's weights (a
-# jax-engine checkpoint's as arrays; a keras-engine one restored by tf.train.Checkpoint, as it was written).
+# jax-engine checkpoint's as arrays; a keras-engine one restored by tf.train.Checkpoint, as it was written, into a
+# model whose weights were zeroed first, so a weight the restore misses is seen). Records of any declared features
+# and labels; without an eval set, fit alone.
 PROGRAM = textwrap.dedent('''
-    import json, math, os, sys
+    import importlib, json, math, os, sys
     config = json.load(open(sys.argv[1]))
     os.environ["KERAS_BACKEND"] = config["backend"]
     import numpy as np
@@ -57,26 +81,36 @@ PROGRAM = textwrap.dedent('''
     import keras
 
     sys.path.insert(0, config["project"])
-    import oraclemodels
+    module, name = config["builder"].split(":")
 
     def records(path):
-        spec = {"image": tf.io.FixedLenFeature([8, 8, 1], tf.float32), "label": tf.io.FixedLenFeature([], tf.int64)}
-        parsed = [tf.io.parse_single_example(r, spec) for r in tf.data.TFRecordDataset(path)]
-        return np.stack([p["image"].numpy() for p in parsed]), np.stack([p["label"].numpy() for p in parsed])
+        declared = {**config["features"], **config["labels"]}
+        specs = {key: tf.io.FixedLenFeature(spec["shape"], spec.get("dtype", "float32"))
+                 for key, spec in declared.items()}
+        parsed = [tf.io.parse_single_example(r, specs) for r in tf.data.TFRecordDataset(path)]
+        column = {key: np.stack([p[key].numpy() for p in parsed]) for key in declared}
+        x, y = ({key: column[key] for key in config[part]} for part in ("features", "labels"))
+        return tuple(d if len(d) > 1 else next(iter(d.values())) for d in (x, y))
 
     keras.utils.set_random_seed(config["seed"])
-    model = getattr(oraclemodels, config["builder"])()
+    model = getattr(importlib.import_module(module), name)()
     if config["compile"]:  # the job's optimizer, loss and metrics, as a Keras user compiles them
-        model.compile(optimizer=keras.optimizers.Adam(learning_rate=config["learning_rate"]),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        optimizer = {"adam": keras.optimizers.Adam, "sgd": keras.optimizers.SGD}[config["optimizer"]]
+        model.compile(optimizer=optimizer(learning_rate=config["learning_rate"]),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=config["metrics"])
     x, y = records(config["train"])
     batch, steps = config["batch_size"], config["steps"]
-    epochs = math.ceil(steps * batch / len(x))  # the records in file order, epoch after epoch
-    x, y = np.concatenate([x] * epochs)[:steps * batch], np.concatenate([y] * epochs)[:steps * batch]
-    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    count = len(next(iter(x.values())) if isinstance(x, dict) else x)
+    epochs = math.ceil(steps * batch / count)  # the records in file order, epoch after epoch
+    repeat = lambda a: np.concatenate([a] * epochs)[:steps * batch]
+    x = {k: repeat(v) for k, v in x.items()} if isinstance(x, dict) else repeat(x)
+    model.fit(x, repeat(y), batch_size=batch, epochs=1, shuffle=False, verbose=0)
     np.savez(config["out"] + ".fit.npz", *model.get_weights())
+    if not config["eval"]:
+        sys.exit(0)
 
     if config.get("tf_checkpoint"):
+        model.set_weights([np.zeros_like(w) for w in model.get_weights()])
         tf.train.Checkpoint(model=model).read(config["tf_checkpoint"]).expect_partial()
     else:
         checkpoint = np.load(config["checkpoint"])
@@ -113,13 +147,24 @@ def write_project(root: Path, engine: str) -> Path:
 
 
 def run_oracle(project: Path, tmp: Path, env: dict, *, backend: str, checkpoint=None, tf_checkpoint=None,
-               builder: str = "classifier", compile: bool = True) -> dict:
-    """What Keras 3 computes: the weights `fit` ends with ("fit"), the checkpoint's weights as Keras reads them
-    ("checkpoint"), `evaluate`'s metrics and `predict`'s outputs of the checkpoint on the eval set."""
-    config = {"project": str(project), "backend": backend, "builder": builder, "compile": compile, "seed": SEED,
-              "learning_rate": LEARNING_RATE, "train": str(project / "train.tfrecord"),
-              "eval": str(project / "eval.tfrecord"), "batch_size": BATCH, "steps": STEPS, "eval_batch_size": BATCH,
-              "eval_steps": EVAL_STEPS, "out": str(tmp / "oracle"), "tf_checkpoint": tf_checkpoint}
+               builder: str = "classifier", compile: bool = True, job: str = "job.yaml") -> dict:
+    """What Keras 3 computes for the project's `job` (its records, batch, steps, seed, eval set; compile=True: its
+    optimizer, learning rate and metrics, with a crossentropy on logits): the weights `fit` ends with ("fit"), and
+    where the job has an eval set, the checkpoint's weights as Keras reads them ("checkpoint"), `evaluate`'s metrics
+    and `predict`'s outputs of the checkpoint on it. `builder`: a name in oraclemodels, or module:name."""
+    spec = yaml.safe_load((project / job).read_text())
+    model, data, evaluation = spec["model"], spec["data"], spec.get("eval") or {}
+    assert not compile or model.get("loss") == "sparse_categorical_crossentropy", model  # the one it compiles with
+    optimizer = model.get("optimizer") or {}
+    optimizer = {"name": optimizer} if isinstance(optimizer, str) else optimizer
+    config = {"project": str(project), "backend": backend, "compile": compile, "seed": spec["run"]["seed"],
+              "builder": builder if ":" in builder else f"oraclemodels:{builder}",
+              "optimizer": optimizer.get("name"), "learning_rate": optimizer.get("learning_rate"),
+              "metrics": model.get("metrics", []), "features": data["features"], "labels": data["labels"],
+              "train": str(project / data["train"]), "eval": data.get("eval") and str(project / data["eval"]),
+              "batch_size": spec["train"]["batch_size"], "steps": spec["train"]["steps"],
+              "eval_batch_size": evaluation.get("batch_size"), "eval_steps": evaluation.get("steps"),
+              "out": str(tmp / "oracle"), "tf_checkpoint": tf_checkpoint}
     if checkpoint is not None:
         np.savez(tmp / "checkpoint.npz", *checkpoint)
         config["checkpoint"] = str(tmp / "checkpoint.npz")
@@ -134,6 +179,8 @@ def run_oracle(project: Path, tmp: Path, env: dict, *, backend: str, checkpoint=
         found = np.load(tmp / f"oracle.{name}.npz")
         return [found[f"arr_{i}"] for i in range(len(found.files))]
 
+    if not config["eval"]:
+        return {"fit": arrays("fit")}
     return {"fit": arrays("fit"), "checkpoint": arrays("checkpoint"),
             "evaluate": json.loads((tmp / "oracle.evaluate.json").read_text()),
             "predict": np.load(tmp / "oracle.predict.npy")}

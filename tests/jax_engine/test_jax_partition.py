@@ -1,7 +1,8 @@
 """Spatial partitioning on the jax engine, for real on this CPU split into 8 devices: a small UNet-style model
 trained with its images and masks split 2x2 (2 replicas of 4 devices, XLA's SPMD partitioner splitting the
-convolutions), stopped and resumed, ends with the weights of the same job unsplit on one device; an uneven split is
-refused at its key, and a replica that does not divide the devices before anything is built."""
+convolutions), ends with the weights of the same job unsplit on one device, and with the weights Keras 3's own
+fit() on JAX gives on one device without tpulaunch (the differential oracle, `oracle.py`; its tolerances); an
+uneven split is refused at its key, and a replica that does not divide the devices before anything is built."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import yaml
 
 import user_models as corpus
 from jax_runs import TPULAUNCH, checkpoint_variables, run_env
+from oracle import assert_weights_equal, run_oracle
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
 
@@ -61,12 +63,20 @@ def _run(verb: str, project: Path, *args: str, devices: int) -> subprocess.Compl
                           env=run_env(devices), timeout=300, cwd=project)
 
 
-def test_a_2x2_spatial_split_over_8_devices_trains_to_the_weights_of_the_unsplit_job_on_one_device(project, tmp_path):
-    """(Resume reads and writes a split run's checkpoints as any other: the variables are replicated.)"""
-    split, whole = tmp_path / "split", tmp_path / "whole"
-    trained = _run("train", project, "--model-dir", str(split), "--set", "train.steps=3", devices=8)
+@pytest.fixture(scope="module")
+def split(project, tmp_path_factory) -> Path:
+    """The job trained 3 steps split 2x2 over 8 devices: its model_dir."""
+    model_dir = tmp_path_factory.mktemp("jax_partition_runs") / "split"
+    trained = _run("train", project, "--model-dir", str(model_dir), "--set", "train.steps=3", devices=8)
     assert trained.returncode == 0, trained.stderr
     assert "jax | 2 replicas × 4 cores (spatial 2×2 on image) over 8 cpu devices" in trained.stdout.splitlines()
+    return model_dir
+
+
+def test_a_2x2_spatial_split_over_8_devices_trains_to_the_weights_of_the_unsplit_job_on_one_device(
+        project, split, tmp_path):
+    """(Resume reads and writes a split run's checkpoints as any other: the variables are replicated.)"""
+    whole = tmp_path / "whole"
     unsplit = _run("train", project, "--model-dir", str(whole), "--set", "partition=null", devices=1)
     assert unsplit.returncode == 0, unsplit.stderr
     assert "jax | data-parallel over 1 cpu device" in unsplit.stdout.splitlines()
@@ -76,6 +86,16 @@ def test_a_2x2_spatial_split_over_8_devices_trains_to_the_weights_of_the_unsplit
     assert second["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == 3
     for name in first:
         np.testing.assert_allclose(second[name], first[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_the_split_runs_weights_are_those_of_keras_fit_on_jax_on_one_device(project, split, tmp_path):
+    """The framework's answer (oracle.py): Keras 3's own fit() on JAX, one device, nothing of tpulaunch, on the same
+    records (images and masks) in the same order from the same seed, with the job's SGD(0.1) on the crossentropy of
+    the per-pixel logits; the split run's checkpoint holds its weights (variables/i: model.weights[i])."""
+    oracle = run_oracle(project, tmp_path, run_env(1), backend="jax", builder="unet:unet")
+    found = checkpoint_variables(split)
+    ours = [found[f"variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"] for i in range(len(oracle["fit"]))]
+    assert_weights_equal(ours, oracle["fit"])
 
 
 def test_an_uneven_split_is_refused_at_its_key_and_a_replica_that_does_not_divide_the_devices_before_the_build(

@@ -1,8 +1,11 @@
 """The jax engine's numbers against Keras 3 on JAX itself (a differential oracle, `oracle.py`): on the same records
 in the same order and the same seed, `tpulaunch train`'s weights equal `model.fit`'s; every metric `train` and
 `evaluate` print and the run record holds equals `model.evaluate` over the same eval set; `export`'s SavedModel
-answers what `model.predict` answers; a model its builder compile()d trains with its own compile where the job sets
-none; and a run stopped at step 3 and resumed ends with the weights of one that never stopped. Tolerances: oracle.py."""
+answers what `model.predict` answers; a Sequential model and a subclassed keras.Model with its own call train to
+fit's weights and evaluate to evaluate()'s metrics as the functional one does; a model its builder compile()d trains
+with its own compile where the job sets none; and a run stopped at step 3 and resumed ends with the weights of one
+that never stopped. Tolerances: oracle.py. (The spatial split's oracle: test_jax_partition.py; a KerasHub task's:
+test_kerashub_task_jax.py.)"""
 
 from __future__ import annotations
 
@@ -91,6 +94,26 @@ def test_a_model_compiled_by_its_builder_trains_with_its_own_compile_where_the_j
     assert "Functional was compiled: model.loss SparseCategoricalCrossentropy replaces its " \
            "SparseCategoricalCrossentropy; model.optimizer SGD replaces its Adam; its metrics " \
            "[SparseCategoricalAccuracy]" in replaced.stdout, replaced.stdout
+
+
+@pytest.mark.parametrize("style", ["sequential", "subclassed"])
+def test_a_sequential_and_a_subclassed_model_train_and_evaluate_as_keras_fit_and_evaluate(project, tmp_path, style):
+    """A Sequential model without an Input and a subclassed keras.Model with its own call (oracle.py's MODELS), each
+    built at its first batch: train's weights are fit's, and train's and evaluate's metrics are evaluate()'s."""
+    model_dir, builder = tmp_path / "run", ("--set", f"model.builder=oraclemodels:{style}")
+    trained = _run("train", project, "--model-dir", str(model_dir), *builder)
+    ours = _model_weights(model_dir)
+    oracle = run_oracle(project, tmp_path, run_env(), backend="jax", checkpoint=ours, builder=style)
+    assert_weights_equal(ours, oracle["fit"])  # the checkpoint's variables/i are model.weights[i], get_weights' order
+
+    expected = oracle["evaluate"]
+    assert set(expected) == {"loss", "accuracy"}
+    (recorded,) = recorded_evals(model_dir, "train")
+    assert_metrics_equal(recorded, expected)
+    assert eval_line(STEPS, expected) in trained.stdout.splitlines(), trained.stdout
+    evaluated = _run("evaluate", project, "--set", f"run.model_dir={model_dir}", *builder)
+    assert eval_line(STEPS, expected) in evaluated.stdout.splitlines(), evaluated.stdout
+    assert_metrics_equal(recorded_evals(model_dir, "evaluate")[-1], expected)
 
 
 def test_a_run_stopped_at_step_3_and_resumed_equals_one_that_never_stopped(project, tmp_path):

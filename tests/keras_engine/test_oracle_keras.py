@@ -1,8 +1,10 @@
 """The keras engine's numbers against Keras 3 on TensorFlow itself (a differential oracle, `oracle.py`): on the same
 records in the same order and the same seed, `tpulaunch train`'s weights (its own step, in the strategy's replica)
 equal `model.fit`'s; every metric `train` and `evaluate` print and the run record holds equals `model.evaluate` over
-the same eval set; `export`'s SavedModel answers what `model.predict` answers; and a run stopped at step 3 and
-resumed ends with the weights of one that never stopped, over two replicas. Tolerances: oracle.py."""
+the same eval set; `export`'s SavedModel answers what `model.predict` answers; a Sequential model and a subclassed
+keras.Model with its own call train to fit's weights and evaluate to evaluate()'s metrics as the functional one does;
+and a run stopped at step 3 and resumed ends with the weights of one that never stopped, over two replicas.
+Tolerances: oracle.py."""
 
 from __future__ import annotations
 
@@ -86,6 +88,26 @@ def test_a_compiled_model_keeps_its_own_metrics_and_optimizer_where_the_job_sets
     assert_weights_equal(oracle["checkpoint"], oracle["fit"])
     assert set(oracle["evaluate"]) == {"loss", "acc"}  # its own metric, evaluated as evaluate() does
     assert_metrics_equal(recorded_evals(model_dir, "train")[-1], oracle["evaluate"])
+
+
+@pytest.mark.parametrize("style", ["sequential", "subclassed"])
+def test_a_sequential_and_a_subclassed_model_train_and_evaluate_as_keras_fit_and_evaluate(project, tmp_path, style):
+    """A Sequential model without an Input and a subclassed keras.Model with its own call (oracle.py's MODELS), each
+    built at its first batch: train's weights are fit's, and train's and evaluate's metrics are evaluate()'s."""
+    model_dir, builder = tmp_path / "run", ("--set", f"model.builder=oraclemodels:{style}")
+    trained = _run("train", project, "--model-dir", str(model_dir), *builder)
+    oracle = run_oracle(project, tmp_path, run_env(), backend="tensorflow", builder=style,
+                        tf_checkpoint=tf.train.latest_checkpoint(str(model_dir)))
+    assert_weights_equal(oracle["checkpoint"], oracle["fit"])  # restored by name into zeroed weights: none missed
+
+    expected = oracle["evaluate"]
+    assert set(expected) == {"loss", "accuracy"}
+    (recorded,) = recorded_evals(model_dir, "train")
+    assert_metrics_equal(recorded, expected)
+    assert eval_line(STEPS, expected) in trained.stdout.splitlines(), trained.stdout
+    evaluated = _run("evaluate", project, "--set", f"run.model_dir={model_dir}", *builder)
+    assert eval_line(STEPS, expected) in evaluated.stdout.splitlines(), evaluated.stdout
+    assert_metrics_equal(recorded_evals(model_dir, "evaluate")[-1], expected)
 
 
 def test_a_run_stopped_at_step_3_and_resumed_equals_one_that_never_stopped(project, tmp_path):

@@ -190,9 +190,17 @@ class JaxTraining:
             yield first
             yield from remaining
 
+        evaluate, given = self.model.evaluate, every_batch()
+        preprocess = getattr(self.model, "preprocess_samples", None)
+        if callable(preprocess) and type(self.model).evaluate is not self.keras.Model.evaluate:
+            # A KerasHub task's evaluate() takes arrays or a dataset, not a generator of batches: it maps its
+            # preprocess_samples over the batches (its preprocessor, where it has one) and runs keras.Model's
+            # evaluate() on them, as done here batch by batch (its train_on_batch preprocesses each batch itself).
+            evaluate = lambda batches, **kwargs: self.keras.Model.evaluate(self.model, batches, **kwargs)  # noqa: E731
+            given = (self.keras.tree.map_structure(on_host, preprocess(*batch)) for batch in given)
         with warnings.catch_warnings():  # an eval set shorter than `steps`, or a stop, ends the batches early
             warnings.filterwarnings("ignore", message="Your input ran out of data")
-            logs = self.model.evaluate(every_batch(), steps=steps, verbose=0, return_dict=True)
+            logs = evaluate(given, steps=steps, verbose=0, return_dict=True)
         return None if stopped else {name: float(value) for name, value in logs.items()}
 
     # ------------------------------------------------------------------------------ checkpoints
