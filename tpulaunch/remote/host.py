@@ -134,6 +134,27 @@ def _last_message(log_path: str) -> str:
     return (errors or lines or [""])[-1]
 
 
+def release_replaced_chief(model_dir: str, attempt: int) -> str:
+    """On a JobSet's restart (every pod of attempt - 1 replaced: JobSet restarts them all), the lease its chief's
+    train may still hold (its pod lost with its node, or killed past its grace in a step that did not return) is
+    released, as the controller of a TPU VM run releases a lost VM's (`controller._release_lease`): this chief's
+    train then takes it at once, where it would be refused until the lease went stale and the JobSet would fail as
+    if for the job's own cause. Only that holder's (its host and pid, as its status said; conditional on the lease
+    read); what was done, in words, or "" when there was nothing of it to release."""
+    from tpulaunch.remote.follow import host_status
+    from tpulaunch.run.lease import release_lost_holder
+
+    replaced = host_status(model_dir, attempt - 1, CHIEF) or {}
+    if replaced.get("train_pid") is None or replaced.get("host") is None:
+        return ""
+    try:
+        done = release_lost_holder(model_dir, host=replaced["host"], pid=replaced["train_pid"],
+                                   why=f"tpulaunch: the JobSet restarted, replacing attempt {attempt - 1}'s pods")
+    except Exception as failed:  # the lease unreadable now: train says what it finds
+        return f"could not release the replaced chief's lease on run.model_dir ({type(failed).__name__}: {failed})"
+    return "released the lease the replaced chief's train held on run.model_dir" if done else ""
+
+
 def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[float],
         installed: Optional[float], hosts: int = 1, endpoints: Optional[List[str]] = None, zone: str = "",
         installed_from: str = "", slice_id: int = 0, slices: int = 1, coordinator: str = "") -> int:
@@ -164,6 +185,10 @@ def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[f
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            **place_env(worker, hosts, hosts_run, endpoints or [], slice_id, slices, coordinator), **values}
     command = train_command(manifest, disk, hosts, zone)
+    if worker == CHIEF and int(os.environ.get("TPULAUNCH_RESTART_ATTEMPT") or 0) > 0:
+        released = release_replaced_chief(model_dir, attempt)
+        if released:
+            print(f"tpulaunch | worker {worker}: {released}", flush=True)
     # Readable by this user alone: the train's output may quote anything of the job's.
     with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
         process = subprocess.Popen(command, cwd=os.path.join(disk, "job"), env=env, stdin=subprocess.DEVNULL,

@@ -208,7 +208,18 @@ def process_gone(holder: dict) -> bool:
         return True
     except OSError:  # it exists (another user's process, say)
         return False
-    return False
+    return _zombie(holder["pid"])
+
+
+def _zombie(pid: int) -> bool:
+    """Whether `pid` has ended and only waits for its parent to reap it (its state Z in /proc: signal 0 still
+    reaches it, but it holds nothing). False where /proc does not say."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] == b"Z"  # the state follows the name in parentheses
 
 
 def _remove(path: str) -> None:

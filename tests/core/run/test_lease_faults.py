@@ -4,6 +4,7 @@ within seconds that a gs:// model_dir's bucket cannot be reached (naming it), in
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -138,3 +139,66 @@ def test_a_lease_file_removed_under_a_live_run_is_made_again_not_taken_as_a_take
     finally:
         lease.release()
     assert leases.read_lease(str(model_dir))["state"] == "released"
+
+
+HOLD = """import sys, time
+from tpulaunch.run import lease
+lease.acquire(sys.argv[1], run_id="holder-run", command="train")
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def _held_by_a_child(model_dir: Path) -> subprocess.Popen:
+    """A child process that took model_dir's lease and holds it (waited for: it says so)."""
+    child = subprocess.Popen([sys.executable, "-c", HOLD, str(model_dir)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(Path(leases.__file__).parents[2])})
+    assert child.stdout.readline().strip() == "held"
+    return child
+
+
+def test_a_killed_holder_not_yet_reaped_is_gone_and_its_lease_taken_over_at_once(tmp_path):
+    """A train killed with SIGKILL whose parent has not reaped it yet (a zombie: signal 0 still reaches it) holds
+    nothing: the next run takes its lease at once, not after the stale time (a JobSet's restarted chief met it)."""
+    model_dir = tmp_path / "m"
+    child = _held_by_a_child(model_dir)
+    child.kill()
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{child.pid}/stat").read_bytes().split(b") ")[1][:1] != b"Z":  # the event: it died
+        assert time.monotonic() < deadline, "the killed holder never ended"
+        time.sleep(0.01)
+    try:
+        taken = leases.acquire(str(model_dir), run_id="next-run", command="train")
+        assert taken.took_over["pid"] == child.pid and taken.took_over["gone"] is True
+        taken.release()
+    finally:
+        child.wait()
+
+
+def test_a_restarted_jobsets_chief_releases_the_replaced_chiefs_lease_and_only_that(tmp_path):
+    """The host runner of a JobSet's restart (attempt 2): the lease of attempt 1's chief (its host and train pid,
+    as its status said) is released, so the new train takes it at once; a lease some other run holds is left."""
+    from tpulaunch.remote import layout
+    from tpulaunch.remote.host import release_replaced_chief
+
+    model_dir = tmp_path / "m"
+    child = _held_by_a_child(model_dir)
+    try:
+        status = layout.host_status(str(model_dir), 1, 0)
+        store.write(status, json.dumps({"host": "some-other-pod", "train_pid": child.pid}).encode())
+        assert release_replaced_chief(str(model_dir), 2) == ""  # not that holder: left alone
+        assert leases.read_lease(str(model_dir))["state"] == "held"
+        with pytest.raises(leases.LeaseRefused, match="is in use"):  # what the restarted chief's train met
+            leases.acquire(str(model_dir), run_id="restarted", command="train")
+
+        import socket
+
+        store.write(status, json.dumps({"host": socket.gethostname(), "train_pid": child.pid}).encode())
+        assert release_replaced_chief(str(model_dir), 2) == \
+            "released the lease the replaced chief's train held on run.model_dir"
+        released = leases.read_lease(str(model_dir))
+        assert released["state"] == "released" and "the JobSet restarted" in released["released_by"]
+        leases.acquire(str(model_dir), run_id="restarted", command="train").release()  # taken at once
+    finally:
+        child.kill()
+        child.wait()
