@@ -203,6 +203,16 @@ def assert_metrics_equal(ours: dict, theirs: dict) -> None:
         np.testing.assert_allclose(ours[name], value, err_msg=name, **METRICS)
 
 
+def assert_reported_as_evaluated(model_dir: Path, trained: str, evaluated: str, expected: dict, step: int = STEPS) -> None:
+    """What `train` printed (`trained`, its stdout) and recorded of its evaluation, and what `evaluate` printed
+    (`evaluated`) and recorded, all equal `expected`: Keras's evaluate() of the same checkpoint."""
+    (recorded,) = recorded_evals(model_dir, "train")
+    assert_metrics_equal(recorded, expected)
+    assert eval_line(step, expected) in trained.splitlines(), trained
+    assert eval_line(step, expected) in evaluated.splitlines(), evaluated
+    assert_metrics_equal(recorded_evals(model_dir, "evaluate")[-1], expected)
+
+
 def eval_images(project: Path) -> np.ndarray:
     spec = {"image": tf.io.FixedLenFeature([8, 8, 1], tf.float32)}
     return np.stack([tf.io.parse_single_example(r, spec)["image"].numpy()

@@ -19,7 +19,7 @@ import keras_hub  # noqa: F401  (the jax session's environment installs it; miss
 
 import user_models as corpus
 from jax_runs import TPULAUNCH, checkpoint_variables, run_env
-from oracle import assert_metrics_equal, assert_weights_equal, eval_line, recorded_evals, run_oracle
+from oracle import assert_reported_as_evaluated, assert_weights_equal, run_oracle
 from paths import MODELS
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
@@ -77,9 +77,5 @@ def test_a_kerashub_task_trains_and_evaluates_on_jax_as_keras_fit_and_evaluate(p
 
     expected = oracle["evaluate"]
     assert set(expected) == {"loss", "sparse_categorical_accuracy"}  # its own metric, as its evaluate() reports it
-    (recorded,) = recorded_evals(model_dir, "train")
-    assert_metrics_equal(recorded, expected)
-    assert eval_line(STEPS, expected) in trained.stdout.splitlines(), trained.stdout
     evaluated = _run("evaluate", project, "--set", f"run.model_dir={model_dir}", *chosen)
-    assert eval_line(STEPS, expected) in evaluated.stdout.splitlines(), evaluated.stdout
-    assert_metrics_equal(recorded_evals(model_dir, "evaluate")[-1], expected)
+    assert_reported_as_evaluated(model_dir, trained.stdout, evaluated.stdout, expected, step=STEPS)
