@@ -202,3 +202,32 @@ def test_a_restarted_jobsets_chief_releases_the_replaced_chiefs_lease_and_only_t
     finally:
         child.kill()
         child.wait()
+
+
+LEADER_GONE = """import ctypes, sys, threading, time
+from tpulaunch.run import lease
+lease.acquire(sys.argv[1], run_id="holder-run", command="train")
+threading.Thread(target=time.sleep, args=(600,)).start()  # the process runs on in this thread
+print("held", flush=True)
+ctypes.CDLL(None).pthread_exit(None)  # its first thread ends: /proc shows the process's state as Z
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_a_holder_whose_first_thread_ended_while_others_run_is_not_gone(tmp_path):
+    """A process whose leader thread exited while its other threads run shows Z in /proc/<pid>/stat, yet it runs
+    (and holds its lease): it is not a zombie, and its lease is not taken over."""
+    model_dir = tmp_path / "m"
+    child = subprocess.Popen([sys.executable, "-c", LEADER_GONE, str(model_dir)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(Path(leases.__file__).parents[2])})
+    try:
+        assert child.stdout.readline().strip() == "held"
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{child.pid}/stat").read_bytes().split(b") ")[1][:1] != b"Z":  # the event: its leader ended
+            assert time.monotonic() < deadline, "the leader thread never ended"
+            time.sleep(0.01)
+        with pytest.raises(leases.LeaseRefused, match="is in use"):
+            leases.acquire(str(model_dir), run_id="next-run", command="train")
+    finally:
+        child.kill()
+        child.wait()
