@@ -23,7 +23,8 @@ def _follower(model_dir: str, statuses: list, between=None):
     said, out = [], []
     manifest = {"spec": {"failurePolicy": {"maxRestarts": 5}, "replicatedJobs": [{"template": {"spec": {"template": {
         "spec": {"containers": [{"env": [{"name": "TPULAUNCH_ATTEMPT_BASE", "value": "0"}]}]}}}}}]}}
-    run.sub = type("Sub", (), {"manifest": manifest, "name": "js", "stage": type("Stage", (), {"model_dir": model_dir})})
+    stage = type("Stage", (), {"model_dir": model_dir})
+    run.sub = type("Sub", (), {"manifest": manifest, "name": "js", "stage": stage})
     run.say, run.out, run.poll_s, run.timeout_s = said.append, out.append, 0, 0
     reads = iter(range(len(statuses)))
 
