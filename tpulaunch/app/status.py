@@ -148,7 +148,12 @@ def slice_nodes_of(checked, ref, *, wait_s: float, on_wait: Optional[Callable] =
                 raise
         state = (queued.get("state") or {}).get("state") or "STATE_UNSPECIFIED"
         left = wait_s - (time.monotonic() - started)
-        if state not in QUEUED_ON_ITS_WAY or left <= 0:
+        if state not in QUEUED_ON_ITS_WAY:  # FAILED, SUSPENDED...: no wait brings its nodes
+            raise api.NodeNotFound(
+                f"{subject} is {state} in {cluster.where(ref)}: it will not create its nodes",
+                hint=f"`tpulaunch down {checked.file}` deletes it; `tpulaunch up {checked.file}` asks for the slices "
+                     "again") from None
+        if left <= 0:
             waited = f" after waiting {wait_s:g}s" if wait_s else ""
             raise api.NodeNotFound(
                 f"{subject} is {state} in {cluster.where(ref)}: none of its nodes exists yet{waited}",

@@ -71,7 +71,15 @@ class Recovery:
         self.recoveries: List[dict] = []  # each recovery, in order
 
     def lost(self, log: HostLog, now: float) -> None:
-        """The run was lost at `now`; `log` is the chief's log of the generation that was lost."""
+        """The run was lost at `now`; `log` is the chief's log of the generation that was lost. Lost again before
+        it trained again (two restarts in a row): the time back still counts from the first loss, and the steps lost
+        from the newest step either generation logged."""
+        if self._lost is not None:
+            noticed, step = self._lost
+            if log.step is not None and (step is None or log.step > step):
+                step = log.step
+            self._lost = (noticed, step)
+            return
         self._lost = (now, log.step)
 
     def back(self, log: HostLog, now: float) -> Optional[str]:

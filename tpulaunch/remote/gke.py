@@ -145,7 +145,7 @@ class GkeRun:
     def follow(self) -> int:
         """Follow the JobSet to its end: the chief's lines, restarts as they happen; the exit code."""
         model_dir, base = self.sub.stage.model_dir, self.attempt_base
-        seen_restarts, log = 0, HostLog(model_dir, base + 1)
+        seen_restarts, log = None, None
         recovery = Recovery()
         began = time.monotonic()
         while True:
@@ -155,7 +155,17 @@ class GkeRun:
                                      exit_code=ExitCode.CLUSTER)
             status = current.get("status") or {}
             restarts = int(status.get("restarts") or 0)
-            if restarts != seen_restarts:
+            if seen_restarts is None:  # the first look: a reattached JobSet may have restarted before it
+                seen_restarts, log = restarts, HostLog(model_dir, base + restarts + 1)
+                if restarts:
+                    self.say(f"gke | the JobSet restarted {restarts} time{'s' if restarts != 1 else ''} before "
+                             "this follow: its current pods' chief follows")
+            elif restarts != seen_restarts:
+                for line in log.new_lines():  # the lost generation's last lines, before its loss is told
+                    self.out(line)
+                back = recovery.back(log, time.monotonic())
+                if back:
+                    self.say(f"gke | {back}")
                 limit = self.sub.manifest["spec"]["failurePolicy"]["maxRestarts"]
                 self.say(f"gke | restart {restarts} of at most {limit}: every pod recreated, the job resumes from "
                          "its newest checkpoint")

@@ -147,6 +147,10 @@ def release_replaced_chief(model_dir: str, attempt: int) -> str:
     replaced = host_status(model_dir, attempt - 1, CHIEF) or {}
     if replaced.get("train_pid") is None or replaced.get("host") is None:
         return ""
+    if replaced.get("jobset") != os.environ.get("TPULAUNCH_JOBSET"):
+        # Another JobSet's pods on the same model_dir numbered their attempts from the same base (both submitted
+        # while neither had written yet, or one restarting while the other ran): not this JobSet's chief
+        return ""
     try:
         done = release_lost_holder(model_dir, host=replaced["host"], pid=replaced["train_pid"],
                                    why=f"tpulaunch: the JobSet restarted, replacing attempt {attempt - 1}'s pods")
@@ -165,7 +169,8 @@ def run(stage_url: str, worker: int, attempt: int, disk: str, booted: Optional[f
     status = Status(layout.host_status(model_dir, attempt, worker), os.path.join(disk, "status.json"), worker=worker,
                     attempt=attempt, hosts=hosts, booted=booted, installed=installed,
                     **({"installed_from": installed_from} if installed_from else {}), fetched=time.time(), role=mine,
-                    phase="fetched", exit_code=None, **({"slice": slice_id} if slices > 1 else {}))
+                    phase="fetched", exit_code=None, **({"slice": slice_id} if slices > 1 else {}),
+                    **({"jobset": os.environ["TPULAUNCH_JOBSET"]} if os.environ.get("TPULAUNCH_JOBSET") else {}))
     if mine == NONE:
         status.update(phase="ended", exit_code=0, ended=time.time(),
                       message=f"nothing to run on this host: worker {CHIEF} trains")

@@ -136,6 +136,9 @@ def _environment(name: str, tpu_slice: GkeSlice, slices: int, python: Optional[s
          "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{RESTART_ATTEMPT_KEY}']"}}},
         {"name": "TPULAUNCH_RUN_HOSTS", "value": run_hosts(name, slices, tpu_slice.hosts)},
         {"name": "TPULAUNCH_ATTEMPT_BASE", "value": str(attempt_base)},
+        # which JobSet the pods are of (their host statuses say it): a restarted chief releases only its own
+        # JobSet's replaced chief's lease, never that of another JobSet whose attempts took the same numbers
+        {"name": "TPULAUNCH_JOBSET", "value": name},
     ]
     coordinator = f"{pod_hostname(name, 0, 0)}:{multislice.MEGASCALE_PORT}"
     for key, value in multislice.megascale_environment(coordinator, slices, None).items():

@@ -212,14 +212,25 @@ def process_gone(holder: dict) -> bool:
 
 
 def _zombie(pid: int) -> bool:
-    """Whether `pid` has ended and only waits for its parent to reap it (its state Z in /proc: signal 0 still
-    reaches it, but it holds nothing). False where /proc does not say."""
+    """Whether `pid` has ended and only waits for its parent to reap it: every thread of it in state Z in /proc
+    (signal 0 still reaches it, but it holds nothing). A leader thread that exited while others of the process run
+    shows Z too, and the process still runs: not a zombie. False where /proc does not say."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
+        stats = [f"/proc/{pid}/task/{task}/stat" for task in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        stats = [f"/proc/{pid}/stat"]
+    states = [_state(stat) for stat in stats]
+    return bool(states) and all(state == b"Z" for state in states)
+
+
+def _state(stat_path: str) -> bytes:
+    """The state letter of a /proc stat file (it follows the name in parentheses); b"" where it cannot be read."""
+    try:
+        with open(stat_path, "rb") as handle:
             stat = handle.read()
     except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] == b"Z"  # the state follows the name in parentheses
+        return b""
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
 
 
 def _remove(path: str) -> None:

@@ -212,3 +212,30 @@ def test_down_finds_and_deletes_the_slices_nodes_a_gone_queued_resource_left(cli
     delete(job, (), wait_s=30, say=said.append, out=out.append)
     assert out == [f"queued resource 'my-tpu' of 2 slices (TPU nodes my-tpu-0, my-tpu-1) does not exist in project "
                    f"'{DEFAULT_PROJECT}', zone '{DEFAULT_ZONE}': nothing to delete"]
+
+
+def test_status_wait_on_a_queued_resource_that_fails_meanwhile_says_so_at_once(cli_tpu_api, tmp_path):
+    """A queued resource that turns FAILED while `status --wait` waits for its nodes will never make them: the wait
+    ends at once, saying so (not that it waited the whole wait, nor to wait longer)."""
+    from tpulaunch.app import status as read
+    from tpulaunch.tpu import api
+
+    job = _slices_job(tmp_path)
+    cli_tpu_api.stockout(DEFAULT_ZONE)
+    job_tpu = Tpu(name="my-tpu", zone=DEFAULT_ZONE, project=DEFAULT_PROJECT, type="v5litepod-16", slices=2,
+                  runtime_version="v2-alpha-tpuv5-lite")
+    with pytest.raises(NotReadyInTime):
+        Lifecycle(resolve_node(job_tpu), spec_for(job_tpu, "jax"), poll_s=0.05).create(wait_s=0.1)
+
+    def it_fails(waiting, seconds_left):  # Cloud TPU gives the queued resource up while status waits
+        with cli_tpu_api._lock:
+            for resource in cli_tpu_api.queued.values():
+                resource["state"] = {"state": "FAILED"}
+
+    checked = read.checked_for_status(job, ())
+    began = time.monotonic()
+    with pytest.raises(api.NodeNotFound) as failed:
+        read.slice_nodes_of(checked, read.node_ref(checked), wait_s=600, on_wait=it_fails, poll_s=0.05)
+    assert time.monotonic() - began < 60
+    assert "is FAILED in project" in str(failed.value) and "after waiting" not in str(failed.value)
+    assert "--wait" not in failed.value.hint and "tpulaunch down" in failed.value.hint

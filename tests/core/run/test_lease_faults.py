@@ -202,3 +202,58 @@ def test_a_restarted_jobsets_chief_releases_the_replaced_chiefs_lease_and_only_t
     finally:
         child.kill()
         child.wait()
+
+
+LEADER_GONE = """import ctypes, sys, threading, time
+from tpulaunch.run import lease
+lease.acquire(sys.argv[1], run_id="holder-run", command="train")
+threading.Thread(target=time.sleep, args=(600,)).start()  # the process runs on in this thread
+print("held", flush=True)
+ctypes.CDLL(None).pthread_exit(None)  # its first thread ends: /proc shows the process's state as Z
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_a_holder_whose_first_thread_ended_while_others_run_is_not_gone(tmp_path):
+    """A process whose leader thread exited while its other threads run shows Z in /proc/<pid>/stat, yet it runs
+    (and holds its lease): it is not a zombie, and its lease is not taken over."""
+    model_dir = tmp_path / "m"
+    child = subprocess.Popen([sys.executable, "-c", LEADER_GONE, str(model_dir)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(Path(leases.__file__).parents[2])})
+    try:
+        assert child.stdout.readline().strip() == "held"
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{child.pid}/stat").read_bytes().split(b") ")[1][:1] != b"Z":  # the event: its leader ended
+            assert time.monotonic() < deadline, "the leader thread never ended"
+            time.sleep(0.01)
+        with pytest.raises(leases.LeaseRefused, match="is in use"):
+            leases.acquire(str(model_dir), run_id="next-run", command="train")
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_restarted_chief_leaves_the_lease_of_another_jobsets_chief_whose_attempt_took_the_same_number(
+        tmp_path, monkeypatch):
+    """Two JobSets on one model_dir: A's pods attempt 1, B's (submitted while A ran) attempt 2; A restarts, its pods
+    attempt 2 as well, its chief's status written over B's, its new train holding the lease. B's restarted chief
+    (attempt 3) reads attempt 2's chief: A's, live. It is not B's replaced chief: its lease is left held."""
+    import socket
+
+    from tpulaunch.remote import layout
+    from tpulaunch.remote.host import release_replaced_chief
+
+    model_dir = tmp_path / "m"
+    a_train = _held_by_a_child(model_dir)
+    try:
+        store.write(layout.host_status(str(model_dir), 2, 0),
+                    json.dumps({"host": socket.gethostname(), "train_pid": a_train.pid, "jobset": "a"}).encode())
+        monkeypatch.setenv("TPULAUNCH_JOBSET", "b")
+        assert release_replaced_chief(str(model_dir), 3) == ""
+        assert leases.read_lease(str(model_dir))["state"] == "held"
+        monkeypatch.setenv("TPULAUNCH_JOBSET", "a")  # A's own restart: its replaced chief's lease is released
+        assert release_replaced_chief(str(model_dir), 3) == \
+            "released the lease the replaced chief's train held on run.model_dir"
+    finally:
+        a_train.kill()
+        a_train.wait()
