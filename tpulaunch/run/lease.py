@@ -48,7 +48,7 @@ from typing import Callable, Optional, Tuple
 from tpulaunch import store
 from tpulaunch.errors import ExitCode, TpuLaunchError, first_line
 from tpulaunch.store import reason
-from tpulaunch.store.local import process_gone
+from tpulaunch.store.local import pid_namespace, process_gone
 
 LEASE_FILE = "tpulaunch.lease"
 RENEW_ENV = "TPULAUNCH_LEASE_RENEW_S"
@@ -435,7 +435,8 @@ def _acquire(lease_file, model_dir, run_id, command, take, clock, renew, stale) 
     for _ in range(5):  # each pass loses only to another run's change, which the next pass reads
         text, token = lease_file.read()
         now = clock()
-        mine = {"state": "held", "host": socket.gethostname(), "pid": os.getpid(), "run_id": run_id,
+        mine = {"state": "held", "host": socket.gethostname(), "pid": os.getpid(), "pid_ns": pid_namespace(),
+                "run_id": run_id,
                 "holder": holder, "command": command, "started": now, "renewed": now, "renew_every_s": renew,
                 "stale_after_s": stale, "took_over": None}
         try:

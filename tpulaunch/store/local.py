@@ -196,11 +196,23 @@ def _guard_holder(guard: str) -> dict:
         return {}
 
 
+def pid_namespace() -> str:
+    """This process's PID namespace ("pid:[4026531836]"; "" where /proc does not say): processes that share a host
+    name (containers on one node, GKE's hostNetwork pods) but not this see other pids than its own."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
 def process_gone(holder: dict) -> bool:
-    """Whether `holder` ({"host", "pid"}: a guard's, a lease's) names another process on this host that no longer
-    runs."""
+    """Whether `holder` ({"host", "pid"} and, where it said it, "pid_ns": a guard's, a lease's) names another
+    process on this host, in this PID namespace, that no longer runs. A pid of another namespace is not looked up:
+    it would name another process here, or none."""
     if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int) or \
             holder["pid"] == os.getpid():
+        return False
+    if holder.get("pid_ns") and holder["pid_ns"] != pid_namespace():
         return False
     try:
         os.kill(holder["pid"], 0)

@@ -257,3 +257,23 @@ def test_a_restarted_chief_leaves_the_lease_of_another_jobsets_chief_whose_attem
     finally:
         a_train.kill()
         a_train.wait()
+
+
+def test_a_holder_in_another_pid_namespace_on_this_host_is_not_judged_gone_by_its_pid(tmp_path):
+    """Containers on one node share its host name (GKE's hostNetwork pods) but not their pids: a lease whose holder
+    ran in another PID namespace is not taken over because no process here has its pid; in this namespace, it is."""
+    from tpulaunch.store.local import pid_namespace
+
+    model_dir = tmp_path / "m"
+    leases.acquire(str(model_dir), run_id="first", command="train").release()
+    held = {**leases.read_lease(str(model_dir)), "state": "held", "pid": 2 ** 22 + 7, "run_id": "other-pod-run",
+            "holder": "other", "renewed": time.time()}
+    for namespace, taken in (("pid:[1]", False), (pid_namespace(), True)):
+        store.write(leases.lease_path(str(model_dir)), json.dumps({**held, "pid_ns": namespace}).encode())
+        if taken:
+            lease = leases.acquire(str(model_dir), run_id="next", command="train")
+            assert lease.took_over["gone"] is True
+            lease.release()
+        else:
+            with pytest.raises(leases.LeaseRefused, match="is in use"):
+                leases.acquire(str(model_dir), run_id="next", command="train")
