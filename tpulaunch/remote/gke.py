@@ -131,11 +131,28 @@ class GkeRun:
             self.say(f"gke | reattached to JobSet '{self.sub.name}' ({self.sub.namespace})")
             self.sub = replace(self.sub, manifest=existing)  # its own numbering of attempts, set when it was made
             return existing
+        self._refuse_a_live_writer()
         created = self._call("creating the JobSet", self.api.create_namespaced_custom_object, self.sub.manifest)
         self.say(f"gke | JobSet '{self.sub.name}' created in namespace '{self.sub.namespace}'"
                  + (f", queued on '{self.sub.manifest['metadata']['labels'][jobset.QUEUE_LABEL]}'"
                     if jobset.QUEUE_LABEL in self.sub.manifest["metadata"]["labels"] else ""))
         return created
+
+    def _refuse_a_live_writer(self) -> None:
+        """Before a new JobSet is created: another run writing run.model_dir now (its lease held and renewed: a
+        local train, a TPU VM run, another JobSet) would refuse this one's chief the lease, and the JobSet would
+        fail as for the job's own cause after its pods started; refused here instead, naming that run (exit 3)."""
+        from tpulaunch.run.lease import holder_text, lease_state, read_lease
+
+        model_dir = self.sub.stage.model_dir
+        held = read_lease(model_dir)
+        if lease_state(held, time.time()) != "held":
+            return
+        raise TpuLaunchError(
+            f"run.model_dir {model_dir} is in use: {held.get('command') or 'a run'} by {holder_text(held)} holds its "
+            f"lease; JobSet '{self.sub.name}' was not created", exit_code=ExitCode.CLUSTER,
+            hint="wait for that run to end (or end it: `tpulaunch cancel` for a remote run), or give this job another "
+                 "run.model_dir")
 
     @property
     def attempt_base(self) -> int:

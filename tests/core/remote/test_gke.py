@@ -298,6 +298,34 @@ def test_run_says_how_long_a_restart_took_to_train_again_and_the_steps_it_lost(t
     assert "JobSet 'ct-seg' completed" in err
 
 
+def test_a_model_dir_another_live_run_writes_gets_no_jobset(tmp_path, cluster):
+    """A train (here on another machine) holds run.model_dir's lease: `run` says so and creates no JobSet, rather
+    than starting pods whose chief would be refused the lease (the JobSet then failing as for the job's cause)."""
+    import time
+
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    from tpulaunch.run.lease import LEASE_FILE
+
+    api, env = cluster
+    (tmp_path / "job.yaml").write_text(JOB)
+    held = {"state": "held", "host": "laptop", "pid": 4242, "run_id": "20261129T100000Z-laptop-4242-abcdef",
+            "holder": "x", "command": "train", "started": time.time(), "renewed": time.time(), "renew_every_s": 30,
+            "stale_after_s": 180, "took_over": None}
+    os.environ["STORAGE_EMULATOR_HOST"] = env["STORAGE_EMULATOR_HOST"]
+    try:
+        bucket = storage.Client(project="p", credentials=AnonymousCredentials()).bucket("bucket")
+        bucket.blob(f"runs/ct/{LEASE_FILE}").upload_from_string(json.dumps(held))
+    finally:
+        del os.environ["STORAGE_EMULATOR_HOST"]
+    refused = tpulaunch("run", "job.yaml", "--poll", "0.1", cwd=tmp_path, env=env)
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert "run.model_dir gs://bucket/runs/ct is in use: train by host laptop, pid 4242" in refused.stderr
+    assert "JobSet 'ct-seg' was not created" in refused.stderr and "Traceback" not in refused.stderr
+    assert [m for m, _ in api.requests].count("POST") == 0
+
+
 def test_a_failed_jobset_ends_run_with_the_chiefs_exit_code(tmp_path, cluster):
     api, env = cluster
     (tmp_path / "job.yaml").write_text(JOB)
