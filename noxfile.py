@@ -28,7 +28,8 @@ nox.options.sessions = ["core", "xla", "estimator", "keras", "jax"]
 nox.options.default_venv_backend = "none"  # the environments below are made and kept by `_environment`
 nox.options.error_on_missing_interpreters = True
 
-PYTEST = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "auto", "--dist", "loadfile")
+# --durations: each session's slowest tests, where a contributor (and CI's log) sees where the time goes
+PYTEST = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "auto", "--dist", "loadfile", "--durations", "15")
 XLA = (("-r", "requirements/xla.txt", "pytest"),)
 KERAS = (("-e", ".[keras,jax,test]", "-r", "tests/keras_engine/requirements.txt"),)
 
