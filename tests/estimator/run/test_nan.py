@@ -1,7 +1,8 @@
 """A NaN loss is the job's error, not tpulaunch's: a real `train` of a linear model whose data holds one record of
-NaN pixels (record 40: with no shuffle and batch 8 the loss becomes NaN at step 6, and at each 4th step after a
-rollback, as the input starts again from its first record; a linear model, as a ReLU may turn a NaN into 0 on
-some CPU paths and not on others) ends with exit 1 naming the step and the last good checkpoint, and points
+NaN pixels (record 40 of 64: with no shuffle and batch 8 the loss becomes NaN at step 6, batch 6 of 8 an epoch;
+after a rollback the input goes on after the batches that made it NaN, as on the keras engine
+(tests/keras_engine/test_keras_nan.py), and meets that batch again in the next epoch; a linear model, as a ReLU may
+turn a NaN into 0 on some CPU paths and not on others) ends with exit 1 naming the step and the last good checkpoint, and points
 model_dir at it; `train.on_nan: {rollback: N}` restores it and goes on, N times, each in the run record."""
 
 from __future__ import annotations
@@ -73,9 +74,11 @@ def test_on_nan_rollback_restores_the_last_good_checkpoint_at_most_n_times(proje
     assert notes == [
         f"nan | the loss became NaN at step 6; the last good checkpoint is {run_dir / 'model.ckpt-4'} (step 4): "
         "training goes on from there (rollback 1 of 2, train.on_nan)",
-        f"nan | the loss became NaN at step 10; the last good checkpoint is {run_dir / 'model.ckpt-8'} (step 8): "
+        f"nan | the loss became NaN at step 12; the last good checkpoint is {run_dir / 'model.ckpt-10'} (step 10): "
         "training goes on from there (rollback 2 of 2, train.on_nan)"], run.text()
-    assert (f"error: the loss became NaN at step 14 after 2 rollbacks (train.on_nan); the last good checkpoint is "
-            f"{run_dir / 'model.ckpt-12'} (step 12)") in "\n".join(run.err), run.text()
+    # Steps 5 on read batches 6, 7, 0, ... (the 2 rolled-back steps' batches read past): batch 5 again at step 12;
+    # after the second rollback (2 steps more read past), at step 18.
+    assert (f"error: the loss became NaN at step 18 after 2 rollbacks (train.on_nan); the last good checkpoint is "
+            f"{run_dir / 'model.ckpt-16'} (step 16)") in "\n".join(run.err), run.text()
     record = json.loads((run_dir / RECORD_FILE).read_text().splitlines()[-1])
-    assert [(r["step"], r["to_step"]) for r in record["nan_rollbacks"]] == [(6, 4), (10, 8)]
+    assert [(r["step"], r["to_step"]) for r in record["nan_rollbacks"]] == [(6, 4), (12, 10)]

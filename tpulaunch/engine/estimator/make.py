@@ -8,7 +8,7 @@ it here. TensorFlow is imported inside the functions that need it.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from tpulaunch.engine.estimator.plain import config_settings, estimator_settings
 from tpulaunch.errors import TpuLaunchError
@@ -56,13 +56,15 @@ def plan_on_this_machine(job: Job, plan: Optional[Plan] = None) -> Plan:
     return build_plan(job, local=True)
 
 
-def input_fn_for(job: Job, mode: str, use_tpu: bool, search_path: Sequence[str], *, unread_files: bool = False):
+def input_fn_for(job: Job, mode: str, use_tpu: bool, search_path: Sequence[str], *, unread_files: bool = False,
+                 rolled_back: Callable[[], int] = lambda: 0):
     """The input_fn `train`/`evaluate` hand the estimator for `mode`: the job's own (`data.input_fn`), whose
     failures while building its dataset are reported at data.input_fn, or tpulaunch's pipeline called as
     TPUEstimator calls an input_fn (`standalone.params_input_fn`).
 
     `unread_files`: the pipeline is built over the data patterns as written, not the files they match (for a
-    build that reads nothing: see stopped_run.py).
+    build that reads nothing: see stopped_run.py). `rolled_back()`: the steps the run rolled back from
+    (`standalone.params_input_fn`).
     """
     if job.data.input_fn:
         # Resolved here rather than in data.py: the job file's directory must be on the search path.
@@ -83,4 +85,4 @@ def input_fn_for(job: Job, mode: str, use_tpu: bool, search_path: Sequence[str],
     # The loop trains in segments between evaluations (engine/core/loop.py): a segment's pipeline is made anew
     segment_steps = job.eval.every_steps if evaluates(job) else None
     return params_input_fn(make_dataset_fn(job, mode, use_tpu=use_tpu, unread_files=unread_files),
-                           training=mode == "train", segment_steps=segment_steps)
+                           training=mode == "train", segment_steps=segment_steps, rolled_back=rolled_back)

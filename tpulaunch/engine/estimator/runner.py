@@ -87,10 +87,15 @@ class _EstimatorSession:
         self.estimator = self.cluster_resolver = self.train_input = None
         self.hooks: list = []
         self.listener = None
+        self.nan_at: Optional[int] = None  # the step whose loss was NaN, until the loop rolls back from it
+        self.rolled_back = 0  # the steps trained and rolled back from: their batches are not read again
 
     def start(self, cluster_resolver) -> int:
         job, model_dir = self.job, self.job.run.model_dir
         step = checkpoint_step(model_dir) or 0
+        if self.nan_at is not None:  # a rollback (train.on_nan): the input goes on after the batches that made it
+            self.rolled_back += max(0, self.nan_at - step)
+            self.nan_at = None
         if self.train_input is None:  # the input and the hooks are made once; the estimator at every start
             self._make_hooks(step, cluster_resolver)
         self.cluster_resolver = cluster_resolver
@@ -103,7 +108,7 @@ class _EstimatorSession:
         from tpulaunch.engine.estimator.stopped_run import graph_checks_hook
 
         job, recorder, use_tpu, model_dir = self.job, self.recorder, self.use_tpu, self.job.run.model_dir
-        self.train_input = input_fn_for(job, "train", use_tpu, self.search_path)
+        self.train_input = input_fn_for(job, "train", use_tpu, self.search_path, rolled_back=lambda: self.rolled_back)
         if self.time_input and not use_tpu:
             from tpulaunch.engine.estimator.input_wait import timed_input_fn
 
@@ -135,7 +140,11 @@ class _EstimatorSession:
                 self.estimator.train(self.train_input, max_steps=step, hooks=self.hooks,
                                      saving_listeners=[self.listener])
             except tf.compat.v1.train.NanLossDuringTrainingError:  # the Estimator's NanTensorHook, after the step
+                self.nan_at = self.recorder.step
                 raise loop.NonFiniteLoss(self.recorder.step) from None
+            except loop.NonFiniteLoss as nan:  # the progress hook's, at a logged step
+                self.nan_at = nan.step
+                raise
         return checkpoint_step(job.run.model_dir) or 0
 
     def evaluate(self) -> bool:

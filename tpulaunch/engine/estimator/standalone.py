@@ -30,23 +30,26 @@ def host_shard(context) -> tuple:
     return int(index), int(count)
 
 
-def params_input_fn(dataset_fn: Callable, training: bool = False, segment_steps: Optional[int] = None) -> Callable:
+def params_input_fn(dataset_fn: Callable, training: bool = False, segment_steps: Optional[int] = None,
+                    rolled_back: Callable[[], int] = lambda: 0) -> Callable:
     """TPUEstimator's `input_fn(params)` over the shared pipeline (`portable.make_dataset_fn`'s `dataset_fn`):
     `params["batch_size"]` is the batch of this call (per host under PER_HOST_V2, global on CPU) and
     `params["context"]` says which host's share of the data it reads (`host_shard`). `training`: the pipeline
     reads on from where the restored global step left it (`read_on`); `segment_steps`: the steps between the
-    evaluations the run trains in segments of (eval.every_steps), None when it trains in one."""
+    evaluations the run trains in segments of (eval.every_steps), None when it trains in one; `rolled_back()`: the
+    steps this run trained and then rolled back from (a NaN loss, train.on_nan), whose batches it reads past, not
+    again, as the other engines' input goes on after a rollback."""
 
     def input_fn(params):
         index, count = host_shard(params.get("context"))
-        skip, reseed = read_on(params.get("context"), segment_steps) if training else (0, 0)
+        skip, reseed = read_on(params.get("context"), segment_steps, rolled_back()) if training else (0, 0)
         return dataset_fn(params["batch_size"], shard_index=index, shard_count=count, skip_batches=skip,
                           reseed=reseed)
 
     return input_fn
 
 
-def read_on(context, segment_steps: Optional[int]) -> tuple:
+def read_on(context, segment_steps: Optional[int], rolled_back: int = 0) -> tuple:
     """(batches to skip, the step the pipeline is seeded at) for a training pipeline TPUEstimator made anew at the
     session's global step: at the start of each segment between evaluations (`train` is called once a segment),
     after a resume, or when TensorFlow recreates a session. A segment starting at step b reads a pipeline seeded
@@ -54,7 +57,8 @@ def read_on(context, segment_steps: Optional[int]) -> tuple:
     again) from its first batch; a run resumed at step k inside it skips the k - b batches the segment had handed
     out (times the replicas the pipeline feeds: `current_input_fn_deployment()`'s last item; one on CPU), so it
     reads what a run that never stopped reads, at the cost of reading at most a segment's batches again, never
-    everything since step 0 at every evaluation. Tensors, read when the pipeline starts (after the restore)."""
+    everything since step 0 at every evaluation; `rolled_back` steps more when the run rolled back from a NaN (the
+    batches that made it are not read again). Tensors, read when the pipeline starts (after the restore)."""
     global_step = tf.compat.v1.train.get_global_step()
     if global_step is None:
         return 0, 0
@@ -63,7 +67,7 @@ def read_on(context, segment_steps: Optional[int]) -> tuple:
         fed = int(context.current_input_fn_deployment()[3])
     step = tf.cast(tf.convert_to_tensor(global_step), tf.int64)
     began = (step // segment_steps) * segment_steps if segment_steps else tf.zeros_like(step)
-    return (step - began) * fed, began
+    return (step - began + rolled_back) * fed, began
 
 
 # ------------------------------------------------------------------------------------------ optimizer
