@@ -99,3 +99,32 @@ def test_validate_refuses_what_train_fails_at_for_a_label_its_loss_cannot_score(
     failure = "ValueError: Arguments `target` and `output` must have the same shape up until the last dimension"
     assert f"model.builder: building the train model: {failure}" in said_validate, said_validate
     assert f"model.builder: building the train graph: {failure}" in said_train, said_train
+
+
+def test_the_explained_program_trains_two_labels_as_tpulaunch_train_does(project, tmp_path):
+    """`tpulaunch explain`'s program of the two-label job, run with nothing of tpulaunch importable, trains to the
+    weights `tpulaunch train` does and evaluates as it does."""
+    import sys
+
+    from programs_run import RUN_WITHOUT_TPULAUNCH
+
+    job = yaml.safe_load((project / "two.yaml").read_text())
+    job["run"]["model_dir"] = str(tmp_path / "run")
+    (project / "explained.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    program, wrapper = tmp_path / "program.py", tmp_path / "run_without_tpulaunch.py"
+    _run("explain", project, "-o", str(program), job="explained.yaml")
+    assert "\nLABEL_NAMES = ['cls', 'box']\n" in program.read_text()
+    wrapper.write_text(RUN_WITHOUT_TPULAUNCH)
+    env = {k: v for k, v in run_env().items() if k != "PYTHONPATH"}
+    ran = subprocess.run([sys.executable, "-I", str(wrapper), str(program)], cwd="/", capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+
+    model_dir = tmp_path / "train"
+    _run("train", project, "--model-dir", str(model_dir))
+    theirs, ours = checkpoint_variables(model_dir), checkpoint_variables(tmp_path / "run")
+    assert sorted(theirs) == sorted(ours) and ours["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == STEPS
+    for name in theirs:
+        np.testing.assert_allclose(ours[name], theirs[name], err_msg=name, rtol=1e-5, atol=1e-6)
+    results = eval(ran.stdout.splitlines()[-1], {})
+    assert {"loss", "cls_loss", "box_loss", "cls_accuracy", "box_mean_absolute_error"} <= set(results), results
