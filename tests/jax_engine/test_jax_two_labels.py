@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -128,3 +129,46 @@ def test_the_explained_program_trains_two_labels_as_tpulaunch_train_does(project
         np.testing.assert_allclose(ours[name], theirs[name], err_msg=name, rtol=1e-5, atol=1e-6)
     results = eval(ran.stdout.splitlines()[-1], {})
     assert {"loss", "cls_loss", "box_loss", "cls_accuracy", "box_mean_absolute_error"} <= set(results), results
+
+
+TWO_HEADS_COMPILED = textwrap.dedent('''
+    import keras
+
+
+    def build():
+        """Two named heads compiled by the builder: a class scored by a crossentropy, a box by a squared error,
+        with loss weights and a weighted metric (a KerasHub-style model that brings its own compile)."""
+        image = keras.Input(shape=(8, 8, 1), name="image")
+        x = keras.layers.Dense(8, activation="relu")(keras.layers.Flatten()(image))
+        model = keras.Model(image, {"cls": keras.layers.Dense(3, name="cls")(x),
+                                    "box": keras.layers.Dense(4, name="box")(x)})
+        model.compile(optimizer=keras.optimizers.Adam(0.02),
+                      loss={"cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True), "box": "mse"},
+                      loss_weights={"cls": 0.25, "box": 2.0},
+                      metrics={"cls": [keras.metrics.SparseCategoricalAccuracy(name="acc")], "box": ["mae"]},
+                      weighted_metrics={"box": ["mse"]})
+        return model
+''')
+
+
+def test_a_compiled_two_head_model_trains_with_its_own_compile_as_keras_fit_and_evaluate_do(project, tmp_path):
+    """The job sets no loss, optimizer or metrics: the builder's own compile (per-output losses, loss weights,
+    metrics and weighted metrics) trains the two labels to fit's weights and evaluates as evaluate() does."""
+    (project / "twoheads.py").write_text(TWO_HEADS_COMPILED)
+    job = yaml.safe_load((project / "two.yaml").read_text())
+    for key in ("loss", "optimizer", "metrics"):
+        del job["model"][key]
+    job["model"]["builder"] = "twoheads:build"
+    (project / "compiled.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    model_dir = tmp_path / "run"
+    trained = _run("train", project, "--model-dir", str(model_dir), job="compiled.yaml")
+    assert "Functional was compiled: its loss {cls: SparseCategoricalCrossentropy, box: 'mse'}" in trained.stdout
+
+    ours = _model_weights(model_dir)
+    oracle = run_oracle(project, tmp_path, run_env(), backend="jax", checkpoint=ours, builder="twoheads:build",
+                        compile=False, job="compiled.yaml")
+    assert_weights_equal(ours, oracle["fit"])
+    expected = oracle["evaluate"]
+    assert set(expected) == {"loss", "cls_loss", "box_loss", "cls_acc", "box_mae", "box_mse"}
+    evaluated = _run("evaluate", project, "--set", f"run.model_dir={model_dir}", job="compiled.yaml")
+    assert_reported_as_evaluated(model_dir, trained.stdout, evaluated.stdout, expected, step=STEPS)
