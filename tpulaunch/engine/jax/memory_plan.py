@@ -253,5 +253,6 @@ def export_step(request: dict) -> dict:
     with os.fdopen(fd, "w") as f:
         f.write(exported.mlir_module())
     first = jax.tree_util.tree_leaves(features)[0]
-    return {"hlo": path, "format": "stablehlo", "inputs": inputs, "donated": list(range(inputs + label_count, parameters)),
-            "parameters": parameters, "input_shape": [int(d) for d in first.shape[1:]]}
+    return {"hlo": path, "format": "stablehlo", "inputs": inputs,
+            "donated": list(range(inputs + label_count, parameters)), "parameters": parameters,
+            "input_shape": [int(d) for d in first.shape[1:]]}

@@ -18,8 +18,9 @@ def training_settings(job: Job) -> dict:
     metrics = {label: list(names) for label, names in metrics.items()} if isinstance(metrics, dict) else list(metrics)
     settings = {"optimizer": name, "learning_rate": spec.learning_rate,
                 "optimizer_args": {**defaults, **dict(spec.args)}, "loss": loss, "metrics": metrics,
-                "seed": job.run.seed, "model_dir": job.run.model_dir, "keep_checkpoint_max": job.run.keep_checkpoint_max,
-                "example_shapes": example_shapes(job), "given": list(job.model.set_in_job())}
+                "seed": job.run.seed, "model_dir": job.run.model_dir,
+                "keep_checkpoint_max": job.run.keep_checkpoint_max, "example_shapes": example_shapes(job),
+                "given": list(job.model.set_in_job())}
     if len(job.data.labels) > 1:  # several: each scored by its own output (one label: the model's one output)
         settings["label_names"] = list(job.data.labels)
     return settings
