@@ -66,6 +66,22 @@ MODELS = textwrap.dedent('''
 
     def subclassed():
         return TwoLayers()
+
+
+    def two_heads():
+        """Two heads on one trunk, returned as a dict keyed like the labels: class logits and a box."""
+        inputs = keras.Input(shape=(8, 8, 1), name="image")
+        x = keras.layers.Dense(16, activation="relu")(keras.layers.Flatten()(inputs))
+        return keras.Model(inputs, {"cls": keras.layers.Dense(3, name="cls")(x),
+                                    "box": keras.layers.Dense(4, name="box")(x)})
+
+
+    def two_heads_list():
+        """The same heads returned as a list, [box, cls]: output layers named like the labels, in another order than
+        the job declares them."""
+        inputs = keras.Input(shape=(8, 8, 1), name="image")
+        x = keras.layers.Dense(16, activation="relu")(keras.layers.Flatten()(inputs))
+        return keras.Model(inputs, [keras.layers.Dense(4, name="box")(x), keras.layers.Dense(3, name="cls")(x)])
 ''')
 
 # Keras 3 as its users write it: fit on the records in file order; evaluate and predict a checkpoint's weights (a
@@ -96,15 +112,18 @@ PROGRAM = textwrap.dedent('''
     model = getattr(importlib.import_module(module), name)()
     if config["compile"]:  # the job's optimizer, loss and metrics, as a Keras user compiles them
         optimizer = {"adam": keras.optimizers.Adam, "sgd": keras.optimizers.SGD}[config["optimizer"]]
-        model.compile(optimizer=optimizer(learning_rate=config["learning_rate"]),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=config["metrics"])
+        losses = config.get("losses")  # several labels: {label: a Keras loss's config or name}
+        loss = ({label: keras.losses.get(spec) for label, spec in losses.items()} if losses else
+                keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.compile(optimizer=optimizer(learning_rate=config["learning_rate"]), loss=loss,
+                      metrics=config["metrics"])
     x, y = records(config["train"])
     batch, steps = config["batch_size"], config["steps"]
     count = len(next(iter(x.values())) if isinstance(x, dict) else x)
     epochs = math.ceil(steps * batch / count)  # the records in file order, epoch after epoch
     repeat = lambda a: np.concatenate([a] * epochs)[:steps * batch]
-    x = {k: repeat(v) for k, v in x.items()} if isinstance(x, dict) else repeat(x)
-    model.fit(x, repeat(y), batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    x, y = ({k: repeat(v) for k, v in d.items()} if isinstance(d, dict) else repeat(d) for d in (x, y))
+    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
     np.savez(config["out"] + ".fit.npz", *model.get_weights())
     if not config["eval"]:
         sys.exit(0)
@@ -119,7 +138,13 @@ PROGRAM = textwrap.dedent('''
     ex, ey = records(config["eval"])
     evaluated = model.evaluate(ex, ey, batch_size=config["eval_batch_size"], steps=config["eval_steps"], verbose=0,
                                return_dict=True)
-    np.save(config["out"] + ".predict.npy", model.predict(ex, verbose=0))
+    predicted = model.predict(ex, verbose=0)
+    if isinstance(predicted, (list, tuple)):  # several outputs: by name
+        predicted = dict(zip(model.output_names, predicted))
+    if isinstance(predicted, dict):
+        np.savez(config["out"] + ".predict.npz", **predicted)
+    else:
+        np.save(config["out"] + ".predict.npy", predicted)
     json.dump({k: float(v) for k, v in evaluated.items()}, open(config["out"] + ".evaluate.json", "w"))
 ''')
 
@@ -147,20 +172,25 @@ def write_project(root: Path, engine: str) -> Path:
 
 
 def run_oracle(project: Path, tmp: Path, env: dict, *, backend: str, checkpoint=None, tf_checkpoint=None,
-               builder: str = "classifier", compile: bool = True, job: str = "job.yaml") -> dict:
+               builder: str = "classifier", compile: bool = True, job: str = "job.yaml", losses=None,
+               metrics=None) -> dict:
     """What Keras 3 computes for the project's `job` (its records, batch, steps, seed, eval set; compile=True: its
     optimizer, learning rate and metrics, with a crossentropy on logits): the weights `fit` ends with ("fit"), and
     where the job has an eval set, the checkpoint's weights as Keras reads them ("checkpoint"), `evaluate`'s metrics
-    and `predict`'s outputs of the checkpoint on it. `builder`: a name in oraclemodels, or module:name."""
+    and `predict`'s outputs of the checkpoint on it (several: a dict by output name). `builder`: a name in oraclemodels,
+    or module:name. Several labels: `losses` ({label: a Keras loss's config or name}) and `metrics` (as compile()
+    takes them) say what it compiles with in the job's place."""
     spec = yaml.safe_load((project / job).read_text())
     model, data, evaluation = spec["model"], spec["data"], spec.get("eval") or {}
-    assert not compile or model.get("loss") == "sparse_categorical_crossentropy", model  # the one it compiles with
+    # The one it compiles with, unless told each label's.
+    assert not compile or losses or model.get("loss") == "sparse_categorical_crossentropy", model
     optimizer = model.get("optimizer") or {}
     optimizer = {"name": optimizer} if isinstance(optimizer, str) else optimizer
     config = {"project": str(project), "backend": backend, "compile": compile, "seed": spec["run"]["seed"],
               "builder": builder if ":" in builder else f"oraclemodels:{builder}",
               "optimizer": optimizer.get("name"), "learning_rate": optimizer.get("learning_rate"),
-              "metrics": model.get("metrics", []), "features": data["features"], "labels": data["labels"],
+              "metrics": model.get("metrics", []) if metrics is None else metrics, "losses": losses,
+              "features": data["features"], "labels": data["labels"],
               "train": str(project / data["train"]), "eval": data.get("eval") and str(project / data["eval"]),
               "batch_size": spec["train"]["batch_size"], "steps": spec["train"]["steps"],
               "eval_batch_size": evaluation.get("batch_size"), "eval_steps": evaluation.get("steps"),
@@ -183,7 +213,14 @@ def run_oracle(project: Path, tmp: Path, env: dict, *, backend: str, checkpoint=
         return {"fit": arrays("fit")}
     return {"fit": arrays("fit"), "checkpoint": arrays("checkpoint"),
             "evaluate": json.loads((tmp / "oracle.evaluate.json").read_text()),
-            "predict": np.load(tmp / "oracle.predict.npy")}
+            "predict": _predicted(tmp)}
+
+
+def _predicted(tmp: Path):
+    if (tmp / "oracle.predict.npz").exists():
+        found = np.load(tmp / "oracle.predict.npz")
+        return {name: found[name] for name in found.files}
+    return np.load(tmp / "oracle.predict.npy")
 
 
 def assert_weights_equal(ours: list, theirs: list) -> None:

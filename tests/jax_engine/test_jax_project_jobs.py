@@ -5,6 +5,7 @@ here; tf.keras on the others). Small shapes through --set (the configs' full sha
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,12 +21,14 @@ TPULAUNCH = [sys.executable, "-m", "tpulaunch"]
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory) -> Path:
-    """The examples' records (`tpulaunch data synth`'s writer), small: 16 quickstart images, 8 volumes of 16^3."""
+    """The examples' records (`tpulaunch data synth`'s writer), small: 16 quickstart images, 8 volumes of 16^3, 8
+    RetinaNet images of 128^2 with their anchor targets."""
     from tpulaunch.data.synth import write_example
 
     root = tmp_path_factory.mktemp("project_jobs")
     write_example("quickstart", str(root / "quickstart"), records=16, shards=1)
     write_example("unet3d", str(root / "unet3d"), records=8, shards=1, size=16)
+    write_example("retinanet", str(root / "retinanet"), records=8, shards=1, size=128)
     return root
 
 
@@ -58,3 +61,20 @@ def test_the_unet3d_job_trains_on_the_jax_engine_split_16_ways_in_bfloat16(recor
     assert done.returncode == 0, said[-3000:]
     assert "train | step 1/1" in said and "Traceback" not in said, said[-3000:]
     assert (records / "runs" / "unet3d" / "model.ckpt-1.index").is_file()
+
+
+def test_the_retinanet_job_trains_on_the_jax_engine_with_its_two_labels_and_one_loss_split_8_ways(records):
+    # The job as written: two labels (class and box targets) scored together by its one loss, bfloat16, momentum,
+    # its 8-way split [1, 4, 2, 1] over 8 devices; a ResNet-18 of narrow heads on 128^2 images.
+    from tpulaunch.models.retinanet import anchor_count
+
+    anchors = anchor_count((128, 128))
+    shape = ["data.features.image.shape=[128,128,3]", f"data.labels.cls_targets.shape=[{anchors}]",
+             f"data.labels.box_targets.shape=[{anchors},4]", "model.params.input_shape=[128,128,3]",
+             "model.params.resnet_depth=18", "model.params.fpn_features=8", "model.params.head_convs=1"]
+    done = _train("retinanet_2560.yaml", records, "retinanet", *shape, "train.batch_size=2", devices=8)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-3000:]
+    assert "train | step 1/1" in said and "Traceback" not in said, said[-3000:]
+    assert re.search(r"eval \| step 1 \| loss [0-9.]+", said), said[-3000:]
+    assert (records / "runs" / "retinanet" / "model.ckpt-1.index").is_file()

@@ -13,7 +13,7 @@ outputs are reshaped, so `encode_targets` and the model agree anchor for anchor.
 The anchor and target functions use numpy only (the data synthesizer calls them without TensorFlow);
 the model is built with the engine's Keras (`which_keras.py`) and the loss with TensorFlow (its fused sigmoid
 crossentropy keeps less for the backward pass than the same written out), each imported inside the functions that
-use them.
+use them; on the jax engine (Keras 3 on JAX), which traces the loss with JAX, the same loss in Keras 3's ops.
 """
 
 from __future__ import annotations
@@ -352,6 +352,10 @@ def loss(labels: dict, outputs: dict):
         summed over non-ignored anchors and classes; the box part is the Huber loss (delta 0.1)
         summed over positive anchors, divided by 4; both divided by (positives in the batch + 1).
     """
+    from tpulaunch.models.which_keras import keras3
+
+    if keras3():  # the jax engine: JAX traces the loss, so it is written in Keras 3's ops
+        return _keras3_loss(labels, outputs)
     import tensorflow as tf  # TensorFlow's fused sigmoid crossentropy: the written-out form keeps more for backward
 
     cls_targets = tf.cast(labels["cls_targets"], tf.int32)
@@ -376,4 +380,34 @@ def loss(labels: dict, outputs: dict):
     error = tf.abs(box_outputs - box_targets)
     huber = tf.where(error <= HUBER_DELTA, 0.5 * tf.square(error), HUBER_DELTA * error - 0.5 * HUBER_DELTA ** 2)
     box_loss = tf.reduce_sum(huber * positive[..., None]) / (normalizer * 4.0)
+    return cls_loss + BOX_LOSS_WEIGHT * box_loss
+
+
+def _keras3_loss(labels: dict, outputs: dict):
+    """`loss` in Keras 3's ops (any backend: the jax engine's JAX), term for term: the sigmoid crossentropy written
+    out as TensorFlow's fused one computes it, max(x, 0) - x * z + log(1 + exp(-|x|))."""
+    ops = _keras().ops
+
+    cls_targets = ops.cast(labels["cls_targets"], "int32")
+    box_targets = ops.cast(labels["box_targets"], "float32")
+    logits = ops.cast(outputs["cls_logits"], "float32")
+    box_outputs = ops.cast(outputs["box_regression"], "float32")
+    num_classes = logits.shape[-1]
+
+    positive = ops.cast(cls_targets > 0, "float32")  # [B, A]
+    valid = ops.cast(cls_targets >= 0, "float32")
+    normalizer = ops.sum(positive) + 1.0
+
+    # Class k is one-hot column k-1; background (-1 after the shift) and ignored (-2) rows are all zeros.
+    onehot = ops.cast(ops.expand_dims(cls_targets - 1, -1) == ops.arange(num_classes, dtype="int32"), "float32")
+    cross_entropy = ops.relu(logits) - logits * onehot + ops.log1p(ops.exp(-ops.abs(logits)))
+    probs = ops.sigmoid(logits)
+    p_t = onehot * probs + (1.0 - onehot) * (1.0 - probs)
+    alpha_t = onehot * FOCAL_ALPHA + (1.0 - onehot) * (1.0 - FOCAL_ALPHA)
+    focal = alpha_t * ops.power(1.0 - p_t, FOCAL_GAMMA) * cross_entropy
+    cls_loss = ops.sum(focal * ops.expand_dims(valid, -1)) / normalizer
+
+    error = ops.abs(box_outputs - box_targets)
+    huber = ops.where(error <= HUBER_DELTA, 0.5 * ops.square(error), HUBER_DELTA * error - 0.5 * HUBER_DELTA ** 2)
+    box_loss = ops.sum(huber * ops.expand_dims(positive, -1)) / (normalizer * 4.0)
     return cls_loss + BOX_LOSS_WEIGHT * box_loss

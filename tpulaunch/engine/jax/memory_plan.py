@@ -57,8 +57,8 @@ def _training(job, search_path: Sequence[str], builder_kwargs=None):
 
 
 def data_specs(job, model, batch: int) -> tuple:
-    """Abstract features (one tensor, or a dict by name, as the input pipeline hands them) and label at `batch`
-    examples, at the shapes the model was built for."""
+    """Abstract features (one tensor, or a dict by name, as the input pipeline hands them) and label (several: a
+    dict by name, as the pipeline hands them) at `batch` examples, at the shapes the model was built for."""
     import jax
 
     def spec(shape, dtype):
@@ -70,8 +70,8 @@ def data_specs(job, model, batch: int) -> tuple:
         features = spec(built or tuple(job.data.features[names[0]].shape), job.data.features[names[0]].dtype)
     else:
         features = {name: spec(tuple(s.shape), s.dtype) for name, s in job.data.features.items()}
-    (label,) = job.data.labels.values()
-    return features, spec(tuple(label.shape), label.dtype)
+    labels = {name: spec(tuple(s.shape), s.dtype) for name, s in job.data.labels.items()}
+    return features, next(iter(labels.values())) if len(labels) == 1 else labels
 
 
 def abstract_state(model):
@@ -94,7 +94,8 @@ def _built(training, features, labels) -> None:
     def zeros(spec):
         return np.zeros(spec.shape, spec.dtype)
 
-    training.model._symbolic_build(data_batch=(jax.tree_util.tree_map(zeros, features), zeros(labels)))
+    training.model._symbolic_build(data_batch=(jax.tree_util.tree_map(zeros, features),
+                                               jax.tree_util.tree_map(zeros, labels)))
 
 
 # ------------------------------------------------------------------------------------------ the estimate
@@ -109,6 +110,7 @@ def step_tensors(job, *, use_tpu: bool) -> StepTensors:
     training = _training(job, job.search_path)
     model = training.model
     features, labels = data_specs(job, model, PROBE_BATCH)
+    labels = training.keras_labels(labels)  # several: as the model's compile() takes them
     _built(training, features, labels)
     trainable, non_trainable, optimizer, metrics = abstract_state(model)
 
@@ -235,6 +237,7 @@ def export_step(request: dict) -> dict:
     training = _training(job, request["search_path"], request["kwargs"])
     model = training.model
     features, labels = data_specs(job, model, request["batch"])
+    labels = training.keras_labels(labels)  # several: as the model's compile() takes them
     _built(training, features, labels)
     state = abstract_state(model)
 
@@ -244,10 +247,12 @@ def export_step(request: dict) -> dict:
 
     exported = jax.export.export(jax.jit(step, donate_argnums=(2,)), platforms=["tpu"])(features, labels, state)
     inputs = len(jax.tree_util.tree_leaves(features))
-    parameters = inputs + 1 + len(jax.tree_util.tree_leaves(state))
+    label_count = len(jax.tree_util.tree_leaves(labels))
+    parameters = inputs + label_count + len(jax.tree_util.tree_leaves(state))
     fd, path = tempfile.mkstemp(prefix="tpulaunch-step-", suffix=".mlir", dir=request.get("dir"))
     with os.fdopen(fd, "w") as f:
         f.write(exported.mlir_module())
     first = jax.tree_util.tree_leaves(features)[0]
-    return {"hlo": path, "format": "stablehlo", "inputs": inputs, "donated": list(range(inputs + 1, parameters)),
-            "parameters": parameters, "input_shape": [int(d) for d in first.shape[1:]]}
+    return {"hlo": path, "format": "stablehlo", "inputs": inputs,
+            "donated": list(range(inputs + label_count, parameters)), "parameters": parameters,
+            "input_shape": [int(d) for d in first.shape[1:]]}

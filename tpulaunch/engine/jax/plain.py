@@ -12,15 +12,23 @@ def training_settings(job: Job) -> dict:
     """Keywords of `standalone.JaxTraining`, besides the builder, its arguments and the job's own loss."""
     spec = job.model.optimizer
     name, defaults = OPTIMIZERS[spec.name]
-    loss = job.model.loss if isinstance(job.model.loss, str) and ":" not in job.model.loss else None
-    return {"optimizer": name, "learning_rate": spec.learning_rate, "optimizer_args": {**defaults, **dict(spec.args)},
-            "loss": loss, "metrics": list(job.model.metrics or []), "seed": job.run.seed,
-            "model_dir": job.run.model_dir, "keep_checkpoint_max": job.run.keep_checkpoint_max,
-            "example_shapes": example_shapes(job), "given": list(job.model.set_in_job())}
+    loss = job.model.loss
+    loss = dict(loss) if isinstance(loss, dict) else loss if isinstance(loss, str) and ":" not in loss else None
+    metrics = job.model.metrics or []
+    metrics = {label: list(names) for label, names in metrics.items()} if isinstance(metrics, dict) else list(metrics)
+    settings = {"optimizer": name, "learning_rate": spec.learning_rate,
+                "optimizer_args": {**defaults, **dict(spec.args)}, "loss": loss, "metrics": metrics,
+                "seed": job.run.seed, "model_dir": job.run.model_dir,
+                "keep_checkpoint_max": job.run.keep_checkpoint_max, "example_shapes": example_shapes(job),
+                "given": list(job.model.set_in_job())}
+    if len(job.data.labels) > 1:  # several: each scored by its own output (one label: the model's one output)
+        settings["label_names"] = list(job.data.labels)
+    return settings
 
 
 def example_shapes(job: Job) -> tuple:
-    """`standalone.example_batch`'s arguments: the features' and the label's shapes and dtypes, as plain values."""
-    (label,) = job.data.labels.values()
+    """`standalone.example_batch`'s arguments: the features' and the label's shapes and dtypes, as plain values
+    (several labels: by name)."""
+    labels = {name: (list(spec.shape), spec.dtype) for name, spec in job.data.labels.items()}
     return ({name: (list(spec.shape), spec.dtype) for name, spec in job.data.features.items()},
-            (list(label.shape), label.dtype))
+            next(iter(labels.values())) if len(labels) == 1 else labels)

@@ -31,16 +31,17 @@ if TYPE_CHECKING:
 STANDALONE = "tpulaunch.engine.jax.standalone"
 
 # The job key each value comes from (besides the engine-neutral ones in engine/plain.py).
-SOURCES = {**neutral.SOURCES, "example_shapes": ("data",), "given": ("model",)}
+SOURCES = {**neutral.SOURCES, "example_shapes": ("data",), "given": ("model",), "label_names": ("data", "labels")}
 
 # What a value means, where its job key alone does not say.
 NOTES = {
     "features": "per tensor: record key, stored form, per-example shape (None = unknown), dtype",
     "optimizer": "the Keras optimizer class it names (momentum: SGD with momentum 0.9)",
     "optimizer_args": "the class's arguments for the name, then model.optimizer.args",
-    "loss": "a Keras loss by name (None: the job's own, custom_loss below)",
-    "example_shapes": "the features' and the label's per-example shapes and dtypes: the model is built on zeros of "
-                      "them before the first step (a subclassed model's variables, a restore)",
+    "loss": "a Keras loss by name, or per label (None: the job's own, custom_loss below)",
+    "example_shapes": "the features' and the label's (several: by name) per-example shapes and dtypes: the model is "
+                      "built on zeros of them before the first step (a subclassed model's variables, a restore)",
+    "label_names": "several labels, in declared order: each scored by its own output, as compile() scores them",
     "given": "which of model.loss, model.optimizer and model.metrics the job sets: a model its builder compile()d "
              "keeps its own compile's others",
 }

@@ -64,6 +64,7 @@ def trace_steps(training, job: Job) -> list:
     for mode in ("train", "eval") if job.eval is not None else ("train",):
         section = getattr(job, mode)
         features, labels = data_specs(job, model, section.batch_size if section is not None else 1)
+        labels = training.keras_labels(labels)  # several: as train hands them to the model's compile()
         try:
             with build_errors(job, mode), spec_errors():
                 jax.eval_shape(lambda f, y, state: steps[mode](state, (f, y)), features, labels, states[mode])

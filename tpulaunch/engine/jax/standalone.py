@@ -14,6 +14,7 @@ portable.py and then this module verbatim inside the standalone program (without
 names below, which the program defines above it).
 """
 
+import itertools
 import warnings
 from typing import Callable, List, Optional
 
@@ -21,7 +22,8 @@ import numpy as np
 import tensorflow as tf
 
 from tpulaunch.engine.portable import (  # explain: the program defines these above this module
-    checkpoint_class, checkpoint_manager_class, compile_with_job, compiled_with, no_evaluation_batches)
+    checkpoint_class, checkpoint_manager_class, compile_with_job, compiled_with, head_for, metrics_by_label,
+    no_evaluation_batches, outputs_by_label)
 
 CHECKPOINT_NAME = "model.ckpt"  # checkpoints are model_dir/model.ckpt-STEP, as on the other engines
 # Crossentropies take logits unless the model's last layer ends in softmax or sigmoid.
@@ -66,14 +68,16 @@ def hand_batches_as_fit_does(model) -> None:
     model.train_step = train_step
 
 
-def example_batch(features: dict, label: tuple) -> tuple:
+def example_batch(features: dict, label) -> tuple:
     """Zeros of one example: the features ({name: (shape, dtype)}; a lone array for one feature, as the input
-    pipeline hands them) and the label ((shape, dtype))."""
+    pipeline hands them) and the label ((shape, dtype)), or the labels ({name: (shape, dtype)}: a dict by name, as
+    the input pipeline hands several)."""
     def zeros(shape, dtype):
         return np.zeros((1, *shape), "float32" if dtype == "bfloat16" else dtype)
 
     made = {name: zeros(*spec) for name, spec in features.items()}
-    return (next(iter(made.values())) if len(made) == 1 else made), zeros(*label)
+    labels = {name: zeros(*spec) for name, spec in label.items()} if isinstance(label, dict) else zeros(*label)
+    return (next(iter(made.values())) if len(made) == 1 else made), labels
 
 
 def keras_on_jax():
@@ -98,12 +102,86 @@ def outputs_logits(model) -> bool:
     return getattr(activation, "__name__", "linear") not in ("softmax", "sigmoid")
 
 
-def make_loss(keras, loss: str, model):
-    """The Keras loss `loss` names; a crossentropy told whether the model outputs logits."""
+def make_loss(keras, loss: str, model, from_logits: Optional[bool] = None):
+    """The Keras loss `loss` names; a crossentropy told whether the model outputs logits (`from_logits`; None:
+    read from the model's last layer)."""
     if loss not in CROSSENTROPY:
         return keras.losses.get(loss)
     class_name = "".join(part.capitalize() for part in loss.split("_"))
-    return keras.losses.get({"class_name": class_name, "config": {"from_logits": outputs_logits(model)}})
+    from_logits = outputs_logits(model) if from_logits is None else from_logits
+    return keras.losses.get({"class_name": class_name, "config": {"from_logits": from_logits}})
+
+
+def output_logits(output, model) -> bool:
+    """Whether one of a functional model's outputs (a symbolic tensor) is logits: unless the layer that makes it
+    ends in softmax or sigmoid (a model without symbolic outputs: its last layer, `outputs_logits`)."""
+    history = getattr(output, "_keras_history", None)
+    layer = getattr(history, "operation", None)
+    if layer is None:
+        return outputs_logits(model)
+    return getattr(getattr(layer, "activation", None), "__name__", "linear") not in ("softmax", "sigmoid")
+
+
+class Heads:
+    """A model of several labels (`label_names`, as the job declares them) as Keras's compile() scores it: each
+    label paired with the output it scores as the other engines pair them (`portable.outputs_by_label`: dict outputs
+    keyed like the labels; a list by its output layers' names, else in declared order); the labels handed to Keras
+    in the outputs' structure (a dict as the input pipeline gives it; a list in the outputs' order), each label's
+    loss and metrics in that structure too, so Keras's per-output losses (summed) and metrics
+    (`<output>_<metric>`) are compile()'s own. `whole`: the job's one loss function of all the labels and outputs
+    (RetinaNet's), which gets the labels as the input pipeline gives them, by name."""
+
+    def __init__(self, keras, model, label_names: List[str], example_features, whole: bool):
+        self.keras, self.model, self.names, self.whole = keras, model, list(label_names), whole
+        outputs = getattr(model, "output", None) if getattr(model, "inputs", None) else None
+        if outputs is None:  # a model without symbolic outputs: their structure from a call on zeros
+            outputs = model(example_features)
+        self.outputs = outputs
+        self.order = None  # list outputs: the label of each output, in the outputs' order
+        if whole:
+            return
+        if isinstance(outputs, dict):
+            outputs_by_label(outputs, self.names)  # keyed like the labels, or a SpecError at data.labels
+            self.logits = {name: output_logits(outputs[name], model) for name in self.names}
+            return
+        flat = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+        paired = outputs_by_label(list(range(len(flat))), self.names, list(getattr(model, "output_names", ()) or ()))
+        self.order = [label for index in range(len(flat)) for label, at in paired.items() if at == index]
+        self.logits = {label: output_logits(flat[paired[label]], model) for label in self.names}
+
+    def structured(self, by_label: dict):
+        """Values by label in the structure of the model's outputs."""
+        return dict(by_label) if self.order is None else [by_label[label] for label in self.order]
+
+    def labels(self, labels):
+        """A batch's labels (a dict by name) as Keras pairs them with the outputs."""
+        return labels if self.whole else self.structured(labels)
+
+    def losses(self, loss):
+        """Each label's loss (`loss`: one name for all, or {label: name}) in the outputs' structure."""
+        named = loss if isinstance(loss, dict) else {label: loss for label in self.names}
+        return self.structured({label: make_loss(self.keras, named[label], self.model, self.logits[label])
+                                for label in self.names})
+
+    def metrics(self, metrics, loss):
+        """Each label's metrics (a list: each metric for every head it fits; {label: [names]}) in the outputs'
+        structure."""
+        named = loss if isinstance(loss, dict) else {label: loss for label in self.names}
+        heads = {label: head_for(named[label] or "", self.logits[label]) for label in self.names}
+        return self.structured(metrics_by_label(metrics, heads))
+
+    def whole_loss(self, custom_loss: Callable):
+        """The model's compute_loss with the job's one loss of all labels and outputs: its mean (as compile()
+        reduces a loss function's values), plus the model's own losses (regularizers, add_loss), as Keras's."""
+        keras, model = self.keras, self.model
+
+        def compute_loss(x=None, y=None, y_pred=None, sample_weight=None, training=True):
+            total = keras.ops.mean(keras.ops.cast(custom_loss(y, y_pred), "float32"))
+            for extra in model.losses:
+                total = total + keras.ops.sum(keras.ops.cast(extra, "float32"))
+            return total
+
+        return compute_loss
 
 
 class JaxTraining:
@@ -118,10 +196,11 @@ class JaxTraining:
     """
 
     def __init__(self, build_model: Callable, builder_kwargs: dict, *, optimizer: str, learning_rate: float,
-                 optimizer_args: dict, loss: Optional[str], metrics: List[str], seed: Optional[int], model_dir: str,
+                 optimizer_args: dict, loss, metrics, seed: Optional[int], model_dir: str,
                  keep_checkpoint_max: int, example_shapes: Optional[tuple] = None, custom_loss: Optional[Callable] = None,
                  distribution=None, write_through: Optional[Callable] = None,
-                 fence: Optional[Callable[[], None]] = None, given: Optional[List[str]] = None):
+                 fence: Optional[Callable[[], None]] = None, given: Optional[List[str]] = None,
+                 label_names: Optional[List[str]] = None):
         keras, jax = keras_on_jax()
         self.keras = keras
         self.devices = jax.devices()
@@ -143,15 +222,40 @@ class JaxTraining:
         # A model its builder compile()d (a KerasHub task compiles itself) keeps its own compile for what the job
         # does not set (`given`); the job's replace the rest, as a second compile() would. `compile_note` says so.
         own = compiled_with(self.model)
-        said = compile_with_job(self.model, own, ("loss", "optimizer", "metrics") if given is None else given, {
+        given = ("loss", "optimizer", "metrics") if given is None else given
+        # Several labels: each scored by its own output, the labels handed in the outputs' structure (`Heads`);
+        # the job's one loss function of them all (not a model's own compile) gets them as the pipeline gives them.
+        self.heads = None
+        if label_names is not None and len(label_names) > 1:
+            features = example_batch(*example_shapes)[0] if example_shapes is not None else None
+            self.heads = Heads(keras, self.model, label_names, features,
+                               whole=custom_loss is not None and (not own or "loss" in given))
+
+        def job_loss():
+            if self.heads is None:
+                return custom_loss or make_loss(keras, loss, self.model)
+            return None if self.heads.whole else self.heads.losses(loss)
+
+        def job_metrics():
+            if self.heads is None:
+                return list(metrics)
+            if self.heads.whole:  # none: Keras would pair the labels with the outputs (tpulaunch refuses metrics)
+                return None
+            return self.heads.metrics(metrics, loss)
+
+        said = compile_with_job(self.model, own, given, {
             "optimizer": lambda: make_optimizer(keras, optimizer, learning_rate, optimizer_args),
-            "loss": lambda: custom_loss or make_loss(keras, loss, self.model), "metrics": lambda: list(metrics)},
-            jit_compile=True)
+            "loss": job_loss, "metrics": job_metrics}, jit_compile=True)
+        if self.heads is not None and self.heads.whole:  # Keras's compile() would score each output alone
+            self.model.compute_loss = self.heads.whole_loss(custom_loss)
+            whole = f"model.loss {getattr(custom_loss, '__name__', type(custom_loss).__name__)} of all the outputs"
+            said = [whole if part.startswith("model.loss") else part for part in said]
         self.compile_note = f"{type(self.model).__name__} was compiled: " + "; ".join(said) if own else None
         if type(self.model).train_step is not keras.Model.train_step:
             hand_batches_as_fit_does(self.model)
         if example_shapes is not None:  # built as fit() builds it at its first batch: a model whose variables come
-            self.model._symbolic_build(data_batch=example_batch(*example_shapes))  # at its first call has them
+            features, labels = example_batch(*example_shapes)  # at its first call has them
+            self.model._symbolic_build(data_batch=(features, self.keras_labels(labels)))
         if not self.model.optimizer.built:
             self.model.optimizer.build(self.model.trainable_variables)
         self.step = 0
@@ -160,9 +264,13 @@ class JaxTraining:
         self._checkpoint = None
 
     # ------------------------------------------------------------------------------ the steps
+    def keras_labels(self, labels):
+        """A batch's labels as the model's compile() takes them (several: in its outputs' structure, `Heads`)."""
+        return labels if self.heads is None else self.heads.labels(labels)
+
     def train_step(self, features, labels) -> float:
         """One step on a global batch (split over the devices); its loss."""
-        logs = self.model.train_on_batch(features, labels, return_dict=True)
+        logs = self.model.train_on_batch(features, self.keras_labels(labels), return_dict=True)
         self.step += 1
         return float(logs["loss"])
 
@@ -187,8 +295,8 @@ class JaxTraining:
             raise no_evaluation_batches()
 
         def every_batch():  # a generator, as evaluate() takes one
-            yield first
-            yield from remaining
+            for features, labels in itertools.chain([first], remaining):
+                yield features, self.keras_labels(labels)
 
         evaluate, given = self.model.evaluate, every_batch()
         preprocess = getattr(self.model, "preprocess_samples", None)
