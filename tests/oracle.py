@@ -149,6 +149,27 @@ PROGRAM = textwrap.dedent('''
 ''')
 
 
+# A builder that compiles two named heads itself (the keras and jax engines' two-label oracle tests).
+TWO_HEADS_COMPILED = textwrap.dedent('''
+    import keras
+
+
+    def build():
+        """Two named heads compiled by the builder: a class scored by a crossentropy, a box by a squared error,
+        with loss weights and a weighted metric (a KerasHub-style model that brings its own compile)."""
+        image = keras.Input(shape=(8, 8, 1), name="image")
+        x = keras.layers.Dense(8, activation="relu")(keras.layers.Flatten()(image))
+        model = keras.Model(image, {"cls": keras.layers.Dense(3, name="cls")(x),
+                                    "box": keras.layers.Dense(4, name="box")(x)})
+        model.compile(optimizer=keras.optimizers.Adam(0.02),
+                      loss={"cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True), "box": "mse"},
+                      loss_weights={"cls": 0.25, "box": 2.0},
+                      metrics={"cls": [keras.metrics.SparseCategoricalAccuracy(name="acc")], "box": ["mae"]},
+                      weighted_metrics={"box": ["mse"]})
+        return model
+''')
+
+
 def write_project(root: Path, engine: str) -> Path:
     """32 training records (4 batches: step 5 starts the second epoch), 40 eval records (5 batches, all evaluated),
     read in file order (shuffle_buffer 0): the order the oracle reads them in."""
@@ -240,7 +261,8 @@ def assert_metrics_equal(ours: dict, theirs: dict) -> None:
         np.testing.assert_allclose(ours[name], value, err_msg=name, **METRICS)
 
 
-def assert_reported_as_evaluated(model_dir: Path, trained: str, evaluated: str, expected: dict, step: int = STEPS) -> None:
+def assert_reported_as_evaluated(model_dir: Path, trained: str, evaluated: str, expected: dict,
+                                 step: int = STEPS) -> None:
     """What `train` printed (`trained`, its stdout) and recorded of its evaluation, and what `evaluate` printed
     (`evaluated`) and recorded, all equal `expected`: Keras's evaluate() of the same checkpoint."""
     (recorded,) = recorded_evals(model_dir, "train")

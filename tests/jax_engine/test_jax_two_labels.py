@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,8 @@ import tensorflow as tf
 import yaml
 
 import user_models as corpus
-from oracle import (SERVED, STEPS, assert_reported_as_evaluated, assert_weights_equal, run_oracle, write_project)
+from oracle import (SERVED, STEPS, TWO_HEADS_COMPILED, assert_reported_as_evaluated, assert_weights_equal, run_oracle,
+                    write_project)
 from jax_runs import TPULAUNCH, checkpoint_variables, run_env
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
@@ -131,24 +131,6 @@ def test_the_explained_program_trains_two_labels_as_tpulaunch_train_does(project
     assert {"loss", "cls_loss", "box_loss", "cls_accuracy", "box_mean_absolute_error"} <= set(results), results
 
 
-TWO_HEADS_COMPILED = textwrap.dedent('''
-    import keras
-
-
-    def build():
-        """Two named heads compiled by the builder: a class scored by a crossentropy, a box by a squared error,
-        with loss weights and a weighted metric (a KerasHub-style model that brings its own compile)."""
-        image = keras.Input(shape=(8, 8, 1), name="image")
-        x = keras.layers.Dense(8, activation="relu")(keras.layers.Flatten()(image))
-        model = keras.Model(image, {"cls": keras.layers.Dense(3, name="cls")(x),
-                                    "box": keras.layers.Dense(4, name="box")(x)})
-        model.compile(optimizer=keras.optimizers.Adam(0.02),
-                      loss={"cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True), "box": "mse"},
-                      loss_weights={"cls": 0.25, "box": 2.0},
-                      metrics={"cls": [keras.metrics.SparseCategoricalAccuracy(name="acc")], "box": ["mae"]},
-                      weighted_metrics={"box": ["mse"]})
-        return model
-''')
 
 
 def test_a_compiled_two_head_model_trains_with_its_own_compile_as_keras_fit_and_evaluate_do(project, tmp_path):

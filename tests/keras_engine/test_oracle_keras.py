@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ import tensorflow as tf
 import yaml
 
 import user_models as corpus
-from oracle import (LEFT_OUT_5, SERVED, STEPS, assert_metrics_equal, assert_reported_as_evaluated,
+from oracle import (LEFT_OUT_5, SERVED, STEPS, TWO_HEADS_COMPILED, assert_metrics_equal, assert_reported_as_evaluated,
                     assert_weights_equal, eval_images, eval_line, keras_evaluate, recorded_evals, run_oracle,
                     write_project)
 from jax_runs import TPULAUNCH, run_env
@@ -121,24 +120,6 @@ def test_a_run_stopped_at_step_3_and_resumed_equals_one_that_never_stopped(proje
     assert_weights_equal([ours[name] for name in sorted(ours)], [theirs[name] for name in sorted(theirs)])
 
 
-TWO_HEADS = textwrap.dedent('''
-    import keras
-
-
-    def build():
-        """Two named heads compiled by the builder: a class scored by a crossentropy, a box by a squared error,
-        with loss weights and a weighted metric (a KerasHub-style model that brings its own compile)."""
-        image = keras.Input(shape=(8, 8, 1), name="image")
-        x = keras.layers.Dense(8, activation="relu")(keras.layers.Flatten()(image))
-        model = keras.Model(image, {"cls": keras.layers.Dense(3, name="cls")(x),
-                                    "box": keras.layers.Dense(4, name="box")(x)})
-        model.compile(optimizer=keras.optimizers.Adam(0.02),
-                      loss={"cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True), "box": "mse"},
-                      loss_weights={"cls": 0.25, "box": 2.0},
-                      metrics={"cls": [keras.metrics.SparseCategoricalAccuracy(name="acc")], "box": ["mae"]},
-                      weighted_metrics={"box": ["mse"]})
-        return model
-''')
 
 
 def test_a_compiled_two_head_model_trains_and_evaluates_with_its_own_loss_as_keras_evaluate_does(tmp_path):
@@ -148,7 +129,7 @@ def test_a_compiled_two_head_model_trains_and_evaluates_with_its_own_loss_as_ker
     specs = {**corpus.IMAGE, **corpus.CLS_AND_BOX}
     corpus.write_records(tmp_path / "train.tfrecord", specs, 32, seed=11)
     corpus.write_records(tmp_path / "eval.tfrecord", specs, 37, seed=12)  # 4 whole batches and 5 records more
-    (tmp_path / "twoheads.py").write_text(TWO_HEADS)
+    (tmp_path / "twoheads.py").write_text(TWO_HEADS_COMPILED)
     job = {"name": "two-heads", "model": {"builder": "twoheads:build"},
            "data": {"train": "train.tfrecord", "eval": "eval.tfrecord", "features": corpus.IMAGE,
                     "labels": corpus.CLS_AND_BOX, "shuffle_buffer": 0},
