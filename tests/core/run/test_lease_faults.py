@@ -213,7 +213,6 @@ ctypes.CDLL(None).pthread_exit(None)  # its first thread ends: /proc shows the p
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
 def test_a_holder_whose_first_thread_ended_while_others_run_is_not_gone(tmp_path):
     """A process whose leader thread exited while its other threads run shows Z in /proc/<pid>/stat, yet it runs
     (and holds its lease): it is not a zombie, and its lease is not taken over."""
