@@ -192,6 +192,18 @@ def write_project(root: Path, engine: str) -> Path:
     return root
 
 
+def write_compiled_job(project: Path, builder: str, *, source: str = "job.yaml",
+                       unset: tuple = ("loss", "optimizer", "metrics")) -> str:
+    """project/compiled.yaml: the job `source` with `builder` (one that compiles its model itself) and without the
+    model keys `unset`, so the builder's own compile decides them. Returns its file name."""
+    job = yaml.safe_load((project / source).read_text())
+    for key in unset:
+        del job["model"][key]
+    job["model"]["builder"] = builder
+    (project / "compiled.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    return "compiled.yaml"
+
+
 def run_oracle(project: Path, tmp: Path, env: dict, *, backend: str, checkpoint=None, tf_checkpoint=None,
                builder: str = "classifier", compile: bool = True, job: str = "job.yaml", losses=None,
                metrics=None) -> dict:

@@ -18,7 +18,7 @@ import yaml
 
 import user_models as corpus
 from oracle import (SERVED, STEPS, TWO_HEADS_COMPILED, assert_reported_as_evaluated, assert_weights_equal, run_oracle,
-                    write_project)
+                    write_compiled_job, write_project)
 from jax_runs import TPULAUNCH, checkpoint_variables, run_env
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
@@ -137,11 +137,7 @@ def test_a_compiled_two_head_model_trains_with_its_own_compile_as_keras_fit_and_
     """The job sets no loss, optimizer or metrics: the builder's own compile (per-output losses, loss weights,
     metrics and weighted metrics) trains the two labels to fit's weights and evaluates as evaluate() does."""
     (project / "twoheads.py").write_text(TWO_HEADS_COMPILED)
-    job = yaml.safe_load((project / "two.yaml").read_text())
-    for key in ("loss", "optimizer", "metrics"):
-        del job["model"][key]
-    job["model"]["builder"] = "twoheads:build"
-    (project / "compiled.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    write_compiled_job(project, "twoheads:build", source="two.yaml")
     model_dir = tmp_path / "run"
     trained = _run("train", project, "--model-dir", str(model_dir), job="compiled.yaml")
     assert "Functional was compiled: its loss {cls: SparseCategoricalCrossentropy, box: 'mse'}" in trained.stdout

@@ -22,7 +22,7 @@ import yaml
 import user_models as corpus
 from oracle import (LEFT_OUT_5, SERVED, STEPS, assert_metrics_equal, assert_reported_as_evaluated,
                     assert_weights_equal, eval_images, eval_line, keras_evaluate, recorded_evals, run_oracle,
-                    write_project)
+                    write_compiled_job, write_project)
 from jax_runs import TPULAUNCH, checkpoint_variables, run_env
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
@@ -72,11 +72,7 @@ def test_train_evaluate_and_export_equal_keras_fit_evaluate_and_predict(project,
 
 
 def test_a_model_compiled_by_its_builder_trains_with_its_own_compile_where_the_job_sets_none(project, tmp_path):
-    job = yaml.safe_load((project / "job.yaml").read_text())
-    for key in ("loss", "optimizer", "metrics"):
-        del job["model"][key]
-    job["model"]["builder"] = "oraclemodels:compiled"
-    (project / "compiled.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    write_compiled_job(project, "oraclemodels:compiled")
     model_dir = tmp_path / "run"
     trained = _run("train", project, "--model-dir", str(model_dir), job="compiled.yaml")
     assert "Functional was compiled: its loss SparseCategoricalCrossentropy; its optimizer Adam; its metrics " \

@@ -20,7 +20,7 @@ import yaml
 import user_models as corpus
 from oracle import (LEFT_OUT_5, SERVED, STEPS, TWO_HEADS_COMPILED, assert_metrics_equal, assert_reported_as_evaluated,
                     assert_weights_equal, eval_images, eval_line, keras_evaluate, recorded_evals, run_oracle,
-                    write_project)
+                    write_compiled_job, write_project)
 from jax_runs import TPULAUNCH, run_env
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
@@ -71,11 +71,7 @@ def test_train_evaluate_and_export_equal_keras_fit_evaluate_and_predict(project,
 def test_a_compiled_model_keeps_its_own_metrics_and_optimizer_where_the_job_sets_only_the_loss(project, tmp_path):
     """The job sets model.loss alone: the model's own Adam(0.02) trains it, and its own metric is evaluated (Keras's
     steps, the job's loss in its compile), as `fit` and `evaluate` with the model's compile compute them."""
-    job = yaml.safe_load((project / "job.yaml").read_text())
-    for key in ("optimizer", "metrics"):
-        del job["model"][key]
-    job["model"]["builder"] = "oraclemodels:compiled"
-    (project / "compiled.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    write_compiled_job(project, "oraclemodels:compiled", unset=("optimizer", "metrics"))
     model_dir = tmp_path / "run"
     trained = _run("train", project, "--model-dir", str(model_dir), job="compiled.yaml")
     assert ("Functional trains with Keras's train_step and test_step (the job sets no model.metrics: its own are "
