@@ -156,6 +156,13 @@ def test_status_shows_each_slices_node_and_a_lost_one_makes_the_job_unusable(cli
     assert waiting.exit_code == ExitCode.CLUSTER, waiting.output
     assert "queued resource 'my-tpu' of 2 slices (TPU nodes my-tpu-0, my-tpu-1) is WAITING_FOR_RESOURCES in " \
            f"project '{DEFAULT_PROJECT}', zone '{DEFAULT_ZONE}': none of its nodes exists yet" in waiting.output
+    # ... and as JSON, for a script: an answer on stdout, the same error
+    as_json = CliRunner().invoke(cli, ["status", job, "--format", "json"], catch_exceptions=False)
+    assert as_json.exit_code == ExitCode.CLUSTER, as_json.output
+    answer = json.loads(as_json.stdout)
+    assert answer["usable"] is False and answer["file"] == job
+    assert "is WAITING_FOR_RESOURCES in " in answer["error"]["message"] and "--wait" in answer["error"]["hint"]
+    assert "none of its nodes exists yet" in as_json.stderr
 
 
 def test_status_wait_waits_for_a_queued_resource_to_get_its_nodes_and_says_its_state_meanwhile(cli_tpu_api, tmp_path):
