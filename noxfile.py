@@ -79,6 +79,10 @@ def _pytest(session: nox.Session, python: str, folder: str, xla: bool = False, j
     if jax_compiles:
         env.update(_jax_compiles())
     named = any(arg.startswith("tests/") for arg in session.posargs)  # `-- tests/...`: those, not the whole folder
+    # The package's and the suite's bytecode, written once here: where PYTHONDONTWRITEBYTECODE is set (as on the
+    # machines this suite runs on) each test process and child would otherwise compile again every module it imports
+    # (0.17 s of each `train`'s start, in hundreds of processes). compileall writes whatever that variable says.
+    session.run(python, "-m", "compileall", "-q", "tpulaunch", "tests", external=True, silent=True)
     session.run(python, *PYTEST, *(() if named else (folder,)), *session.posargs, external=True, env=env)
 
 
