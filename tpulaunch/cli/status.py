@@ -67,8 +67,8 @@ def status(obj, job_file, wait_s, fmt, overrides):
         shown = read.job_status(job_file, overrides, wait_s=wait_s, on_wait=on_wait, say=obj.say)
     except TpuLaunchError as exc:
         if fmt == "json" and exc.exit_code == ExitCode.CLUSTER:
-            # No node to show (not found, a queued resource with none yet, the API out of reach or no credentials): a script reading
-            # stdout still gets an answer, and the error is said on stderr as ever.
+            # No node to show (not found, a queued resource with none yet, the API out of reach, no credentials):
+            # a script reading stdout still gets an answer, and the error is said on stderr as ever.
             click.echo(json.dumps({"file": job_file, "usable": False,
                                    "error": {"message": exc.message, "hint": exc.hint}}, indent=2))
         raise
