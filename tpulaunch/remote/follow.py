@@ -99,6 +99,19 @@ class Recovery:
             words += f" ({steps_lost} step{'s' if steps_lost != 1 else ''} since the last logged step lost)"
         return words
 
+    def summary(self) -> str:
+        """What the run's restarts cost, for its last line: "" without one, else e.g. " after 2 restarts (back in
+        212.4 s and 31.0 s; 20 steps lost since the last logged step)"."""
+        if not self.recoveries:
+            return ""
+        count = len(self.recoveries)
+        words = f" after {count} restart{'s' if count != 1 else ''} (back in " + " and ".join(
+            f"{r['recovery_s']:.1f} s" for r in self.recoveries)
+        lost = [r["steps_lost"] for r in self.recoveries if r["steps_lost"] is not None]
+        if lost:
+            words += f"; {sum(lost)} step{'s' if sum(lost) != 1 else ''} lost since the last logged step"
+        return words + ")"
+
 
 def host_status(model_dir: str, attempt: int, worker: int = 0) -> Optional[dict]:
     """The host's status file (`host.py`), or None before the host wrote one (or when it is not JSON yet)."""

@@ -195,12 +195,12 @@ class GkeRun:
                 self.say(f"gke | {back}")
             ended = _condition(status)
             if ended == "Completed":
-                self.say(f"gke | JobSet '{self.sub.name}' completed")
+                self.say(f"gke | JobSet '{self.sub.name}' completed{recovery.summary()}")
                 return 0
             if ended == "Failed":
                 chief = host_status(model_dir, base + seen_restarts + 1) or {}
                 code = chief.get("exit_code") or int(ExitCode.CLUSTER)
-                self.say(f"gke | JobSet '{self.sub.name}' failed: {_message(status)}"
+                self.say(f"gke | JobSet '{self.sub.name}' failed{recovery.summary()}: {_message(status)}"
                          + (f" (the chief exited {code})" if chief else ""))
                 return int(code)
             if self.timeout_s and time.monotonic() - began > self.timeout_s:

@@ -122,7 +122,7 @@ class LocalJobSet:
             while True:
                 code = self._attempt()
                 if code == 0:
-                    self.say(f"rehearsal | JobSet '{name}' completed")
+                    self.say(f"rehearsal | JobSet '{name}' completed{self.recovery.summary()}")
                     return 0
                 if self.fails_the_jobset(code):
                     self.say(f"rehearsal | JobSet '{name}' failed: a pod exited {code}, the job's own failure "

@@ -54,8 +54,11 @@ def test_the_lost_generations_last_lines_are_shown_and_count_in_the_steps_lost(t
     run, said, out = _follower(model_dir, [{"restarts": 0}, {"restarts": 1}, {"restarts": 1, **DONE}], between)
     assert run.follow() == 0
     assert "train | step 40/100 | loss 0.5" in out and "error: the node went away" in out
-    (back,) = [line for line in said if "back in" in line]
+    (back,) = [line for line in said if line.startswith("gke | back in")]
     assert re.search(r"resumed from step 30 \(10 steps since the last logged step lost\)", back), said
+    # the last line says what the restarts cost in all
+    assert re.fullmatch(r"gke \| JobSet 'js' completed after 1 restart \(back in \d+\.\d s; 10 steps lost since "
+                        r"the last logged step\)", said[-1]), said
 
 
 def test_two_restarts_in_a_row_count_the_time_back_from_the_first_loss():
@@ -70,6 +73,14 @@ def test_two_restarts_in_a_row_count_the_time_back_from_the_first_loss():
     words = recovery.back(third, 200.0)
     assert recovery.recoveries == [{"recovery_s": 100.0, "step": 40, "resumed_from": 30, "steps_lost": 10}]
     assert words.startswith("back in 100.0 s") and "(10 steps since the last logged step lost)" in words
+    assert recovery.summary() == " after 1 restart (back in 100.0 s; 10 steps lost since the last logged step)"
+    fourth = HostLog("unused", 4)  # lost again, and back without a step logged before the loss
+    recovery.lost(fourth, 300.0)
+    fifth = HostLog("unused", 5)
+    fifth.first_step, fifth.started_from = 31, 30
+    recovery.back(fifth, 331.5)
+    assert recovery.summary() == " after 2 restarts (back in 100.0 s and 31.5 s; 10 steps lost since the last " \
+                                 "logged step)"
 
 
 def test_a_reattach_after_restarts_follows_the_current_chief_and_tells_no_restart_as_new(tmp_path):
@@ -80,3 +91,4 @@ def test_a_reattach_after_restarts_follows_the_current_chief_and_tells_no_restar
     assert run.follow() == 0
     assert "train | step 70/100 | loss 0.2" in out
     assert not [line for line in said if "back in" in line or line.startswith("gke | restart ")], said
+    assert said[-1] == "gke | JobSet 'js' completed", said  # restarts before the follow: none it saw the cost of
