@@ -28,7 +28,7 @@ def status(obj, job_file, wait_s, fmt, overrides):
     whole line of its run record).
 
     The node comes from the job's tpu: section (name, zone, project), else $TPU_NAME,
-    $TPU_ZONE, $TPU_PROJECT / $GOOGLE_CLOUD_PROJECT. Set $TPULAUNCH_TPU_DISCOVERY_URL to
+    $TPU_ZONE, $TPU_PROJECT / $GOOGLE_CLOUD_PROJECT. Set $TPULAUNCH_TPU_API_ENDPOINT to
     ask another TPU API endpoint (an emulator).
 
     Exit code 0 when the node can run the job, 3 when it cannot (not READY, not HEALTHY,
@@ -69,8 +69,10 @@ def status(obj, job_file, wait_s, fmt, overrides):
         if fmt == "json" and exc.exit_code == ExitCode.CLUSTER:
             # No node to show (not found, a queued resource with none yet, the API out of reach, no credentials):
             # a script reading stdout still gets an answer, and the error is said on stderr as ever.
-            click.echo(json.dumps({"file": job_file, "usable": False,
-                                   "error": {"message": exc.message, "hint": exc.hint}}, indent=2))
+            from tpulaunch.job.secrets import redact  # masked as the same error on stderr is
+
+            click.echo(json.dumps({"file": job_file, "usable": False, "error": {
+                "message": redact(exc.message), "hint": redact(exc.hint) if exc.hint else exc.hint}}, indent=2))
         raise
     finally:
         if spinner is not None:

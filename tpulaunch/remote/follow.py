@@ -68,12 +68,14 @@ class Recovery:
 
     def __init__(self):
         self._lost: Optional[tuple] = None  # (when, the newest step seen) of a loss not yet recovered from
-        self.recoveries: List[dict] = []  # each recovery, in order
+        self.recoveries: List[dict] = []  # each recovery, in order (one may follow several restarts in a row)
+        self.restarts = 0  # each loss seen, recovered from or not
 
     def lost(self, log: HostLog, now: float) -> None:
         """The run was lost at `now`; `log` is the chief's log of the generation that was lost. Lost again before
         it trained again (two restarts in a row): the time back still counts from the first loss, and the steps lost
         from the newest step either generation logged."""
+        self.restarts += 1
         if self._lost is not None:
             noticed, step = self._lost
             if log.step is not None and (step is None or log.step > step):
@@ -101,16 +103,25 @@ class Recovery:
 
     def summary(self) -> str:
         """What the run's restarts cost, for its last line: "" without one, else e.g. " after 2 restarts (back in
-        212.4 s and 31.0 s; 20 steps lost since the last logged step)"."""
-        if not self.recoveries:
+        212.4 s and 31.0 s; 20 steps lost since the last logged step)". A restart it has not trained again after
+        (the run ended first) is said as such; steps lost are summed where they are known ("at least" where some
+        are not)."""
+        if not self.restarts:
             return ""
-        count = len(self.recoveries)
-        words = f" after {count} restart{'s' if count != 1 else ''} (back in " + " and ".join(
-            f"{r['recovery_s']:.1f} s" for r in self.recoveries)
-        lost = [r["steps_lost"] for r in self.recoveries if r["steps_lost"] is not None]
-        if lost:
-            words += f"; {sum(lost)} step{'s' if sum(lost) != 1 else ''} lost since the last logged step"
-        return words + ")"
+        parts = []
+        if self.recoveries:
+            times = [f"{r['recovery_s']:.1f} s" for r in self.recoveries]
+            parts.append("back in " + (times[0] if len(times) == 1 else ", ".join(times[:-1]) + " and " + times[-1]))
+        if self._lost is not None:
+            parts.append("not trained again after the last")
+        known = [r["steps_lost"] for r in self.recoveries if r["steps_lost"] is not None]
+        if known:
+            total = sum(known)
+            some_unknown = len(known) < len(self.recoveries)
+            parts.append(f"{'at least ' if some_unknown else ''}{total} step{'s' if total != 1 else ''} lost since "
+                         "the last logged step")
+        restarts = f" after {self.restarts} restart{'s' if self.restarts != 1 else ''}"
+        return restarts + (f" ({'; '.join(parts)})" if parts else "")
 
 
 def host_status(model_dir: str, attempt: int, worker: int = 0) -> Optional[dict]:

@@ -125,12 +125,12 @@ class LocalJobSet:
                     self.say(f"rehearsal | JobSet '{name}' completed{self.recovery.summary()}")
                     return 0
                 if self.fails_the_jobset(code):
-                    self.say(f"rehearsal | JobSet '{name}' failed: a pod exited {code}, the job's own failure "
-                             "(PodFailurePolicy: not restarted)")
+                    self.say(f"rehearsal | JobSet '{name}' failed{self.recovery.summary()}: a pod exited {code}, the "
+                             "job's own failure (PodFailurePolicy: not restarted)")
                     return code
                 if self.restarts >= self.max_restarts:
-                    self.say(f"rehearsal | JobSet '{name}' failed: a pod exited {code} with no restart left "
-                             f"(maxRestarts {self.max_restarts})")
+                    self.say(f"rehearsal | JobSet '{name}' failed{self.recovery.summary()}: a pod exited {code} with "
+                             f"no restart left (maxRestarts {self.max_restarts})")
                     return code
                 self.restarts += 1
                 self.recovery.lost(self._log, self._failed_at)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 
+from tpulaunch.errors import ExitCode
 from tpulaunch.remote import gke, layout
 from tpulaunch.remote.follow import HostLog, Recovery
 
@@ -73,14 +74,28 @@ def test_two_restarts_in_a_row_count_the_time_back_from_the_first_loss():
     words = recovery.back(third, 200.0)
     assert recovery.recoveries == [{"recovery_s": 100.0, "step": 40, "resumed_from": 30, "steps_lost": 10}]
     assert words.startswith("back in 100.0 s") and "(10 steps since the last logged step lost)" in words
-    assert recovery.summary() == " after 1 restart (back in 100.0 s; 10 steps lost since the last logged step)"
-    fourth = HostLog("unused", 4)  # lost again, and back without a step logged before the loss
+    # the run's last line: each restart counted (two in a row are one time back to training)
+    assert recovery.summary() == " after 2 restarts (back in 100.0 s; 10 steps lost since the last logged step)"
+    fourth = HostLog("unused", 4)  # lost again before it logged a step: its steps lost are not known
     recovery.lost(fourth, 300.0)
     fifth = HostLog("unused", 5)
     fifth.first_step, fifth.started_from = 31, 30
     recovery.back(fifth, 331.5)
-    assert recovery.summary() == " after 2 restarts (back in 100.0 s and 31.5 s; 10 steps lost since the last " \
-                                 "logged step)"
+    assert recovery.summary() == " after 3 restarts (back in 100.0 s and 31.5 s; at least 10 steps lost since " \
+                                 "the last logged step)"
+    recovery.lost(fifth, 400.0)  # and lost once more, the run ending before it trains again
+    assert recovery.summary() == " after 4 restarts (back in 100.0 s and 31.5 s; not trained again after the " \
+                                 "last; at least 10 steps lost since the last logged step)"
+
+
+def test_a_jobset_that_fails_after_a_restart_it_never_trained_again_after_says_so(tmp_path):
+    model_dir = str(tmp_path / "m")
+    _write(model_dir, 1, "train | start | step 0/100 | batch 8\ntrain | step 10/100 | loss 1\n")
+    failed = {"conditions": [{"type": "Failed", "status": "True", "message": "BackoffLimitExceeded"}]}
+    run, said, out = _follower(model_dir, [{"restarts": 0}, {"restarts": 1}, {"restarts": 1, **failed}])
+    assert run.follow() == int(ExitCode.CLUSTER)
+    assert said[-1] == "gke | JobSet 'js' failed after 1 restart (not trained again after the last): " \
+                       "BackoffLimitExceeded", said
 
 
 def test_a_reattach_after_restarts_follows_the_current_chief_and_tells_no_restart_as_new(tmp_path):
