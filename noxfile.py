@@ -19,6 +19,7 @@ the xla session's environment ($TPULAUNCH_SUITE_XLA_PYTHON), made first.
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import shutil
 import tempfile
@@ -57,21 +58,17 @@ def _environment(session: nox.Session, name: str, installs: tuple) -> str:
     return str(python)
 
 
+@functools.cache
 def _jax_compiles() -> dict:
     """JAX's persistent compilation cache, one per `nox` invocation, shared by the keras and jax sessions' test
     processes and every child they start: the many runs of the same small models compile each step once, not once
     per process (a jax `train` of the quickstart: 14 s to 7.5 s). Compiled executables are keyed by their program,
     so what runs is unchanged; a size limit makes jax lock the cache, so concurrent workers never read a half-written
     entry. Made empty for each invocation, so a session's time never rests on an earlier run's compiles."""
-    global _JAX_CACHE
-    if _JAX_CACHE is None:
-        _JAX_CACHE = tempfile.mkdtemp(prefix="tpulaunch-suite-jax-compiles-")
-        atexit.register(shutil.rmtree, _JAX_CACHE, ignore_errors=True)
-    return {"JAX_COMPILATION_CACHE_DIR": _JAX_CACHE, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    cache = tempfile.mkdtemp(prefix="tpulaunch-suite-jax-compiles-")
+    atexit.register(shutil.rmtree, cache, ignore_errors=True)
+    return {"JAX_COMPILATION_CACHE_DIR": cache, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0", "JAX_COMPILATION_CACHE_MAX_SIZE": str(4 * 1024 ** 3)}
-
-
-_JAX_CACHE = None
 
 
 def _pytest(session: nox.Session, python: str, folder: str, xla: bool = False, jax_compiles: bool = False) -> None:

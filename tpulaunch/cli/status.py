@@ -72,7 +72,7 @@ def status(obj, job_file, wait_s, fmt, overrides):
             from tpulaunch.job.secrets import redact  # masked as the same error on stderr is
 
             click.echo(json.dumps({"file": job_file, "usable": False, "error": {
-                "message": redact(exc.message), "hint": redact(exc.hint) if exc.hint else exc.hint}}, indent=2))
+                "message": redact(exc.message), "hint": redact(exc.hint)}}, indent=2))
         raise
     finally:
         if spinner is not None:
