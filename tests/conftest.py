@@ -34,6 +34,11 @@ for _setting in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "CLOU
 
 pytest_plugins = ["gcs_fake", "tpu_api_server"]
 
+# A worker that ran TensorFlow exits as `tpulaunch` does, without the collector's walk over all it still holds.
+from tpulaunch.tf_env import skip_collection_at_exit  # noqa: E402
+
+skip_collection_at_exit()
+
 
 @pytest.fixture(autouse=True)
 def _each_test_forgets_the_secrets_of_the_last():

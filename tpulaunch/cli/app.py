@@ -76,11 +76,13 @@ def main(argv=None):
     from tpulaunch.cli.base import storage_errors_in_threads_said_in_one_line
     from tpulaunch.run.signals import Terminated, forget_stray_interrupt, handle_from_start
     from tpulaunch.run.started import mark_program_start
+    from tpulaunch.tf_env import skip_collection_at_exit
 
     # First: a SIGTERM or SIGHUP from here on unwinds the run (lease released, record written) instead of killing it.
     handle_from_start()
     storage_errors_in_threads_said_in_one_line()
     mark_program_start()  # a run's wall time starts with the process
+    skip_collection_at_exit()  # seconds of a TensorFlow process's exit, after its last line
     # google-api-core (under the Cloud TPU and Cloud Storage clients) warns at import about Google's support
     # dates for the running Python: nothing a job can act on, and it would stand between tpulaunch's lines.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"google\.api_core\..*")

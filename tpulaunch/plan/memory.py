@@ -516,6 +516,9 @@ def _xla_child() -> None:
     import sys
     import tempfile
 
+    from tpulaunch.tf_env import skip_collection_at_exit
+
+    skip_collection_at_exit()
     request = json.load(sys.stdin)
     if request.get("exporter"):  # an engine that lowers its own step (`EngineAbout.step_exporter`)
         from tpulaunch.seam.about import load_attribute

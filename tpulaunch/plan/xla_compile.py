@@ -213,6 +213,9 @@ def compile_hlo(hlo: bytes, topology: str, partitions: int = 1, shardings: Seque
 
 def main() -> None:
     """Request JSON on stdin, one result JSON line on stdout: the figures, or {"error": ...}."""
+    from tpulaunch.tf_env import skip_collection_at_exit
+
+    skip_collection_at_exit()  # jax and libtpu loaded: a second of the exit
     request = json.load(sys.stdin)
     try:
         with open(request["hlo"], "rb") as f:

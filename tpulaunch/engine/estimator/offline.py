@@ -501,6 +501,9 @@ def run_cases_in_subprocess(cases: Sequence[TfCase], timeout: float = 600) -> li
 
 def _serve() -> None:
     """Child side of `run_cases_in_subprocess`: pickled cases on stdin, pickled verdicts on stdout."""
+    from tpulaunch.tf_env import skip_collection_at_exit
+
+    skip_collection_at_exit()
     cases = pickle.loads(sys.stdin.buffer.read())
     # Anything TF prints goes to stderr; stdout carries only the answer.
     answer = os.fdopen(os.dup(1), "wb")
