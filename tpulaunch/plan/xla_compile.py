@@ -213,9 +213,12 @@ def compile_hlo(hlo: bytes, topology: str, partitions: int = 1, shardings: Seque
 
 def main() -> None:
     """Request JSON on stdin, one result JSON line on stdout: the figures, or {"error": ...}."""
-    from tpulaunch.tf_env import skip_collection_at_exit
+    import atexit
+    import gc
 
-    skip_collection_at_exit()  # jax and libtpu loaded: a second of the exit
+    # jax and libtpu loaded: a second of the exit spared, as tf_env.skip_collection_at_exit spares tpulaunch's (this
+    # file also runs as a script, with only the standard library to import)
+    atexit.register(gc.freeze)
     request = json.load(sys.stdin)
     try:
         with open(request["hlo"], "rb") as f:
