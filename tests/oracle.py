@@ -1,7 +1,8 @@
 """The differential oracle of tests/keras_engine/test_oracle_keras.py and tests/jax_engine/test_oracle_jax.py:
 Keras 3 as its users write it, in a process of its own on the backend an engine runs (JAX, or TensorFlow), nothing
 of tpulaunch imported. On the job's records in file order and the job's seed it fits the model, and on a
-checkpoint's weights it evaluates and predicts the eval set."""
+checkpoint's weights it evaluates and predicts the eval set. `run_oracles` answers several such calls of one backend
+from one process (a module trains its models first, then asks once): each call as its own process would answer it."""
 
 from __future__ import annotations
 
@@ -213,6 +214,18 @@ def run_oracle(project: Path, tmp: Path, env: dict, *, backend: str, checkpoint=
     and `predict`'s outputs of the checkpoint on it (several: a dict by output name). `builder`: a name in oraclemodels,
     or module:name. Several labels: `losses` ({label: a Keras loss's config or name}) and `metrics` (as compile()
     takes them) say what it compiles with in the job's place."""
+    config = _oracle_config(project, tmp, backend=backend, checkpoint=checkpoint, tf_checkpoint=tf_checkpoint,
+                            builder=builder, compile=compile, job=job, losses=losses, metrics=metrics)
+    (tmp / "oracle.py").write_text(PROGRAM)
+    _run_programs(tmp, env, [(tmp / "oracle.py", tmp / "oracle.json")])
+    return _oracle_answers(config)
+
+
+def _oracle_config(project: Path, tmp: Path, *, backend: str, checkpoint=None, tf_checkpoint=None,
+                   builder: str = "classifier", compile: bool = True, job: str = "job.yaml", losses=None,
+                   metrics=None) -> dict:
+    """PROGRAM's config for run_oracle's arguments, written to tmp/oracle.json (the checkpoint's arrays beside it);
+    PROGRAM writes its answers to tmp/oracle.*."""
     spec = yaml.safe_load((project / job).read_text())
     model, data, evaluation = spec["model"], spec["data"], spec.get("eval") or {}
     # The one it compiles with, unless told each label's.
@@ -232,11 +245,12 @@ def run_oracle(project: Path, tmp: Path, env: dict, *, backend: str, checkpoint=
         np.savez(tmp / "checkpoint.npz", *checkpoint)
         config["checkpoint"] = str(tmp / "checkpoint.npz")
     (tmp / "oracle.json").write_text(json.dumps(config))
-    (tmp / "oracle.py").write_text(PROGRAM)
-    env = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "KERAS_BACKEND", "TF_USE_LEGACY_KERAS")}
-    ran = subprocess.run([sys.executable, str(tmp / "oracle.py"), str(tmp / "oracle.json")], capture_output=True,
-                         text=True, env=env, timeout=300, cwd=tmp)
-    assert ran.returncode == 0, ran.stderr[-3000:]
+    return config
+
+
+def _oracle_answers(config: dict) -> dict:
+    """What PROGRAM wrote for `config`: run_oracle's answer."""
+    tmp = Path(config["out"]).parent
 
     def arrays(name):
         found = np.load(tmp / f"oracle.{name}.npz")
@@ -247,6 +261,77 @@ def run_oracle(project: Path, tmp: Path, env: dict, *, backend: str, checkpoint=
     return {"fit": arrays("fit"), "checkpoint": arrays("checkpoint"),
             "evaluate": json.loads((tmp / "oracle.evaluate.json").read_text()),
             "predict": _predicted(tmp)}
+
+
+# Runs each (program, config) of argv[1]'s list in this one process, as `python program config` would: Keras's global
+# state cleared first (PROGRAM then seeds every generator, keras.utils.set_random_seed, before it builds its model:
+# the initial weights a fresh process gives), and the project's own modules (its builders) forgotten after, so the
+# next config imports its own project's.
+EACH = textwrap.dedent('''
+    import json, runpy, sys
+    for program, config in json.load(open(sys.argv[1])):
+        if "keras" in sys.modules:
+            sys.modules["keras"].backend.clear_session()
+        sys.argv = [program, config]
+        try:
+            runpy.run_path(program, run_name="__main__")
+        except SystemExit as stop:
+            if stop.code not in (None, 0):
+                raise
+        project = json.load(open(config))["project"].rstrip("/") + "/"
+        for name, module in list(sys.modules.items()):
+            if (getattr(module, "__file__", None) or "").startswith(project):
+                del sys.modules[name]
+''')
+
+
+def _run_programs(tmp: Path, env: dict, runs: list) -> None:
+    """Each (program, config) of `runs` (paths): one alone as `python program config`, several in one process (EACH),
+    started in `tmp`."""
+    env = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "KERAS_BACKEND", "TF_USE_LEGACY_KERAS")}
+    if len(runs) == 1:
+        command = [str(path) for path in runs[0]]
+    else:
+        (tmp / "each.json").write_text(json.dumps([[str(program), str(config)] for program, config in runs]))
+        (tmp / "each.py").write_text(EACH)
+        command = [str(tmp / "each.py"), str(tmp / "each.json")]
+    ran = subprocess.run([sys.executable, *command], capture_output=True, text=True, env=env,
+                         timeout=300 * len(runs), cwd=tmp)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+
+
+def oracle_call(project: Path, **kwargs) -> tuple:
+    """One call of run_oracle (its keywords, backend included) for `run_oracles`."""
+    return ("oracle", project, kwargs)
+
+
+def evaluate_call(project: Path, **kwargs) -> tuple:
+    """One call of keras_evaluate (its keywords) for `run_oracles`."""
+    return ("evaluate", project, kwargs)
+
+
+def run_oracles(tmp: Path, env: dict, calls: dict) -> dict:
+    """The answers of several oracle calls ({name: oracle_call(...) or evaluate_call(...)}) from ONE process, each as
+    run_oracle or keras_evaluate answers it, by name, each call's files under tmp/name. Keras picks its backend once
+    per process, so the calls share one backend; what they share is the process's start (TensorFlow's, Keras's and
+    JAX's import: seconds each on this CPU), not any state (EACH)."""
+    backends = {kwargs.get("backend", "tensorflow") for _, _, kwargs in calls.values()}
+    assert len(backends) == 1, f"one backend a process: {backends}"
+    (tmp / "oracle.py").write_text(PROGRAM)
+    (tmp / "evaluate.py").write_text(EVALUATE)
+    configs, runs = {}, []
+    for name, (kind, project, kwargs) in calls.items():
+        folder = tmp / name
+        folder.mkdir()
+        if kind == "oracle":
+            configs[name] = _oracle_config(project, folder, **kwargs)
+            runs.append((tmp / "oracle.py", folder / "oracle.json"))
+        else:
+            configs[name] = _evaluate_config(project, folder, **kwargs)
+            runs.append((tmp / "evaluate.py", folder / "evaluate.json.config"))
+    _run_programs(tmp, env, runs)
+    return {name: _oracle_answers(config) if calls[name][0] == "oracle" else json.loads(Path(config["out"]).read_text())
+            for name, config in configs.items()}
 
 
 def _predicted(tmp: Path):
@@ -338,14 +423,19 @@ def keras_evaluate(project: Path, tmp: Path, env: dict, *, builder: str, job: di
                    backend: str = "tensorflow") -> dict:
     """Keras 3's `evaluate` (on `backend`: the keras engine's TensorFlow, the jax engine's JAX) of `builder`'s model
     holding a checkpoint's weights, over `job`'s eval set at its eval batch and steps."""
+    config = _evaluate_config(project, tmp, builder=builder, job=job, tf_checkpoint=tf_checkpoint, backend=backend)
+    (tmp / "evaluate.py").write_text(EVALUATE)
+    _run_programs(tmp, env, [(tmp / "evaluate.py", tmp / "evaluate.json.config")])
+    return json.loads((tmp / "evaluate.json").read_text())
+
+
+def _evaluate_config(project: Path, tmp: Path, *, builder: str, job: dict, tf_checkpoint: str,
+                     backend: str = "tensorflow") -> dict:
+    """EVALUATE's config for keras_evaluate's arguments, written to tmp/evaluate.json.config; EVALUATE writes its
+    answer to tmp/evaluate.json."""
     config = {"project": str(project), "backend": backend, "builder": builder, "tf_checkpoint": tf_checkpoint,
               "features": job["data"]["features"], "labels": job["data"]["labels"],
               "eval": str(project / job["data"]["eval"]), "batch_size": job["eval"]["batch_size"],
               "steps": job["eval"]["steps"], "out": str(tmp / "evaluate.json")}
     (tmp / "evaluate.json.config").write_text(json.dumps(config))
-    (tmp / "evaluate.py").write_text(EVALUATE)
-    env = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "KERAS_BACKEND", "TF_USE_LEGACY_KERAS")}
-    ran = subprocess.run([sys.executable, str(tmp / "evaluate.py"), str(tmp / "evaluate.json.config")],
-                         capture_output=True, text=True, env=env, timeout=300, cwd=tmp)
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    return json.loads((tmp / "evaluate.json").read_text())
+    return config

@@ -17,8 +17,8 @@ import tensorflow as tf
 import yaml
 
 import user_models as corpus
-from oracle import (SERVED, STEPS, TWO_HEADS_COMPILED, assert_reported_as_evaluated, assert_weights_equal, run_oracle,
-                    write_compiled_job, write_project)
+from oracle import (SERVED, STEPS, TWO_HEADS_COMPILED, assert_reported_as_evaluated, assert_weights_equal, oracle_call,
+                    run_oracles, write_compiled_job, write_project)
 from jax_runs import TPULAUNCH, checkpoint_variables, run_env
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
@@ -59,25 +59,50 @@ def _model_weights(model_dir: Path, count: int = 6) -> list:
     return [found[f"variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"] for i in range(count)]
 
 
-@pytest.mark.parametrize("builder", ["two_heads", "two_heads_list"])
-def test_two_labels_train_evaluate_and_export_as_keras_fit_evaluate_and_predict(project, tmp_path, builder):
+BUILDERS = ("two_heads", "two_heads_list")
+
+
+@pytest.fixture(scope="module")
+def trained(project, tmp_path_factory) -> dict:
+    """Each model's `train`, and Keras's answers for all of them from ONE oracle process (oracle.run_oracles: Keras on
+    JAX imported once, not once per model), shared by the tests below: {name: (model_dir, train's stdout, its
+    weights, the oracle's answers)} for each builder of BUILDERS (the job's own model.builder, two_heads, among
+    them) and "compiled" (the builder that compiles its model itself, compiled.yaml)."""
+    (project / "twoheads.py").write_text(TWO_HEADS_COMPILED)
+    write_compiled_job(project, "twoheads:build", source="two.yaml")
+    root = tmp_path_factory.mktemp("two_labels_runs")
+    runs, calls = {}, {}
+    for name in (*BUILDERS, "compiled"):
+        model_dir = root / "runs" / name
+        if name == "compiled":
+            done = _run("train", project, "--model-dir", str(model_dir), job="compiled.yaml")
+            oracle = dict(builder="twoheads:build", compile=False, job="compiled.yaml")
+        else:
+            done = _run("train", project, "--model-dir", str(model_dir), "--set", f"model.builder=oraclemodels:{name}")
+            oracle = dict(builder=name, job="two.yaml", losses=KERAS_LOSSES, metrics=KERAS_METRICS)
+        ours = _model_weights(model_dir)
+        runs[name] = (model_dir, done.stdout, ours)
+        calls[name] = oracle_call(project, backend="jax", checkpoint=ours, **oracle)
+    (root / "oracle").mkdir()
+    answers = run_oracles(root / "oracle", run_env(), calls)
+    return {name: (*run, answers[name]) for name, run in runs.items()}
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_two_labels_train_evaluate_and_export_as_keras_fit_evaluate_and_predict(project, trained, tmp_path, builder):
     """The heads as a dict keyed like the labels, and as a list [box, cls] of output layers named like the labels
     (declared cls, box): each label scored against its own head."""
     model = ("--set", f"model.builder=oraclemodels:{builder}")
     validated = _run("validate", project, *model)
     assert "jax-engine-unsupported" not in validated.stdout + validated.stderr
 
-    model_dir = tmp_path / "run"
-    trained = _run("train", project, "--model-dir", str(model_dir), *model)
-    ours = _model_weights(model_dir)
-    oracle = run_oracle(project, tmp_path, run_env(), backend="jax", checkpoint=ours, builder=builder,
-                        job="two.yaml", losses=KERAS_LOSSES, metrics=KERAS_METRICS)
+    model_dir, trained_stdout, ours, oracle = trained[builder]
     assert_weights_equal(ours, oracle["fit"])
 
     expected = oracle["evaluate"]
     assert set(expected) == {"loss", "cls_loss", "box_loss", "cls_accuracy", "box_mean_absolute_error"}
     evaluated = _run("evaluate", project, "--set", f"run.model_dir={model_dir}", *model)
-    assert_reported_as_evaluated(model_dir, trained.stdout, evaluated.stdout, expected, step=STEPS)
+    assert_reported_as_evaluated(model_dir, trained_stdout, evaluated.stdout, expected, step=STEPS)
 
     exported = _run("export", project, str(tmp_path / "exported"), "--set", f"run.model_dir={model_dir}", *model)
     path = re.search(r"^exported (\S+)$", exported.stdout, re.MULTILINE).group(1)
@@ -102,9 +127,10 @@ def test_validate_refuses_what_train_fails_at_for_a_label_its_loss_cannot_score(
     assert f"model.builder: building the train graph: {failure}" in said_train, said_train
 
 
-def test_the_explained_program_trains_two_labels_as_tpulaunch_train_does(project, tmp_path):
+def test_the_explained_program_trains_two_labels_as_tpulaunch_train_does(project, trained, tmp_path):
     """`tpulaunch explain`'s program of the two-label job, run with nothing of tpulaunch importable, trains to the
-    weights `tpulaunch train` does and evaluates as it does."""
+    weights `tpulaunch train` does (the shared `train` of two.yaml: its own builder, two_heads) and evaluates as it
+    does."""
     import sys
 
     from programs_run import RUN_WITHOUT_TPULAUNCH
@@ -121,8 +147,8 @@ def test_the_explained_program_trains_two_labels_as_tpulaunch_train_does(project
                          env=env, timeout=300)
     assert ran.returncode == 0, ran.stderr[-3000:]
 
-    model_dir = tmp_path / "train"
-    _run("train", project, "--model-dir", str(model_dir))
+    model_dir = trained["two_heads"][0]
+    assert yaml.safe_load((project / "two.yaml").read_text())["model"]["builder"] == "oraclemodels:two_heads"
     theirs, ours = checkpoint_variables(model_dir), checkpoint_variables(tmp_path / "run")
     assert sorted(theirs) == sorted(ours) and ours["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == STEPS
     for name in theirs:
@@ -131,22 +157,15 @@ def test_the_explained_program_trains_two_labels_as_tpulaunch_train_does(project
     assert {"loss", "cls_loss", "box_loss", "cls_accuracy", "box_mean_absolute_error"} <= set(results), results
 
 
-
-
-def test_a_compiled_two_head_model_trains_with_its_own_compile_as_keras_fit_and_evaluate_do(project, tmp_path):
+def test_a_compiled_two_head_model_trains_with_its_own_compile_as_keras_fit_and_evaluate_do(project, trained):
     """The job sets no loss, optimizer or metrics: the builder's own compile (per-output losses, loss weights,
-    metrics and weighted metrics) trains the two labels to fit's weights and evaluates as evaluate() does."""
-    (project / "twoheads.py").write_text(TWO_HEADS_COMPILED)
-    write_compiled_job(project, "twoheads:build", source="two.yaml")
-    model_dir = tmp_path / "run"
-    trained = _run("train", project, "--model-dir", str(model_dir), job="compiled.yaml")
-    assert "Functional was compiled: its loss {cls: SparseCategoricalCrossentropy, box: 'mse'}" in trained.stdout
+    metrics and weighted metrics) trains the two labels to fit's weights and evaluates as evaluate() does (its
+    `train` and oracle: the shared `trained`'s "compiled")."""
+    model_dir, trained_stdout, ours, oracle = trained["compiled"]
+    assert "Functional was compiled: its loss {cls: SparseCategoricalCrossentropy, box: 'mse'}" in trained_stdout
 
-    ours = _model_weights(model_dir)
-    oracle = run_oracle(project, tmp_path, run_env(), backend="jax", checkpoint=ours, builder="twoheads:build",
-                        compile=False, job="compiled.yaml")
     assert_weights_equal(ours, oracle["fit"])
     expected = oracle["evaluate"]
     assert set(expected) == {"loss", "cls_loss", "box_loss", "cls_acc", "box_mae", "box_mse"}
     evaluated = _run("evaluate", project, "--set", f"run.model_dir={model_dir}", job="compiled.yaml")
-    assert_reported_as_evaluated(model_dir, trained.stdout, evaluated.stdout, expected, step=STEPS)
+    assert_reported_as_evaluated(model_dir, trained_stdout, evaluated.stdout, expected, step=STEPS)

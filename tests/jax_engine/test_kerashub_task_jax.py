@@ -19,7 +19,7 @@ import keras_hub  # noqa: F401  (the jax session's environment installs it; miss
 
 import user_models as corpus
 from jax_runs import TPULAUNCH, checkpoint_variables, run_env
-from oracle import assert_reported_as_evaluated, assert_weights_equal, run_oracle
+from oracle import assert_reported_as_evaluated, assert_weights_equal, oracle_call, run_oracles
 from paths import MODELS
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
@@ -57,25 +57,42 @@ def _run(verb: str, project: Path, *args: str) -> subprocess.CompletedProcess:
     return result
 
 
-@pytest.mark.parametrize("builder", [BUILDER, f"{MODULE}:resnet_classifier_with_preprocessor"])
-def test_a_kerashub_task_trains_and_evaluates_on_jax_as_keras_fit_and_evaluate(project, tmp_path, builder):
+BUILDERS = (BUILDER, f"{MODULE}:resnet_classifier_with_preprocessor")
+
+
+@pytest.fixture(scope="module")
+def trained(project, tmp_path_factory) -> dict:
+    """Each task's `train`, and Keras's fit and evaluate of both from ONE oracle process (oracle.run_oracles: Keras on
+    JAX and KerasHub imported once, not once per task): {builder: (model_dir, train's stdout, the checkpoint's
+    variables, the oracle's answers)}."""
+    root = tmp_path_factory.mktemp("kerashub_runs")
+    runs, calls = {}, {}
+    for index, builder in enumerate(BUILDERS):
+        model_dir = root / "runs" / str(index)
+        done = _run("train", project, "--model-dir", str(model_dir), "--set", f"model.builder={builder}")
+        found = checkpoint_variables(model_dir)  # variables/i: the model's, then the optimizer's
+        variables = [found[f"variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"]
+                     for i in range(sum(name.startswith("variables/") for name in found))]
+        runs[builder] = (model_dir, done.stdout, variables)
+        calls[str(index)] = oracle_call(project, backend="jax", builder=builder, compile=False, checkpoint=variables)
+    (root / "oracle").mkdir()
+    answers = run_oracles(root / "oracle", run_env(), calls)
+    return {builder: (*run, answers[str(index)]) for index, (builder, run) in enumerate(runs.items())}
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_a_kerashub_task_trains_and_evaluates_on_jax_as_keras_fit_and_evaluate(project, trained, builder):
     """Its evaluation runs keras.Model's evaluate() on the batches its preprocess_samples maps, as its own evaluate()
     does (which takes no generator of batches); the task with a preprocessor (an image converter that rescales)
     has it applied to each batch, as its fit() and evaluate() apply it."""
-    model_dir, chosen = tmp_path / "run", ("--set", f"model.builder={builder}")
-    trained = _run("train", project, "--model-dir", str(model_dir), *chosen)
+    model_dir, trained_stdout, variables, oracle = trained[builder]
     assert ("ResNetImageClassifier was compiled: its loss SparseCategoricalCrossentropy; its optimizer Adam; its "
-            "metrics [SparseCategoricalAccuracy]") in trained.stdout, trained.stdout
+            "metrics [SparseCategoricalAccuracy]") in trained_stdout, trained_stdout
 
-    found = checkpoint_variables(model_dir)
-    variables = [found[f"variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"]
-                 for i in range(sum(name.startswith("variables/") for name in found))]  # the model's, the optimizer's
-    oracle = run_oracle(project, tmp_path, run_env(), backend="jax", builder=builder, compile=False,
-                        checkpoint=variables)
     ours = variables[:len(oracle["fit"])]  # variables/i: model.weights[i], in get_weights' order
     assert_weights_equal(ours, oracle["fit"])
 
     expected = oracle["evaluate"]
     assert set(expected) == {"loss", "sparse_categorical_accuracy"}  # its own metric, as its evaluate() reports it
-    evaluated = _run("evaluate", project, "--set", f"run.model_dir={model_dir}", *chosen)
-    assert_reported_as_evaluated(model_dir, trained.stdout, evaluated.stdout, expected, step=STEPS)
+    evaluated = _run("evaluate", project, "--set", f"run.model_dir={model_dir}", "--set", f"model.builder={builder}")
+    assert_reported_as_evaluated(model_dir, trained_stdout, evaluated.stdout, expected, step=STEPS)

@@ -5,7 +5,10 @@ answers what `model.predict` answers; a Sequential model and a subclassed keras.
 fit's weights and evaluate to evaluate()'s metrics as the functional one does; a model its builder compile()d trains
 with its own compile where the job sets none; and a run stopped at step 3 and resumed ends with the weights of one
 that never stopped. Tolerances: oracle.py. (The spatial split's oracle: test_jax_partition.py; a KerasHub task's:
-test_kerashub_task_jax.py.)"""
+test_kerashub_task_jax.py.)
+
+Each model's `train` runs once, in the module's `answered` fixture, and Keras's answers for all of them come from ONE
+oracle process (`oracle.run_oracles`: Keras on JAX imported once, not once a model)."""
 
 from __future__ import annotations
 
@@ -21,8 +24,8 @@ import yaml
 
 import user_models as corpus
 from oracle import (LEFT_OUT_5, SERVED, STEPS, assert_metrics_equal, assert_reported_as_evaluated,
-                    assert_weights_equal, eval_images, eval_line, keras_evaluate, recorded_evals, run_oracle,
-                    write_compiled_job, write_project)
+                    assert_weights_equal, eval_images, eval_line, evaluate_call, oracle_call, recorded_evals,
+                    run_oracles, write_compiled_job, write_project)
 from jax_runs import TPULAUNCH, checkpoint_variables, run_env
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
@@ -46,12 +49,68 @@ def _model_weights(model_dir: Path, count: int = 4) -> list:
     return [found[f"variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"] for i in range(count)]
 
 
-def test_train_evaluate_and_export_equal_keras_fit_evaluate_and_predict(project, tmp_path):
-    model_dir = tmp_path / "run"
-    trained = _run("train", project, "--model-dir", str(model_dir))
-    ours = _model_weights(model_dir)
-    oracle = run_oracle(project, tmp_path, run_env(), backend="jax", checkpoint=ours)
-    assert_weights_equal(ours, oracle["fit"])
+REGRESSOR = textwrap.dedent('''
+    import keras
+
+
+    def build():
+        """A regressor its builder compiles with its own squared error and metric."""
+        image = keras.Input(shape=(8, 8, 1), name="image")
+        model = keras.Model(image, keras.layers.Dense(2)(keras.layers.Flatten()(image)))
+        model.compile(optimizer=keras.optimizers.Adam(0.02), loss="mse", metrics=["mae"])
+        return model
+''')
+
+
+def _regressor(root: Path) -> tuple:
+    """A project of its own: a regressor its builder compiles, the job setting no model.loss; its eval set ends in a
+    partial batch (37 records at batch 8: 4 whole batches and 5 records more). Returns (root, job)."""
+    labels = {"target": {"shape": [2]}}
+    for split, count, seed in (("train", 32, 11), ("eval", 37, 12)):
+        corpus.write_records(root / f"{split}.tfrecord", {**corpus.IMAGE, **labels}, count, seed=seed)
+    (root / "regressor.py").write_text(REGRESSOR)
+    job = {"name": "regressor", "model": {"builder": "regressor:build"},
+           "data": {"train": "train.tfrecord", "eval": "eval.tfrecord", "features": corpus.IMAGE, "labels": labels,
+                    "shuffle_buffer": 0},
+           "train": {"batch_size": 8, "steps": 4}, "eval": {"batch_size": 8, "steps": 5},
+           "run": {"model_dir": "run", "save_checkpoints_steps": 4, "seed": 7, "engine": "jax"}}
+    (root / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    return root, job
+
+
+@pytest.fixture(scope="module")
+def answered(project, tmp_path_factory) -> dict:
+    """Each model's one `train` and Keras's answers for it: {case: (model_dir, train's process, the oracle's answer)}
+    for the job's classifier ("classifier"), a model compiled by its builder where the job sets none ("compiled"), a
+    Sequential and a subclassed model ("sequential", "subclassed"), and a regressor of its own project compiled by its
+    builder ("regressor": the oracle's answer, evaluate()'s metrics over the eval set's whole batches). The oracle's
+    answers all come from one process, after every train: it evaluates and predicts each checkpoint's weights."""
+    runs = tmp_path_factory.mktemp("oracle_jax_runs")
+    compiled = write_compiled_job(project, "oraclemodels:compiled")
+    # case: (its job, its --set, its oracle's builder and compile)
+    cases = {"classifier": ("job.yaml", (), {}),
+             "compiled": (compiled, (), {"builder": "compiled", "compile": False}),
+             **{style: ("job.yaml", ("--set", f"model.builder=oraclemodels:{style}"), {"builder": style})
+                for style in ("sequential", "subclassed")}}
+    trains, calls = {}, {}
+    for case, (job, sets, oracle) in cases.items():
+        model_dir = runs / case
+        trains[case] = (model_dir, _run("train", project, "--model-dir", str(model_dir), *sets, job=job))
+        calls[case] = oracle_call(project, backend="jax", checkpoint=_model_weights(model_dir), **oracle)
+
+    regressor, job = _regressor(tmp_path_factory.mktemp("oracle_jax_regressor"))
+    trains["regressor"] = (regressor / "run", _run("train", regressor))
+    whole_batches = {**job, "eval": {"batch_size": 8, "steps": 4}}
+    calls["regressor"] = evaluate_call(regressor, builder="regressor:build", job=whole_batches, backend="jax",
+                                       tf_checkpoint=tf.train.latest_checkpoint(str(regressor / "run")))
+
+    answers = run_oracles(tmp_path_factory.mktemp("oracle_jax_answers"), run_env(), calls)
+    return {case: (model_dir, ran, answers[case]) for case, (model_dir, ran) in trains.items()}
+
+
+def test_train_evaluate_and_export_equal_keras_fit_evaluate_and_predict(project, answered, tmp_path):
+    model_dir, trained, oracle = answered["classifier"]
+    assert_weights_equal(_model_weights(model_dir), oracle["fit"])
 
     # The evaluation at the end of train: the mean over the eval set, in the run record and on the eval line.
     expected = oracle["evaluate"]
@@ -71,16 +130,13 @@ def test_train_evaluate_and_export_equal_keras_fit_evaluate_and_predict(project,
     np.testing.assert_allclose(served, oracle["predict"], **SERVED)
 
 
-def test_a_model_compiled_by_its_builder_trains_with_its_own_compile_where_the_job_sets_none(project, tmp_path):
-    write_compiled_job(project, "oraclemodels:compiled")
-    model_dir = tmp_path / "run"
-    trained = _run("train", project, "--model-dir", str(model_dir), job="compiled.yaml")
+def test_a_model_compiled_by_its_builder_trains_with_its_own_compile_where_the_job_sets_none(project, answered,
+                                                                                              tmp_path):
+    model_dir, trained, oracle = answered["compiled"]
     assert "Functional was compiled: its loss SparseCategoricalCrossentropy; its optimizer Adam; its metrics " \
            "[SparseCategoricalAccuracy]" in trained.stdout, trained.stdout
 
-    ours = _model_weights(model_dir)
-    oracle = run_oracle(project, tmp_path, run_env(), backend="jax", checkpoint=ours, builder="compiled", compile=False)
-    assert_weights_equal(ours, oracle["fit"])
+    assert_weights_equal(_model_weights(model_dir), oracle["fit"])
     assert set(oracle["evaluate"]) == {"loss", "acc"}  # its own metric, evaluated as evaluate() does
     assert_metrics_equal(recorded_evals(model_dir, "train")[-1], oracle["evaluate"])
 
@@ -94,18 +150,17 @@ def test_a_model_compiled_by_its_builder_trains_with_its_own_compile_where_the_j
 
 
 @pytest.mark.parametrize("style", ["sequential", "subclassed"])
-def test_a_sequential_and_a_subclassed_model_train_and_evaluate_as_keras_fit_and_evaluate(project, tmp_path, style):
+def test_a_sequential_and_a_subclassed_model_train_and_evaluate_as_keras_fit_and_evaluate(project, answered, style):
     """A Sequential model without an Input and a subclassed keras.Model with its own call (oracle.py's MODELS), each
     built at its first batch: train's weights are fit's, and train's and evaluate's metrics are evaluate()'s."""
-    model_dir, builder = tmp_path / "run", ("--set", f"model.builder=oraclemodels:{style}")
-    trained = _run("train", project, "--model-dir", str(model_dir), *builder)
-    ours = _model_weights(model_dir)
-    oracle = run_oracle(project, tmp_path, run_env(), backend="jax", checkpoint=ours, builder=style)
-    assert_weights_equal(ours, oracle["fit"])  # the checkpoint's variables/i are model.weights[i], get_weights' order
+    model_dir, trained, oracle = answered[style]
+    # the checkpoint's variables/i are model.weights[i], get_weights' order
+    assert_weights_equal(_model_weights(model_dir), oracle["fit"])
 
     expected = oracle["evaluate"]
     assert set(expected) == {"loss", "accuracy"}
-    evaluated = _run("evaluate", project, "--set", f"run.model_dir={model_dir}", *builder)
+    evaluated = _run("evaluate", project, "--set", f"run.model_dir={model_dir}", "--set",
+                     f"model.builder=oraclemodels:{style}")
     assert_reported_as_evaluated(model_dir, trained.stdout, evaluated.stdout, expected)
 
 
@@ -122,40 +177,14 @@ def test_a_run_stopped_at_step_3_and_resumed_equals_one_that_never_stopped(proje
     assert_weights_equal([ours[name] for name in sorted(ours)], [theirs[name] for name in sorted(theirs)])
 
 
-REGRESSOR = textwrap.dedent('''
-    import keras
-
-
-    def build():
-        """A regressor its builder compiles with its own squared error and metric."""
-        image = keras.Input(shape=(8, 8, 1), name="image")
-        model = keras.Model(image, keras.layers.Dense(2)(keras.layers.Flatten()(image)))
-        model.compile(optimizer=keras.optimizers.Adam(0.02), loss="mse", metrics=["mae"])
-        return model
-''')
-
-
-def test_a_compiled_regressor_trains_with_its_own_loss_and_evaluates_as_keras_evaluate_does(tmp_path):
+def test_a_compiled_regressor_trains_with_its_own_loss_and_evaluates_as_keras_evaluate_does(answered):
     """The job sets no model.loss: the model's own squared error trains it, so its real-valued label is not
     checked as class ids (as the job's default crossentropy would score it), and its metrics are Keras's over the
     eval set's whole batches: 37 records at batch 8 end before eval.steps 5, and the eval line says what was left."""
-    labels = {"target": {"shape": [2]}}
-    for split, count, seed in (("train", 32, 11), ("eval", 37, 12)):
-        corpus.write_records(tmp_path / f"{split}.tfrecord", {**corpus.IMAGE, **labels}, count, seed=seed)
-    (tmp_path / "regressor.py").write_text(REGRESSOR)
-    job = {"name": "regressor", "model": {"builder": "regressor:build"},
-           "data": {"train": "train.tfrecord", "eval": "eval.tfrecord", "features": corpus.IMAGE, "labels": labels,
-                    "shuffle_buffer": 0},
-           "train": {"batch_size": 8, "steps": 4}, "eval": {"batch_size": 8, "steps": 5},
-           "run": {"model_dir": "run", "save_checkpoints_steps": 4, "seed": 7, "engine": "jax"}}
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
-    trained = _run("train", tmp_path)
+    model_dir, trained, expected = answered["regressor"]
     assert "Functional was compiled: its loss 'mse'" in trained.stdout, trained.stdout
 
-    whole_batches = {**job, "eval": {"batch_size": 8, "steps": 4}}
-    expected = keras_evaluate(tmp_path, tmp_path, run_env(), builder="regressor:build", job=whole_batches,
-                              backend="jax", tf_checkpoint=tf.train.latest_checkpoint(str(tmp_path / "run")))
     assert set(expected) == {"loss", "mae"}
-    assert_metrics_equal(recorded_evals(tmp_path / "run", "train")[-1], expected)
+    assert_metrics_equal(recorded_evals(model_dir, "train")[-1], expected)
     assert eval_line(4, expected, (32, 5)) in trained.stdout.splitlines(), trained.stdout
     assert eval_line(4, expected, (32, 5)).endswith(LEFT_OUT_5)

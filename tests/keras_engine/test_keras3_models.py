@@ -156,13 +156,27 @@ def test_the_precision_policy_and_loss_scaling_are_keras3s_own(keras3_project):
     assert type(training.optimizer).__module__.startswith("keras.") and training.optimizer.name.startswith("loss_scale")
 
 
-def test_evaluate_gives_the_trainings_last_metrics_and_the_export_serves(keras3_project, trained, tmp_path):
+@pytest.fixture(scope="module")
+def evaluated(keras3_project, trained) -> tuple:
+    """`tpulaunch evaluate` of the trained checkpoint, once for two tests: what it printed (the evaluate test) and the
+    metrics it recorded in model_dir's run records, each the engine's evaluation as computed (the explained
+    program's test). Returns (its CliRunner result, its run record)."""
+    run, _ = trained
+    result = CliRunner().invoke(cli_run.evaluate, [str(keras3_project / "job.yaml")], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in (run / "tpulaunch-runs.jsonl").read_text().splitlines()]
+    assert records[-1]["command"] == "evaluate", records[-1]
+    return result, records[-1]
+
+
+def test_evaluate_gives_the_trainings_last_metrics_and_the_export_serves(keras3_project, trained, evaluated,
+                                                                         tmp_path):
     run, stdout = trained
     job_file = str(keras3_project / "job.yaml")
     (trained_eval,) = [line for line in stdout.splitlines() if line.startswith("eval | step 6 |")]
-    evaluated = CliRunner().invoke(cli_run.evaluate, [job_file], catch_exceptions=False)
-    assert evaluated.exit_code == 0, evaluated.output
-    assert trained_eval in evaluated.output.splitlines()
+    result, _ = evaluated
+    assert result.exit_code == 0, result.output
+    assert trained_eval in result.output.splitlines()
 
     exported = CliRunner().invoke(cli_run.export, [job_file, str(tmp_path / "exported")], catch_exceptions=False)
     assert exported.exit_code == 0, exported.output
@@ -172,19 +186,18 @@ def test_evaluate_gives_the_trainings_last_metrics_and_the_export_serves(keras3_
     assert {k: v.shape.as_list() for k, v in outputs.items()} == {"outputs": [3, 3]}
 
 
-def test_the_explained_program_evaluates_to_the_metrics_of_tpulaunch_evaluate(keras3_project, trained, tmp_path):
+def test_the_explained_program_evaluates_to_the_metrics_of_tpulaunch_evaluate(keras3_project, trained, evaluated,
+                                                                               tmp_path):
     """The program `explain --engine keras` writes for a Keras 3 builder runs with nothing of tpulaunch importable
-    and evaluates the checkpoint to what `tpulaunch evaluate` reports."""
-    from tpulaunch.engine.keras import runner
-
+    and evaluates the checkpoint to what `tpulaunch evaluate` reports (the metrics its run record holds: the
+    engine's evaluation, each a float as computed)."""
     run, _ = trained
     program = tmp_path / "program.py"
     explain_keras(keras3_project / "job.yaml", "-o", str(program), "--set", f"run.model_dir={run}")
     (results,) = keras_evaluations(run_keras_program(program, "evaluate"))
-    loaded = load_job(str(keras3_project / "job.yaml"))
-    theirs = runner.evaluate(loaded.job, build_plan(loaded.job, local=True), search_path=loaded.job.search_path)
-    assert results["global_step"] == 6
-    assert theirs.metrics == {k: pytest.approx(v, abs=1e-5) for k, v in results.items() if k != "global_step"}
+    (theirs,) = evaluated[1]["evals"]
+    assert results["global_step"] == 6 == theirs["step"]
+    assert theirs["metrics"] == {k: pytest.approx(v, abs=1e-5) for k, v in results.items() if k != "global_step"}
 
 
 def test_two_replicas_take_the_same_step_as_one(keras3_project, tmp_path):

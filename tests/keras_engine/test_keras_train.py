@@ -41,21 +41,33 @@ def _weights(model_dir: Path) -> dict:
             if name.startswith("model/") and "OPTIMIZER_SLOT" not in name}
 
 
-def test_trains_resumes_to_exactly_train_steps_evaluates_and_exports(project, tmp_path):
-    run = tmp_path / "run"
-    first = _train(project, run, "--set", "train.steps=5")
+@pytest.fixture(scope="module")
+def three_steps(project, tmp_path_factory) -> tuple:
+    """One run shared by two tests, as one process: `train --set train.steps=3 --set eval=null` on the job's own
+    records, from an empty model_dir. It is the first run of the resume test (which trains on in that model_dir) and
+    the control run of the two-replicas test (whose weights are read here, at once, before the resume test moves the
+    model_dir on). Returns (its model_dir, its process, its step-3 weights)."""
+    run = tmp_path_factory.mktemp("three_steps") / "run"
+    first = _train(project, run, "--set", "train.steps=3", "--set", "eval=null")
     assert first.returncode == 0, first.stderr
-    assert checkpoint_step(str(run)) == 5
-    assert sorted(p.name for p in run.glob("model.ckpt-*.index")) == ["model.ckpt-5.index"]
+    return run, first, _weights(run)
+
+
+def test_trains_resumes_to_exactly_train_steps_evaluates_and_exports(project, three_steps, tmp_path):
+    """The first run stops at step 3, between the periodic saves (every 5): its end-of-run checkpoint; the rerun
+    saves on the same grid (5, 10) and at its end (12), keeping all four."""
+    run, _, _ = three_steps
+    assert checkpoint_step(str(run)) == 3
+    assert sorted(p.name for p in run.glob("model.ckpt-*.index")) == ["model.ckpt-3.index"]
 
     rerun = _train(project, run)
     assert rerun.returncode == 0, rerun.stderr
-    assert f"resumed from step 5 ({run})" in rerun.stdout.splitlines()
+    assert f"resumed from step 3 ({run})" in rerun.stdout.splitlines()
     (done,) = [line for line in rerun.stdout.splitlines() if line.startswith("done |")]
-    assert done.startswith("done | step 12/12 | 7 steps in "), done
+    assert done.startswith("done | step 12/12 | 9 steps in "), done
     assert checkpoint_step(str(run)) == 12
     assert sorted(p.name for p in run.glob("model.ckpt-*.index")) == [
-        "model.ckpt-10.index", "model.ckpt-12.index", "model.ckpt-5.index"]
+        "model.ckpt-10.index", "model.ckpt-12.index", "model.ckpt-3.index", "model.ckpt-5.index"]
     (trained_eval,) = [line for line in rerun.stdout.splitlines() if line.startswith("eval | step 12 |")]
 
     evaluated = subprocess.run([sys.executable, "-m", "tpulaunch", "evaluate", str(project / "job.yaml"),
@@ -77,7 +89,7 @@ def test_trains_resumes_to_exactly_train_steps_evaluates_and_exports(project, tm
     assert {k: v.shape.as_list() for k, v in outputs.items()} == {"outputs": [3, 3]}
 
 
-def test_two_replicas_take_the_same_step_as_one(project, tmp_path):
+def test_two_replicas_take_the_same_step_as_one(project, three_steps, tmp_path):
     """MirroredStrategy over two CPU devices: each replica's loss is scaled so the summed gradients are the global
     batch's mean, as on one device; the same examples give the same weights. The file repeats 4 records, so every
     batch (8 on one device, 4 per replica) holds the same records whatever order the pipeline's parallel parse
@@ -95,10 +107,11 @@ def test_two_replicas_take_the_same_step_as_one(project, tmp_path):
     assert single.keys() == mirrored.keys() and single
     for name in single:
         np.testing.assert_allclose(mirrored[name], single[name], rtol=1e-4, atol=1e-5, err_msg=name)
-    # And the check can fail: a third run whose second replica saw other examples takes another step.
-    other = _train(project, tmp_path / "other", "--set", "train.steps=3", "--set", "eval=null")
+    # And the check can fail: a third run whose second replica saw other examples takes another step (the run of
+    # `three_steps`: the same 3 steps with eval=null, on the job's own records).
+    _, other, other_weights = three_steps
     assert other.returncode == 0, other.stderr
-    assert any(not np.allclose(_weights(tmp_path / "other")[n], single[n], rtol=1e-4, atol=1e-5) for n in single)
+    assert any(not np.allclose(other_weights[n], single[n], rtol=1e-4, atol=1e-5) for n in single)
 
 
 def test_cpu_replicas_that_do_not_divide_the_batch_are_refused(project, tmp_path):

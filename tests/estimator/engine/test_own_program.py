@@ -89,33 +89,51 @@ def test_the_good_job_validates(project):
     assert proc.stdout.startswith("OK job.yaml (checked: "), proc.stdout
 
 
+FLAG_TYPO = ("learning_rate: 0.05", "learning_rte: 0.05")
+
+
+@pytest.fixture(scope="module")
+def flag_typo(project, tmp_path_factory) -> tuple:
+    """The job with a flag typo (learning_rte) beside the unmodified program, and one `tpulaunch validate` of it:
+    the same job and command the broken-program case for that typo and the did-you-mean test each ran, so it runs
+    once and both read its output. (job file, the finished validate)"""
+    root = tmp_path_factory.mktemp("flag_typo")
+    job = root / "job.yaml"
+    job.write_text((project / "job.yaml").read_text().replace(*FLAG_TYPO))
+    shutil.copy(project / "mnist_tpu.py", root / "mnist_tpu.py")
+    return job, tpulaunch("validate", str(job), cwd=root)
+
+
 @pytest.mark.parametrize("broken, key", [
-    (("learning_rate: 0.05", "learning_rte: 0.05"), "flags.learning_rte"),
+    (FLAG_TYPO, "flags.learning_rte"),
     (("shape: [28, 28, 1]", "shape: [784]"), "data.features.image.shape"),
     (("labels=labels, logits=logits)", "labels=labels, logits=logitz)"), "model.model_fn"),
 ])
-def test_validate_and_train_refuse_a_broken_program_at_the_same_key(project, tmp_path, broken, key):
+def test_validate_and_train_refuse_a_broken_program_at_the_same_key(project, tmp_path, broken, key, request):
     """A flag typo, a wrong declared feature, a model_fn bug: validate and train both exit 1 at the key."""
     old, new = broken
     job, program = (project / "job.yaml").read_text(), (project / "mnist_tpu.py").read_text()
     assert old in job + program
-    (tmp_path / "job.yaml").write_text(job.replace(old, new))
-    (tmp_path / "mnist_tpu.py").write_text(program.replace(old, new))
-    refused_alike(tmp_path, key, train_args=("--model-dir", str(tmp_path / "run")))
+    cwd, validated = tmp_path, None
+    if broken == FLAG_TYPO:  # that job, validated once for this module (`flag_typo`)
+        typo, validated = request.getfixturevalue("flag_typo")
+        cwd = typo.parent
+        assert typo.read_text() == job.replace(old, new) and (cwd / "mnist_tpu.py").read_text() == program
+    else:
+        (tmp_path / "job.yaml").write_text(job.replace(old, new))
+        (tmp_path / "mnist_tpu.py").write_text(program.replace(old, new))
+    refused_alike(cwd, key, train_args=("--model-dir", str(tmp_path / "run")), validated=validated)
     assert tf.train.latest_checkpoint(str(tmp_path / "run")) is None
 
 
-def test_a_flag_typo_is_located_with_a_did_you_mean(project, tmp_path):
-    job = tmp_path / "typo.yaml"
-    job.write_text((project / "job.yaml").read_text().replace("learning_rate: 0.05", "learning_rte: 0.05"))
-    shutil.copy(project / "mnist_tpu.py", tmp_path / "mnist_tpu.py")
+def test_a_flag_typo_is_located_with_a_did_you_mean(flag_typo):
+    job, proc = flag_typo
     result = validate_job(str(job))
     [problem] = [p for p in result.problems if p.is_error]
     line = job.read_text().splitlines().index("flags: {learning_rte: 0.05, use_tpu: false}") + 1
     assert (problem.code, problem.path, problem.line, problem.column) == ("flag-unknown", "flags.learning_rte", line, 9)
     assert problem.hint == "did you mean 'learning_rate'?"
 
-    proc = tpulaunch("validate", str(job), cwd=tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
     assert f"{job}:{line}:9: flags.learning_rte: no module of this job defines a flag 'learning_rte'" in proc.stdout
 
@@ -196,9 +214,21 @@ def test_what_model_fn_and_input_fn_receive_locally(probe):
     ]
 
 
-def test_a_failed_export_leaves_nothing_behind(probe):
-    assert invoke("train", str(probe / "job.yaml"), "--set", "eval=null").exit_code == 0
-    out = probe / "exported"
+@pytest.fixture(scope="module")
+def trained_probe(tmp_path_factory) -> Path:
+    """The probe trained without evaluation (`train --set eval=null`), once for the module: the two export tests
+    below each trained exactly this before exporting from it (export only reads model_dir; each writes its exports
+    under its own tmp_path)."""
+    root = tmp_path_factory.mktemp("trained_probe")
+    (root / "probe.py").write_text(PROBE)
+    (root / "job.yaml").write_text(PROBE_JOB.replace("RECORD", str(root / "params.jsonl")))
+    assert invoke("train", str(root / "job.yaml"), "--set", "eval=null").exit_code == 0
+    return root
+
+
+def test_a_failed_export_leaves_nothing_behind(trained_probe, tmp_path):
+    probe = trained_probe
+    out = tmp_path / "exported"
     # A scale the model_fn cannot multiply by: only the serving graph, built by export, fails.
     broken = ["--set", "model.params.scale=twice"]
     result = CliRunner().invoke(cli, ["export", str(probe / "job.yaml"), str(out), *broken])
@@ -212,10 +242,10 @@ def test_a_failed_export_leaves_nothing_behind(probe):
     assert result.exit_code == 1 and sorted(os.listdir(out)) == ["older"]
 
 
-def test_export_uses_the_programs_own_serving_input_receiver_fn(probe):
-    assert invoke("train", str(probe / "job.yaml"), "--set", "eval=null").exit_code == 0
+def test_export_uses_the_programs_own_serving_input_receiver_fn(trained_probe, tmp_path):
+    probe = trained_probe
     own = ["--set", "model.serving_input_fn=probe:serving_input_receiver_fn"]
-    exported = invoke("export", str(probe / "job.yaml"), str(probe / "exported"), *own)
+    exported = invoke("export", str(probe / "job.yaml"), str(tmp_path / "exported"), *own)
     assert exported.exit_code == 0, exported.output
     path = re.search(r"^exported (\S+)$", exported.output, re.M).group(1)
     serve = tf.saved_model.load(path).signatures["serving_default"]
@@ -224,7 +254,7 @@ def test_export_uses_the_programs_own_serving_input_receiver_fn(probe):
     served = serve(half=tf.ones([1, 2]))["logits"].numpy()
     assert served.shape == (1, 2)
 
-    out = probe / "broken"
+    out = tmp_path / "broken"
     broken = invoke("export", str(probe / "job.yaml"), str(out), "--set", "model.serving_input_fn=probe:model_fn")
     assert broken.exit_code == 1 and "model.serving_input_fn:" in broken.output, broken.output
     assert "unexpected" not in broken.output and not out.exists()

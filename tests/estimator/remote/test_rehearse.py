@@ -1,7 +1,8 @@
 """`tpulaunch rehearse` end to end, with real processes: the controller (the CLI in a process of its own), the
 local Cloud TPU API, TPU VMs as local processes running the node's startup script, and on them `tpulaunch
 train` of the quickstart CNN on this machine's CPU (the job: `tests/rehearsals.py`). Reruns in the same
-model_dir: `test_rerun.py`.
+model_dir, and the job's own failure on the VM (not retried; the failed run the first rerun follows):
+`test_rerun.py`.
 """
 
 from __future__ import annotations
@@ -52,15 +53,6 @@ def test_preempted_vm_is_recreated_and_the_run_finishes_with_no_step_lost_beyond
     assert f"resumed from step {recovery['resumed_from']}" in last
     assert (job.parent / "runs/q/model.ckpt-20.index").exists()
     assert "train | start | step 0/20" in (job.parent / "runs/q/tpulaunch-remote/attempts/1/worker-0.log").read_text()
-
-
-def test_the_jobs_own_failure_on_the_vm_is_not_retried(job):
-    failed = rehearse(job, "--recreate", "2", "--set", "model.builder=slow_models:broken")
-    assert failed.returncode == 1, failed.stdout + failed.stderr
-    assert "this builder is broken on purpose" in failed.stderr
-    assert "not retried" in failed.stderr
-    record = _record(job)
-    assert (record["outcome"], len(record["vms"]), record["recoveries"]) == ("failed: exit code 1: the job failed", 1, [])
 
 
 def test_a_killed_controller_rerun_reattaches_without_creating_a_second_vm(job, tpu_api, tmp_path):

@@ -1,7 +1,8 @@
 """Reruns of `tpulaunch rehearse` in the same model_dir, end to end (the job and its helpers:
-`tests/rehearsals.py`): each run reads only its own VMs' files, so a rerun after a fix trains and a rerun with
-more steps trains on; an orphan VM left training by a killed follower is stopped before the rerun's VM starts;
-model_dir's lease held by another run is contention, never the job's own failure.
+`tests/rehearsals.py`): the job's own failure on the VM is not retried; each run reads only its own VMs' files,
+so a rerun after that failure and a fix trains and a rerun with more steps trains on; an orphan VM left training
+by a killed follower is stopped before the rerun's VM starts; model_dir's lease held by another run is
+contention, never the job's own failure.
 """
 
 from __future__ import annotations
@@ -31,9 +32,28 @@ def job(data, tmp_path) -> Path:
     return write_job(data / tmp_path.name)
 
 
-def test_a_rerun_in_the_same_model_dir_trains_after_a_fix_and_trains_on_with_more_steps(job):
+@pytest.fixture(scope="module")
+def failed_run(data) -> tuple:
+    """The job failing on its VM by its own fault (a builder that raises), rehearsed with --recreate 2: one run
+    read by two tests, the failure not retried and the rerun after the fix in the same model_dir. (job, the
+    finished rehearse, run.json as that run left it)"""
+    job = write_job(data / "failed-then-fixed")
+    failed = rehearse(job, "--recreate", "2", "--set", "model.builder=slow_models:broken", "--set", "train.steps=5")
+    return job, failed, run_record(job)
+
+
+def test_the_jobs_own_failure_on_the_vm_is_not_retried(failed_run):
+    # (train.steps=5: the builder fails before the first step, whatever the steps.)
+    _, failed, record = failed_run
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "this builder is broken on purpose" in failed.stderr
+    assert "not retried" in failed.stderr
+    assert (record["outcome"], len(record["vms"]), record["recoveries"]) == ("failed: exit code 1: the job failed", 1, [])
+
+
+def test_a_rerun_in_the_same_model_dir_trains_after_a_fix_and_trains_on_with_more_steps(failed_run):
     # Each run reads only the files its own VMs wrote: not the failed run's status, not the shorter run's end.
-    failed = rehearse(job, "--set", "model.builder=slow_models:broken", "--set", "train.steps=5")
+    job, failed, _ = failed_run
     assert failed.returncode == 1, failed.stdout + failed.stderr
     fixed = rehearse(job, "--set", "train.steps=5")
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
