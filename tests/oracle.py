@@ -193,6 +193,16 @@ def write_project(root: Path, engine: str) -> Path:
     return root
 
 
+def model_style_cases(compiled_job: str) -> dict:
+    """The models each oracle module trains on its project, one `train` each: {case: (its job file, its --set, its
+    oracle's builder and compile)}: the job's classifier, a model its builder compiled (`compiled_job`, from
+    write_compiled_job), a Sequential and a subclassed model."""
+    return {"classifier": ("job.yaml", (), {}),
+            "compiled": (compiled_job, (), {"builder": "compiled", "compile": False}),
+            **{style: ("job.yaml", ("--set", f"model.builder=oraclemodels:{style}"), {"builder": style})
+               for style in ("sequential", "subclassed")}}
+
+
 def write_compiled_job(project: Path, builder: str, *, source: str = "job.yaml",
                        unset: tuple = ("loss", "optimizer", "metrics")) -> str:
     """project/compiled.yaml: the job `source` with `builder` (one that compiles its model itself) and without the

@@ -23,9 +23,9 @@ import tensorflow as tf
 import yaml
 
 import user_models as corpus
-from oracle import (LEFT_OUT_5, SERVED, STEPS, assert_metrics_equal, assert_reported_as_evaluated,
-                    assert_weights_equal, eval_images, eval_line, evaluate_call, oracle_call, recorded_evals,
-                    run_oracles, write_compiled_job, write_project)
+from oracle import (LEFT_OUT_5, SERVED, STEPS, assert_metrics_equal, assert_reported_as_evaluated, assert_weights_equal,
+                    eval_images, eval_line, evaluate_call, model_style_cases, oracle_call, recorded_evals, run_oracles,
+                    write_compiled_job, write_project)
 from jax_runs import TPULAUNCH, checkpoint_variables, run_env
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
@@ -87,13 +87,8 @@ def answered(project, tmp_path_factory) -> dict:
     answers all come from one process, after every train: it evaluates and predicts each checkpoint's weights."""
     runs = tmp_path_factory.mktemp("oracle_jax_runs")
     compiled = write_compiled_job(project, "oraclemodels:compiled")
-    # case: (its job, its --set, its oracle's builder and compile)
-    cases = {"classifier": ("job.yaml", (), {}),
-             "compiled": (compiled, (), {"builder": "compiled", "compile": False}),
-             **{style: ("job.yaml", ("--set", f"model.builder=oraclemodels:{style}"), {"builder": style})
-                for style in ("sequential", "subclassed")}}
     trains, calls = {}, {}
-    for case, (job, sets, oracle) in cases.items():
+    for case, (job, sets, oracle) in model_style_cases(compiled).items():
         model_dir = runs / case
         trains[case] = (model_dir, _run("train", project, "--model-dir", str(model_dir), *sets, job=job))
         calls[case] = oracle_call(project, backend="jax", checkpoint=_model_weights(model_dir), **oracle)
