@@ -38,15 +38,6 @@ KERAS3_MODELS = textwrap.dedent('''
         return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
 
 
-    def wide(num_classes=3):
-        # About 4.3 million weights: a save takes long enough for a freeze to land in it.
-        inputs = keras.Input(shape=(8, 8, 1), name="image")
-        x = keras.layers.Flatten()(inputs)
-        x = keras.layers.Dense(2048, activation="relu")(x)
-        x = keras.layers.Dense(2048, activation="relu")(x)
-        return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
-
-
     def tf_keras_classifier(num_classes=3):
         import tf_keras
 

@@ -116,64 +116,22 @@ def freeze_after(run: Run, model_dir, predicate: Callable[[str], bool]) -> str:
         run.process.send_signal(signal.SIGCONT)
 
 
-WIDE_MODELS = """
-import tensorflow as tf
+def wait_frozen(run: Run, moment: str) -> None:
+    """Until `run` has stopped itself at `moment` ($TPULAUNCH_FREEZE_AT, `run/freeze_points.py`): its
+    `frozen | <moment>` line, then the kernel's word that the process is stopped (waitpid's WUNTRACED)."""
+    import os
 
-def wide(num_classes=2, input_shape=(8, 8, 1), width=2048, **unused):
-    # About 4.3 million weights (52 MB with Adam's two slots): each save takes a while, a freeze can land in it.
-    image = tf.keras.Input(shape=tuple(input_shape), name="image")
-    x = tf.keras.layers.Flatten()(image)
-    x = tf.keras.layers.Dense(width, activation="relu")(x)
-    x = tf.keras.layers.Dense(width, activation="relu")(x)
-    return tf.keras.Model(image, tf.keras.layers.Dense(num_classes)(x))
-"""
+    run.wait_for_line(lambda line: line == f"frozen | {moment}", stream="err")
+    _, status = os.waitpid(run.pid, os.WUNTRACED)
+    assert os.WIFSTOPPED(status), f"ended ({status}) where it should have frozen:\n" + run.text()
 
 
-def freeze_mid_save(run: Run, model_dir, limit_s: float = 300) -> int:
-    """SIGSTOP `run` in the middle of one of its checkpoint saves: while its staging folder (`.tpulaunch-saving-*`)
-    is in model_dir and no file of that checkpoint has reached its name, and outside a change of its lease.
-    Returns the step of the checkpoint it was saving.
-
-    The wait is on the staging folder's files (model_dir listed every few milliseconds; a save of the WIDE_MODELS
-    model takes tens of milliseconds or more). A save that ended before the signal landed is let go, and the next
-    one is tried."""
-    import re
-    import signal
-
-    model_dir = Path(model_dir)
-    guard = model_dir / "tpulaunch.lease.lock"
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if run.process.poll() is not None:
-            raise AssertionError(f"exited {run.process.returncode} before it was frozen mid-save:\n" + run.text())
-        staging = [path for path in (model_dir.iterdir() if model_dir.is_dir() else ())
-                   if path.name.startswith(".tpulaunch-saving-")]
-
-        def saving() -> set:  # the steps whose files are in the staging folders (none yet: a folder just made)
-            return {int(match.group(1)) for folder in staging for name in _names(folder)
-                    for match in [re.match(r"model\.ckpt-(\d+)", name)] if match}
-
-        if not saving():
-            time.sleep(0.002)
-            continue
-        run.process.send_signal(signal.SIGSTOP)
-        steps = saving()
-        if len(steps) == 1 and not guard.exists():
-            step = steps.pop()
-            if step > 0 and not list(model_dir.glob(f"model.ckpt-{step}.*")):
-                return step
-        run.process.send_signal(signal.SIGCONT)
-        while any(path.exists() for path in staging) and run.process.poll() is None:  # that save ends first
-            time.sleep(0.002)
-    raise AssertionError("no save was caught in the middle within the limit:\n" + run.text())
-
-
-def check_fenced_mid_save(train: Callable[..., Run], run_dir: Path, builder: str = "wide_models:wide") -> None:
-    """The freeze lands inside a save (its files written under a staging prefix, none at its name yet). The
-    successor (`--take-lease`) resumes from the checkpoint before and saves that same step itself; the first,
-    thawed, must not finish its save over the successor's files nor its `checkpoint` state: it stops fenced
-    (exit 5, its record says so), its staged files gone. `train(run_dir, *args)` starts a `train` of the job with
-    `builder` (WIDE_MODELS's `wide_models:wide`, or as wide a model), the lease renewed fast and stale only after
+def check_fenced_mid_save(train: Callable[..., Run], run_dir: Path) -> None:
+    """The first run freezes inside its save of step 20 (its files written under a staging folder, none at its
+    name yet: `TPULAUNCH_FREEZE_AT=mid-save@20`). The successor (`--take-lease`) resumes from step 10 and saves
+    step 20 itself; the first, thawed, must not finish its save over the successor's files nor its `checkpoint`
+    state: it stops fenced (exit 5, its record says so), its staged files gone. `train(run_dir, *args, **env)`
+    starts a `train` of the job, `env` added to its environment, the lease renewed fast and stale only after
     minutes."""
     import hashlib
     import json
@@ -183,23 +141,34 @@ def check_fenced_mid_save(train: Callable[..., Run], run_dir: Path, builder: str
     from tpulaunch.run import lease as leases
     from tpulaunch.run.record import RECORD_FILE
 
+    def digest(path: Path) -> str:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
     def files() -> dict:  # every file but the lease, the run record and summaries (each run writes its own)
-        return {str(path.relative_to(run_dir)): hashlib.sha256(path.read_bytes()).hexdigest()
+        return {str(path.relative_to(run_dir)): digest(path)
                 for path in sorted(run_dir.rglob("*")) if path.is_file()
                 and path.name not in (leases.LEASE_FILE, RECORD_FILE) and not path.name.startswith("events.out")}
 
-    wide = ("--set", f"model.builder={builder}", "--set", "eval=null")
-    first = train(run_dir, *wide, "--set", "train.steps=100000", "--set", "run.save_checkpoints_steps=10")
+    saving = 20
+    # Unfenced, the thawed run would go on saving every 10 steps over the successor's checkpoints.
+    first = train(run_dir, "--set", "eval=null", "--set", "train.steps=1000", "--set", "run.save_checkpoints_steps=10",
+                  TPULAUNCH_FREEZE_AT=f"mid-save@{saving}")
     second = None
     try:
-        saving = freeze_mid_save(first, run_dir)
+        wait_frozen(first, f"mid-save@{saving}")
+        staged = {path.name: digest(path) for folder in run_dir.glob(".tpulaunch-saving-*") for path in folder.iterdir()
+                  if path.name.startswith(f"model.ckpt-{saving}.data")}
+        assert staged, sorted(p.name for p in run_dir.rglob("*"))
+        assert not list(run_dir.glob(f"model.ckpt-{saving}.*")), sorted(p.name for p in run_dir.iterdir())
         held = leases.read_lease(str(run_dir))
-        second = train(run_dir, *wide, "--set", f"train.steps={saving + 10}", "--set",
-                       "run.save_checkpoints_steps=5", "--take-lease")
+        # Another seed (another order of the examples): the successor's weights at that step differ from the staged ones, so a thawed
+        # save that went through would show.
+        second = train(run_dir, "--set", "eval=null", "--set", f"train.steps={saving + 10}", "--set",
+                       "run.save_checkpoints_steps=5", "--set", "run.seed=12345", "--take-lease")
         assert second.finish() == 0, second.text()
         resumed = [line for line in second.out if line.startswith("resumed from step ")]
-        assert resumed == ([f"resumed from step {saving - 10} ({run_dir})"] if saving > 10 else []), second.text()
-        assert (run_dir / f"model.ckpt-{saving}.index").exists()  # the successor's own save of that step
+        assert resumed == [f"resumed from step {saving - 10} ({run_dir})"], second.text()
+        assert all(digest(run_dir / name) != staged[name] for name in staged), "the successor saved the same weights"
         before, state_before = files(), (run_dir / "checkpoint").read_text()
         first.process.send_signal(signal.SIGCONT)
         assert first.finish() == ExitCode.LEASE_LOST, first.text()
@@ -215,13 +184,6 @@ def check_fenced_mid_save(train: Callable[..., Run], run_dir: Path, builder: str
     assert f"took run.model_dir {run_dir} over while this run held it" in err, err
     records = [json.loads(line) for line in (run_dir / RECORD_FILE).read_text().splitlines()]
     assert [(r["run_id"], r["outcome"].split(":")[0]) for r in records][-1] == (held["run_id"], "fenced")
-
-
-def _names(folder: Path) -> List[str]:
-    try:
-        return [path.name for path in folder.iterdir()]
-    except OSError:  # moved or removed as it was read
-        return []
 
 
 def fake_gcs_binary() -> Path:

@@ -185,5 +185,6 @@ def test_a_jax_run_frozen_in_the_middle_of_a_save_leaves_its_successors_checkpoi
     from lease_runs import Run, check_fenced_mid_save
 
     env = dict(run_env(), TPULAUNCH_LEASE_RENEW_S="0.2", TPULAUNCH_LEASE_STALE_S="600")
-    check_fenced_mid_save(lambda run_dir, *args: Run(["train", str(project / "job.yaml"), "--model-dir", str(run_dir),
-                                                      *args], env=env), tmp_path / "run", builder="k3models:wide")
+    check_fenced_mid_save(lambda run_dir, *args, **extra: Run(["train", str(project / "job.yaml"), "--model-dir",
+                                                               str(run_dir), *args], env=dict(env, **extra)),
+                          tmp_path / "run")

@@ -11,14 +11,14 @@ import signal
 from pathlib import Path
 
 from keras_jobs import project  # noqa: F401  (the fixture: a small keras-engine job)
-from lease_runs import WIDE_MODELS, Run, check_fenced_mid_save, cli_env, freeze_after
+from lease_runs import Run, check_fenced_mid_save, cli_env, freeze_after
 from tpulaunch.errors import ExitCode
 from tpulaunch.run import lease as leases
 from tpulaunch.run.record import RECORD_FILE
 
 
-def _train(project: Path, model_dir: Path, *args: str) -> Run:  # noqa: F811
-    env = cli_env(TPULAUNCH_LEASE_RENEW_S="0.2", TPULAUNCH_LEASE_STALE_S="600")
+def _train(project: Path, model_dir: Path, *args: str, **extra: str) -> Run:  # noqa: F811
+    env = cli_env(TPULAUNCH_LEASE_RENEW_S="0.2", TPULAUNCH_LEASE_STALE_S="600", **extra)
     return Run(["train", str(project / "job.yaml"), "--model-dir", str(model_dir), "--set", "eval=null", *args],
                env=env)
 
@@ -63,5 +63,4 @@ def test_a_keras_run_that_thaws_after_take_lease_writes_no_checkpoint(project, t
 
 
 def test_a_keras_run_frozen_in_the_middle_of_a_save_leaves_its_successors_checkpoint_alone(project, tmp_path):  # noqa: F811
-    (project / "wide_models.py").write_text(WIDE_MODELS)
-    check_fenced_mid_save(lambda run_dir, *args: _train(project, run_dir, *args), tmp_path / "run")
+    check_fenced_mid_save(lambda run_dir, *args, **extra: _train(project, run_dir, *args, **extra), tmp_path / "run")

@@ -9,6 +9,7 @@ from typing import Callable, Iterator, Optional
 
 from tpulaunch.errors import first_line
 from tpulaunch.run import lease as leases
+from tpulaunch.run.freeze_points import LEASE_TAKEN, freeze_point
 from tpulaunch.run.signals import deferred
 from tpulaunch.run.stop_deadline import Ending
 from tpulaunch.run.workers import is_chief_worker
@@ -55,6 +56,7 @@ def held_lease(model_dir: str, command: str, *, take: bool, say: Callable[[str],
         # forced stop does: `stop_deadline.py`).
         with deferred(until_recorded=True):
             lease = leases.acquire(model_dir, run_id=leases.new_run_id(), command=command, take=take)
+            freeze_point(LEASE_TAKEN)  # a rehearsal's freeze, the lease written and nothing else yet
             ending = Ending(release)
             lease.on_unreachable, lease.on_reachable = unreachable, reachable
             lease.start_renewing(on_lost=lost)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from lease_runs import WIDE_MODELS, Run, check_fenced_mid_save, cli_env, freeze_after
+from lease_runs import Run, check_fenced_mid_save, cli_env, freeze_after
 from train_jobs import JOB, MODELS, write_records
 from tpulaunch.errors import ExitCode
 from tpulaunch.run import lease as leases
@@ -34,7 +34,6 @@ FIRST_EVERY = 150  # the frozen run's checkpoints: far apart, so the freeze neve
 def project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("fencing")
     (root / "train_models.py").write_text(MODELS)
-    (root / "wide_models.py").write_text(WIDE_MODELS)
     (root / "job.yaml").write_text(JOB)
     write_records(root / "data" / "train.tfrecord", 64, seed=1)
     write_records(root / "data" / "eval.tfrecord", 32, seed=2)
@@ -136,4 +135,5 @@ def test_a_run_that_thaws_after_its_lease_was_taken_over_writes_nothing_more(pro
 
 def test_a_run_frozen_in_the_middle_of_a_save_leaves_its_successors_checkpoint_alone(project, tmp_path):
     env = cli_env(TPULAUNCH_LEASE_RENEW_S="0.2", TPULAUNCH_LEASE_STALE_S="600")
-    check_fenced_mid_save(lambda run_dir, *args: _train(project, run_dir, *args, env=env), tmp_path / "run")
+    check_fenced_mid_save(lambda run_dir, *args, **extra: _train(project, run_dir, *args, env=dict(env, **extra)),
+                          tmp_path / "run")

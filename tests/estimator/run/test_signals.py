@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
-from lease_runs import Run, cli_env
+from lease_runs import Run, cli_env, wait_frozen
 from train_jobs import JOB, MODELS, write_records
 from tpulaunch.run import lease as leases
 from tpulaunch.run.record import RECORD_FILE
@@ -30,9 +29,9 @@ def project(tmp_path_factory) -> Path:
     return root
 
 
-def _train(project: Path, model_dir: Path, *args: str) -> Run:
+def _train(project: Path, model_dir: Path, *args: str, **env: str) -> Run:
     return Run(["train", str(project / "job.yaml"), "--local", "--model-dir", str(model_dir), "--set", "eval=null",
-                *args], env=cli_env())
+                *args], env=cli_env(**env))
 
 
 def _records(model_dir: Path) -> list:
@@ -59,15 +58,14 @@ def test_a_signal_while_tensorflow_loads_releases_the_lease_and_records_the_run(
 
 
 def test_a_signal_the_moment_the_lease_is_taken_still_leaves_a_record(project, tmp_path):
-    """The run is stopped (SIGSTOP) as soon as model_dir's lease file appears, wherever it is then (taking the
-    lease, setting up its record), and sent SIGTERM: the lease released and one record line, `stopped (SIGTERM)`."""
+    """The run freezes itself the moment model_dir's lease is written, before its record is set up
+    (`TPULAUNCH_FREEZE_AT=lease-taken`), and is sent SIGTERM there: the lease released and one record line,
+    `stopped (SIGTERM)`."""
     run_dir = tmp_path / "run"
-    run = _train(project, run_dir, "--set", "train.steps=3")
-    lease_file = run_dir / leases.LEASE_FILE
-    while not lease_file.exists():  # the event waited for: the file's appearance (polled, 1 ms)
-        assert run.process.poll() is None, run.text()
-        time.sleep(0.001)
-    for signum in (signal.SIGSTOP, signal.SIGTERM, signal.SIGCONT):
+    run = _train(project, run_dir, "--set", "train.steps=3", TPULAUNCH_FREEZE_AT="lease-taken")
+    wait_frozen(run, "lease-taken")
+    assert leases.read_lease(str(run_dir))["state"] == "held" and not (run_dir / RECORD_FILE).exists()
+    for signum in (signal.SIGTERM, signal.SIGCONT):
         run.process.send_signal(signum)
     assert run.finish() == 143, run.text()
     lease = leases.read_lease(str(run_dir))

@@ -25,6 +25,7 @@ import secrets
 from typing import Callable
 
 from tpulaunch.engine.core.checkpoints import glob_escape
+from tpulaunch.run.freeze_points import MID_SAVE, freeze_point
 from tpulaunch.run.lease import LeaseLost, ensure_held
 
 STAGING = ".tpulaunch-saving-"
@@ -45,6 +46,7 @@ def staged_write(write: Callable[[str], object], prefix: str) -> str:
     try:
         tf.io.gfile.makedirs(staging)  # TensorFlow's save ops write into a folder that exists
         write(staged)
+        freeze_point(MID_SAVE, _step(prefix))  # a rehearsal's freeze: staged, nothing at its name yet
         ensure_held(model_dir)
         names = sorted(tf.io.gfile.glob(glob_escape(staged) + ".*"), key=lambda path: path.endswith(".index"))
         for name in names:  # data shards (and a meta graph) first, the index last
@@ -59,6 +61,12 @@ def staged_write(write: Callable[[str], object], prefix: str) -> str:
         raise
     _remove(staging)
     return prefix
+
+
+def _step(prefix: str) -> int | None:
+    """The global step a checkpoint prefix names (`model.ckpt-STEP`); None for another name."""
+    number = prefix.rpartition("-")[2]
+    return int(number) if number.isdigit() else None
 
 
 def sweep_staging(model_dir: str) -> None:
