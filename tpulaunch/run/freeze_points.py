@@ -23,16 +23,28 @@ LEASE_TAKEN = "lease-taken"
 MID_SAVE = "mid-save"
 
 _frozen: set = set()
+_warned: list = []
 
 
 def freeze_point(moment: str, step: int | None = None) -> None:
     """Freeze this process here when $TPULAUNCH_FREEZE_AT names `moment` (at `step`, for a moment that has one)."""
-    wanted = os.environ.get(FREEZE_AT_ENV)
+    wanted = (os.environ.get(FREEZE_AT_ENV) or "").strip()
     if not wanted:
         return
+    if not _names_a_moment(wanted):
+        if not _warned:  # said once: a misspelt moment is never a rehearsal that silently did not happen
+            _warned.append(wanted)
+            print(f"warning: {FREEZE_AT_ENV}={wanted} names no moment ({LEASE_TAKEN}, or {MID_SAVE}@STEP with a "
+                  "whole step); nothing is frozen", file=sys.stderr, flush=True)
+        return
     name = moment if step is None else f"{moment}@{step}"
-    if wanted.strip() != name or name in _frozen:
+    if wanted != name or name in _frozen:
         return
     _frozen.add(name)
     print(f"frozen | {name}", file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _names_a_moment(text: str) -> bool:
+    moment, at, step = text.partition("@")
+    return text == LEASE_TAKEN or (moment == MID_SAVE and bool(at) and step.isdigit())
