@@ -215,6 +215,23 @@ def write_compiled_job(project: Path, builder: str, *, source: str = "job.yaml",
     return "compiled.yaml"
 
 
+def write_compiled_project(root: Path, *, engine: str, labels: dict, module: str, source: str) -> tuple:
+    """A project of its own for a model its builder compiles (`module`.py holding `source`, builder `module:build`),
+    the job setting no model.loss: 32 training records and an eval set that ends in a partial batch (37 records at
+    batch 8: 4 whole batches and 5 records more), in file order. Returns (root, job)."""
+    specs = {**corpus.IMAGE, **labels}
+    corpus.write_records(root / "train.tfrecord", specs, 32, seed=11)
+    corpus.write_records(root / "eval.tfrecord", specs, 37, seed=12)
+    (root / f"{module}.py").write_text(source)
+    job = {"name": module, "model": {"builder": f"{module}:build"},
+           "data": {"train": "train.tfrecord", "eval": "eval.tfrecord", "features": corpus.IMAGE, "labels": labels,
+                    "shuffle_buffer": 0},
+           "train": {"batch_size": BATCH, "steps": 4}, "eval": {"batch_size": BATCH, "steps": 5},
+           "run": {"model_dir": "run", "save_checkpoints_steps": 4, "seed": SEED, "engine": engine}}
+    (root / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    return root, job
+
+
 def run_oracle(project: Path, tmp: Path, env: dict, *, backend: str, checkpoint=None, tf_checkpoint=None,
                builder: str = "classifier", compile: bool = True, job: str = "job.yaml", losses=None,
                metrics=None) -> dict:

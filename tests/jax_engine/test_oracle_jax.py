@@ -20,12 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-import yaml
 
-import user_models as corpus
 from oracle import (LEFT_OUT_5, SERVED, STEPS, assert_metrics_equal, assert_reported_as_evaluated, assert_weights_equal,
                     eval_images, eval_line, evaluate_call, model_style_cases, oracle_call, recorded_evals, run_oracles,
-                    write_compiled_job, write_project)
+                    write_compiled_job, write_compiled_project, write_project)
 from jax_runs import TPULAUNCH, checkpoint_variables, run_env
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
@@ -62,22 +60,6 @@ REGRESSOR = textwrap.dedent('''
 ''')
 
 
-def _regressor(root: Path) -> tuple:
-    """A project of its own: a regressor its builder compiles, the job setting no model.loss; its eval set ends in a
-    partial batch (37 records at batch 8: 4 whole batches and 5 records more). Returns (root, job)."""
-    labels = {"target": {"shape": [2]}}
-    for split, count, seed in (("train", 32, 11), ("eval", 37, 12)):
-        corpus.write_records(root / f"{split}.tfrecord", {**corpus.IMAGE, **labels}, count, seed=seed)
-    (root / "regressor.py").write_text(REGRESSOR)
-    job = {"name": "regressor", "model": {"builder": "regressor:build"},
-           "data": {"train": "train.tfrecord", "eval": "eval.tfrecord", "features": corpus.IMAGE, "labels": labels,
-                    "shuffle_buffer": 0},
-           "train": {"batch_size": 8, "steps": 4}, "eval": {"batch_size": 8, "steps": 5},
-           "run": {"model_dir": "run", "save_checkpoints_steps": 4, "seed": 7, "engine": "jax"}}
-    (root / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
-    return root, job
-
-
 @pytest.fixture(scope="module")
 def answered(project, tmp_path_factory) -> dict:
     """Each model's one `train` and Keras's answers for it: {case: (model_dir, train's process, the oracle's answer)}
@@ -93,7 +75,8 @@ def answered(project, tmp_path_factory) -> dict:
         trains[case] = (model_dir, _run("train", project, "--model-dir", str(model_dir), *sets, job=job))
         calls[case] = oracle_call(project, backend="jax", checkpoint=_model_weights(model_dir), **oracle)
 
-    regressor, job = _regressor(tmp_path_factory.mktemp("oracle_jax_regressor"))
+    regressor, job = write_compiled_project(tmp_path_factory.mktemp("oracle_jax_regressor"), engine="jax",
+                                            labels={"target": {"shape": [2]}}, module="regressor", source=REGRESSOR)
     trains["regressor"] = (regressor / "run", _run("train", regressor))
     whole_batches = {**job, "eval": {"batch_size": 8, "steps": 4}}
     calls["regressor"] = evaluate_call(regressor, builder="regressor:build", job=whole_batches, backend="jax",

@@ -18,12 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-import yaml
 
 import user_models as corpus
 from oracle import (LEFT_OUT_5, SERVED, STEPS, TWO_HEADS_COMPILED, assert_metrics_equal, assert_reported_as_evaluated,
                     assert_weights_equal, eval_images, eval_line, evaluate_call, model_style_cases, oracle_call,
-                    recorded_evals, run_oracles, write_compiled_job, write_project)
+                    recorded_evals, run_oracles, write_compiled_job, write_compiled_project, write_project)
 from jax_runs import TPULAUNCH, run_env
 
 pytestmark = pytest.mark.slow  # long end-to-end runs: its worker starts it first
@@ -47,22 +46,6 @@ def _checkpoint_values(model_dir: Path) -> dict:
             if name.endswith("/.ATTRIBUTES/VARIABLE_VALUE")}
 
 
-def _two_heads(root: Path) -> tuple:
-    """A project of its own: a builder that compiles two heads itself, the job setting no model.loss; its eval set
-    ends in a partial batch (37 records at batch 8: 4 whole batches and 5 records more). Returns (root, job)."""
-    specs = {**corpus.IMAGE, **corpus.CLS_AND_BOX}
-    corpus.write_records(root / "train.tfrecord", specs, 32, seed=11)
-    corpus.write_records(root / "eval.tfrecord", specs, 37, seed=12)  # 4 whole batches and 5 records more
-    (root / "twoheads.py").write_text(TWO_HEADS_COMPILED)
-    job = {"name": "two-heads", "model": {"builder": "twoheads:build"},
-           "data": {"train": "train.tfrecord", "eval": "eval.tfrecord", "features": corpus.IMAGE,
-                    "labels": corpus.CLS_AND_BOX, "shuffle_buffer": 0},
-           "train": {"batch_size": 8, "steps": 4}, "eval": {"batch_size": 8, "steps": 5},
-           "run": {"model_dir": "run", "save_checkpoints_steps": 4, "seed": 7, "engine": "keras"}}
-    (root / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
-    return root, job
-
-
 @pytest.fixture(scope="module")
 def answered(project, tmp_path_factory) -> dict:
     """Each model's one `train` and Keras's answers for it: {case: (model_dir, train's process, the oracle's answer)}
@@ -80,7 +63,8 @@ def answered(project, tmp_path_factory) -> dict:
         calls[case] = oracle_call(project, backend="tensorflow",
                                   tf_checkpoint=tf.train.latest_checkpoint(str(model_dir)), **oracle)
 
-    two_heads, job = _two_heads(tmp_path_factory.mktemp("oracle_keras_two_heads"))
+    two_heads, job = write_compiled_project(tmp_path_factory.mktemp("oracle_keras_two_heads"), engine="keras",
+                                            labels=corpus.CLS_AND_BOX, module="twoheads", source=TWO_HEADS_COMPILED)
     trains["two_heads"] = (two_heads / "run", _run("train", two_heads))
     whole_batches = {**job, "eval": {"batch_size": 8, "steps": 4}}
     calls["two_heads"] = evaluate_call(two_heads, builder="twoheads:build", job=whole_batches,
