@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from keras_jobs import project  # noqa: F401  (the fixture: a small keras-engine job)
-from lease_runs import Run, cli_env, gcs_records, outage_storage, storage_client_env, unreachable
+from lease_runs import Run, check_resumes_on_gcs, cli_env, gcs_records, outage_storage, storage_client_env, unreachable
 from tpulaunch.run import lease as leases
 
 
@@ -22,8 +22,11 @@ def test_a_keras_run_rides_out_lost_replies_and_an_outage_of_its_store(project, 
         # Renewed every second, stale after a minute; TensorFlow's gs:// retries a second apart at most, for minutes.
         env = cli_env(**{**gcs.env, **storage_client_env(gcs), leases.RENEW_ENV: "1", leases.STALE_ENV: "60",
                          "GCS_RETRY_CONFIG_MAX_RETRIES": "1000", "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "1000000"})
-        run = Run(["train", str(project / "job.yaml"), "--model-dir", model_dir, "--set", "eval=null"], env=env,
-                  cwd=project)
+        def train(*args: str) -> Run:
+            return Run(["train", str(project / "job.yaml"), "--model-dir", model_dir, "--set", "eval=null", *args],
+                       env=env, cwd=project)
+
+        run = train()
         try:
             run.wait_for_line(lambda line: line.startswith("checkpoint | step 5 "))
             assert {created, renewed} <= set(gcs.replies_lost()), run.text()  # renewed every second as TF loaded
@@ -42,3 +45,4 @@ def test_a_keras_run_rides_out_lost_replies_and_an_outage_of_its_store(project, 
         held = leases.read_lease(model_dir)
         assert held["state"] == "released" and held["pid"] == run.pid, held
         assert [(r["run_id"], r["outcome"]) for r in gcs_records(model_dir)] == [(held["run_id"], "done")]
+        check_resumes_on_gcs(train, model_dir, 12)

@@ -918,6 +918,15 @@ def _normal(path: str) -> str:
     return f"{scheme}{sep}{os.path.normpath(rest)}" if sep else os.path.abspath(path)
 
 
+def state_entry(directory: str, name: str) -> str:
+    """What to hand TensorFlow's state writers (`generate_checkpoint_state_proto`, `update_checkpoint_state`) so the
+    state file names `name` by its bare name in `directory`. For a directory that is not an absolute local path
+    (gs://, a relative one) TensorFlow rewrites each entry with os.path.relpath against it, which would turn a bare
+    name into `../../../name` under gs://bucket/run: it must get the name joined to the directory instead."""
+    whole = os.path.isabs(directory) or os.path.isabs(name) or "://" in name  # a path of its own: left as it is
+    return name if whole else os.path.join(directory, name)
+
+
 def write_checkpoint_state(directory: str, latest: str, paths: list, *, fence: Callable[[], None],
                            timestamps: Optional[list] = None, last_preserved: Optional[float] = None) -> None:
     """directory's `checkpoint` state file naming `latest` and `paths` by their names in `directory` (a copied or
@@ -929,7 +938,8 @@ def write_checkpoint_state(directory: str, latest: str, paths: list, *, fence: C
     kept = [(name_in(directory, path), index) for index, path in enumerate(paths)]
     kept = [(name, index) for name, index in kept if name]
     state = tf.compat.v1.train.generate_checkpoint_state_proto(
-        directory, name_in(directory, latest) or latest, all_model_checkpoint_paths=[name for name, _ in kept],
+        directory, state_entry(directory, name_in(directory, latest) or latest),
+        all_model_checkpoint_paths=[state_entry(directory, name) for name, _ in kept],
         all_model_checkpoint_timestamps=[timestamps[index] for _, index in kept] if timestamps else None,
         last_preserved_timestamp=last_preserved)
     path = os.path.join(directory, "checkpoint")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lease_runs import Run, cli_env, gcs_objects, gcs_records, outage_storage, storage_client_env, unreachable
+from lease_runs import Run, check_resumes_on_gcs, cli_env, gcs_objects, gcs_records, outage_storage, storage_client_env, unreachable
 from train_jobs import JOB, MODELS, write_records
 from tpulaunch.errors import ExitCode
 from tpulaunch.run import lease as leases
@@ -119,6 +119,8 @@ def test_a_run_rides_out_lost_replies_and_an_outage_of_its_store(project, storag
     assert held["state"] == "released" and held["pid"] == run.pid, held
     records = gcs_records(model_dir)
     assert [(r["run_id"], r["outcome"]) for r in records] == [(held["run_id"], "done")], records
+    check_resumes_on_gcs(lambda *args: _train(project, gcs, model_dir, "--set", "model.builder=gated_models:classifier",
+                                              "--set", f"model.params.gate={gate}", *args), model_dir, 20)
 
 
 def test_a_run_cut_off_from_its_store_is_fenced_when_another_run_took_its_lease(project, storage, direct):

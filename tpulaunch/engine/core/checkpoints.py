@@ -172,8 +172,11 @@ def repair_checkpoint_state(model_dir: str) -> CheckpointRepair:
     if raw is not None and raw.model_checkpoint_path == name and list(raw.all_model_checkpoint_paths) == keep:
         return CheckpointRepair(path, step, dropped)
     timestamps = [stamps[p] for p in keep] if all(p in stamps for p in keep) else None
+    from tpulaunch.engine.portable import state_entry
+
     tf.compat.v1.train.update_checkpoint_state(
-        model_dir, name, all_model_checkpoint_paths=keep, all_model_checkpoint_timestamps=timestamps,
+        model_dir, state_entry(model_dir, name), all_model_checkpoint_paths=[state_entry(model_dir, p) for p in keep],
+        all_model_checkpoint_timestamps=timestamps,
         last_preserved_timestamp=raw.last_preserved_timestamp if raw is not None and timestamps else None)
     return CheckpointRepair(path, step, dropped, rewritten=True)
 
@@ -261,6 +264,7 @@ def _raw_state(model_dir: str):
     """The state file as written (its entries not resolved against model_dir), or None (none, or unparsable)."""
     import tensorflow as tf
     from google.protobuf import text_format
+    from tensorflow.python.training.checkpoint_state_pb2 import CheckpointState  # the state file's message
 
     path = os.path.join(model_dir, STATE_FILE)
     try:
@@ -268,9 +272,7 @@ def _raw_state(model_dir: str):
             return None
         with tf.io.gfile.GFile(path) as handle:
             text = handle.read()
-        state = tf.compat.v1.train.generate_checkpoint_state_proto(model_dir, "")
-        state.Clear()
-        return text_format.Parse(text, state)
+        return text_format.Parse(text, CheckpointState())
     except (tf.errors.OpError, text_format.ParseError, ValueError):
         return None
 
@@ -371,4 +373,7 @@ def roll_back_to(model_dir: str, path: str) -> None:
     listed = [os.path.basename(p) for p in state.all_model_checkpoint_paths] if state is not None else []
     name = os.path.basename(path)
     keep = sorted({p for p in listed if _step_key(p) < _step_key(name)} | {name}, key=_step_key)
-    tf.compat.v1.train.update_checkpoint_state(model_dir, name, all_model_checkpoint_paths=keep)
+    from tpulaunch.engine.portable import state_entry
+
+    tf.compat.v1.train.update_checkpoint_state(model_dir, state_entry(model_dir, name),
+                                               all_model_checkpoint_paths=[state_entry(model_dir, p) for p in keep])
