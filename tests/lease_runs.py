@@ -137,6 +137,9 @@ def check_fenced_mid_save(train: Callable[..., Run], run_dir: Path) -> None:
     import json
     import signal
 
+    import numpy as np
+    import yaml
+
     from tpulaunch.errors import ExitCode
     from tpulaunch.run import lease as leases
     from tpulaunch.run.record import RECORD_FILE
@@ -161,14 +164,19 @@ def check_fenced_mid_save(train: Callable[..., Run], run_dir: Path) -> None:
         assert staged, sorted(p.name for p in run_dir.rglob("*"))
         assert not list(run_dir.glob(f"model.ckpt-{saving}.*")), sorted(p.name for p in run_dir.iterdir())
         held = leases.read_lease(str(run_dir))
-        # Another seed (another order of the examples): the successor's weights at that step differ from the staged ones, so a thawed
-        # save that went through would show.
+        staged_weights = _weights(next(run_dir.glob(f".tpulaunch-saving-*/model.ckpt-{saving}.index")))
+        # The successor trains on other records (the job's eval set): its weights at that step differ from the staged
+        # ones, so a thawed save that went through would show.
+        other = yaml.safe_load((run_dir / "tpulaunch-job.yaml").read_text())["data"]["eval"]
         second = train(run_dir, "--set", "eval=null", "--set", f"train.steps={saving + 10}", "--set",
-                       "run.save_checkpoints_steps=5", "--set", "run.seed=12345", "--take-lease")
+                       "run.save_checkpoints_steps=5", "--set", f"data.train={other}", "--take-lease")
         assert second.finish() == 0, second.text()
         resumed = [line for line in second.out if line.startswith("resumed from step ")]
         assert resumed == [f"resumed from step {saving - 10} ({run_dir})"], second.text()
-        assert all(digest(run_dir / name) != staged[name] for name in staged), "the successor saved the same weights"
+        assert all(digest(run_dir / name) != staged[name] for name in staged)
+        successors = _weights(run_dir / f"model.ckpt-{saving}.index")
+        assert successors.keys() == staged_weights.keys() and any(
+            not np.array_equal(successors[key], staged_weights[key]) for key in successors), "the same weights"
         before, state_before = files(), (run_dir / "checkpoint").read_text()
         first.process.send_signal(signal.SIGCONT)
         assert first.finish() == ExitCode.LEASE_LOST, first.text()
@@ -182,8 +190,21 @@ def check_fenced_mid_save(train: Callable[..., Run], run_dir: Path) -> None:
     err = "\n".join(first.err)
     assert "Traceback" not in err, err
     assert f"took run.model_dir {run_dir} over while this run held it" in err, err
+    # It had trained the step it was saving (on the estimator engine its progress hook never saw that step).
+    assert f"at step {saving} (its last checkpoint there: {run_dir / f'model.ckpt-{saving - 10}'})" in err, err
     records = [json.loads(line) for line in (run_dir / RECORD_FILE).read_text().splitlines()]
-    assert [(r["run_id"], r["outcome"].split(":")[0]) for r in records][-1] == (held["run_id"], "fenced")
+    assert [(r["run_id"], r["outcome"].split(":")[0], r["steps"]["to"]) for r in records][-1] == (
+        held["run_id"], "fenced", saving)
+
+
+def _weights(index: Path) -> dict:
+    """A checkpoint's arrays of more than one value (its weights and their slots; not its step or save counter)."""
+    import numpy as np
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(index)[:-len(".index")])
+    return {name: reader.get_tensor(name) for name, shape in reader.get_variable_to_shape_map().items()
+            if len(shape) and int(np.prod(shape)) > 1}
 
 
 def fake_gcs_binary() -> Path:
@@ -266,6 +287,23 @@ def gcs_objects(model_dir: str) -> dict:
     bucket, _, path = model_dir[len("gs://"):].partition("/")
     return {blob.name: blob.generation for blob in storage.Client().list_blobs(bucket, prefix=path + "/")
             if not blob.name.endswith(LEASE_FILE) and "/events.out." not in blob.name}
+
+
+def check_resumes_on_gcs(train: Callable[..., Run], model_dir: str, step: int) -> None:
+    """A rerun of a `train` that ended at `step` on the gs:// `model_dir` resumes from that step and ends 2 steps
+    later, its `checkpoint` state naming its checkpoints by their bare names (TensorFlow's state writers, handed bare
+    names for a gs:// folder, would write `../../../model.ckpt-N`, and the next run fail to find them).
+    `train(*args)` starts a `train` of the job on `model_dir`; this process reaches the store directly."""
+    from google.cloud import storage
+
+    rerun = train("--set", f"train.steps={step + 2}", "--set", "run.save_checkpoints_steps=1")
+    assert rerun.finish() == 0, rerun.text()
+    assert f"resumed from step {step} ({model_dir})" in rerun.out, rerun.text()
+    assert not [line for line in rerun.out if "repaired" in line], rerun.text()  # the state was whole as written
+    assert rerun.out[-1].startswith(f"done | step {step + 2}/{step + 2}"), rerun.text()
+    bucket, _, path = model_dir[len("gs://"):].partition("/")
+    state = storage.Client().bucket(bucket).blob(f"{path}/checkpoint").download_as_text()
+    assert f'model_checkpoint_path: "model.ckpt-{step + 2}"' in state and "../" not in state, state
 
 
 def gcs_records(model_dir: str) -> list:

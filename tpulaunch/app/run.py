@@ -68,6 +68,8 @@ def _train(job_file: str, checked, engine, began: float, sets, lease, *, rendere
             engine.train(job, checked.plan, recorder=recorder, cluster_resolver=resolver, force=force, watch=watch,
                          profile=profile, cpu_replicas=_replicas(engine, cpu_replicas, checked.plan))
         except LeaseLost as lost:  # fenced: say where it stopped, and what it left
+            if lost.step is not None:  # a save it stopped: TPUEstimator's saver runs before the progress hook sees it
+                recorder.at_step(lost.step)
             lost.message += (f", at step {recorder.step} (its last checkpoint there: "
                              f"{recorder.last_checkpoint or 'none from this run'})")
             raise

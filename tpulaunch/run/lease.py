@@ -82,6 +82,7 @@ class LeaseLost(TpuLaunchError):
                               "run ends (it resumes from the newest checkpoint there)")
         self.model_dir = model_dir
         self.holder = holder
+        self.step: Optional[int] = None  # the step whose save it stopped, when it stopped one (that step was trained)
 
 
 class _Conflict(Exception):

@@ -4,6 +4,7 @@ no moment is said once, never silently ignored. Real child processes, the kernel
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,17 +24,17 @@ for moment, step in [(LEASE_TAKEN, None), (MID_SAVE, 10), (MID_SAVE, 20), (MID_S
 """
 
 
-def _start(value: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(Path(tpulaunch.__file__).parents[1]), **{FREEZE_AT_ENV: value})
-    return subprocess.Popen([sys.executable, "-c", PASSES], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+def _start(value: str, *, prefix=(), **env: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(Path(tpulaunch.__file__).parents[1]), **{FREEZE_AT_ENV: value}, **env)
+    return subprocess.Popen([*prefix, sys.executable, "-c", PASSES], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
 
 
-@pytest.mark.parametrize("value, passed", [("lease-taken", 0), ("mid-save@20", 2)])
+@pytest.mark.parametrize("value, passed", [("lease-taken", 0), ("mid-save@20", 2), ("mid-save@020", 2)])
 def test_the_process_stops_itself_at_the_named_moment_once_and_goes_on_when_thawed(value, passed):
     child = _start(value)
     try:
-        assert child.stderr.readline().strip() == f"frozen | {value}"
+        assert child.stderr.readline().strip() == f"frozen | {value.replace('@0', '@')}"
         _, status = os.waitpid(child.pid, os.WUNTRACED)  # the kernel's word: stopped, not ended
         assert os.WIFSTOPPED(status) and os.WSTOPSIG(status) == signal.SIGSTOP
         assert [child.stdout.readline() for _ in range(passed)] == [f"passed {m}\n" for m in
@@ -47,9 +48,33 @@ def test_the_process_stops_itself_at_the_named_moment_once_and_goes_on_when_thaw
     assert child.returncode == 0 and err == ""  # the second save of step 20 passed by: frozen once
 
 
-@pytest.mark.parametrize("value", ["mid-save", "mid-save@twenty", "lease_taken"])
+@pytest.mark.parametrize("value", ["mid-save", "mid-save@twenty", "mid-save@\u0662\u0660", "lease_taken"])
 def test_a_value_that_names_no_moment_is_said_once_and_freezes_nothing(value):
     out, err = _start(value).communicate(timeout=60)
     assert len(out.splitlines()) == 4
     assert err.splitlines() == [f"warning: {FREEZE_AT_ENV}={value} names no moment (lease-taken, or mid-save@STEP "
                                 "with a whole step); nothing is frozen"]
+
+
+def test_a_worker_that_is_not_the_chief_passes_every_point():
+    """Under MultiWorkerMirroredStrategy only the chief holds the lease and saves into model_dir; worker 1 saves
+    into a scratch folder of its own and never freezes."""
+    worker = '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 1}}'
+    out, err = _start("mid-save@20", TF_CONFIG=worker).communicate(timeout=60)
+    assert len(out.splitlines()) == 4 and err == ""
+
+
+def test_pid_1_says_it_cannot_freeze_and_goes_on():
+    """A container's entrypoint is PID 1, which the kernel does not stop with a signal it sends itself: said, not a
+    silent run past the moment. (A PID namespace of its own, as a container has; where user namespaces are off,
+    there is nothing to show.)"""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) here")
+    probe = subprocess.run(["unshare", "-Urpf", "--mount-proc", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no user and PID namespaces here: {probe.stderr.decode().strip()}")
+    out, err = _start("lease-taken", prefix=("unshare", "-Urpf", "--mount-proc")).communicate(timeout=60)
+    assert len(out.splitlines()) == 4
+    assert err.splitlines() == [f"warning: {FREEZE_AT_ENV}=lease-taken: this process is PID 1 (a container's "
+                                "entrypoint), which cannot stop itself; nothing is frozen (run it under an init: "
+                                "docker run --init)"]

@@ -52,12 +52,17 @@ def staged_write(write: Callable[[str], object], prefix: str) -> str:
         for name in names:  # data shards (and a meta graph) first, the index last
             tf.io.gfile.rename(name, prefix + name[len(staged):], overwrite=True)
         ensure_held(model_dir)  # once more before the caller names it in the checkpoint state (at once, no I/O between)
-    except LeaseLost:
+    except LeaseLost as lost:
         _remove(staging)
+        lost.step = _step(prefix)  # the run had trained that step: its weights were being saved
         raise
     except BaseException:
         _remove(staging)
-        ensure_held(model_dir)  # the failure may be the lease's loss (a successor swept the staging folder)
+        try:
+            ensure_held(model_dir)  # the failure may be the lease's loss (a successor swept the staging folder)
+        except LeaseLost as lost:
+            lost.step = _step(prefix)
+            raise
         raise
     _remove(staging)
     return prefix
