@@ -16,6 +16,7 @@ import pytest
 from lease_runs import Run, cli_env
 from records import write_examples
 from train_jobs import JOB, MODELS
+from tpulaunch.engine.core.checkpoints import NON_FINITE_FOLDER
 from tpulaunch.run.record import RECORD_FILE
 
 LINEAR = """
@@ -59,11 +60,20 @@ def test_a_nan_loss_stops_with_exit_1_naming_the_step_and_the_last_good_checkpoi
     assert f"error: the loss became NaN at step 6; the last good checkpoint is {run_dir / 'model.ckpt-4'} (step 4)" \
            in err, err
     assert "train.on_nan: {rollback: N}" in err and "unexpected" not in err and "Traceback" not in err, err
-    # model.ckpt-6 holds the NaN step's weights: model_dir points at the good one, so a rerun resumes from it.
+    # model.ckpt-6 holds the NaN step's weights: moved aside, model_dir points at the good one.
     state = (run_dir / "checkpoint").read_text()
     assert 'model_checkpoint_path: "model.ckpt-4"' in state and "model.ckpt-6" not in state, state
+    aside = run_dir / NON_FINITE_FOLDER
+    assert f"the checkpoints with NaN or Inf weights are in {aside}, for inspection" in err, err
+    assert not list(run_dir.glob("model.ckpt-6.*")) and (aside / "model.ckpt-6.index").exists()
     record = json.loads((run_dir / RECORD_FILE).read_text().splitlines()[-1])
     assert record["outcome"].startswith("failed: the loss became NaN at step 6") and "nan_rollbacks" not in record
+
+    # The rerun the hint promises resumes from the good checkpoint (not the newest, NaN one) and trains on.
+    rerun = _train(project, run_dir, "--set", "train.steps=5")
+    assert rerun.finish() == 0, rerun.text()
+    assert f"resumed from step 4 ({run_dir})" in rerun.out and not [line for line in rerun.out if "repaired" in line]
+    assert rerun.out[-1].startswith("done | step 5/5") and "| loss nan" not in rerun.out[-1], rerun.text()
 
 
 def test_on_nan_rollback_restores_the_last_good_checkpoint_at_most_n_times(project, tmp_path):

@@ -32,6 +32,9 @@ from typing import List, Optional, Tuple
 
 from tpulaunch.errors import TpuLaunchError, first_line
 
+NON_FINITE_FOLDER = "non-finite-checkpoints"
+"""Where a rollback moves model_dir's checkpoints newer than the last good one (`roll_back_to`)."""
+
 STATE_FILE = "checkpoint"
 # Read every tensor back only when the data is at most this large (a restart should not have to
 # read gigabytes from a bucket to check it).
@@ -363,17 +366,35 @@ def last_good_checkpoint(model_dir: str) -> Optional[Tuple[str, int]]:
     return None
 
 
-def roll_back_to(model_dir: str, path: str) -> None:
-    """Point the state file at `path`, leaving newer checkpoints out of it (their files stay, for inspection; the
-    next save of the same step overwrites them): a rerun, or the next session, restores `path`. Entries by their
-    names in model_dir."""
+def roll_back_to(model_dir: str, path: Optional[str]) -> Optional[str]:
+    """Point the state file at `path` and move every newer checkpoint of model_dir (NaN weights, or incomplete) into
+    its `non-finite-checkpoints/` folder, for inspection: a rerun, or the next session, restores `path` (left in
+    model_dir, the newest complete one would be restored again, whatever the state names). `path` None: no good
+    checkpoint, every one is moved and the state removed (training starts again from step 0). Entries by their
+    names in model_dir. Returns the folder the newer checkpoints were moved to; None when there were none."""
     import tensorflow as tf
 
-    state = _raw_state(model_dir)
-    listed = [os.path.basename(p) for p in state.all_model_checkpoint_paths] if state is not None else []
-    name = os.path.basename(path)
-    keep = sorted({p for p in listed if _step_key(p) < _step_key(name)} | {name}, key=_step_key)
     from tpulaunch.engine.portable import state_entry
 
+    name = os.path.basename(path) if path is not None else None
+    folder = os.path.join(model_dir, NON_FINITE_FOLDER)
+    # Moved before the state is written: cut off between the two, the state names a checkpoint no longer there, and
+    # the next run's repair picks the newest complete one left, `path`.
+    moved = False
+    for newer in [candidate for candidate in _candidates(model_dir)
+                  if name is None or _step_key(candidate) > _step_key(name)]:
+        for file in _files_of(newer):
+            tf.io.gfile.makedirs(folder)
+            tf.io.gfile.rename(file, os.path.join(folder, os.path.basename(file)), overwrite=True)
+            moved = True
+    state_file = os.path.join(model_dir, STATE_FILE)
+    if name is None:
+        if tf.io.gfile.exists(state_file):
+            tf.io.gfile.remove(state_file)
+        return folder if moved else None
+    state = _raw_state(model_dir)
+    listed = [os.path.basename(p) for p in state.all_model_checkpoint_paths] if state is not None else []
+    keep = sorted({p for p in listed if _step_key(p) < _step_key(name)} | {name}, key=_step_key)
     tf.compat.v1.train.update_checkpoint_state(model_dir, state_entry(model_dir, name),
                                                all_model_checkpoint_paths=[state_entry(model_dir, p) for p in keep])
+    return folder if moved else None

@@ -209,8 +209,7 @@ def _roll_back(job: "Job", nan: NonFiniteLoss, recorder: "RunRecorder") -> None:
 
     model_dir = job.run.model_dir
     good = last_good_checkpoint(model_dir)
-    if good is not None:
-        roll_back_to(model_dir, good[0])
+    moved_to = roll_back_to(model_dir, good[0] if good is not None else None)
     where = f"the last good checkpoint is {good[0]} (step {good[1]})" if good else "no good checkpoint was saved"
     # The record's list of rollbacks (run/run_record.py writes it): kept on the recorder, which the record reads.
     rollbacks = recorder.__dict__.setdefault("nan_rollbacks", [])
@@ -223,7 +222,9 @@ def _roll_back(job: "Job", nan: NonFiniteLoss, recorder: "RunRecorder") -> None:
     tried = f" after {allowed} rollback{'s' if allowed != 1 else ''} (train.on_nan)" if allowed else ""
     raise TpuLaunchError(
         f"the loss became {_loss_text(nan)} at step {nan.step}{tried}; {where}",
-        hint=("a rerun resumes from it; the learning rate, the data or the model make the loss diverge there"
+        hint=(("a rerun resumes from it" if good else "a rerun starts from step 0")
+              + (f" (the checkpoints with NaN or Inf weights are in {moved_to}, for inspection)" if moved_to else "")
+              + "; the learning rate, the data or the model make the loss diverge there"
               + ("" if allowed else "; train.on_nan: {rollback: N} restores that checkpoint and goes on, at most N "
                                     "times")))
 
