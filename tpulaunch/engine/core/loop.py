@@ -216,8 +216,9 @@ def _roll_back(job: "Job", nan: NonFiniteLoss, recorder: "RunRecorder") -> None:
     allowed = job.train.on_nan.rollback if job.train.on_nan is not None else 0
     if len(rollbacks) < allowed:
         rollbacks.append({"step": nan.step, "to_step": good[1] if good else 0, "checkpoint": good[0] if good else None})
-        recorder.note(f"nan | the loss became {_loss_text(nan)} at step {nan.step}; {where}: training goes on from "
-                      f"there (rollback {len(rollbacks)} of {allowed}, train.on_nan)")
+        again = "training goes on from there" if good else "training starts again from step 0"
+        recorder.note(f"nan | the loss became {_loss_text(nan)} at step {nan.step}; {where}: {again} "
+                      f"(rollback {len(rollbacks)} of {allowed}, train.on_nan)")
         return
     tried = f" after {allowed} rollback{'s' if allowed != 1 else ''} (train.on_nan)" if allowed else ""
     raise TpuLaunchError(
@@ -225,8 +226,9 @@ def _roll_back(job: "Job", nan: NonFiniteLoss, recorder: "RunRecorder") -> None:
         hint=(("a rerun resumes from it" if good else "a rerun starts from step 0")
               + (f" (the checkpoints with NaN or Inf weights are in {moved_to}, for inspection)" if moved_to else "")
               + "; the learning rate, the data or the model make the loss diverge there"
-              + ("" if allowed else "; train.on_nan: {rollback: N} restores that checkpoint and goes on, at most N "
-                                    "times")))
+              + ("" if allowed else "; train.on_nan: {rollback: N} " + ("restores that checkpoint" if good else
+                                                                         "starts again from step 0")
+                 + " and goes on, at most N times")))
 
 
 def _loss_text(nan: NonFiniteLoss) -> str:
