@@ -118,8 +118,13 @@ def checkpoint_step_of(prefix: str) -> Optional[int]:
     try:
         return int(tf.train.load_variable(prefix, "global_step"))
     except (tf.errors.OpError, ValueError, KeyError):
-        match = _STEP_SUFFIX.search(prefix)
-        return int(match.group(1)) if match else None
+        return step_in_name(prefix)
+
+
+def step_in_name(prefix: str) -> Optional[int]:
+    """The global step a checkpoint prefix names (`model.ckpt-STEP`); None for another name."""
+    match = _STEP_SUFFIX.search(prefix)
+    return int(match.group(1)) if match else None
 
 
 def latest_complete_checkpoint(model_dir: str) -> Optional[Tuple[str, int]]:
@@ -311,8 +316,8 @@ def _files_of(prefix: str) -> List[str]:
 
 
 def _step_key(path: str) -> int:
-    match = _STEP_SUFFIX.search(path)
-    return int(match.group(1)) if match else -1
+    step = step_in_name(path)
+    return -1 if step is None else step
 
 
 def _data_shards(prefix: str) -> dict:

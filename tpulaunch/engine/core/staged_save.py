@@ -24,7 +24,7 @@ import os
 import secrets
 from typing import Callable
 
-from tpulaunch.engine.core.checkpoints import glob_escape
+from tpulaunch.engine.core.checkpoints import glob_escape, step_in_name
 from tpulaunch.run.freeze_points import MID_SAVE, freeze_point
 from tpulaunch.run.lease import LeaseLost, ensure_held
 
@@ -36,8 +36,18 @@ def staged_write(write: Callable[[str], object], prefix: str) -> str:
     """Write a checkpoint through `write(staged_prefix)` under a staging folder beside `prefix`, then, if this run
     still holds the lease of `prefix`'s folder, move its files to `prefix`. Returns `prefix`.
 
-    Raises `LeaseLost` (the staged files removed) when another run took the lease over, before or during the
-    write: a write that failed because the successor swept the staging folder away is a lost lease too."""
+    Raises `LeaseLost` (the staged files removed, its `step` the checkpoint's: the run had trained it) when another
+    run took the lease over, before or during the write: a write that failed because the successor swept the
+    staging folder away is a lost lease too."""
+    try:
+        _write_then_move(write, prefix)
+    except LeaseLost as lost:
+        lost.step = step_in_name(prefix)
+        raise
+    return prefix
+
+
+def _write_then_move(write: Callable[[str], object], prefix: str) -> None:
     import tensorflow as tf
 
     model_dir = os.path.dirname(prefix)
@@ -46,32 +56,20 @@ def staged_write(write: Callable[[str], object], prefix: str) -> str:
     try:
         tf.io.gfile.makedirs(staging)  # TensorFlow's save ops write into a folder that exists
         write(staged)
-        freeze_point(MID_SAVE, _step(prefix))  # a rehearsal's freeze: staged, nothing at its name yet
+        freeze_point(MID_SAVE, step_in_name(prefix))  # a rehearsal's freeze: staged, nothing at its name yet
         ensure_held(model_dir)
         names = sorted(tf.io.gfile.glob(glob_escape(staged) + ".*"), key=lambda path: path.endswith(".index"))
         for name in names:  # data shards (and a meta graph) first, the index last
             tf.io.gfile.rename(name, prefix + name[len(staged):], overwrite=True)
         ensure_held(model_dir)  # once more before the caller names it in the checkpoint state (at once, no I/O between)
-    except LeaseLost as lost:
+    except LeaseLost:
         _remove(staging)
-        lost.step = _step(prefix)  # the run had trained that step: its weights were being saved
         raise
     except BaseException:
         _remove(staging)
-        try:
-            ensure_held(model_dir)  # the failure may be the lease's loss (a successor swept the staging folder)
-        except LeaseLost as lost:
-            lost.step = _step(prefix)
-            raise
+        ensure_held(model_dir)  # the failure may be the lease's loss (a successor swept the staging folder)
         raise
     _remove(staging)
-    return prefix
-
-
-def _step(prefix: str) -> int | None:
-    """The global step a checkpoint prefix names (`model.ckpt-STEP`); None for another name."""
-    number = prefix.rpartition("-")[2]
-    return int(number) if number.isdigit() else None
 
 
 def sweep_staging(model_dir: str) -> None:
