@@ -385,21 +385,21 @@ def roll_back_to(model_dir: str, path: Optional[str]) -> Optional[str]:
     folder = os.path.join(model_dir, NON_FINITE_FOLDER)
     # Moved before the state is written: cut off between the two, the state names a checkpoint no longer there, and
     # the next run's repair picks the newest complete one left, `path`.
-    moved = False
-    for newer in [candidate for candidate in _candidates(model_dir)
-                  if name is None or _step_key(candidate) > _step_key(name)]:
-        for file in _files_of(newer):
-            tf.io.gfile.makedirs(folder)
-            tf.io.gfile.rename(file, os.path.join(folder, os.path.basename(file)), overwrite=True)
-            moved = True
-    state_file = os.path.join(model_dir, STATE_FILE)
+    files = [file for candidate in _candidates(model_dir) if name is None or _step_key(candidate) > _step_key(name)
+             for file in _files_of(candidate)]
+    if files:
+        tf.io.gfile.makedirs(folder)
+    for file in files:
+        tf.io.gfile.rename(file, os.path.join(folder, os.path.basename(file)), overwrite=True)
+    moved_to = folder if files else None
     if name is None:
+        state_file = os.path.join(model_dir, STATE_FILE)
         if tf.io.gfile.exists(state_file):
             tf.io.gfile.remove(state_file)
-        return folder if moved else None
+        return moved_to
     state = _raw_state(model_dir)
     listed = [os.path.basename(p) for p in state.all_model_checkpoint_paths] if state is not None else []
     keep = sorted({p for p in listed if _step_key(p) < _step_key(name)} | {name}, key=_step_key)
     tf.compat.v1.train.update_checkpoint_state(model_dir, state_entry(model_dir, name),
                                                all_model_checkpoint_paths=[state_entry(model_dir, p) for p in keep])
-    return folder if moved else None
+    return moved_to

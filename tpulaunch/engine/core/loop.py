@@ -221,14 +221,14 @@ def _roll_back(job: "Job", nan: NonFiniteLoss, recorder: "RunRecorder") -> None:
                       f"(rollback {len(rollbacks)} of {allowed}, train.on_nan)")
         return
     tried = f" after {allowed} rollback{'s' if allowed != 1 else ''} (train.on_nan)" if allowed else ""
-    raise TpuLaunchError(
-        f"the loss became {_loss_text(nan)} at step {nan.step}{tried}; {where}",
-        hint=(("a rerun resumes from it" if good else "a rerun starts from step 0")
-              + (f" (the checkpoints with NaN or Inf weights are in {moved_to}, for inspection)" if moved_to else "")
-              + "; the learning rate, the data or the model make the loss diverge there"
-              + ("" if allowed else "; train.on_nan: {rollback: N} " + ("restores that checkpoint" if good else
-                                                                         "starts again from step 0")
-                 + " and goes on, at most N times")))
+    rerun = "a rerun resumes from it" if good else "a rerun starts from step 0"
+    if moved_to:
+        rerun += f" (the checkpoints with NaN or Inf weights are in {moved_to}, for inspection)"
+    hint = f"{rerun}; the learning rate, the data or the model make the loss diverge there"
+    if not allowed:
+        back = "restores that checkpoint" if good else "starts again from step 0"
+        hint += f"; train.on_nan: {{rollback: N}} {back} and goes on, at most N times"
+    raise TpuLaunchError(f"the loss became {_loss_text(nan)} at step {nan.step}{tried}; {where}", hint=hint)
 
 
 def _loss_text(nan: NonFiniteLoss) -> str:
