@@ -42,8 +42,8 @@ def project(tmp_path_factory) -> Project:
     (root / f"{MODULE}.py").write_text((MODELS / f"{MODULE}.py").read_text())
     rng = np.random.default_rng(7)
     records = {}
-    for split, count in (("train", 4), ("eval", 4)):  # every batch the same 4 records (training maps batches in
-        # parallel, out of order), so the steps can be computed by hand
+    for split, count in (("train", 4), ("eval", 4)):  # every batch the 4 records in file order (each job's run.seed),
+        # so the steps can be computed by hand
         rows = [{"image": rng.normal(size=32).astype(np.float32), "label": int(rng.integers(0, 3)),
                  "flag": np.array([float(rng.integers(0, 2))], np.float32)} for _ in range(count)]
         write_examples(root / f"{split}.tfrecord", rows)
@@ -57,9 +57,11 @@ def write_job(root: Path, name: str, model: dict, labels: dict = CLASS, steps: i
     document = {
         "name": name, "model": model,
         "data": {"train": "train.tfrecord", "eval": "eval.tfrecord", "features": IMAGE, "labels": labels,
-                 "shuffle_buffer": 0},  # records in file order
+                 "shuffle_buffer": 0},
         "train": {"batch_size": 4, "steps": steps}, "eval": {"batch_size": 4, "steps": 1},
-        "run": {"model_dir": f"runs/{name}", "log_every_steps": 1, "engine": "keras"},
+        # records in file order: without a seed the parallel reads hand out whichever record is ready first, and
+        # a batch may hold a record of the next pass over the file before one of this pass
+        "run": {"model_dir": f"runs/{name}", "log_every_steps": 1, "engine": "keras", "seed": 0},
     }
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))

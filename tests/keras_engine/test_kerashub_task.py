@@ -65,9 +65,10 @@ def write_job(root: Path, name: str, steps: int, **model) -> Path:
     document = {
         "name": name, "model": {"builder": BUILDER, **model},
         "data": {"train": "train.tfrecord", "eval": "eval.tfrecord", "features": {"image": {"shape": [32, 32, 3]}},
-                 "labels": {"label": {"shape": [], "dtype": "int64"}}, "shuffle_buffer": 0},  # in file order
+                 "labels": {"label": {"shape": [], "dtype": "int64"}}, "shuffle_buffer": 0},
         "train": {"batch_size": 8, "steps": steps}, "eval": {"batch_size": 8, "steps": 1},
-        "run": {"model_dir": f"runs/{name}", "log_every_steps": 1},
+        # in file order (with a seed: else the parallel reads may start the next pass over the file early)
+        "run": {"model_dir": f"runs/{name}", "log_every_steps": 1, "seed": 0},
     }
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
