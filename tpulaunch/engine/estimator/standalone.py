@@ -53,8 +53,8 @@ def read_on(context, segment_steps: Optional[int], rolled_back: int = 0) -> tupl
     """(batches to skip, the step the pipeline is seeded at) for a training pipeline TPUEstimator made anew at the
     session's global step: at the start of each segment between evaluations (`train` is called once a segment),
     after a resume, or when TensorFlow recreates a session. A segment starting at step b reads a pipeline seeded
-    at b (`portable.make_dataset_fn`'s `reseed`: another order than the last segment's, never the same batches
-    again) from its first batch; a run resumed at step k inside it skips the k - b batches the segment had handed
+    at b (`portable.make_dataset_fn`'s `reseed`: the files in another order than the last segment's, each read
+    again from its head) from its first batch; a run resumed at step k inside it skips the k - b batches the segment had handed
     out (times the replicas the pipeline feeds: `current_input_fn_deployment()`'s last item; one on CPU), so it
     reads what a run that never stopped reads, at the cost of reading at most a segment's batches again, never
     everything since step 0 at every evaluation; `rolled_back` steps more when the run rolled back from a NaN (the
