@@ -47,6 +47,7 @@ def records_read(paths: list, batch: int, steps: int, segments: int, shuffle_buf
     dataset_fn = make_dataset_fn(paths, training=True, use_tpu=False, features=FEATURES, labels={}, compression="",
                                  shuffle_buffer=shuffle_buffer, cache=False, skip_corrupt=False, seed=1)
     seen = collections.Counter()
+    tf.random.set_seed(1)  # the graph's seed: the estimator engine sets it to run.seed, and tf.data's draws follow it
     for segment in range(segments):
         for features, _ in dataset_fn(batch, reseed=segment * steps).take(steps):
             seen.update(int(i) for i in np.ravel(features.numpy()))
