@@ -24,32 +24,51 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tpulaunch.engine.portable import make_dataset_fn  # noqa: E402
+from tpulaunch.engine.pipeline import make_dataset_fn  # noqa: E402
+from tpulaunch.job.load import load_job  # noqa: E402
 
-FEATURES = {"index": {"shape": [1], "dtype": "int64", "stored_as": "int64_list", "key": "index"}}
+# Each record's number as its feature; the label is there because a job has one.
+JOB = """\
+name: coverage
+model: {{builder: tpulaunch.models.cnn:build}}
+data:
+  train: {pattern}
+  features:
+    index: {{shape: [1], dtype: int64}}
+  labels:
+    label: {{shape: [], dtype: int64}}
+  shuffle_buffer: {shuffle_buffer}
+train: {{batch_size: {batch}, steps: {steps}}}
+run: {{model_dir: runs/coverage, seed: 1}}
+"""
 
 
-def write_files(directory: str, records: int, files: int) -> list:
-    """`records` records numbered 0.. in order, cut into `files` files whose lengths differ by one at most."""
-    paths = []
+def write_files(directory: str, records: int, files: int) -> str:
+    """`records` records numbered 0.. in order, cut into `files` files whose lengths differ by one at most; their
+    pattern."""
     for number, indices in enumerate(np.array_split(np.arange(records), files)):
-        path = os.path.join(directory, f"train-{number:05d}-of-{files:05d}.tfrecord")
-        with tf.io.TFRecordWriter(path) as writer:
+        with tf.io.TFRecordWriter(os.path.join(directory, f"train-{number:05d}-of-{files:05d}.tfrecord")) as writer:
             for index in indices.tolist():
-                feature = {"index": tf.train.Feature(int64_list=tf.train.Int64List(value=[index]))}
+                feature = {"index": tf.train.Feature(int64_list=tf.train.Int64List(value=[index])),
+                           "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[0]))}
                 writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
-        paths.append(path)
-    return paths
+    return os.path.join(directory, "train-*.tfrecord")
 
 
-def records_read(paths: list, batch: int, steps: int, segments: int, shuffle_buffer: int) -> collections.Counter:
-    """How often each record was read by `segments` segments of `steps` steps, each a pipeline seeded at its step."""
-    dataset_fn = make_dataset_fn(paths, training=True, use_tpu=False, features=FEATURES, labels={}, compression="",
-                                 shuffle_buffer=shuffle_buffer, cache=False, skip_corrupt=False, seed=1)
+def records_read(directory: str, pattern: str, batch: int, steps: int, segments: int,
+                 shuffle_buffer: int) -> collections.Counter:
+    """How often each record was read by `segments` segments of `steps` steps, each the job's pipeline seeded at
+    its step."""
+    job_file = os.path.join(directory, "job.yaml")
+    with open(job_file, "w") as handle:
+        handle.write(JOB.format(pattern=pattern, shuffle_buffer=shuffle_buffer, batch=batch, steps=steps))
+    loaded = load_job(job_file)
+    assert not loaded.problems, loaded.problems
+    dataset_fn = make_dataset_fn(loaded.job, "train", use_tpu=False)
+    tf.random.set_seed(loaded.job.run.seed)  # the graph's seed, as the estimator engine sets it: tf.data's draws follow
     seen = collections.Counter()
-    tf.random.set_seed(1)  # the graph's seed: the estimator engine sets it to run.seed, and tf.data's draws follow it
     for segment in range(segments):
-        for features, _ in dataset_fn(batch, reseed=segment * steps).take(steps):
+        for features, _ in dataset_fn(batch, reseed=segment * steps).take(steps):  # one feature: a tensor
             seen.update(int(i) for i in np.ravel(features.numpy()))
     return seen
 
@@ -68,10 +87,10 @@ def main(argv=None) -> int:
           f"{args.shuffle_buffer}: {reads} records read ({reads / args.records:.1f} passes over {args.records})")
     for files in args.files:
         with tempfile.TemporaryDirectory() as directory:
-            seen = records_read(write_files(directory, args.records, files), args.batch, args.steps,
+            seen = records_read(directory, write_files(directory, args.records, files), args.batch, args.steps,
                                 args.segments, args.shuffle_buffer)
-        print(f"  {files:4d} file(s) of about {args.records / files:.0f}: {len(seen)} of {args.records} records ever read, "
-              f"the most read {max(seen.values())} times")
+        print(f"  {files:4d} file(s) of about {args.records / files:.0f}: {len(seen)} of {args.records} records "
+              f"ever read, the most read {max(seen.values())} times")
     return 0
 
 
