@@ -67,7 +67,7 @@ def test_a_nan_loss_stops_with_exit_1_naming_the_step_and_the_last_good_checkpoi
     state = (run_dir / "checkpoint").read_text()
     assert 'model_checkpoint_path: "model.ckpt-4"' in state and "model.ckpt-6" not in state, state
     aside = run_dir / NON_FINITE_FOLDER
-    assert f"the checkpoints with NaN or Inf weights are in {aside}, for inspection" in err, err
+    assert f"a rerun resumes from it (model.ckpt-6 moved to {aside}, for inspection)" in err, err
     assert not list(run_dir.glob("model.ckpt-6.*")) and (aside / "model.ckpt-6.index").exists()
     record = json.loads((run_dir / RECORD_FILE).read_text().splitlines()[-1])
     assert record["outcome"].startswith("failed: the loss became NaN at step 6") and "nan_rollbacks" not in record
@@ -78,17 +78,26 @@ def test_a_nan_loss_stops_with_exit_1_naming_the_step_and_the_last_good_checkpoi
     assert f"resumed from step 4 ({run_dir})" in rerun.out and not [line for line in rerun.out if "repaired" in line]
     assert rerun.out[-1].startswith("done | step 5/5") and "| loss nan" not in rerun.out[-1], rerun.text()
 
+    # Saving every 5 steps, the NaN at step 6 leaves nothing new to move aside: the stop names what the first left.
+    again = _train(project, run_dir, "--set", "run.save_checkpoints_steps=5")
+    assert again.finish() == 1, again.text()
+    err = "\n".join(again.err)
+    assert f"the loss became NaN at step 6; the last good checkpoint is {run_dir / 'model.ckpt-5'} (step 5)" in err
+    assert f"a rerun resumes from it (the checkpoints an earlier NaN or Inf moved aside are in {aside})" in err, err
+
 
 def test_on_nan_rollback_restores_the_last_good_checkpoint_at_most_n_times(project, tmp_path):
     run_dir = tmp_path / "run"
     run = _train(project, run_dir, "--set", "train.on_nan={rollback: 2}")
     assert run.finish() == 1, run.text()
     notes = [line for line in run.out if line.startswith("nan | ")]
+    aside = run_dir / NON_FINITE_FOLDER
     assert notes == [
         f"nan | the loss became NaN at step 6; the last good checkpoint is {run_dir / 'model.ckpt-4'} (step 4): "
-        "training goes on from there (rollback 1 of 2, train.on_nan)",
+        f"training goes on from there (rollback 1 of 2, train.on_nan); model.ckpt-6 moved to {aside}, for inspection",
         f"nan | the loss became NaN at step 12; the last good checkpoint is {run_dir / 'model.ckpt-10'} (step 10): "
-        "training goes on from there (rollback 2 of 2, train.on_nan)"], run.text()
+        f"training goes on from there (rollback 2 of 2, train.on_nan); model.ckpt-12 moved to {aside}, for "
+        "inspection"], run.text()
     # Steps 5 on read batches 6, 7, 0, ... (the 2 rolled-back steps' batches read past): batch 5 again at step 12;
     # after the second rollback (2 steps more read past), at step 18.
     assert (f"error: the loss became NaN at step 18 after 2 rollbacks (train.on_nan); the last good checkpoint is "

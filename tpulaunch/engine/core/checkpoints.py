@@ -371,12 +371,13 @@ def last_good_checkpoint(model_dir: str) -> Optional[Tuple[str, int]]:
     return None
 
 
-def roll_back_to(model_dir: str, path: Optional[str]) -> Optional[str]:
+def roll_back_to(model_dir: str, path: Optional[str]) -> List[str]:
     """Point the state file at `path` and move every newer checkpoint of model_dir (NaN weights, or incomplete) into
     its `non-finite-checkpoints/` folder, for inspection: a rerun, or the next session, restores `path` (left in
     model_dir, the newest complete one would be restored again, whatever the state names). `path` None: no good
     checkpoint, every one is moved and the state removed (training starts again from step 0). Entries by their
-    names in model_dir. Returns the folder the newer checkpoints were moved to; None when there were none."""
+    names in model_dir. Returns the names of the checkpoints moved (`model.ckpt-6`), oldest first; none when there
+    were none."""
     import tensorflow as tf
 
     from tpulaunch.engine.portable import state_entry
@@ -385,21 +386,23 @@ def roll_back_to(model_dir: str, path: Optional[str]) -> Optional[str]:
     folder = os.path.join(model_dir, NON_FINITE_FOLDER)
     # Moved before the state is written: cut off between the two, the state names a checkpoint no longer there, and
     # the next run's repair picks the newest complete one left, `path`.
-    files = [file for candidate in _candidates(model_dir) if name is None or _step_key(candidate) > _step_key(name)
-             for file in _files_of(candidate)]
+    newer = {candidate: _files_of(candidate) for candidate in _candidates(model_dir)
+             if name is None or _step_key(candidate) > _step_key(name)}
+    moved = sorted((candidate for candidate, its_files in newer.items() if its_files), key=_step_key)
+    files = [file for candidate in moved for file in newer[candidate]]
     if files:
         tf.io.gfile.makedirs(folder)
     for file in files:
         tf.io.gfile.rename(file, os.path.join(folder, os.path.basename(file)), overwrite=True)
-    moved_to = folder if files else None
+    moved_names = [os.path.basename(candidate) for candidate in moved]
     if name is None:
         state_file = os.path.join(model_dir, STATE_FILE)
         if tf.io.gfile.exists(state_file):
             tf.io.gfile.remove(state_file)
-        return moved_to
+        return moved_names
     state = _raw_state(model_dir)
     listed = [os.path.basename(p) for p in state.all_model_checkpoint_paths] if state is not None else []
     keep = sorted({p for p in listed if _step_key(p) < _step_key(name)} | {name}, key=_step_key)
     tf.compat.v1.train.update_checkpoint_state(model_dir, state_entry(model_dir, name),
                                                all_model_checkpoint_paths=[state_entry(model_dir, p) for p in keep])
-    return moved_to
+    return moved_names

@@ -205,12 +205,22 @@ def _roll_back(job: "Job", nan: NonFiniteLoss, recorder: "RunRecorder") -> None:
     """The loss became NaN or Inf: point model_dir at its last good checkpoint (a rerun resumes there, never from
     NaN weights), then go on from it while `train.on_nan.rollback` allows (each rollback noted and in the run
     record, as TF Model Garden's recovery does), else stop with the job's error (exit 1)."""
-    from tpulaunch.engine.core.checkpoints import last_good_checkpoint, roll_back_to
+    import tensorflow as tf
+
+    from tpulaunch.engine.core.checkpoints import NON_FINITE_FOLDER, last_good_checkpoint, roll_back_to
 
     model_dir = job.run.model_dir
     good = last_good_checkpoint(model_dir)
-    moved_to = roll_back_to(model_dir, good[0] if good is not None else None)
+    moved = roll_back_to(model_dir, good[0] if good is not None else None)
     where = f"the last good checkpoint is {good[0]} (step {good[1]})" if good else "no good checkpoint was saved"
+    # What this rollback moved aside (a checkpoint line may have announced it); else what an earlier one left there.
+    folder = os.path.join(model_dir, NON_FINITE_FOLDER)
+    if moved:
+        aside = f"{', '.join(moved)} moved to {folder}, for inspection"
+    elif tf.io.gfile.isdir(folder) and tf.io.gfile.listdir(folder):
+        aside = f"the checkpoints an earlier NaN or Inf moved aside are in {folder}"
+    else:
+        aside = ""
     # The record's list of rollbacks (run/run_record.py writes it): kept on the recorder, which the record reads.
     rollbacks = recorder.__dict__.setdefault("nan_rollbacks", [])
     allowed = job.train.on_nan.rollback if job.train.on_nan is not None else 0
@@ -218,12 +228,12 @@ def _roll_back(job: "Job", nan: NonFiniteLoss, recorder: "RunRecorder") -> None:
         rollbacks.append({"step": nan.step, "to_step": good[1] if good else 0, "checkpoint": good[0] if good else None})
         again = "training goes on from there" if good else "training starts again from step 0"
         recorder.note(f"nan | the loss became {_loss_text(nan)} at step {nan.step}; {where}: {again} "
-                      f"(rollback {len(rollbacks)} of {allowed}, train.on_nan)")
+                      f"(rollback {len(rollbacks)} of {allowed}, train.on_nan)" + (f"; {aside}" if moved else ""))
         return
     tried = f" after {allowed} rollback{'s' if allowed != 1 else ''} (train.on_nan)" if allowed else ""
     rerun = "a rerun resumes from it" if good else "a rerun starts from step 0"
-    if moved_to:
-        rerun += f" (the checkpoints with NaN or Inf weights are in {moved_to}, for inspection)"
+    if aside:
+        rerun += f" ({aside})"
     hint = f"{rerun}; the learning rate, the data or the model make the loss diverge there"
     if not allowed:
         back = "restores that checkpoint" if good else "starts again from step 0"
