@@ -15,8 +15,8 @@ import tensorflow as tf
 import pytest
 
 from tpulaunch.engine.core.checkpoints import (
-    CheckpointRepair, Dropped, UnreadableCheckpoints, checkpoint_problem, describe_repair, latest_complete_checkpoint,
-    repair_checkpoint_state,
+    NON_FINITE_FOLDER, CheckpointRepair, Dropped, UnreadableCheckpoints, aside_folders, checkpoint_problem,
+    describe_repair, latest_complete_checkpoint, repair_checkpoint_state, roll_back_to,
 )
 
 WEIGHTS = 2048  # floats: 8 KiB of data per checkpoint, so a cut is visible
@@ -176,3 +176,34 @@ def test_state_entries_naming_another_folder_are_never_named_nor_deleted_from_mo
     assert state_paths(model_dir) == (repair.path, [repair.path])
     assert "other" not in (model_dir / "checkpoint").read_text()
     assert {p.name: p.read_bytes() for p in other.iterdir()} == before
+
+
+def test_a_rollback_moves_the_newer_checkpoints_aside_never_over_what_an_earlier_one_moved(tmp_path):
+    paths = save_checkpoints(tmp_path, [2, 4, 6])
+    folder, moved = roll_back_to(str(tmp_path), paths[1])
+    assert (folder, moved) == (str(tmp_path / NON_FINITE_FOLDER), ["model.ckpt-6"])
+    assert state_paths(tmp_path)[0] == paths[1] and not list(tmp_path.glob("model.ckpt-6.*"))
+    first = {p.name: p.read_bytes() for p in Path(folder).iterdir()}
+    assert "model.ckpt-6.index" in first
+
+    # The same step saved again (a rerun from step 4) and rolled back again: kept beside the first, not over it.
+    again = save_checkpoints(tmp_path, [6])
+    folder_2, moved_2 = roll_back_to(str(tmp_path), paths[1])
+    assert (folder_2, moved_2) == (str(tmp_path / f"{NON_FINITE_FOLDER}-2"), ["model.ckpt-6"]), again
+    assert {p.name: p.read_bytes() for p in Path(folder).iterdir()} == first
+    assert aside_folders(str(tmp_path)) == [folder, folder_2]
+
+
+def test_a_rollback_with_no_good_checkpoint_moves_only_the_runs_own_and_steps_past_a_file_in_the_way(tmp_path):
+    save_checkpoints(tmp_path, [3])
+    with tf.Graph().as_default():  # the user's own checkpoint, of a name with no step
+        tf.compat.v1.get_variable("w", initializer=np.zeros(4, np.float32))
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            tf.compat.v1.train.Saver().save(session, str(tmp_path / "init"))
+    (tmp_path / NON_FINITE_FOLDER).write_text("a file, not the folder")
+    folder, moved = roll_back_to(str(tmp_path), None)
+    assert (folder, moved) == (str(tmp_path / f"{NON_FINITE_FOLDER}-2"), ["model.ckpt-3"])
+    assert (tmp_path / "init.index").exists() and not (tmp_path / "checkpoint").exists()
+    assert (tmp_path / NON_FINITE_FOLDER).read_text() == "a file, not the folder"
+    assert aside_folders(str(tmp_path)) == [folder]

@@ -25,6 +25,7 @@ Paths may be local or gs:// (tf.io.gfile). TensorFlow is imported inside the fun
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from dataclasses import dataclass, field
@@ -371,38 +372,62 @@ def last_good_checkpoint(model_dir: str) -> Optional[Tuple[str, int]]:
     return None
 
 
-def roll_back_to(model_dir: str, path: Optional[str]) -> List[str]:
+def roll_back_to(model_dir: str, path: Optional[str]) -> Tuple[Optional[str], List[str]]:
     """Point the state file at `path` and move every newer checkpoint of model_dir (NaN weights, or incomplete) into
-    its `non-finite-checkpoints/` folder, for inspection: a rerun, or the next session, restores `path` (left in
+    a `non-finite-checkpoints` folder of it, for inspection: a rerun, or the next session, restores `path` (left in
     model_dir, the newest complete one would be restored again, whatever the state names). `path` None: no good
-    checkpoint, every one is moved and the state removed (training starts again from step 0). Entries by their
-    names in model_dir. Returns the names of the checkpoints moved (`model.ckpt-6`), oldest first; none when there
-    were none."""
+    checkpoint, every `model.ckpt-STEP` is moved and the state removed (training starts again from step 0; a
+    checkpoint of another name, the user's own, stays). Entries by their names in model_dir. Returns (the folder
+    they were moved to, the names moved (`model.ckpt-6`), oldest first); (None, []) when there were none."""
     import tensorflow as tf
 
     from tpulaunch.engine.portable import state_entry
 
     name = os.path.basename(path) if path is not None else None
-    folder = os.path.join(model_dir, NON_FINITE_FOLDER)
     # Moved before the state is written: cut off between the two, the state names a checkpoint no longer there, and
     # the next run's repair picks the newest complete one left, `path`.
     newer = {candidate: _files_of(candidate) for candidate in _candidates(model_dir)
-             if name is None or _step_key(candidate) > _step_key(name)}
+             if step_in_name(candidate) is not None and (name is None or _step_key(candidate) > _step_key(name))}
     moved = sorted((candidate for candidate, its_files in newer.items() if its_files), key=_step_key)
     files = [file for candidate in moved for file in newer[candidate]]
-    if files:
+    folder = _aside_folder(model_dir, [os.path.basename(file) for file in files]) if files else None
+    if folder is not None:
         tf.io.gfile.makedirs(folder)
     for file in files:
-        tf.io.gfile.rename(file, os.path.join(folder, os.path.basename(file)), overwrite=True)
+        tf.io.gfile.rename(file, os.path.join(folder, os.path.basename(file)))
     moved_names = [os.path.basename(candidate) for candidate in moved]
     if name is None:
         state_file = os.path.join(model_dir, STATE_FILE)
         if tf.io.gfile.exists(state_file):
             tf.io.gfile.remove(state_file)
-        return moved_names
+        return folder, moved_names
     state = _raw_state(model_dir)
     listed = [os.path.basename(p) for p in state.all_model_checkpoint_paths] if state is not None else []
     keep = sorted({p for p in listed if _step_key(p) < _step_key(name)} | {name}, key=_step_key)
     tf.compat.v1.train.update_checkpoint_state(model_dir, state_entry(model_dir, name),
                                                all_model_checkpoint_paths=[state_entry(model_dir, p) for p in keep])
-    return moved_names
+    return folder, moved_names
+
+
+def _aside_folder(model_dir: str, file_names: List[str]) -> str:
+    """`non-finite-checkpoints` in model_dir, or `non-finite-checkpoints-2`, -3, ...: the first that is not a file
+    and holds none of `file_names` (what an earlier rollback moved aside is never overwritten)."""
+    import tensorflow as tf
+
+    for number in itertools.count(1):
+        folder = os.path.join(model_dir, NON_FINITE_FOLDER + (f"-{number}" if number > 1 else ""))
+        if not tf.io.gfile.exists(folder):
+            return folder
+        if tf.io.gfile.isdir(folder) and not set(file_names) & set(tf.io.gfile.listdir(folder)):
+            return folder
+    raise AssertionError("unreachable")
+
+
+def aside_folders(model_dir: str) -> List[str]:
+    """The folders of model_dir that hold checkpoints an earlier rollback moved aside (`roll_back_to`)."""
+    import tensorflow as tf
+
+    found = tf.io.gfile.glob(os.path.join(glob_escape(model_dir), NON_FINITE_FOLDER + "*"))
+    return sorted((folder for folder in found
+                   if tf.io.gfile.isdir(folder) and tf.io.gfile.glob(os.path.join(glob_escape(folder), "*.index"))),
+                  key=lambda folder: (len(folder), folder))

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 from tpulaunch.engine.core.lost_tpu import is_lost_tpu_error, recover
 from tpulaunch.engine.core.model_dir import (checkpoint_step, checkpoint_to_read, model_dir_errors, repair_checkpoints,
                                              write_job_copy)
-from tpulaunch.errors import TpuLaunchError
+from tpulaunch.errors import TpuLaunchError, first_line
 from tpulaunch.run.lease import ensure_held
 from tpulaunch.run.signals import EvaluationStopped, StopSignal, TrainingStopped
 
@@ -207,18 +207,25 @@ def _roll_back(job: "Job", nan: NonFiniteLoss, recorder: "RunRecorder") -> None:
     record, as TF Model Garden's recovery does), else stop with the job's error (exit 1)."""
     import tensorflow as tf
 
-    from tpulaunch.engine.core.checkpoints import NON_FINITE_FOLDER, last_good_checkpoint, roll_back_to
+    from tpulaunch.engine.core.checkpoints import aside_folders, last_good_checkpoint, roll_back_to
 
     model_dir = job.run.model_dir
     good = last_good_checkpoint(model_dir)
-    moved = roll_back_to(model_dir, good[0] if good is not None else None)
     where = f"the last good checkpoint is {good[0]} (step {good[1]})" if good else "no good checkpoint was saved"
-    # What this rollback moved aside (a checkpoint line may have announced it); else what an earlier one left there.
-    folder = os.path.join(model_dir, NON_FINITE_FOLDER)
+    earlier = aside_folders(model_dir)
+    try:
+        folder, moved = roll_back_to(model_dir, good[0] if good is not None else None)
+    except (OSError, tf.errors.OpError) as exc:  # a rerun would restore the newest checkpoint: the NaN weights
+        raise TpuLaunchError(
+            f"the loss became {_loss_text(nan)} at step {nan.step}; {where}, but the checkpoints after it could not "
+            f"be moved out of model_dir: {first_line(exc)}",
+            hint="fix that, then move the checkpoints newer than the last good one out of model_dir yourself: a "
+                 "rerun restores the newest complete checkpoint, whose weights may be NaN") from exc
+    # What this rollback moved aside (a checkpoint line may have announced it); else what an earlier one left.
     if moved:
         aside = f"{', '.join(moved)} moved to {folder}, for inspection"
-    elif tf.io.gfile.isdir(folder) and tf.io.gfile.listdir(folder):
-        aside = f"the checkpoints an earlier NaN or Inf moved aside are in {folder}"
+    elif earlier:
+        aside = f"the checkpoints moved aside earlier are in {', '.join(earlier)}"
     else:
         aside = ""
     # The record's list of rollbacks (run/run_record.py writes it): kept on the recorder, which the record reads.
