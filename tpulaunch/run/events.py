@@ -385,6 +385,13 @@ class RunRecorder:
             self._logged = (step, now)
             self._next_log = (step // self.log_every_steps + 1) * self.log_every_steps
 
+    def rolled_back(self, step: int, checkpoint: Optional[str]) -> None:
+        """The run went back to `checkpoint` at `step` (a NaN or Inf loss, `train.on_nan`): a stop before training
+        passes its old step again reports this step and checkpoint, not the NaN step's, and no loss of it."""
+        self.step = step
+        self.last_checkpoint = checkpoint
+        self._losses.clear()
+
     def session_ended(self) -> None:
         """The training session closed (evaluation or the end of training follows)."""
         self._segment = None

@@ -126,6 +126,20 @@ def test_plain_lines_of_a_run_stopped_by_a_signal_and_of_one_with_nothing_to_tra
         """)
 
 
+def test_a_stop_right_after_a_rollback_reports_the_step_and_checkpoint_rolled_back_to_not_the_nan_step():
+    recorder, clock, out = plain_run(total_steps=40, batch_size=8, log_every_steps=100)
+    recorder.session_began(0)
+    clock.now = 2.0
+    recorder.steps_run(6, float("nan"))
+    recorder.checkpoint_saved(6, "runs/m/model.ckpt-6")
+    recorder.session_ended()
+    recorder.rolled_back(5, "runs/m/model.ckpt-5")  # ckpt-6 held NaN weights: moved aside
+    summary = recorder.finish(stopped_by="SIGTERM")
+    assert (summary.final_step, summary.last_checkpoint, summary.loss) == (5, "runs/m/model.ckpt-5", None)
+    assert out.getvalue().splitlines()[-1].startswith("stopped (SIGTERM) | step 5/40 |"), out.getvalue()
+    assert "| loss - |" in out.getvalue().splitlines()[-1] and "model.ckpt-6" not in out.getvalue().splitlines()[-1]
+
+
 def test_a_recorder_without_renderers_prints_nothing_and_still_keeps_the_run():
     recorder = RunRecorder(total_steps=4, batch_size=2, log_every_steps=2, get_time=Clock())
     recorder.session_began(0)

@@ -233,6 +233,7 @@ def _roll_back(job: "Job", nan: NonFiniteLoss, recorder: "RunRecorder") -> None:
     allowed = job.train.on_nan.rollback if job.train.on_nan is not None else 0
     if len(rollbacks) < allowed:
         rollbacks.append({"step": nan.step, "to_step": good[1] if good else 0, "checkpoint": good[0] if good else None})
+        recorder.rolled_back(good[1] if good else 0, good[0] if good else None)
         again = "training goes on from there" if good else "training starts again from step 0"
         recorder.note(f"nan | the loss became {_loss_text(nan)} at step {nan.step}; {where}: {again} "
                       f"(rollback {len(rollbacks)} of {allowed}, train.on_nan)" + (f"; {aside}" if moved else ""))
