@@ -5,6 +5,7 @@ played on that node once a checkpoint is written (`preempt_when_checkpoint_appea
 
 from __future__ import annotations
 
+import os
 import textwrap
 import threading
 import time
@@ -18,6 +19,7 @@ from tpu_api_server import DEFAULT_PROJECT, DEFAULT_ZONE
 
 
 MODELS = textwrap.dedent('''
+    import os
     import time
 
     import tensorflow as tf
@@ -25,6 +27,15 @@ MODELS = textwrap.dedent('''
     def _pause(x):
         def sleep(value):
             time.sleep(0.01)
+            # $WATCHED_HOLD (preempt_when_checkpoint_appears): "CHECKPOINT_INDEX<pathsep>RELEASED": once that
+            # checkpoint is written, each step waits until the test has seen the watchdog read the preempted node,
+            # so the run can never finish before it has noticed, on a fast machine or a loaded one.
+            hold = os.environ.get("WATCHED_HOLD", "")
+            if hold:
+                written, _, released = hold.partition(os.pathsep)
+                deadline = time.monotonic() + 300
+                while os.path.exists(written) and not os.path.exists(released) and time.monotonic() < deadline:
+                    time.sleep(0.005)
             return value
         return tf.ensure_shape(tf.numpy_function(sleep, [x], x.dtype), x.shape)
 
@@ -75,22 +86,34 @@ def project(tmp_path_factory) -> Path:
 def api(tpu_api, monkeypatch):
     """The local TPU API with a READY node 'my-tpu', named by $TPULAUNCH_TPU_API_ENDPOINT as a user would."""
     tpu_api.set_node("my-tpu")
+    monkeypatch.setenv("WATCHED_HOLD", "")  # preempt_when_checkpoint_appears sets it; put back after the test
     monkeypatch.setenv("TPULAUNCH_TPU_API_ENDPOINT", tpu_api.endpoint)
     monkeypatch.setenv("TPULAUNCH_TPU_DISCOVERY_URL", tpu_api.discovery_url)  # v1: TensorFlow's resolver only
     return tpu_api
 
 
 def preempt_when_checkpoint_appears(api, model_dir: Path, step: int, back_after_s: float = None) -> threading.Thread:
-    """Flip the node to PREEMPTED once model.ckpt-STEP is written; READY/HEALTHY again `back_after_s` later."""
+    """Flip the node to PREEMPTED once model.ckpt-STEP is written; READY/HEALTHY again `back_after_s` later.
+
+    The run's steps (the slow classifier's, in this process: `$WATCHED_HOLD`) wait from that checkpoint on until
+    the API has answered a read of the node after the flip, so the watchdog has been told before the run can go on
+    and finish: no race between the run's remaining steps and the watch interval."""
+    written = model_dir / f"model.ckpt-{step}.index"
+    released = model_dir.parent / f"{model_dir.name}.watchdog-told"
+    os.environ["WATCHED_HOLD"] = f"{written}{os.pathsep}{released}"  # the test's `api` fixture puts it back
 
     def flip():
         deadline = time.monotonic() + 300
-        while not (model_dir / f"model.ckpt-{step}.index").exists() and time.monotonic() < deadline:
+        while not written.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
         script = [(0, "PREEMPTED", None)]
         if back_after_s is not None:
             script.append((back_after_s, "READY", "HEALTHY"))
         api.play("my-tpu", script)
+        reads = api.node_requests("my-tpu")  # every read counted from here on is answered PREEMPTED
+        while api.node_requests("my-tpu") <= reads and time.monotonic() < deadline:
+            time.sleep(0.01)
+        released.touch()
 
     thread = threading.Thread(target=flip, daemon=True)
     thread.start()
