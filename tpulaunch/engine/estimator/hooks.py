@@ -10,6 +10,7 @@ module imports TensorFlow: the runner imports it inside the functions that train
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import threading
 from typing import Callable, Optional, Tuple
@@ -21,6 +22,7 @@ from tpulaunch.engine import portable
 from tpulaunch.engine.core.loop import NonFiniteLoss
 from tpulaunch.engine.core.staged_save import staged_write
 from tpulaunch.engine.estimator.input_wait import input_initializers, input_wait_tensor
+from tpulaunch.errors import TpuLaunchError
 from tpulaunch.run import phases
 from tpulaunch.run.events import RunRecorder
 from tpulaunch.run.lease import ensure_held, raise_if_lost
@@ -72,6 +74,8 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
             session.run(self._input_initializers)
         # Other hooks' after_create_session (TPU system start, the first checkpoint) still follow.
         self._start_step = int(session.run(self._global_step))
+        if self._start_step < self._recorder.step:  # a session TensorFlow recreated: never trained from scratch
+            raise went_back(self._start_step, self._recorder.step)
 
     def before_run(self, run_context):
         if self._start_step is not None:
@@ -158,6 +162,14 @@ class StagedSaver(tf.compat.v1.train.Saver):
                                            save_debug_info=save_debug_info)
 
         self._model_dir = model_dir = os.path.dirname(save_path)
+        # A session TensorFlow recreated after an error (MonitoredSession's recovery from an AbortedError: a save
+        # that Cloud Storage failed) restores through the checkpoint state; when that read fails too it initialises
+        # afresh, and its saves would name lower steps and delete the good checkpoints. Stopped here, first.
+        step = None if global_step is None else int(global_step) if isinstance(global_step, numbers.Integral) else int(
+            tf.compat.v1.train.global_step(sess, global_step))
+        newest = max((_step_of(path) for path in self.last_checkpoints), default=None)
+        if step is not None and newest is not None and step < newest:
+            raise went_back(step, newest)
         if latest_filename not in (None, "checkpoint"):  # (never from an Estimator) the state file is TensorFlow's
             raise ValueError(f"a StagedSaver writes model_dir's checkpoint state only, not {latest_filename!r}")
         staged_session = _StagedSaveSession(sess, self.saver_def, write_meta_graph_to)
@@ -177,6 +189,21 @@ class StagedSaver(tf.compat.v1.train.Saver):
             self._last_checkpoints = [entry for entry in self._last_checkpoints
                                       if portable.name_in(self._model_dir, entry[0])]
         super()._MaybeDeleteOldCheckpoints(meta_graph_suffix)
+
+
+def _step_of(path: str) -> int:
+    tail = path.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+def went_back(step: int, newest: int) -> TpuLaunchError:
+    """The error of a training session that TensorFlow recreated at a lower step than the run had reached."""
+    return TpuLaunchError(
+        f"training went back to step {step} after step {newest}: TensorFlow recreated its training session after an "
+        "error and could not restore model_dir's newest checkpoint (reading its checkpoint state failed: is "
+        "model_dir's storage reachable?); stopped before training or saving over the checkpoints",
+        hint="rerun the same command once model_dir's storage answers: it resumes from the newest complete "
+             "checkpoint")
 
 
 class _StagedSaveSession(SessionInterface):  # the Saver checks for a SessionInterface
