@@ -19,6 +19,7 @@ import tensorflow as tf
 from tensorflow.python.client.session import SessionInterface
 
 from tpulaunch.engine import portable
+from tpulaunch.engine.core.checkpoints import step_in_name
 from tpulaunch.engine.core.loop import NonFiniteLoss
 from tpulaunch.engine.core.staged_save import staged_write
 from tpulaunch.engine.estimator.input_wait import input_initializers, input_wait_tensor
@@ -167,7 +168,7 @@ class StagedSaver(tf.compat.v1.train.Saver):
         # afresh, and its saves would name lower steps and delete the good checkpoints. Stopped here, first.
         step = None if global_step is None else int(global_step) if isinstance(global_step, numbers.Integral) else int(
             tf.compat.v1.train.global_step(sess, global_step))
-        newest = max((_step_of(path) for path in self.last_checkpoints), default=None)
+        newest = max((step_in_name(path) or 0 for path in self.last_checkpoints), default=None)
         if step is not None and newest is not None and step < newest:
             raise went_back(step, newest)
         if latest_filename not in (None, "checkpoint"):  # (never from an Estimator) the state file is TensorFlow's
@@ -189,11 +190,6 @@ class StagedSaver(tf.compat.v1.train.Saver):
             self._last_checkpoints = [entry for entry in self._last_checkpoints
                                       if portable.name_in(self._model_dir, entry[0])]
         super()._MaybeDeleteOldCheckpoints(meta_graph_suffix)
-
-
-def _step_of(path: str) -> int:
-    tail = path.rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() else -1
 
 
 def went_back(step: int, newest: int) -> TpuLaunchError:
