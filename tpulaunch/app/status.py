@@ -189,16 +189,18 @@ def lease_of(checked) -> dict:
     run = checked.loaded.section("run")
     model_dir = getattr(run, "model_dir", None)
     if not model_dir:
-        return {"model_dir": None, "state": "unknown", "holder": None, "renewed_s_ago": None,
+        return {"model_dir": None, "state": "unknown", "holder": None, "holder_gone": False, "renewed_s_ago": None,
                 "text": "unknown (the job has no valid run.model_dir)"}
     try:
         data = leases.read_lease(model_dir)
     except Exception as exc:  # a corrupt lease, an unreadable model_dir, no credentials for gs://
         message = getattr(exc, "message", None) or f"{type(exc).__name__}: {first_line(exc)}"
-        return {"model_dir": model_dir, "state": "unknown", "holder": None, "renewed_s_ago": None,
+        return {"model_dir": model_dir, "state": "unknown", "holder": None, "holder_gone": False, "renewed_s_ago": None,
                 "text": f"unknown ({message})"}
     now = time.time()
-    return {"model_dir": model_dir, "state": leases.lease_state(data, now), "holder": data,
+    state = leases.lease_state(data, now)
+    return {"model_dir": model_dir, "state": state, "holder": data,
+            "holder_gone": state == "held" and leases.holder_gone(data),
             "renewed_s_ago": round(now - data["renewed"], 3) if data else None, "text": leases.describe(data, now)}
 
 

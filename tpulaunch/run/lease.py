@@ -550,4 +550,7 @@ def describe(data: Optional[dict], now: float) -> str:
     if state == "stale":
         return (f"stale: {holder_text(data)} last renewed it {age} ago (stale after "
                 f"{float(data.get('stale_after_s') or STALE_AFTER_S):g} s); the next run takes it over")
-    return f"held by {holder_text(data)} ({data.get('command')}), last renewed {age} ago"
+    held = f"held by {holder_text(data)} ({data.get('command')}), last renewed {age} ago"
+    if holder_gone(data):  # killed or crashed on this host: `train` takes it over at once, status says so
+        held += "; its process is no longer running on this host: the next run takes it over at once"
+    return held

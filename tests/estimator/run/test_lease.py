@@ -87,6 +87,12 @@ def test_a_killed_holders_lease_is_taken_over_and_the_rerun_finishes_exactly(pro
     killed = _lease(run_dir)
     assert (killed["state"], killed["pid"]) == ("held", first.pid)
     assert leases.lease_state(killed, time.time()) == "held"  # not stale: its holder is known gone, not silent
+    said = CliRunner().invoke(status, [str(project / "job.yaml"), "--set", f"run.model_dir={run_dir}", "--format",
+                                       "json"])
+    shown = json.loads(said.stdout)["lease"]
+    assert (shown["state"], shown["holder_gone"]) == ("held", True), shown
+    assert shown["text"].endswith("; its process is no longer running on this host: the next run takes it over at "
+                                  "once"), shown
 
     rerun = _train(project, run_dir, "--set", "eval=null", "--set", "train.steps=9")
     assert rerun.finish() == 0, rerun.text()
@@ -196,6 +202,7 @@ def test_status_shows_the_holder_a_stale_one_a_released_one_or_none(project, tmp
     text = shown()
     assert f"held by host {lease.data['host']}, pid {os.getpid()}, run r-1 (train), last renewed 0 s ago" in text, text
     assert json.loads(shown("json"))["lease"]["state"] == "held"
+    assert json.loads(shown("json"))["lease"]["holder_gone"] is False  # this process, still running
     lease.release()
     assert "none held (released 0 s ago by host " in shown()
     stale = dict(lease.data, state="held", renewed=time.time() - 1000)

@@ -378,7 +378,8 @@ def test_status_json_and_cluster_exit_code_for_a_preempted_node(run_status, tpu_
         "findings": [{"severity": "error", "code": "node-not-running", "message": "TPU node 'my-tpu' is PREEMPTED",
                       "hint": "a preempted node must be recreated: `tpulaunch down JOB.yaml` then `tpulaunch up "
                               "JOB.yaml` (or train with --auto-resume N --recreate, which does both)"}],
-        "lease": {"model_dir": "gs://bucket/runs/demo", "state": "unknown", "holder": None, "renewed_s_ago": None,
+        "lease": {"model_dir": "gs://bucket/runs/demo", "state": "unknown", "holder": None, "holder_gone": False,
+                  "renewed_s_ago": None,
                   "text": "unknown (no Google Cloud credentials to read gs://bucket/runs/demo/tpulaunch.lease)"},
         "last_run": {"state": "unknown", "record": None, "records": 0, "skipped": [],
                      "text": "unknown (no Google Cloud credentials to read gs://bucket/runs/demo/tpulaunch-runs.jsonl)"},
