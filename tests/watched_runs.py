@@ -28,8 +28,8 @@ MODELS = textwrap.dedent('''
         def sleep(value):
             time.sleep(0.01)
             # $WATCHED_HOLD (preempt_when_checkpoint_appears): "CHECKPOINT_INDEX<pathsep>RELEASED": once that
-            # checkpoint is written, each step waits until the test has seen the watchdog read the preempted node,
-            # so the run can never finish before it has noticed, on a fast machine or a loaded one.
+            # checkpoint is written, each step waits until the test has seen the watchdog ask for the preempted
+            # node, so the run can never finish before it has noticed, on a fast machine or a loaded one.
             hold = os.environ.get("WATCHED_HOLD", "")
             if hold:
                 written, _, released = hold.partition(os.pathsep)
@@ -96,8 +96,8 @@ def preempt_when_checkpoint_appears(api, model_dir: Path, step: int, back_after_
     """Flip the node to PREEMPTED once model.ckpt-STEP is written; READY/HEALTHY again `back_after_s` later.
 
     The run's steps (the slow classifier's, in this process: `$WATCHED_HOLD`) wait from that checkpoint on until
-    the API has answered a read of the node after the flip, so the watchdog has been told before the run can go on
-    and finish: no race between the run's remaining steps and the watch interval."""
+    the API has been asked for the node after the flip (a read it answers PREEMPTED), so the watchdog is being told
+    while the run is held: no race between the run's remaining steps and the watch interval."""
     written = model_dir / f"model.ckpt-{step}.index"
     released = model_dir.parent / f"{model_dir.name}.watchdog-told"
     os.environ["WATCHED_HOLD"] = f"{written}{os.pathsep}{released}"  # the test's `api` fixture puts it back

@@ -212,7 +212,6 @@ def _roll_back(job: "Job", nan: NonFiniteLoss, recorder: "RunRecorder") -> None:
     model_dir = job.run.model_dir
     good = last_good_checkpoint(model_dir)
     where = f"the last good checkpoint is {good[0]} (step {good[1]})" if good else "no good checkpoint was saved"
-    earlier = aside_folders(model_dir)
     try:
         folder, moved = roll_back_to(model_dir, good[0] if good is not None else None)
     except (OSError, tf.errors.OpError) as exc:  # a rerun would restore the newest checkpoint: the NaN weights
@@ -221,13 +220,8 @@ def _roll_back(job: "Job", nan: NonFiniteLoss, recorder: "RunRecorder") -> None:
             f"be moved out of model_dir: {first_line(exc)}",
             hint="fix that, then move the checkpoints newer than the last good one out of model_dir yourself: a "
                  "rerun restores the newest complete checkpoint, whose weights may be NaN") from exc
-    # What this rollback moved aside (a checkpoint line may have announced it); else what an earlier one left.
-    if moved:
-        aside = f"{', '.join(moved)} moved to {folder}, for inspection"
-    elif earlier:
-        aside = f"the checkpoints moved aside earlier are in {', '.join(earlier)}"
-    else:
-        aside = ""
+    # What this rollback moved aside (a checkpoint line may have announced it).
+    aside = f"{', '.join(moved)} moved to {folder}, for inspection" if moved else ""
     # The record's list of rollbacks (run/run_record.py writes it): kept on the recorder, which the record reads.
     rollbacks = recorder.__dict__.setdefault("nan_rollbacks", [])
     allowed = job.train.on_nan.rollback if job.train.on_nan is not None else 0
@@ -236,10 +230,13 @@ def _roll_back(job: "Job", nan: NonFiniteLoss, recorder: "RunRecorder") -> None:
         recorder.rolled_back(good[1] if good else 0, good[0] if good else None)
         again = "training goes on from there" if good else "training starts again from step 0"
         recorder.note(f"nan | the loss became {_loss_text(nan)} at step {nan.step}; {where}: {again} "
-                      f"(rollback {len(rollbacks)} of {allowed}, train.on_nan)" + (f"; {aside}" if moved else ""))
+                      f"(rollback {len(rollbacks)} of {allowed}, train.on_nan)" + (f"; {aside}" if aside else ""))
         return
     tried = f" after {allowed} rollback{'s' if allowed != 1 else ''} (train.on_nan)" if allowed else ""
     rerun = "a rerun resumes from it" if good else "a rerun starts from step 0"
+    if not aside:  # having moved nothing, this stop names what an earlier rollback left
+        earlier = aside_folders(model_dir)
+        aside = f"the checkpoints moved aside earlier are in {', '.join(earlier)}" if earlier else ""
     if aside:
         rerun += f" ({aside})"
     hint = f"{rerun}; the learning rate, the data or the model make the loss diverge there"
